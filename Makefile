@@ -1,0 +1,43 @@
+# ragpipe developer entry points. Everything runs inside .venv; runtime state goes to var/.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export RAGPIPE_HOME ?= $(CURDIR)/var/ragpipe
+export DAGSTER_HOME ?= $(CURDIR)/var/dagster
+# Two cores: keep torch and BLAS thread pools from oversubscribing them.
+export OMP_NUM_THREADS ?= 2
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install demo test ui bench clean dagster-home
+
+install: $(VENV)/.installed
+
+# CPU torch first, from the pinned release (a plain `torch` requirement would pull a CUDA build).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+dagster-home:
+	mkdir -p $(DAGSTER_HOME)
+	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml 2>/dev/null || true
+
+demo: install dagster-home
+	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1
+	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2
+
+test: install
+	$(BIN)/python -m pytest
+
+ui: install dagster-home
+	$(BIN)/dagster dev -w workspace.yaml
+
+bench: install
+	$(BIN)/python -m ragpipe.benchmarks.build_bench
+
+clean:
+	rm -rf var

@@ -1,0 +1,1 @@
+"""Content-addressed, verified index bundles."""

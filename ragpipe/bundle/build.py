@@ -1,0 +1,113 @@
+"""Assemble and atomically publish a bundle from a revision's stage outputs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragpipe.bundle.manifest import (
+    MANIFEST_NAME,
+    BundleCounts,
+    BundleSemantic,
+    FileEntry,
+    StageSpecRecord,
+    bundle_id_of,
+    make_manifest,
+    manifest_bytes,
+)
+from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
+from ragpipe.kernel.publish import PublishOutcome, StepHook, publish_directory
+from ragpipe.pipeline_spec import PipelineSpec
+
+BUNDLE_STAGES = ("source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index")
+
+
+@dataclass(frozen=True)
+class BundleInputs:
+    """Paths of one revision's stage outputs. ``vector_dir`` None makes a lexical-only bundle."""
+
+    documents_parquet: Path
+    chunks_parquet: Path
+    representations_parquet: Path
+    lexical_dir: Path
+    vector_dir: Path | None
+
+
+def bundle_semantic(
+    spec: PipelineSpec,
+    corpus_digest: str,
+    default_scope: str,
+    chunk_set_digest: str,
+    representation_set_digest: str,
+    embeddings_digest: str | None,
+    counts: BundleCounts,
+) -> BundleSemantic:
+    stages = BUNDLE_STAGES if embeddings_digest is not None else tuple(s for s in BUNDLE_STAGES if s not in ("embeddings", "vector_index"))
+    specs = {}
+    for stage in stages:
+        own = spec.stage_spec(stage)
+        specs[stage] = StageSpecRecord(
+            spec_id=spec.own_spec_ids[stage], spec=own.model_dump(mode="json") if own is not None else None
+        )
+    return BundleSemantic(
+        corpus_digest=corpus_digest,
+        default_scope=default_scope,
+        specs=specs,
+        chunk_set_digest=chunk_set_digest,
+        representation_set_digest=representation_set_digest,
+        embeddings_digest=embeddings_digest,
+        has_vector_index=embeddings_digest is not None,
+        counts=counts,
+    )
+
+
+def _copy_payload(inputs: BundleInputs, target: Path) -> None:
+    shutil.copyfile(inputs.documents_parquet, target / "documents.parquet")
+    shutil.copyfile(inputs.chunks_parquet, target / "chunks.parquet")
+    shutil.copyfile(inputs.representations_parquet, target / "representations.parquet")
+    shutil.copytree(inputs.lexical_dir, target / "lexical", symlinks=False)
+    if inputs.vector_dir is not None:
+        shutil.copytree(inputs.vector_dir, target / "vector", symlinks=False)
+
+
+def _file_entries(root: Path) -> list[FileEntry]:
+    entries = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if rel != MANIFEST_NAME:
+                entries.append(FileEntry(path=rel, size=full.stat().st_size, sha256=file_digest(full)))
+    return entries
+
+
+def publish_bundle(
+    semantic: BundleSemantic, inputs: BundleInputs, bundles_root: Path, on_step: StepHook | None = None
+) -> tuple[VerifiedBundle, PublishOutcome]:
+    """Publish the bundle for ``semantic`` under ``bundles_root/<id hex>`` unless it exists.
+
+    An existing directory for the same ID is verified and reused untouched; if it fails
+    verification the build fails (it is never replaced silently).
+    """
+    final = bundles_root / bundle_id_of(semantic).hex
+
+    def write_manifest(tmp: Path) -> None:
+        (tmp / MANIFEST_NAME).write_bytes(manifest_bytes(make_manifest(semantic, _file_entries(tmp))))
+
+    outcome = publish_directory(
+        final,
+        lambda tmp: _copy_payload(inputs, tmp),
+        write_manifest,
+        on_step,
+        validate=lambda tmp: open_bundle(tmp, check_name=False),  # never publish what would not open
+    )
+    try:
+        return open_bundle(final), outcome
+    except BundleVerificationError as exc:
+        if outcome is PublishOutcome.existing:
+            raise BundleVerificationError(
+                final, exc.problems + ["an existing bundle with this ID is corrupt: move it away and rebuild"]
+            ) from None
+        raise

@@ -1,0 +1,1 @@
+"""Chunkers: exact UTF-8 byte spans of source documents."""

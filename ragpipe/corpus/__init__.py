@@ -1,0 +1,1 @@
+"""Corpus connectors, normalisation and source snapshots."""

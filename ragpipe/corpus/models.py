@@ -1,0 +1,59 @@
+"""Documents and source snapshots."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragpipe.kernel.ids import ContentDigest, DocumentId, content_id
+
+NORMALIZATION = "utf8-nfc-lf/v1"
+SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Document(BaseModel):
+    """One normalised source document. ``text`` is exact: chunk spans index its UTF-8 bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    document_id: DocumentId
+    title: str
+    text: str
+    content_digest: ContentDigest
+    access_scopes: tuple[str, ...]
+    source_role: str
+
+
+class Exclusion(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    document_id: str
+    location: str
+    reason: str
+
+
+class SnapshotSummary(BaseModel):
+    """What ``source_snapshot`` records beside its documents."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    revision: str
+    corpus_digest: ContentDigest
+    default_scope: str
+    normalization: str = NORMALIZATION
+    documents: int
+    excluded: list[Exclusion] = Field(default_factory=list)
+    ignored_metadata_keys: list[str] = Field(default_factory=list)
+
+
+def corpus_digest(documents: list[Document], default_scope: str) -> ContentDigest:
+    """Digest over the documents sorted by ID: every field that can change a result."""
+    rows = [
+        [d.document_id, d.content_digest, d.title, list(d.access_scopes), d.source_role]
+        for d in sorted(documents, key=lambda d: d.document_id)
+    ]
+    return ContentDigest(
+        content_id("corpus", 1, {"normalization": NORMALIZATION, "default_scope": default_scope, "documents": rows})
+    )

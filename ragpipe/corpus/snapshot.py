@@ -1,0 +1,106 @@
+"""Build a source snapshot from connector records, and store/load it as Parquet + JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe.corpus.connectors import SourceRecord
+from ragpipe.corpus.models import Document, Exclusion, SnapshotSummary, corpus_digest
+from ragpipe.kernel.ids import ContentDigest, DocumentId, bytes_digest
+from ragpipe.pipeline_spec import SnapshotSpec
+
+DOCUMENTS_SCHEMA = pa.schema(
+    [
+        ("document_id", pa.string()),
+        ("title", pa.string()),
+        ("text", pa.string()),
+        ("content_digest", pa.string()),
+        ("access_scopes", pa.list_(pa.string())),
+        ("source_role", pa.string()),
+    ]
+)
+
+
+def build_snapshot(
+    records: list[SourceRecord], revision: str, default_scope: str, spec: SnapshotSpec
+) -> tuple[list[Document], SnapshotSummary]:
+    """Apply the default scope and the exclusion policy; documents come back sorted by ID."""
+    documents: list[Document] = []
+    excluded: list[Exclusion] = []
+    for rec in sorted(records, key=lambda r: r.document_id):
+        if len(rec.text.strip()) < spec.min_text_chars:
+            excluded.append(
+                Exclusion(
+                    document_id=rec.document_id,
+                    location=rec.location,
+                    reason=f"text shorter than min_text_chars={spec.min_text_chars}",
+                )
+            )
+            continue
+        documents.append(
+            Document(
+                document_id=DocumentId(rec.document_id),
+                title=rec.title,
+                text=rec.text,
+                content_digest=ContentDigest(bytes_digest(rec.text.encode("utf-8"))),
+                access_scopes=rec.access_scopes or (default_scope,),
+                source_role=rec.source_role,
+            )
+        )
+    ignored = sorted({k for r in records for k in r.ignored_metadata_keys})
+    summary = SnapshotSummary(
+        revision=revision,
+        corpus_digest=corpus_digest(documents, default_scope),
+        default_scope=default_scope,
+        documents=len(documents),
+        excluded=excluded,
+        ignored_metadata_keys=ignored,
+    )
+    return documents, summary
+
+
+def documents_table(documents: list[Document]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {
+                "document_id": str(d.document_id),
+                "title": d.title,
+                "text": d.text,
+                "content_digest": str(d.content_digest),
+                "access_scopes": list(d.access_scopes),
+                "source_role": d.source_role,
+            }
+            for d in documents
+        ],
+        schema=DOCUMENTS_SCHEMA,
+    )
+
+
+def write_snapshot(directory: Path, documents: list[Document], summary: SnapshotSummary) -> None:
+    pq.write_table(documents_table(documents), directory / "documents.parquet")
+    (directory / "snapshot.json").write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+
+
+def read_snapshot_documents(path: Path) -> list[Document]:
+    table = pq.read_table(path, schema=DOCUMENTS_SCHEMA)
+    return [
+        Document(
+            document_id=DocumentId(r["document_id"]),
+            title=r["title"],
+            text=r["text"],
+            content_digest=ContentDigest(r["content_digest"]),
+            access_scopes=tuple(r["access_scopes"]),
+            source_role=r["source_role"],
+        )
+        for r in table.to_pylist()
+    ]
+
+
+def read_snapshot(directory: Path) -> tuple[list[Document], SnapshotSummary]:
+    documents = read_snapshot_documents(directory / "documents.parquet")
+    summary = SnapshotSummary.model_validate(json.loads((directory / "snapshot.json").read_text(encoding="utf-8")))
+    return documents, summary

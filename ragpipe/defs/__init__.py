@@ -1,0 +1,23 @@
+"""The Dagster layer: the only package that imports dagster."""
+
+
+from dagster import Definitions
+
+from ragpipe.defs.assets import build_assets
+from ragpipe.defs.checks import build_checks
+from ragpipe.defs.jobs import build_revision_job
+from ragpipe.defs.resources import RagpipeHome
+from ragpipe.defs.sensors import corpus_revision_sensor
+from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
+
+
+def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Definitions:
+    """Definitions for ``spec`` (default: the checked-in pipeline spec or ``$RAGPIPE_PIPELINE_SPEC``)."""
+    spec = spec or load_pipeline_spec()
+    return Definitions(
+        assets=build_assets(spec),
+        asset_checks=build_checks(),
+        jobs=[build_revision_job],
+        sensors=[corpus_revision_sensor],
+        resources={"ragpipe": RagpipeHome(home=home)},
+    )

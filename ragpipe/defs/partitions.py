@@ -1,0 +1,5 @@
+"""One partition per immutable corpus revision."""
+
+from dagster import DynamicPartitionsDefinition
+
+corpus_revisions = DynamicPartitionsDefinition(name="corpus_revisions")

@@ -1,0 +1,1 @@
+"""Embedders (sentence-transformers adapter) and the persistent embedding cache."""

@@ -1,0 +1,1 @@
+"""Lexical (tantivy) and vector (lancedb) indexes over representations."""

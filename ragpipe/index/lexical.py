@@ -1,0 +1,51 @@
+"""The tantivy BM25 index: the only module that imports tantivy.
+
+One tantivy document per representation: ``text`` analysed with the spec's tokenizer; IDs,
+``access_scope`` (one term per scope) and ``source_role`` as raw, untokenised terms so a query can
+carry an exact must-clause on them (authorization prefilter inside the backend).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tantivy
+
+from ragpipe.index.rows import IndexRow
+from ragpipe.pipeline_spec import LexicalIndexSpec
+
+
+def lexical_schema(spec: LexicalIndexSpec) -> tantivy.Schema:
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("text", stored=False, tokenizer_name=spec.tokenizer)
+    for name in ("representation_id", "chunk_id", "document_id", "kind", "source_role"):
+        builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("access_scope", stored=True, tokenizer_name="raw", index_option="basic")
+    return builder.build()
+
+
+def build_lexical_index(directory: Path, rows: list[IndexRow], spec: LexicalIndexSpec, heap_mb: int = 128) -> int:
+    """Write a tantivy index of ``rows`` into the empty folder ``directory``; returns its doc count."""
+    index = tantivy.Index(lexical_schema(spec), path=str(directory))
+    # One indexing thread: one segment, and a document order that depends only on the input.
+    writer = index.writer(heap_size=heap_mb * 1024 * 1024, num_threads=1)
+    for row in rows:
+        doc = tantivy.Document()
+        doc.add_text("text", row.text)
+        doc.add_text("representation_id", row.representation_id)
+        doc.add_text("chunk_id", row.chunk_id)
+        doc.add_text("document_id", row.document_id)
+        doc.add_text("kind", row.kind)
+        doc.add_text("source_role", row.source_role)
+        for scope in row.access_scopes:
+            doc.add_text("access_scope", scope)
+        writer.add_document(doc)
+    writer.commit()
+    writer.wait_merging_threads()
+    return lexical_doc_count(directory)
+
+
+def lexical_doc_count(directory: Path) -> int:
+    index = tantivy.Index.open(str(directory))
+    index.reload()
+    return index.searcher().num_docs

@@ -1,0 +1,56 @@
+"""Canonical JSON (RFC 8785) with ragpipe's input rules.
+
+Contract: ``canonical_bytes(value)`` returns the RFC 8785 encoding of ``value`` after checking
+that every float is finite, every integer lies within ±2^53 (the range JSON numbers carry
+exactly) and normalising every string (keys included) to NFC. Anything else — NaN, ±Inf, huge
+integers, non-string keys, unsupported types — raises ``CanonicalEncodingError`` naming the path
+of the offending value, because a silently coerced value would give two different things one ID.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import rfc8785
+
+MAX_SAFE_INTEGER = 2**53
+
+
+class CanonicalEncodingError(ValueError):
+    """A value cannot be encoded canonically; the message names its path and the rule broken."""
+
+
+def _prepare(value: Any, path: str) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise CanonicalEncodingError(f"{path}: integer {value} is outside ±2^53")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise CanonicalEncodingError(f"{path}: non-finite float {value!r} is not allowed")
+        return value
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalEncodingError(f"{path}: object key {key!r} is not a string")
+            nkey = unicodedata.normalize("NFC", key)
+            if nkey in out:
+                raise CanonicalEncodingError(f"{path}: keys collide after NFC normalisation: {key!r}")
+            out[nkey] = _prepare(item, f"{path}.{nkey}")
+        return out
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        return [_prepare(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    raise CanonicalEncodingError(f"{path}: type {type(value).__name__} has no canonical JSON form")
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """RFC 8785 bytes of ``value`` (see module contract)."""
+    return rfc8785.dumps(_prepare(value, "$"))

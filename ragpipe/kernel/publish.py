@@ -1,0 +1,198 @@
+"""Atomic publication of immutable directories and files (DESIGN.md §6).
+
+A directory is populated in a temporary sibling, every file and directory in it is fsynced, and it
+is renamed into place with ``renameat2(RENAME_NOREPLACE)`` so an existing target is never
+replaced; then the parent is fsynced. A reader therefore sees either no target or a complete one.
+Two racing publishers of one name both succeed: the loser finds the winner's directory, discards
+its own temp and reports ``existing``. Temp siblings left by killed publishers are recognisable
+(``.tmp-<name>-<pid>-<token>``) and removed by the next publisher once their pid is gone.
+
+``on_step`` is called with a step name at every point where a crash would leave a distinct state
+on disk; failure-injection tests kill the process there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+
+StepHook = Callable[[str], None]
+
+PUBLISH_STEPS = (
+    "temp_created",
+    "data_written",
+    "manifest_written",
+    "files_fsynced",
+    "dirs_fsynced",
+    "renamed",
+    "parent_fsynced",
+)
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class PublishOutcome(str, Enum):
+    published = "published"
+    existing = "existing"
+
+
+def _noop(_: str) -> None:
+    return None
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists. True if renamed, False if ``dst`` existed."""
+    rc = _libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EEXIST, errno.ENOTEMPTY):
+        return False
+    raise OSError(err, f"renameat2({src} -> {dst}): {os.strerror(err)}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(parent: Path) -> list[Path]:
+    """Remove temp siblings in ``parent`` whose publishing process no longer exists."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for entry in parent.iterdir():
+        if not entry.name.startswith(".tmp-"):
+            continue
+        try:
+            pid = int(entry.name.rsplit("-", 2)[-2])
+        except (ValueError, IndexError):
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def _temp_sibling(final: Path) -> Path:
+    return final.parent / f".tmp-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def publish_directory(
+    final: Path,
+    write_data: Callable[[Path], None],
+    write_manifest: Callable[[Path], None],
+    on_step: StepHook | None = None,
+    validate: Callable[[Path], None] | None = None,
+) -> PublishOutcome:
+    """Publish a directory at ``final`` atomically; never replace an existing one.
+
+    ``write_data(tmp)`` writes the payload files, then ``write_manifest(tmp)`` writes the manifest
+    last (so a temp dir with a manifest is known to hold all data); ``validate(tmp)`` may then
+    raise to abandon the publication before anything is visible. If ``final`` already exists
+    nothing is written and ``existing`` is returned; the caller must verify what is there.
+    """
+    step = on_step or _noop
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final.parent)
+    if final.exists() or final.is_symlink():
+        return PublishOutcome.existing
+    tmp = _temp_sibling(final)
+    tmp.mkdir()
+    try:
+        step("temp_created")
+        write_data(tmp)
+        step("data_written")
+        write_manifest(tmp)
+        step("manifest_written")
+        if validate is not None:
+            validate(tmp)
+        dirs = [tmp]
+        for root, dirnames, filenames in os.walk(tmp):
+            for name in filenames:
+                fsync_path(Path(root) / name)
+            dirs.extend(Path(root) / d for d in dirnames)
+        step("files_fsynced")
+        for d in reversed(dirs):
+            fsync_path(d)
+        step("dirs_fsynced")
+        if not rename_noreplace(tmp, final):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return PublishOutcome.existing
+        step("renamed")
+        fsync_path(final.parent)
+        step("parent_fsynced")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PublishOutcome.published
+
+
+def write_file_atomic(path: Path, data: bytes, *, replace: bool = True) -> bool:
+    """Write ``data`` to ``path`` via temp + fsync + rename. With ``replace=False`` an existing
+    file is kept and False is returned."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(path)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if replace:
+        os.replace(tmp, path)
+        done = True
+    else:
+        done = rename_noreplace(tmp, path)
+        if not done:
+            tmp.unlink()
+    fsync_path(path.parent)
+    return done
+
+
+def replace_directory(final: Path, write: Callable[[Path], None]) -> None:
+    """Replace a mutable working directory (per-revision stage outputs) as a whole.
+
+    The new content is written to a temp sibling and swapped in, so readers never see a
+    half-written stage output; the previous content is removed after the swap.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final.parent)
+    tmp = _temp_sibling(final)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for root, _, filenames in os.walk(tmp):
+            for name in filenames:
+                fsync_path(Path(root) / name)
+        old = None
+        if final.exists():
+            old = _temp_sibling(final)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        fsync_path(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,178 @@
+"""The pipeline spec: one checked-in YAML file, one pydantic model per stage.
+
+Each stage's *spec ID* is the domain-separated hash of (stage name, implementation version, the
+stage's own spec, and the spec IDs of its inputs). It is used as the asset's Dagster
+``code_version``, so a change to a chunker parameter changes the IDs of ``chunks`` and everything
+downstream, while the ``execution`` section (batch sizes, threads) enters no ID at all.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ragpipe.kernel.ids import SpecId, content_id
+
+DEFAULT_SPEC_PATH = Path(__file__).parent / "specs" / "pipeline.yaml"
+
+# Implementation versions: bump when a stage's code changes its output for the same spec.
+IMPLEMENTATION_VERSIONS = {
+    "source_snapshot": 1,
+    "chunks": 1,
+    "representations": 1,
+    "embeddings": 1,
+    "lexical_index": 1,
+    "vector_index": 1,
+    "index_bundle": 1,
+}
+
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "source_snapshot": (),
+    "chunks": ("source_snapshot",),
+    "representations": ("chunks",),
+    "embeddings": ("representations",),
+    "lexical_index": ("representations",),
+    "vector_index": ("embeddings",),
+    "index_bundle": ("lexical_index", "vector_index"),
+}
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SnapshotSpec(_Spec):
+    normalization: Literal["utf8-nfc-lf/v1"] = "utf8-nfc-lf/v1"
+    min_text_chars: int = Field(20, ge=1)
+
+
+class ChunkerSpec(_Spec):
+    kind: Literal["markdown_heading", "sliding_window"] = "markdown_heading"
+    max_bytes: int = Field(1200, ge=64, le=1_000_000)
+    overlap_bytes: int = Field(200, ge=0)
+
+    def model_post_init(self, __context: object) -> None:
+        if self.overlap_bytes >= self.max_bytes // 2:
+            raise ValueError(f"chunker.overlap_bytes ({self.overlap_bytes}) must be < max_bytes/2 ({self.max_bytes // 2})")
+
+
+class RepresentationSpec(_Spec):
+    kinds: tuple[Literal["raw", "title_breadcrumb"], ...] = ("raw", "title_breadcrumb")
+
+
+class EmbedderSpec(_Spec):
+    model_name: str
+    package: str
+    weights_sha256: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    dimensions: int = Field(ge=1, le=65536)
+    normalize: bool
+    max_seq_length: int = Field(ge=1)
+    document_prefix: str = ""
+    query_prefix: str = ""
+
+
+class LexicalIndexSpec(_Spec):
+    tokenizer: Literal["en_stem", "default"] = "en_stem"
+    # tantivy's BM25 is fixed at k1=1.2, b=0.75; they are declared so the spec says what it does.
+    bm25_k1: Literal[1.2] = 1.2
+    bm25_b: Literal[0.75] = 0.75
+
+
+class VectorIndexSpec(_Spec):
+    # enabled: false builds lexical-only bundles (embeddings are then not computed at all).
+    enabled: bool = True
+    metric: Literal["cosine", "dot", "l2"] = "cosine"
+
+
+class ExecutionSettings(_Spec):
+    """Operational settings: they change speed, never results, and enter no ID."""
+
+    embed_batch_size: int = Field(64, ge=1)
+    torch_threads: int = Field(2, ge=1)
+    index_writer_heap_mb: int = Field(128, ge=16)
+
+
+class PipelineSpec(_Spec):
+    spec_schema: Literal["ragpipe.pipeline/v1"] = Field("ragpipe.pipeline/v1", alias="schema")
+    snapshot: SnapshotSpec = SnapshotSpec()
+    chunker: ChunkerSpec = ChunkerSpec()
+    representations: RepresentationSpec = RepresentationSpec()
+    embedder: EmbedderSpec
+    lexical_index: LexicalIndexSpec = LexicalIndexSpec()
+    vector_index: VectorIndexSpec = VectorIndexSpec()
+    execution: ExecutionSettings = ExecutionSettings()
+
+    def stage_spec(self, stage: str) -> _Spec | None:
+        """The semantic spec owned by ``stage`` (``None`` for stages with no parameters)."""
+        return {
+            "source_snapshot": self.snapshot,
+            "chunks": self.chunker,
+            "representations": self.representations,
+            "embeddings": self.embedder,
+            "lexical_index": self.lexical_index,
+            "vector_index": self.vector_index,
+            "index_bundle": None,
+        }[stage]
+
+    @cached_property
+    def own_spec_ids(self) -> dict[str, SpecId]:
+        """Spec ID of each stage's own computation (stage, implementation version, own spec).
+
+        Recorded on artifacts (``chunker_spec_id`` on chunks, the embedder spec ID keying the
+        embedding cache): it does not depend on upstream stages, so the embedding cache survives a
+        chunker change.
+        """
+        ids: dict[str, SpecId] = {}
+        for stage in STAGE_INPUTS:
+            own = self.stage_spec(stage)
+            ids[stage] = SpecId(
+                content_id(
+                    "stage-spec",
+                    1,
+                    {
+                        "stage": stage,
+                        "implementation": IMPLEMENTATION_VERSIONS[stage],
+                        "spec": own.model_dump(mode="json") if own is not None else None,
+                    },
+                )
+            )
+        return ids
+
+    @cached_property
+    def spec_ids(self) -> dict[str, SpecId]:
+        """Cumulative spec ID per stage: its own spec ID plus its inputs' cumulative IDs.
+
+        This is the asset ``code_version``: a change anywhere upstream changes it.
+        """
+        ids: dict[str, SpecId] = {}
+        for stage, inputs in STAGE_INPUTS.items():
+            ids[stage] = SpecId(
+                content_id(
+                    "stage-plan",
+                    1,
+                    {"own": self.own_spec_ids[stage], "inputs": {name: ids[name] for name in inputs}},
+                )
+            )
+        return ids
+
+
+class PipelineSpecError(ValueError):
+    pass
+
+
+def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
+    """Load the spec from ``path``, ``$RAGPIPE_PIPELINE_SPEC`` or the checked-in default."""
+    path = Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {exc}") from exc
+    try:
+        return PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise PipelineSpecError(f"{path}: invalid pipeline spec:\n{exc}") from exc

@@ -1,0 +1,1 @@
+"""Retrieval representations derived from chunks (never evidence themselves)."""

@@ -1,0 +1,1 @@
+"""Stage runners: what each asset does, as plain functions over a workspace (no Dagster here)."""
