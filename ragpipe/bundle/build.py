@@ -18,8 +18,11 @@ from ragpipe.bundle.manifest import (
     manifest_bytes,
 )
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
-from ragpipe.kernel.publish import PublishOutcome, StepHook, publish_directory
+from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
 from ragpipe.pipeline_spec import PipelineSpec
+
+# Every point where a crash leaves a distinct state on disk, in order (failure-injection tests).
+BUNDLE_PUBLISH_STEPS = ("temp_created", "tables_copied", "lexical_copied", "vector_copied") + PUBLISH_STEPS[1:]
 
 BUNDLE_STAGES = ("source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index")
 
@@ -63,13 +66,16 @@ def bundle_semantic(
     )
 
 
-def _copy_payload(inputs: BundleInputs, target: Path) -> None:
+def _copy_payload(inputs: BundleInputs, target: Path, step: StepHook) -> None:
     shutil.copyfile(inputs.documents_parquet, target / "documents.parquet")
     shutil.copyfile(inputs.chunks_parquet, target / "chunks.parquet")
     shutil.copyfile(inputs.representations_parquet, target / "representations.parquet")
+    step("tables_copied")
     shutil.copytree(inputs.lexical_dir, target / "lexical", symlinks=False)
+    step("lexical_copied")
     if inputs.vector_dir is not None:
         shutil.copytree(inputs.vector_dir, target / "vector", symlinks=False)
+        step("vector_copied")
 
 
 def _file_entries(root: Path) -> list[FileEntry]:
@@ -98,7 +104,7 @@ def publish_bundle(
 
     outcome = publish_directory(
         final,
-        lambda tmp: _copy_payload(inputs, tmp),
+        lambda tmp: _copy_payload(inputs, tmp, on_step or (lambda _: None)),
         write_manifest,
         on_step,
         validate=lambda tmp: open_bundle(tmp, check_name=False),  # never publish what would not open

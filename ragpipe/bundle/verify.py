@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, seal_of
+from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, seal_of
 from ragpipe.chunking.chunkers import verify_chunks
 from ragpipe.chunking.models import chunk_set_digest, read_chunks
 from ragpipe.corpus.snapshot import read_snapshot_documents
@@ -57,11 +57,15 @@ def _load_manifest(root: Path, check_name: bool) -> BundleManifest:
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: is a symlink"])
     if not mpath.is_file():
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: missing"])
+    raw = mpath.read_bytes()
     try:
-        manifest = BundleManifest.model_validate(json.loads(mpath.read_text(encoding="utf-8")))
+        manifest = BundleManifest.model_validate(json.loads(raw.decode("utf-8")))
     except (ValueError, ValidationError) as exc:
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: not a valid manifest: {exc}"]) from None
     problems = []
+    if manifest_bytes(manifest) != raw:
+        # Byte-exact: any edit, even whitespace, means someone changed the file after publication.
+        problems.append(f"{MANIFEST_NAME}: bytes are not the canonical rendering of its content (manifest edited)")
     if bundle_id_of(manifest.semantic) != manifest.bundle_id:
         problems.append(f"{MANIFEST_NAME}: bundle_id does not match the manifest's semantic fields (manifest edited)")
     if seal_of(manifest.bundle_id, manifest.files) != manifest.seal:

@@ -1,8 +1,8 @@
 """Canonical JSON (RFC 8785) with ragpipe's input rules.
 
 Contract: ``canonical_bytes(value)`` returns the RFC 8785 encoding of ``value`` after checking
-that every float is finite, every integer lies within ±2^53 (the range JSON numbers carry
-exactly) and normalising every string (keys included) to NFC. Anything else — NaN, ±Inf, huge
+that every float is finite, every integer lies within ±(2^53−1) (the range JSON numbers
+carry exactly; so must integral floats that would print without an exponent) and normalising every string (keys included) to NFC. Anything else — NaN, ±Inf, huge
 integers, non-string keys, unsupported types — raises ``CanonicalEncodingError`` naming the path
 of the offending value, because a silently coerced value would give two different things one ID.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import rfc8785
 
-MAX_SAFE_INTEGER = 2**53
+MAX_SAFE_INTEGER = 2**53 - 1
 
 
 class CanonicalEncodingError(ValueError):
@@ -28,11 +28,14 @@ def _prepare(value: Any, path: str) -> Any:
         return value
     if isinstance(value, int):
         if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-            raise CanonicalEncodingError(f"{path}: integer {value} is outside ±2^53")
+            raise CanonicalEncodingError(f"{path}: integer {value} is outside ±(2^53-1)")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise CanonicalEncodingError(f"{path}: non-finite float {value!r} is not allowed")
+        if value.is_integer() and MAX_SAFE_INTEGER < abs(value) < 1e21:
+            # RFC 8785 prints these as plain digits, which read back as an out-of-range integer.
+            raise CanonicalEncodingError(f"{path}: float {value!r} is an integer outside ±(2^53-1)")
         return value
     if isinstance(value, str):
         return unicodedata.normalize("NFC", value)
