@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ragpipe.bundle.verify import BundleVerificationError, open_bundle
@@ -31,7 +32,7 @@ class Format(str, Enum):
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -55,7 +56,7 @@ def build(
     try:
         _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope)
         if not as_json:
-            err.print(f"{'registered' if new else 'already registered'}: revision [bold]{revision}[/] from {path}")
+            err.print(f"{'registered' if new else 'already registered'}: revision {escape(revision)} from {escape(str(path))}")
         summary = materialize_revision(revision, ws)
     except (CorpusError, RevisionError, BuildFailed) as exc:
         fail(str(exc))

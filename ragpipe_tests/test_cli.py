@@ -1,0 +1,114 @@
+"""The `ragpipe` command, run as a user runs it (subprocess, fresh homes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+
+
+def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
+    return subprocess.run(
+        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def cli_build(tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("cli")
+    corpus = write_tree(home / "handbook", HANDBOOK)
+    first = ragpipe("build", str(corpus), "--revision", "hb-1", "--default-scope", "internal", "--json", home=home)
+    assert first.returncode == 0, first.stderr
+    return home, corpus, first
+
+
+def test_build_json_is_exactly_one_object(cli_build):
+    _, _, first = cli_build
+    lines = first.stdout.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert {k: out[k] for k in ("revision", "documents", "excluded", "chunks", "representations", "embedded", "cache_hits")} == {
+        "revision": "hb-1",
+        "documents": 3,
+        "excluded": 1,
+        "chunks": 4,
+        "representations": 8,
+        "embedded": 8,
+        "cache_hits": 0,
+    }
+    assert out["bundle_id"].startswith("sha256:") and Path(out["bundle_path"]).name == out["bundle_id"][7:]
+
+
+def test_rebuild_same_revision_reports_same_bundle(cli_build):
+    home, corpus, first = cli_build
+    again = ragpipe("build", str(corpus), "--revision", "hb-1", "--default-scope", "internal", "--json", home=home)
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(first.stdout), json.loads(again.stdout)
+    assert (b["bundle_id"], b["bundle_path"], b["embedded"], b["up_to_date"]) == (a["bundle_id"], a["bundle_path"], 0, True)
+
+
+def test_new_revision_with_one_new_document_embeds_only_it(cli_build, tmp_path: Path):
+    home, corpus, first = cli_build
+    shutil.copytree(corpus, tmp_path / "v2")
+    (tmp_path / "v2" / "guide" / "faq.md").write_text("# FAQ\n\nHow do I roll back? Point the release pointer back.\n")
+    out = ragpipe("build", str(tmp_path / "v2"), "--revision", "hb-2", "--default-scope", "internal", "--json", home=home)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert (result["documents"], result["embedded"], result["cache_hits"]) == (4, 2, 8)
+
+
+def test_changed_source_under_same_key_is_refused(cli_build, tmp_path: Path):
+    home, corpus, _ = cli_build
+    shutil.copytree(corpus, tmp_path / "edited")
+    (tmp_path / "edited" / "guide" / "intro.md").write_text("# Intro\n\nCompletely different words now.\n")
+    out = ragpipe("build", str(tmp_path / "edited"), "--revision", "hb-1", "--default-scope", "internal", home=home)
+    assert out.returncode == 1
+    assert "revision 'hb-1' is already registered with different content" in " ".join(out.stderr.split())
+
+
+def test_bad_corpus_exits_nonzero_and_registers_nothing(tmp_path: Path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"_id": "a", "text": "fine text"}\n{"_id": "a", "text": "again"}\n')
+    out = ragpipe("build", str(bad), "--revision", "bad-1", "--json", home=tmp_path)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert f"{bad}:2 [id=a]: duplicate document ID (first seen on line 1)" in out.stderr.replace("\n", "")
+    assert not (tmp_path / "ragpipe" / "revisions" / "bad-1.json").exists()
+
+
+def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):
+    _, _, first = cli_build
+    bundle = Path(json.loads(first.stdout)["bundle_path"])
+    ok = ragpipe("bundle", "verify", str(bundle), home=tmp_path)
+    assert ok.returncode == 0 and "ok: sha256:" in ok.stdout
+    inspect = ragpipe("bundle", "inspect", str(bundle), "--json", home=tmp_path)
+    data = json.loads(inspect.stdout)
+    assert data["bundle_id"] == json.loads(first.stdout)["bundle_id"]
+    assert data["counts"] == {"documents": 3, "chunks": 4, "representations": 8, "lexical_documents": 8, "vectors": 8}
+    assert data["default_scope"] == "internal"
+    assert sorted(data["specs"]) == ["chunks", "embeddings", "lexical_index", "representations", "source_snapshot", "vector_index"]
+    copy = tmp_path / bundle.name
+    shutil.copytree(bundle, copy)
+    (copy / "chunks.parquet").write_bytes((copy / "chunks.parquet").read_bytes()[:-3])
+    bad = ragpipe("bundle", "verify", str(copy), home=tmp_path)
+    assert bad.returncode == 1
+    assert "chunks.parquet: size" in bad.stderr and "(truncated or extended)" in bad.stderr.replace("\n", "")
+
+
+def test_dagster_definitions_validate():
+    env = {**os.environ, "DAGSTER_HOME": str(REPO / "var" / "dagster-validate")}
+    os.makedirs(env["DAGSTER_HOME"], exist_ok=True)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "All code locations passed validation" in out.stderr + out.stdout
