@@ -126,6 +126,118 @@ def bundle_inspect(
     out.print(f"{len(m.files)} files, {sum(f.size for f in m.files):,} bytes")
 
 
+class Mode(str, Enum):
+    hybrid = "hybrid"
+    lexical = "lexical"
+    vector = "vector"
+
+
+BundleOpt = Annotated[Path, typer.Option("--bundle", "-b", help="Bundle directory.")]
+ScopeOpt = Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")]
+PrincipalOpt = Annotated[str, typer.Option("--principal", help="Who is asking (recorded in the result).")]
+PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")]
+ModeOpt = Annotated[Optional[Mode], typer.Option("--mode", help="Channels: hybrid, lexical or vector (default: the plan's).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
+
+
+def _retriever(bundle: Path, plan_path: Path | None):
+    from ragpipe.retrieval.plan import load_plan
+    from ragpipe.retrieval.service import Retriever
+
+    plan = load_plan(plan_path)
+    return Retriever(bundle, plan=plan, cache_dir=default_home() / "answer_cache"), plan
+
+
+def _subject(principal: str, scopes: list[str] | None):
+    from ragpipe.retrieval.authz import Subject
+
+    return Subject(principal=principal, scopes=tuple(scopes) if scopes else ("public",))
+
+
+def _query_errors():
+    from ragpipe.retrieval.authz import AuthorizationError
+    from ragpipe.retrieval.plan import PlanError
+    from ragpipe.retrieval.rerank import RerankerError
+    from ragpipe.retrieval.service import QueryError
+
+    return (BundleVerificationError, PlanError, QueryError, AuthorizationError, RerankerError, ValueError)
+
+
+@app.command()
+def query(
+    text: Annotated[str, typer.Argument(help="The query.")],
+    bundle: BundleOpt,
+    scope: ScopeOpt = None,
+    principal: PrincipalOpt = "cli",
+    k: Annotated[int, typer.Option("--k", help="Number of hits.")] = 10,
+    mode: ModeOpt = None,
+    plan: PlanOpt = None,
+    as_json: JsonOpt = False,
+    trace: Annotated[bool, typer.Option("--trace", help="Show channel hits, fusion, collapse and authorization.")] = False,
+) -> None:
+    """Ranked chunks for TEXT from a verified bundle, visible to the caller's scopes only."""
+    errors = _query_errors()
+    try:
+        retriever, _ = _retriever(bundle, plan)
+        result = retriever.query(text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace)
+    except errors as exc:
+        fail(str(exc))
+        return
+    data = result.as_dict()
+    if as_json:
+        emit_json(data)
+        return
+    out.print(f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…")
+    for hit in data["hits"]:
+        out.print(
+            f"\n[bold]{hit['rank']:>2}.[/] {escape(str(hit['title']))}  [dim]{escape(str(hit['document_id']))} "
+            f"[{hit['byte_start']}, {hit['byte_end']}) score {hit['score']:.5f}[/]"
+        )
+        snippet = " ".join(str(hit["text"]).split())
+        out.print("    " + escape(snippet[:240] + ("…" if len(snippet) > 240 else "")))
+    if trace:
+        out.print_json(data=data["trace"])
+
+
+@app.command()
+def answer(
+    text: Annotated[str, typer.Argument(help="The question.")],
+    bundle: BundleOpt,
+    scope: ScopeOpt = None,
+    principal: PrincipalOpt = "cli",
+    model: Annotated[Optional[str], typer.Option("--model", help="Answer with this litellm model instead of the plan's generator.")] = None,
+    api_base: Annotated[Optional[str], typer.Option("--api-base", help="Provider base URL for --model.")] = None,
+    mode: ModeOpt = None,
+    plan: PlanOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
+    errors = _query_errors()
+    try:
+        retriever, qplan = _retriever(bundle, plan)
+        gen_plan = qplan.answer.generator
+        if model:
+            gen_plan = gen_plan.model_copy(update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base})
+        result = retriever.answer(
+            text, _subject(principal, scope), generator=retriever.make_generator(gen_plan), mode=mode.value if mode else None
+        )
+    except errors as exc:
+        fail(str(exc))
+        return
+    data = result.as_dict()
+    if as_json:
+        emit_json(data)
+        return
+    out.print(f"[dim]generator: {escape(data['generator'])}[/]")
+    if data["abstained"]:
+        out.print(f"[bold yellow]abstained:[/] {escape(str(data['reason']))}")
+    else:
+        out.print(escape(str(data["answer"])))
+    for c in data["citations"]:
+        ev = next(e for e in data["evidence"] if e["label"] == c["label"])
+        out.print(f"  {escape('[' + c['label'] + ']')} {escape(str(ev['title']))} — {escape(c['document_id'])} [{ev['byte_start']}, {ev['byte_end']})")
+
+
 def main() -> None:
     app()
 

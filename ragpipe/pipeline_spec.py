@@ -127,21 +127,7 @@ class PipelineSpec(_Spec):
         embedding cache): it does not depend on upstream stages, so the embedding cache survives a
         chunker change.
         """
-        ids: dict[str, SpecId] = {}
-        for stage in STAGE_INPUTS:
-            own = self.stage_spec(stage)
-            ids[stage] = SpecId(
-                content_id(
-                    "stage-spec",
-                    1,
-                    {
-                        "stage": stage,
-                        "implementation": IMPLEMENTATION_VERSIONS[stage],
-                        "spec": own.model_dump(mode="json") if own is not None else None,
-                    },
-                )
-            )
-        return ids
+        return {stage: own_spec_id(stage, self.stage_spec(stage)) for stage in STAGE_INPUTS}
 
     @cached_property
     def spec_ids(self) -> dict[str, SpecId]:
@@ -159,6 +145,21 @@ class PipelineSpec(_Spec):
                 )
             )
         return ids
+
+
+def own_spec_id(stage: str, spec: _Spec | None) -> SpecId:
+    """Spec ID of one stage's own computation: stage name, implementation version, own spec."""
+    return SpecId(
+        content_id(
+            "stage-spec",
+            1,
+            {
+                "stage": stage,
+                "implementation": IMPLEMENTATION_VERSIONS[stage],
+                "spec": spec.model_dump(mode="json") if spec is not None else None,
+            },
+        )
+    )
 
 
 class PipelineSpecError(ValueError):

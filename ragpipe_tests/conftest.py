@@ -42,19 +42,16 @@ def handbook(tmp_path: Path) -> Path:
     return write_tree(tmp_path / "handbook", HANDBOOK)
 
 
-@pytest.fixture(scope="session")
-def built_workspace(tmp_path_factory: pytest.TempPathFactory):
-    """A workspace with revision 'hb' of the handbook built through every stage (no Dagster)."""
+def build_all_stages(home: Path, revision: str, corpus: Path, fmt: str, default_scope: str = "public", spec=None):
+    """Register ``corpus`` and run every stage (plain functions, no Dagster); returns (ws, spec, bundle path)."""
     from ragpipe.corpus.registry import register_revision
     from ragpipe.pipeline_spec import load_pipeline_spec
     from ragpipe.stages import steps
     from ragpipe.stages.workspace import Workspace
 
-    root = tmp_path_factory.mktemp("built")
-    corpus = write_tree(root / "handbook", HANDBOOK)
-    ws = Workspace(root / "home")
-    spec = load_pipeline_spec()
-    register_revision(ws.registry, "hb", corpus, "markdown", "public")
+    ws = Workspace(home)
+    spec = spec or load_pipeline_spec()
+    register_revision(ws.registry, revision, corpus, fmt, default_scope)
     for run in (
         steps.run_source_snapshot,
         steps.run_chunks,
@@ -64,8 +61,43 @@ def built_workspace(tmp_path_factory: pytest.TempPathFactory):
         steps.run_vector_index,
         steps.run_index_bundle,
     ):
-        run(ws, "hb", spec)
+        run(ws, revision, spec)
+    return ws, spec, Path(str(steps.read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
+
+
+@pytest.fixture(scope="session")
+def built_workspace(tmp_path_factory: pytest.TempPathFactory):
+    """A workspace with revision 'hb' of the handbook built through every stage (no Dagster)."""
+    root = tmp_path_factory.mktemp("built")
+    corpus = write_tree(root / "handbook", HANDBOOK)
+    ws, spec, _ = build_all_stages(root / "home", "hb", corpus, "markdown")
     return ws, spec
+
+
+# Adversarial authorization fixture: secret documents that would rank first in both channels,
+# a secret twin with exactly the text of a public document (equal-score tie across scopes), and
+# a document whose text names scopes.
+SCOPED_DOCS = [
+    {"_id": "pub-aspirin", "title": "Aspirin and stroke", "text": "Low-dose aspirin reduces the risk of a first stroke in older adults. The effect was modest."},
+    {"_id": "pub-statin", "title": "Statins", "text": "Statins lower LDL cholesterol and reduce cardiovascular events in high-risk patients."},
+    {"_id": "pub-twin", "title": "Twin", "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population."},
+    {"_id": "pub-scopes", "title": "Access scopes", "text": "Documents carry access scopes such as secret and staff; a scope decides who may read a document."},
+    {"_id": "staff-aspirin", "title": "Aspirin staff memo", "text": "Staff memo: aspirin dosing for stroke patients on the ward.", "metadata": {"access_scopes": ["staff"]}},
+    {"_id": "sec-aspirin", "title": "Aspirin stroke aspirin stroke", "text": "Aspirin stroke aspirin stroke aspirin stroke: the secret aspirin stroke trial data.", "metadata": {"access_scopes": ["secret"]}},
+    {"_id": "sec-twin", "title": "Twin", "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population.", "metadata": {"access_scopes": ["secret"]}},
+]
+SECRET_IDS = {"sec-aspirin", "sec-twin"}
+
+
+@pytest.fixture(scope="session")
+def scoped_bundles(tmp_path_factory: pytest.TempPathFactory):
+    """(full bundle with public/staff/secret documents, bundle of the public documents only)."""
+    root = tmp_path_factory.mktemp("scoped")
+    full = write_beir(root / "full.jsonl", SCOPED_DOCS)
+    public = write_beir(root / "public.jsonl", [d for d in SCOPED_DOCS if "metadata" not in d])
+    _, _, full_bundle = build_all_stages(root / "home", "full", full, "beir")
+    _, _, public_bundle = build_all_stages(root / "home", "public", public, "beir")
+    return full_bundle, public_bundle
 
 
 @pytest.fixture

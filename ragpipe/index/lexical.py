@@ -7,11 +7,15 @@ carry an exact must-clause on them (authorization prefilter inside the backend).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import tantivy
 
 from ragpipe.index.rows import IndexRow
+from ragpipe.retrieval.fusion import Hit
+
+_WORD = re.compile(r"\w+", re.UNICODE)
 from ragpipe.pipeline_spec import LexicalIndexSpec
 
 
@@ -49,3 +53,43 @@ def lexical_doc_count(directory: Path) -> int:
     index = tantivy.Index.open(str(directory))
     index.reload()
     return index.searcher().num_docs
+
+
+def query_terms(text: str) -> list[str]:
+    """Plain lower-case words of the query: no field prefixes, operators or syntax survive, so
+    query text can never address the ``access_scope`` field or change the query structure."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+class LexicalSearcher:
+    """BM25 search over one bundle's tantivy index with the scope filter inside the query."""
+
+    def __init__(self, directory: Path):
+        self.index = tantivy.Index.open(str(directory))
+        self.index.reload()
+        self.schema = self.index.schema
+        self.searcher = self.index.searcher()
+
+    def search(self, text: str, k: int, scopes: tuple[str, ...]) -> list[Hit]:
+        terms = query_terms(text)
+        if not terms or not scopes:
+            return []
+        text_query = self.index.parse_query(" ".join(terms), ["text"])
+        # Must-clause on the scope field with zero score: filters without changing BM25 scores.
+        scope_filter = tantivy.Query.const_score_query(
+            tantivy.Query.term_set_query(self.schema, "access_scope", list(scopes)), 0.0
+        )
+        query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, scope_filter)])
+        hits = []
+        for score, address in self.searcher.search(query, limit=k).hits:
+            doc = self.searcher.doc(address)
+            hits.append(
+                Hit(
+                    channel="lexical",
+                    representation_id=doc["representation_id"][0],
+                    chunk_id=doc["chunk_id"][0],
+                    document_id=doc["document_id"][0],
+                    score=float(score),
+                )
+            )
+        return hits

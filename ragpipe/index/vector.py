@@ -13,7 +13,9 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
+from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.rows import IndexRow
+from ragpipe.retrieval.fusion import Hit
 
 TABLE_NAME = "representations"
 
@@ -42,3 +44,41 @@ def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarra
 
 def vector_row_count(directory: Path) -> int:
     return lancedb.connect(str(directory)).open_table(TABLE_NAME).count_rows()
+
+
+def scope_predicate(scopes: tuple[str, ...]) -> str:
+    """SQL prefilter for lancedb. Scope names are validated identifiers, never free text."""
+    for s in scopes:
+        if not SCOPE_PATTERN.match(s):
+            raise ValueError(f"invalid scope name {s!r}")
+    return "array_has_any(access_scopes, [" + ", ".join(f"'{s}'" for s in scopes) + "])"
+
+
+class VectorSearcher:
+    """Exact nearest-neighbour search over one bundle's lancedb table, scope-prefiltered."""
+
+    def __init__(self, directory: Path, metric: str):
+        self.table = lancedb.connect(str(directory)).open_table(TABLE_NAME)
+        self.metric = metric
+
+    def search(self, vector: np.ndarray, k: int, scopes: tuple[str, ...]) -> list[Hit]:
+        if not scopes:
+            return []
+        result = (
+            self.table.search(vector.astype(np.float32))
+            .distance_type(self.metric)
+            .where(scope_predicate(scopes), prefilter=True)
+            .select(["representation_id", "chunk_id", "document_id", "_distance"])
+            .limit(k)
+            .to_arrow()
+        )
+        ids = result.column("representation_id").to_pylist()
+        chunks = result.column("chunk_id").to_pylist()
+        docs = result.column("document_id").to_pylist()
+        distances = result.column("_distance").to_pylist()
+        # cosine/dot distances are 1 - similarity; l2 is a distance: negate so higher is better.
+        to_score = (lambda d: -d) if self.metric == "l2" else (lambda d: 1.0 - d)
+        return [
+            Hit(channel="vector", representation_id=r, chunk_id=c, document_id=d, score=float(to_score(x)))
+            for r, c, d, x in zip(ids, chunks, docs, distances)
+        ]

@@ -1,0 +1,1 @@
+"""Answer generation from certified evidence, and the strict answer validator."""

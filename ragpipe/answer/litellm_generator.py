@@ -1,0 +1,160 @@
+"""The litellm generator: the only module that imports litellm.
+
+It sends the question and the certified evidence to the plan's model, asks for a JSON object
+``{"answer": str, "citations": [label, ...], "abstained": bool}``, and turns timeouts, HTTP errors
+and malformed output into typed failures. Before sending it checks that the authorization
+certificate covers exactly the evidence in the request. Responses are cached by the full effective
+provider configuration + prompt template digest + context digest + question.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from ragpipe.answer.generators import CandidateAnswer, GeneratorFailure
+from ragpipe.kernel.ids import bytes_digest, content_id
+from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.retrieval.authz import AuthorizationCertificate
+from ragpipe.retrieval.context import Context
+from ragpipe.retrieval.plan import GeneratorPlan
+
+PROMPT_TEMPLATE = """You answer questions using only the evidence below. Each evidence item starts with a label like [E1].
+Reply with one JSON object and nothing else: {{"answer": string, "citations": [labels], "abstained": boolean}}.
+Cite every label you use, each once. If the evidence does not answer the question, reply with
+{{"answer": "", "citations": [], "abstained": true}}.
+
+Evidence:
+{context}
+
+Question: {question}"""
+PROMPT_TEMPLATE_DIGEST = bytes_digest(PROMPT_TEMPLATE.encode("utf-8"))
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+def parse_model_json(content: str) -> tuple[str, tuple[str, ...], bool]:
+    """Parse the model's reply; raise ValueError describing what is malformed."""
+    text = content.strip()
+    if m := _FENCE.match(text):
+        text = m.group(1)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"reply is not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict) or set(obj) != {"answer", "citations", "abstained"}:
+        raise ValueError("reply must be an object with exactly the keys answer, citations, abstained")
+    answer, citations, abstained = obj["answer"], obj["citations"], obj["abstained"]
+    if not isinstance(answer, str) or not isinstance(abstained, bool):
+        raise ValueError("answer must be a string and abstained a boolean")
+    if not isinstance(citations, list) or not all(isinstance(c, str) for c in citations):
+        raise ValueError("citations must be a list of label strings")
+    return answer, tuple(citations), abstained
+
+
+class LiteLLMGenerator:
+    def __init__(self, plan: GeneratorPlan, bundle_id: str, cache_dir: Path | None = None, api_key: str | None = None):
+        if not plan.model:
+            raise ValueError("the litellm generator needs answer.generator.model in the query plan (or --model)")
+        self.plan = plan
+        self.bundle_id = bundle_id
+        self.cache_dir = cache_dir
+        self.api_key = api_key or os.environ.get("RAGPIPE_LLM_API_KEY") or "no-key"
+        self.name = f"litellm:{plan.model}"
+
+    def provider_config(self) -> dict[str, object]:
+        p = self.plan
+        return {
+            "model": p.model,
+            "api_base": p.api_base,
+            "temperature": p.temperature,
+            "seed": p.seed,
+            "max_tokens": p.max_tokens,
+            "response_format": "json_object",
+        }
+
+    def cache_key(self, question: str, context: Context) -> str:
+        return content_id(
+            "answer-cache",
+            1,
+            {
+                "provider": self.provider_config(),
+                "prompt_template": PROMPT_TEMPLATE_DIGEST,
+                "context": context.digest,
+                "question": question,
+            },
+        )
+
+    def _cached(self, key: str) -> CandidateAnswer | None:
+        if self.cache_dir is None:
+            return None
+        path = self.cache_dir / f"{key.split(':')[1]}.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return CandidateAnswer(
+            answer=data["answer"], citations=tuple(data["citations"]), abstained=data["abstained"], raw=data["raw"], cached=True
+        )
+
+    def _store(self, key: str, cand: CandidateAnswer) -> None:
+        if self.cache_dir is not None:
+            payload = {"answer": cand.answer, "citations": list(cand.citations), "abstained": cand.abstained, "raw": cand.raw}
+            write_file_atomic(self.cache_dir / f"{key.split(':')[1]}.json", json.dumps(payload).encode())
+
+    def generate(self, question: str, context: Context, certificate: AuthorizationCertificate) -> CandidateAnswer:
+        # Authorization before disclosure: exactly the certified evidence may leave the machine.
+        certificate.require_exact_cover(self.bundle_id, [(e.chunk_id, e.text) for e in context.evidence])
+        key = self.cache_key(question, context)
+        if (hit := self._cached(key)) is not None:
+            return hit
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map
+        import litellm
+
+        prompt = PROMPT_TEMPLATE.format(context=context.rendered, question=question)
+        try:
+            response = litellm.completion(
+                model=self.plan.model,
+                messages=[{"role": "user", "content": prompt}],
+                api_base=self.plan.api_base,
+                api_key=self.api_key,
+                temperature=self.plan.temperature,
+                seed=self.plan.seed,
+                max_tokens=self.plan.max_tokens,
+                timeout=self.plan.timeout_seconds,
+                response_format={"type": "json_object"},
+                num_retries=0,
+                max_retries=0,
+            )
+        except litellm.Timeout as exc:
+            return CandidateAnswer("", (), True, failure=GeneratorFailure("timeout", _short(exc)))
+        except litellm.APIConnectionError as exc:
+            return CandidateAnswer("", (), True, failure=GeneratorFailure("connection_error", _short(exc)))
+        except Exception as exc:  # every provider error becomes a typed failure, never a crash
+            if _caused_by_connection_failure(exc):
+                return CandidateAnswer("", (), True, failure=GeneratorFailure("connection_error", _short(exc)))
+            status = getattr(exc, "status_code", None)
+            kind = f"http_error:{status}" if status else type(exc).__name__
+            return CandidateAnswer("", (), True, failure=GeneratorFailure(kind, _short(exc)))
+        content = response.choices[0].message.content or ""
+        try:
+            answer, citations, abstained = parse_model_json(content)
+        except ValueError as exc:
+            return CandidateAnswer("", (), True, failure=GeneratorFailure("malformed_output", str(exc)), raw=content)
+        cand = CandidateAnswer(answer=answer, citations=citations, abstained=abstained, raw=content)
+        self._store(key, cand)
+        return cand
+
+
+def _caused_by_connection_failure(exc: BaseException) -> bool:
+    """litellm reports a refused connection as InternalServerError(500); the cause chain tells."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionError) or type(seen).__name__ in ("ConnectError", "APIConnectionError"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _short(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run by hand; results recorded in docs/benchmarks.md)."""

@@ -1,0 +1,1 @@
+"""Hybrid retrieval over verified bundles: channels, fusion, authorization, hydration, context."""

@@ -1,0 +1,97 @@
+"""The query plan: a checked-in, versioned file; its ID is the canonical hash of all of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ragpipe.kernel.ids import content_id
+
+DEFAULT_PLAN_PATH = Path(__file__).resolve().parent.parent / "specs" / "query_plan.yaml"
+ChannelName = Literal["lexical", "vector"]
+
+
+class _Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ChannelPlan(_Plan):
+    depth: int = Field(100, ge=1, le=10_000)
+    weight: float = Field(1.0, gt=0)
+
+
+class FusionPlan(_Plan):
+    kind: Literal["weighted_rrf"] = "weighted_rrf"
+    k: float = Field(60.0, gt=0)
+
+
+class RerankerPlan(_Plan):
+    kind: Literal["cross_encoder"] = "cross_encoder"
+    model_path: str
+    depth: int = Field(20, ge=1, le=1000)
+    on_failure: Literal["fail", "keep_fused"] = "keep_fused"
+
+
+class ContextPlan(_Plan):
+    max_bytes: int = Field(6000, ge=1)
+    max_chunks: int = Field(8, ge=1)
+
+
+class GeneratorPlan(_Plan):
+    kind: Literal["extractive", "litellm"] = "extractive"
+    model: str | None = None
+    api_base: str | None = None
+    temperature: float = Field(0.0, ge=0, le=2)
+    seed: int = 7
+    max_tokens: int = Field(512, ge=1)
+    timeout_seconds: float = Field(30.0, gt=0)
+
+
+class AnswerPlan(_Plan):
+    contract_version: Literal[1] = 1
+    generator: GeneratorPlan = GeneratorPlan()
+
+
+class QueryPlan(_Plan):
+    plan_schema: Literal["ragpipe.query_plan/v1"] = Field("ragpipe.query_plan/v1", alias="schema")
+    channels: dict[ChannelName, ChannelPlan] = Field(min_length=1)
+    fusion: FusionPlan = FusionPlan()
+    collapse: Literal["chunk", "document"] = "chunk"
+    reranker: RerankerPlan | None = None
+    context: ContextPlan = ContextPlan()
+    answer: AnswerPlan = AnswerPlan()
+
+    @property
+    def plan_id(self) -> str:
+        return content_id("query-plan", 1, self.model_dump(mode="json", by_alias=True))
+
+    def with_channels(self, names: tuple[str, ...]) -> QueryPlan:
+        """The same plan restricted to ``names`` (``--mode``); its ID changes accordingly."""
+        missing = [n for n in names if n not in self.channels]
+        if missing:
+            raise PlanError(f"query plan has no channel {missing[0]!r} (channels: {', '.join(self.channels)})")
+        return self.model_copy(update={"channels": {n: self.channels[n] for n in names}})
+
+
+class PlanError(ValueError):
+    pass
+
+
+def parse_plan(raw: object, where: str) -> QueryPlan:
+    try:
+        return QueryPlan.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise PlanError(f"{where}: invalid query plan:\n  " + "\n  ".join(lines)) from None
+
+
+def load_plan(path: Path | None = None) -> QueryPlan:
+    path = Path(path or DEFAULT_PLAN_PATH)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise PlanError(f"{path}: cannot read query plan: {exc}") from None
+    return parse_plan(raw, str(path))
