@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test ui bench clean dagster-home
+.PHONY: install demo test ui bench query-bench clean dagster-home
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,13 @@ dagster-home:
 demo: install dagster-home
 	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1
 	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2
+	$(BIN)/ragpipe query "Aspirin reduces the risk of cardiovascular events" --revision scifact-2 --k 3
+	$(BIN)/ragpipe query "ALDH1 expression and breast cancer outcome" --revision scifact-2 --k 3 --mode lexical
+	$(BIN)/ragpipe query "vitamin D deficiency and tuberculosis" --revision scifact-2 --k 3 --mode vector
+	$(BIN)/ragpipe answer "Does aspirin reduce the risk of cardiovascular events?" --revision scifact-2
+
+query-bench: install
+	$(BIN)/python -m ragpipe.benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
 
 test: install
 	$(BIN)/python -m pytest

@@ -132,7 +132,8 @@ class Mode(str, Enum):
     vector = "vector"
 
 
-BundleOpt = Annotated[Path, typer.Option("--bundle", "-b", help="Bundle directory.")]
+BundleOpt = Annotated[Optional[Path], typer.Option("--bundle", "-b", help="Bundle directory.")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")]
 ScopeOpt = Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")]
 PrincipalOpt = Annotated[str, typer.Option("--principal", help="Who is asking (recorded in the result).")]
 PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")]
@@ -140,10 +141,18 @@ ModeOpt = Annotated[Optional[Mode], typer.Option("--mode", help="Channels: hybri
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
 
 
-def _retriever(bundle: Path, plan_path: Path | None):
+def _retriever(bundle: Path | None, revision: str | None, plan_path: Path | None):
     from ragpipe.retrieval.plan import load_plan
-    from ragpipe.retrieval.service import Retriever
+    from ragpipe.retrieval.service import QueryError, Retriever
+    from ragpipe.stages.steps import StageError, read_stage_record
 
+    if (bundle is None) == (revision is None):
+        raise QueryError("give exactly one of --bundle PATH or --revision KEY")
+    if revision is not None:
+        try:
+            bundle = Path(str(read_stage_record(Workspace(default_home()), revision, "index_bundle").facts["bundle_path"]))
+        except StageError as exc:
+            raise QueryError(str(exc)) from None
     plan = load_plan(plan_path)
     return Retriever(bundle, plan=plan, cache_dir=default_home() / "answer_cache"), plan
 
@@ -166,7 +175,8 @@ def _query_errors():
 @app.command()
 def query(
     text: Annotated[str, typer.Argument(help="The query.")],
-    bundle: BundleOpt,
+    bundle: BundleOpt = None,
+    revision: RevisionOpt = None,
     scope: ScopeOpt = None,
     principal: PrincipalOpt = "cli",
     k: Annotated[int, typer.Option("--k", help="Number of hits.")] = 10,
@@ -178,7 +188,7 @@ def query(
     """Ranked chunks for TEXT from a verified bundle, visible to the caller's scopes only."""
     errors = _query_errors()
     try:
-        retriever, _ = _retriever(bundle, plan)
+        retriever, _ = _retriever(bundle, revision, plan)
         result = retriever.query(text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace)
     except errors as exc:
         fail(str(exc))
@@ -202,7 +212,8 @@ def query(
 @app.command()
 def answer(
     text: Annotated[str, typer.Argument(help="The question.")],
-    bundle: BundleOpt,
+    bundle: BundleOpt = None,
+    revision: RevisionOpt = None,
     scope: ScopeOpt = None,
     principal: PrincipalOpt = "cli",
     model: Annotated[Optional[str], typer.Option("--model", help="Answer with this litellm model instead of the plan's generator.")] = None,
@@ -214,7 +225,7 @@ def answer(
     """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
     errors = _query_errors()
     try:
-        retriever, qplan = _retriever(bundle, plan)
+        retriever, qplan = _retriever(bundle, revision, plan)
         gen_plan = qplan.answer.generator
         if model:
             gen_plan = gen_plan.model_copy(update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base})

@@ -1,0 +1,1 @@
+"""Retrieval metrics and judgments."""
