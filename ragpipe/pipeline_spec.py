@@ -26,7 +26,7 @@ IMPLEMENTATION_VERSIONS = {
     "chunks": 1,
     "representations": 1,
     "embeddings": 1,
-    "lexical_index": 1,
+    "lexical_index": 2,
     "vector_index": 1,
     "index_bundle": 1,
 }

@@ -33,12 +33,12 @@ def test_default_pipeline_spec_ids():
         "chunks": "sha256:8f66deca7764c2507272f0d9d675a2ddb814232f805a7b4ea1d64a411456a777",
         "representations": "sha256:3d09985edd718e94adbfaf8c11cacbc7099d2bc22467ff02f778ffb6e275fb1e",
         "embeddings": "sha256:89c4a5d61e206c10829439c9f17d632a3d93abab5530dd309814ed551efcc97b",
-        "lexical_index": "sha256:b77a3754488dd5510eeab93a81422f6527b7f0d42bcf24d2d837310cf5f72481",
+        "lexical_index": "sha256:9dbc74f07bc04dc1b776abf6b93872d7803f15b3ca62f7c1761a4ea0d2ed259b",
         "vector_index": "sha256:e9b3a7296c4ca4272c1e8277aed532b86fea2ca92f65516cb204180ef41f2303",
         "index_bundle": "sha256:aa1bd2b2c69ed3bbe9c85cfa28b3d5f5d949e684adae4feacdf82a61fa347306",
     }
     assert SPEC.spec_ids["chunks"] == "sha256:cc3b61f564c7c58b29d7f8016d6d0469bfc81270f82866a517ac64362fe1c74d"
-    assert SPEC.spec_ids["index_bundle"] == "sha256:a8693045c7c7ba1a700f1a220a40a9056bc6b5593217ab52adf93f5662e5823a"
+    assert SPEC.spec_ids["index_bundle"] == "sha256:b92be4bbdf3fbc6bd03d891fc954e4d42e70468d621fe17ca1f057d10598f749"
 
 
 def test_document_chunk_and_representation_ids():

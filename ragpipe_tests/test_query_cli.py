@@ -66,3 +66,17 @@ def test_query_errors_exit_nonzero(scoped_bundles, tmp_path, built_workspace):
     assert out.returncode == 1 and "failed verification" in out.stderr
     out = ragpipe("query", "x", "--bundle", str(scoped_bundles[0]), "--scope", "bad scope", home=tmp_path)
     assert out.returncode == 1 and "invalid scope name 'bad scope'" in out.stderr
+
+
+def test_lexical_only_bundle(tmp_path, built_workspace):
+    from ragpipe.pipeline_spec import PipelineSpec
+    from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+
+    _, spec = built_workspace
+    lex_spec = PipelineSpec.model_validate({**spec.model_dump(by_alias=True), "vector_index": {"enabled": False, "metric": "cosine"}})
+    _, _, bundle = build_all_stages(tmp_path / "home", "lex", write_tree(tmp_path / "hb", HANDBOOK), "markdown", spec=lex_spec)
+    out = ragpipe("query", "signing keys", "--bundle", str(bundle), "--scope", "staff", "--json", home=tmp_path)
+    data = json.loads(out.stdout)
+    assert data["mode"] == "lexical" and data["hits"][0]["document_id"] == "guide/ops.md"
+    out = ragpipe("query", "signing keys", "--bundle", str(bundle), "--mode", "vector", home=tmp_path)
+    assert out.returncode == 1 and "is lexical-only: mode 'vector' needs a vector index" in " ".join(out.stderr.split())

@@ -2,7 +2,9 @@
 
 One tantivy document per representation: ``text`` analysed with the spec's tokenizer; IDs,
 ``access_scope`` (one term per scope) and ``source_role`` as raw, untokenised terms so a query can
-carry an exact must-clause on them (authorization prefilter inside the backend).
+carry an exact must-clause on them (authorization prefilter inside the backend); and ``row``, the
+representation's row in ``representations.parquet``, as a u64 fast field, so a search resolves its
+hits by column lookup instead of fetching stored documents.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def lexical_schema(spec: LexicalIndexSpec) -> tantivy.Schema:
     for name in ("representation_id", "chunk_id", "document_id", "kind", "source_role"):
         builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
     builder.add_text_field("access_scope", stored=True, tokenizer_name="raw", index_option="basic")
+    builder.add_unsigned_field("row", stored=True, fast=True)
     return builder.build()
 
 
@@ -33,8 +36,9 @@ def build_lexical_index(directory: Path, rows: list[IndexRow], spec: LexicalInde
     index = tantivy.Index(lexical_schema(spec), path=str(directory))
     # One indexing thread: one segment, and a document order that depends only on the input.
     writer = index.writer(heap_size=heap_mb * 1024 * 1024, num_threads=1)
-    for row in rows:
+    for position, row in enumerate(rows):
         doc = tantivy.Document()
+        doc.add_unsigned("row", position)
         doc.add_text("text", row.text)
         doc.add_text("representation_id", row.representation_id)
         doc.add_text("chunk_id", row.chunk_id)
@@ -62,9 +66,13 @@ def query_terms(text: str) -> list[str]:
 
 
 class LexicalSearcher:
-    """BM25 search over one bundle's tantivy index with the scope filter inside the query."""
+    """BM25 search over one bundle's tantivy index with the scope filter inside the query.
 
-    def __init__(self, directory: Path):
+    ``rows`` gives (representation_id, chunk_id, document_id) per index row, in the order the
+    index was built (the bundle's ``representations.parquet``)."""
+
+    def __init__(self, directory: Path, rows: list[tuple[str, str, str]]):
+        self.rows = rows
         self.index = tantivy.Index.open(str(directory))
         self.index.reload()
         self.schema = self.index.schema
@@ -80,16 +88,10 @@ class LexicalSearcher:
             tantivy.Query.term_set_query(self.schema, "access_scope", list(scopes)), 0.0
         )
         query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, scope_filter)])
+        found = self.searcher.search(query, limit=k, count=False).hits
+        positions = self.searcher.fast_field_values("row", [address for _, address in found])
         hits = []
-        for score, address in self.searcher.search(query, limit=k).hits:
-            doc = self.searcher.doc(address)
-            hits.append(
-                Hit(
-                    channel="lexical",
-                    representation_id=doc["representation_id"][0],
-                    chunk_id=doc["chunk_id"][0],
-                    document_id=doc["document_id"][0],
-                    score=float(score),
-                )
-            )
+        for (score, _), position in zip(found, positions):
+            rep_id, chunk_id, doc_id = self.rows[position]
+            hits.append(Hit("lexical", rep_id, chunk_id, doc_id, float(score)))
         return hits

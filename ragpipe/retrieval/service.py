@@ -21,6 +21,7 @@ from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.vector import VectorSearcher
 from ragpipe.pipeline_spec import EmbedderSpec, own_spec_id
+from ragpipe.representations.derive import read_representations
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject, issue_certificate
 from ragpipe.retrieval.context import Context, Evidence, build_context
 from ragpipe.retrieval.fusion import FusedHit, Hit, collapse, weighted_rrf
@@ -111,7 +112,8 @@ class Retriever:
         docs = read_snapshot_documents(root / "documents.parquet")
         self.titles = {d.document_id: d.title for d in docs}
         self.scopes = {d.document_id: d.access_scopes for d in docs}
-        self.lexical = LexicalSearcher(root / "lexical")
+        reps = read_representations(root / "representations.parquet")
+        self.lexical = LexicalSearcher(root / "lexical", [(r.representation_id, r.chunk_id, r.document_id) for r in reps])
         self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"]) if sem.has_vector_index else None
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._embedder = embedder
@@ -136,6 +138,8 @@ class Retriever:
         return self._embedder
 
     def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str]:
+        if mode is None and self.vector is None and "lexical" in self.plan.channels:
+            mode = "lexical"  # a lexical-only bundle answers the plan's lexical channel by default
         if mode is None:
             names = tuple(self.plan.channels)
             mode = next((m for m, chans in MODES.items() if set(chans) == set(names)), "+".join(names))
@@ -148,7 +152,7 @@ class Retriever:
             except PlanError as exc:
                 raise QueryError(str(exc)) from None
         if "vector" in plan.channels and self.vector is None:
-            raise QueryError("this bundle is lexical-only: use --mode lexical")
+            raise QueryError(f"bundle {self.bundle_id} is lexical-only: mode {mode!r} needs a vector index")
         return plan, mode
 
     def query(self, text: str, subject: Subject | None = None, k: int = 10, mode: str | None = None, trace: bool = False) -> QueryResult:
