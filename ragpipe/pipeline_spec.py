@@ -27,7 +27,7 @@ IMPLEMENTATION_VERSIONS = {
     "representations": 1,
     "embeddings": 1,
     "lexical_index": 2,
-    "vector_index": 1,
+    "vector_index": 2,
     "index_bundle": 1,
 }
 

@@ -34,11 +34,11 @@ def test_default_pipeline_spec_ids():
         "representations": "sha256:3d09985edd718e94adbfaf8c11cacbc7099d2bc22467ff02f778ffb6e275fb1e",
         "embeddings": "sha256:89c4a5d61e206c10829439c9f17d632a3d93abab5530dd309814ed551efcc97b",
         "lexical_index": "sha256:9dbc74f07bc04dc1b776abf6b93872d7803f15b3ca62f7c1761a4ea0d2ed259b",
-        "vector_index": "sha256:e9b3a7296c4ca4272c1e8277aed532b86fea2ca92f65516cb204180ef41f2303",
+        "vector_index": "sha256:60487fa7d0498c116f40bd0549820291af02783d5962bfd138805a634dfac0bd",
         "index_bundle": "sha256:aa1bd2b2c69ed3bbe9c85cfa28b3d5f5d949e684adae4feacdf82a61fa347306",
     }
     assert SPEC.spec_ids["chunks"] == "sha256:cc3b61f564c7c58b29d7f8016d6d0469bfc81270f82866a517ac64362fe1c74d"
-    assert SPEC.spec_ids["index_bundle"] == "sha256:b92be4bbdf3fbc6bd03d891fc954e4d42e70468d621fe17ca1f057d10598f749"
+    assert SPEC.spec_ids["index_bundle"] == "sha256:d61b61f9d58af8fef1f5eaceebbcb80fddb93a637858b124c144e95942825021"
 
 
 def test_document_chunk_and_representation_ids():

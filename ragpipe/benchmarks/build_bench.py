@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import random
-import resource
 import subprocess
 import sys
 import time
@@ -58,20 +57,28 @@ def representation_texts(path: Path) -> dict[str, str]:
     return {r.digest: r.text for r in reps}
 
 
+def run_measured(cmd: list[str], env: dict[str, str], logs: Path) -> tuple[str, float, float]:
+    """Run ``cmd``; return (stdout, wall seconds, peak RSS MiB of exactly that process)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = logs / "stdout", logs / "stderr"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:4]} failed:\n{err_path.read_text()[-4000:]}")
+    return out_path.read_text(), wall, usage.ru_maxrss / 1024
+
+
 def run_build(corpus: Path, revision: str, home: Path) -> dict:
+    """``ragpipe build --json`` in a fresh process with its own RAGPIPE_HOME and DAGSTER_HOME."""
     env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
     (home / "dagster").mkdir(parents=True, exist_ok=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision, "--json"],
-        capture_output=True, text=True, env=env,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"build failed:\n{proc.stderr[-4000:]}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {**json.loads(proc.stdout), "wall_seconds": round(wall, 2), "peak_rss_mib": round(max(peak_kib, before) / 1024, 1)}
+    cmd = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision, "--json"]
+    stdout, wall, rss = run_measured(cmd, env, home / f"logs-{revision}")
+    return {**json.loads(stdout), "wall_seconds": round(wall, 2), "peak_rss_mib": round(rss, 1)}
 
 
 def write_jsonl(path: Path, docs: list[dict]) -> Path:
@@ -112,7 +119,8 @@ def main() -> None:
     texts = representation_texts(corpus_path)
     texts_file = out / "texts.json"
     texts_file.write_text(json.dumps([texts[d] for d in sorted(texts)]))
-    bare = json.loads(subprocess.run([sys.executable, "-c", BARE_ENCODE, str(texts_file)], capture_output=True, text=True, check=True).stdout)
+    stdout, _, bare_rss = run_measured([sys.executable, "-c", BARE_ENCODE, str(texts_file)], dict(os.environ), out / "logs-bare")
+    bare = json.loads(stdout)
     cold = run_build(corpus_path, "scifact-full", out / "cold")
     inc_a = run_build(rev_a, "scifact-a", out / "incremental")
     inc_b = run_build(rev_b, "scifact-b", out / "incremental")
@@ -122,6 +130,7 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
         "bare_encode_seconds": round(bare["seconds"], 2),
         "texts_encoded_bare": bare["texts"],
+        "bare_peak_rss_mib": round(bare_rss, 1),
         "cold": cold,
         "cold_over_bare": round(cold["wall_seconds"] / bare["seconds"], 3),
         "incremental_a": inc_a,

@@ -94,21 +94,26 @@ def publish_bundle(
 ) -> tuple[VerifiedBundle, PublishOutcome]:
     """Publish the bundle for ``semantic`` under ``bundles_root/<id hex>`` unless it exists.
 
-    An existing directory for the same ID is verified and reused untouched; if it fails
-    verification the build fails (it is never replaced silently).
+    The new bundle is verified completely in its temp directory before the rename. An existing
+    directory for the same ID is verified and reused untouched; if it fails verification the build
+    fails (it is never replaced silently).
     """
     final = bundles_root / bundle_id_of(semantic).hex
 
     def write_manifest(tmp: Path) -> None:
         (tmp / MANIFEST_NAME).write_bytes(manifest_bytes(make_manifest(semantic, _file_entries(tmp))))
 
+    verified: list[VerifiedBundle] = []
     outcome = publish_directory(
         final,
         lambda tmp: _copy_payload(inputs, tmp, on_step or (lambda _: None)),
         write_manifest,
         on_step,
-        validate=lambda tmp: open_bundle(tmp, check_name=False),  # never publish what would not open
+        # never publish what would not open; the renamed directory holds exactly these files
+        validate=lambda tmp: verified.append(open_bundle(tmp, check_name=False)),
     )
+    if outcome is PublishOutcome.published:
+        return VerifiedBundle(path=final, manifest=verified[0].manifest), outcome
     try:
         return open_bundle(final), outcome
     except BundleVerificationError as exc:

@@ -1,26 +1,35 @@
 """The lancedb vector table: the only module that imports lancedb.
 
 One row per representation with its vector, IDs, ``access_scopes`` and ``source_role``, so a
-search can apply a ``where`` prefilter on scopes. No ANN index is trained: at the sizes ragpipe
-targets an exact flat scan is fast and, unlike IVF/PQ, fully deterministic.
+search can apply a ``where`` prefilter on scopes (backed by a LABEL_LIST scalar index).
+
+Search is **exact**. Tables of ``IVF_MIN_ROWS`` rows or more get an IVF_FLAT index (full vectors,
+no quantisation) and every search probes *all* its partitions, so every vector is scored exactly as
+in a flat scan — the partitioning (k-means, not byte-reproducible) changes speed, never results. On
+2 cores this path is about 3x faster than lancedb's plain flat scan (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import math
+
 import lancedb
 import numpy as np
 import pyarrow as pa
+from lancedb.index import IvfFlat, LabelList
 
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.rows import IndexRow
 from ragpipe.retrieval.fusion import Hit
 
 TABLE_NAME = "representations"
+IVF_MIN_ROWS = 1024
+VECTOR_INDEX_NAME = "vector_idx"
 
 
-def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarray) -> int:
+def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarray, metric: str = "cosine") -> int:
     """Write the lancedb table into folder ``directory``; returns its row count."""
     if len(rows) != len(vectors):
         raise ValueError(f"{len(rows)} rows but {len(vectors)} vectors")
@@ -28,6 +37,7 @@ def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarra
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
     table = pa.table(
         {
+            "row": pa.array(range(len(rows)), type=pa.uint32()),
             "representation_id": [r.representation_id for r in rows],
             "chunk_id": [r.chunk_id for r in rows],
             "document_id": [r.document_id for r in rows],
@@ -38,8 +48,16 @@ def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarra
         }
     )
     db = lancedb.connect(str(directory))
-    db.create_table(TABLE_NAME, data=table)
+    created = db.create_table(TABLE_NAME, data=table)
+    created.create_index("access_scopes", config=LabelList())
+    if (partitions := ivf_partitions(len(rows))) is not None:
+        created.create_index("vector", config=IvfFlat(distance_type=metric, num_partitions=partitions), name=VECTOR_INDEX_NAME)
     return vector_row_count(directory)
+
+
+def ivf_partitions(rows: int) -> int | None:
+    """IVF partition count for a table of ``rows`` (None: too small, plain flat scan)."""
+    return max(2, min(256, round(math.sqrt(rows) / 2))) if rows >= IVF_MIN_ROWS else None
 
 
 def vector_row_count(directory: Path) -> int:
@@ -55,30 +73,33 @@ def scope_predicate(scopes: tuple[str, ...]) -> str:
 
 
 class VectorSearcher:
-    """Exact nearest-neighbour search over one bundle's lancedb table, scope-prefiltered."""
+    """Exact nearest-neighbour search over one bundle's lancedb table, scope-prefiltered.
 
-    def __init__(self, directory: Path, metric: str):
+    Hits are resolved through the integer ``row`` column and ``rows`` — (representation_id,
+    chunk_id, document_id) in build order — which is cheaper than reading three string columns."""
+
+    def __init__(self, directory: Path, metric: str, rows: list[tuple[str, str, str]]):
+        self.rows = rows
         self.table = lancedb.connect(str(directory)).open_table(TABLE_NAME)
         self.metric = metric
+        indexed = any(i.name == VECTOR_INDEX_NAME for i in self.table.list_indices())
+        # probing every partition keeps the search exact (see module docstring)
+        self.nprobes = ivf_partitions(self.table.count_rows()) if indexed else None
 
     def search(self, vector: np.ndarray, k: int, scopes: tuple[str, ...]) -> list[Hit]:
         if not scopes:
             return []
+        search = self.table.search(vector.astype(np.float32)).distance_type(self.metric)
+        if self.nprobes is not None:
+            search = search.nprobes(self.nprobes)
         result = (
-            self.table.search(vector.astype(np.float32))
-            .distance_type(self.metric)
-            .where(scope_predicate(scopes), prefilter=True)
-            .select(["representation_id", "chunk_id", "document_id", "_distance"])
+            search.where(scope_predicate(scopes), prefilter=True)
+            .select(["row", "_distance"])
             .limit(k)
             .to_arrow()
         )
-        ids = result.column("representation_id").to_pylist()
-        chunks = result.column("chunk_id").to_pylist()
-        docs = result.column("document_id").to_pylist()
+        positions = result.column("row").to_pylist()
         distances = result.column("_distance").to_pylist()
         # cosine/dot distances are 1 - similarity; l2 is a distance: negate so higher is better.
         to_score = (lambda d: -d) if self.metric == "l2" else (lambda d: 1.0 - d)
-        return [
-            Hit(channel="vector", representation_id=r, chunk_id=c, document_id=d, score=float(to_score(x)))
-            for r, c, d, x in zip(ids, chunks, docs, distances)
-        ]
+        return [Hit("vector", *self.rows[p], float(to_score(x))) for p, x in zip(positions, distances)]

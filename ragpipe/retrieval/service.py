@@ -112,9 +112,9 @@ class Retriever:
         docs = read_snapshot_documents(root / "documents.parquet")
         self.titles = {d.document_id: d.title for d in docs}
         self.scopes = {d.document_id: d.access_scopes for d in docs}
-        reps = read_representations(root / "representations.parquet")
-        self.lexical = LexicalSearcher(root / "lexical", [(r.representation_id, r.chunk_id, r.document_id) for r in reps])
-        self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"]) if sem.has_vector_index else None
+        rows = [(r.representation_id, r.chunk_id, r.document_id) for r in read_representations(root / "representations.parquet")]
+        self.lexical = LexicalSearcher(root / "lexical", rows)
+        self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows) if sem.has_vector_index else None
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._embedder = embedder
         if embedder is not None:
@@ -134,7 +134,7 @@ class Retriever:
             from ragpipe.embedding.embedder import SentenceTransformerEmbedder
 
             self._check_embedder(self.embedder_spec)
-            self._embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=1)
+            self._embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=2)
         return self._embedder
 
     def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str]:

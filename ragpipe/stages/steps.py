@@ -268,7 +268,7 @@ def run_vector_index(ws: Workspace, revision: str, spec: PipelineSpec) -> StageR
     count = len(rows)
 
     def write(tmp: Path) -> None:
-        if (built := build_vector_index(tmp / "index", rows, vectors)) != count:
+        if (built := build_vector_index(tmp / "index", rows, vectors, spec.vector_index.metric)) != count:
             raise StageError(f"vector index holds {built} rows, expected {count}")
 
     version = content_id("vector-index", 1, {"embeddings": emb_record.data_version, "spec": spec.own_spec_ids["vector_index"]})
