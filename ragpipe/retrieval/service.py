@@ -117,6 +117,7 @@ class Retriever:
         self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows) if sem.has_vector_index else None
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._embedder = embedder
+        self._plans: dict[str | None, tuple[QueryPlan, str, str]] = {}
         if embedder is not None:
             self._check_embedder(embedder.spec)
 
@@ -137,7 +138,14 @@ class Retriever:
             self._embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=2)
         return self._embedder
 
-    def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str]:
+    def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str, str]:
+        """(plan, mode name, plan ID) for ``mode``, memoised: hashing a plan costs ~0.2 ms."""
+        if mode not in self._plans:
+            plan, name = self._resolve_plan(mode)
+            self._plans[mode] = (plan, name, plan.plan_id)
+        return self._plans[mode]
+
+    def _resolve_plan(self, mode: str | None) -> tuple[QueryPlan, str]:
         if mode is None and self.vector is None and "lexical" in self.plan.channels:
             mode = "lexical"  # a lexical-only bundle answers the plan's lexical channel by default
         if mode is None:
@@ -159,7 +167,7 @@ class Retriever:
         if k < 1:
             raise QueryError("k must be >= 1")
         subject = subject or Subject.default()
-        plan, mode = self._plan_for(mode)
+        plan, mode, plan_id = self._plan_for(mode)
         timings: dict[str, float] = {}
         raw: dict[str, list[Hit]] = {}
         for name, channel in plan.channels.items():
@@ -189,7 +197,7 @@ class Retriever:
             }
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
-        result = QueryResult(plan.plan_id, self.bundle_id, mode, subject, hits, evidence=evidence)
+        result = QueryResult(plan_id, self.bundle_id, mode, subject, hits, evidence=evidence)
         if trace:
             result.trace = {
                 "channels": {
