@@ -6,7 +6,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -31,7 +31,7 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -60,7 +60,6 @@ def build(
         summary = materialize_revision(revision, ws)
     except (CorpusError, RevisionError, BuildFailed) as exc:
         fail(str(exc))
-        return
     if as_json:
         emit_json(summary.as_dict())
         return
@@ -79,7 +78,6 @@ def bundle_verify(path: Annotated[Path, typer.Argument(help="Bundle directory.")
         bundle = open_bundle(path)
     except BundleVerificationError as exc:
         fail(str(exc))
-        return
     out.print(f"ok: {bundle.bundle_id} ({len(bundle.manifest.files)} files verified)")
 
 
@@ -93,7 +91,6 @@ def bundle_inspect(
         bundle = open_bundle(path)
     except BundleVerificationError as exc:
         fail(str(exc))
-        return
     m = bundle.manifest
     if as_json:
         emit_json(
@@ -158,18 +155,22 @@ def _retriever(bundle: Path | None, revision: str | None, plan_path: Path | None
 
 
 def _subject(principal: str, scopes: list[str] | None):
-    from ragpipe.retrieval.authz import Subject
+    from ragpipe.retrieval.authz import DEFAULT_SCOPE, Subject
 
-    return Subject(principal=principal, scopes=tuple(scopes) if scopes else ("public",))
+    return Subject(principal=principal, scopes=tuple(scopes) if scopes else (DEFAULT_SCOPE,))
 
 
-def _query_errors():
+def _or_fail(action):
+    """Run a query-side action; its expected errors become one clear message and exit code 1."""
     from ragpipe.retrieval.authz import AuthorizationError
     from ragpipe.retrieval.plan import PlanError
     from ragpipe.retrieval.rerank import RerankerError
     from ragpipe.retrieval.service import QueryError
 
-    return (BundleVerificationError, PlanError, QueryError, AuthorizationError, RerankerError, ValueError)
+    try:
+        return action()
+    except (BundleVerificationError, PlanError, QueryError, AuthorizationError, RerankerError, ValueError) as exc:
+        fail(str(exc))
 
 
 @app.command()
@@ -186,13 +187,11 @@ def query(
     trace: Annotated[bool, typer.Option("--trace", help="Show channel hits, fusion, collapse and authorization.")] = False,
 ) -> None:
     """Ranked chunks for TEXT from a verified bundle, visible to the caller's scopes only."""
-    errors = _query_errors()
-    try:
+    def run():
         retriever, _ = _retriever(bundle, revision, plan)
-        result = retriever.query(text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace)
-    except errors as exc:
-        fail(str(exc))
-        return
+        return retriever.query(text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace)
+
+    result = _or_fail(run)
     data = result.as_dict()
     if as_json:
         emit_json(data)
@@ -223,19 +222,16 @@ def answer(
     as_json: JsonOpt = False,
 ) -> None:
     """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
-    errors = _query_errors()
-    try:
+    def run():
         retriever, qplan = _retriever(bundle, revision, plan)
         gen_plan = qplan.answer.generator
         if model:
             gen_plan = gen_plan.model_copy(update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base})
-        result = retriever.answer(
+        return retriever.answer(
             text, _subject(principal, scope), generator=retriever.make_generator(gen_plan), mode=mode.value if mode else None
         )
-    except errors as exc:
-        fail(str(exc))
-        return
-    data = result.as_dict()
+
+    data = _or_fail(run).as_dict()
     if as_json:
         emit_json(data)
         return

@@ -14,7 +14,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "scifact-sample"
-SCIFACT = REPO.parent / "shared" / "datasets" / "scifact"
 
 HANDBOOK = {
     "guide/intro.md": "---\ntitle: Introduction\n---\n# Introduction\n\nragpipe builds retrieval indexes.\n\n## Goals\n\nExact spans, verified bundles and honest evaluation.\n",

@@ -10,6 +10,7 @@ from ragpipe_tests.llm_server import LLMServer
 from ragpipe_tests.test_cli import ragpipe
 
 HIT_KEYS = {"rank", "chunk_id", "document_id", "title", "score", "text", "byte_start", "byte_end"}
+TRACE_KEYS = {"channels", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
 
 
 def test_query_json_shape_and_default_scope(scoped_bundles, tmp_path):
@@ -31,7 +32,7 @@ def test_query_trace_and_scopes(scoped_bundles, tmp_path):
     assert data["subject"]["scopes"] == ["public", "staff"] and data["mode"] == "lexical"
     assert "staff-aspirin" in {h["document_id"] for h in data["hits"]}
     trace = data["trace"]
-    assert set(trace) == {"channels", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
+    assert set(trace) == TRACE_KEYS  # key names only; no timing value is asserted
     assert list(trace["channels"]) == ["lexical"]
     assert trace["authorization"]["documents_hidden_by_prefilter"] == 2
     first = trace["fusion"]["items"][0]

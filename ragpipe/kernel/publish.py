@@ -91,7 +91,10 @@ def remove_stale_temps(parent: Path) -> list[Path]:
         except (ValueError, IndexError):
             continue
         if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
 
