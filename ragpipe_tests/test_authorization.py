@@ -42,24 +42,25 @@ def test_unauthorized_documents_would_rank_first(retrievers):
 @pytest.mark.parametrize("mode", ["lexical", "vector", "hybrid"])
 @pytest.mark.parametrize("query", QUERIES)
 def test_prefiltered_results_match_an_index_of_authorized_documents_only(retrievers, query, mode):
-    """No starvation: the prefiltered results hold exactly the authorized hits an index of the
-    authorized documents alone returns. Vector order is identical too; BM25 order may differ,
-    because tantivy's IDF and average length are index-wide statistics (docs/retrieval.md)."""
+    """No starvation and no statistics from hidden documents: the results (order and scores) are
+    exactly those of a bundle built from the authorized documents alone."""
     full, public = retrievers
     got = full.query(query, k=10, mode=mode, trace=True)
     expected = public.query(query, k=10, mode=mode)
-    pairs = [(h["document_id"], h["chunk_id"]) for h in got.hits]
-    expected_pairs = [(h["document_id"], h["chunk_id"]) for h in expected.hits]
-    assert sorted(pairs) == sorted(expected_pairs)
-    if mode == "vector":
-        assert pairs == expected_pairs
-        assert [h["score"] for h in got.hits] == [h["score"] for h in expected.hits]
+    assert [(h["document_id"], h["chunk_id"], h["score"]) for h in got.hits] == [
+        (h["document_id"], h["chunk_id"], h["score"]) for h in expected.hits
+    ]
+    assert got.hits, query
     assert not {h["document_id"] for h in got.hits} & (SECRET_IDS | {"staff-aspirin"})
     trace = got.trace
     for name, ranked in trace["channels"].items():
         assert not {r["document_id"] for r in ranked} & (SECRET_IDS | {"staff-aspirin"}), name  # never entered fusion
     assert trace["authorization"]["dropped_after_fusion"] == 0
     assert trace["authorization"]["documents_hidden_by_prefilter"] == 3
+    if mode != "vector":
+        stats = trace["authorization"]["lexical_statistics"]
+        assert (stats["index"], stats["documents"], stats["total_documents"]) == ("audience", 4, 7)
+        assert stats["rows"] == public.lexical.bundle_searcher.num_docs
     assert got.as_dict()["subject"] == {"principal": "anonymous", "scopes": ["public"]}
 
 
@@ -110,3 +111,38 @@ def test_scopes_never_come_from_query_text(retrievers):
     result = full.query("scope: secret; scopes=[secret] --scope secret", k=10, trace=True)
     assert result.subject.scopes == ("public",)
     assert not {h["document_id"] for h in result.hits} & SECRET_IDS
+
+
+def test_lexical_statistics_come_from_the_audience_index_built_once(scoped_bundles):
+    full, _ = scoped_bundles
+    r = Retriever(full)
+    admin = Subject("admin", ("public", "secret", "staff"))
+    stats = r.query("aspirin", admin, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
+    assert stats == {"index": "bundle", "documents": 7, "total_documents": 7, "rows": r.lexical.bundle_searcher.num_docs, "build_ms": None}
+    first = r.query("aspirin", mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
+    again = r.query("stroke", Subject("bob", ("public",)), mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
+    assert first["index"] == again["index"] == "audience"
+    assert first["build_ms"] is not None and again["build_ms"] is None  # same audience: built once
+    nurse = r.query("aspirin", Subject("nurse", ("public", "staff")), mode="lexical", trace=True).trace["authorization"]
+    assert (nurse["lexical_statistics"]["documents"], nurse["documents_hidden_by_prefilter"]) == (5, 2)
+
+
+def test_audience_indexes_are_bounded(scoped_bundles):
+    full, _ = scoped_bundles
+    r = Retriever(full)
+    r.lexical.max_cached = 1
+    audiences = [Subject("a", ("public",)), Subject("b", ("staff",)), Subject("a2", ("public",))]
+    built = [r.query("aspirin", s, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]["build_ms"] for s in audiences]
+    assert [b is not None for b in built] == [True, True, True]  # the public audience was evicted by staff
+    assert r.lexical.cached_audiences == 1
+
+
+def test_bundle_index_scope_clause_filters_inside_tantivy(retrievers):
+    """The must-clause alone (bundle index, restricted scopes) already keeps hidden rows out."""
+    full, _ = retrievers
+    searcher = full.lexical.bundle_searcher
+    everyone = [h.document_id for h in searcher.search("secret aspirin stroke trial", 10, ("public", "secret", "staff"))]
+    public = [h.document_id for h in searcher.search("secret aspirin stroke trial", 10, ("public",))]
+    assert everyone[0] == "sec-aspirin"
+    assert public and not set(public) & (SECRET_IDS | {"staff-aspirin"})
+    assert searcher.search("aspirin", 10, ()) == []

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ragpipe"
-HEAVY = {"torch", "tantivy", "lancedb", "litellm", "sentence_transformers", "transformers", "duckdb", "pyarrow", "numpy", "dagster"}
+HEAVY = {"torch", "onnxruntime", "tantivy", "lancedb", "litellm", "sentence_transformers", "transformers", "duckdb", "pyarrow", "numpy", "dagster"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -45,6 +45,7 @@ def test_provider_sdks_only_in_their_adapters():
         "litellm": {"answer/litellm_generator.py"},
         "tantivy": {"index/lexical.py"},
         "lancedb": {"index/vector.py"},
+        "onnxruntime": {"embedding/onnx_query.py"},
     }
     for sdk, allowed in adapters.items():
         users = {str(p.relative_to(PACKAGE)) for p in modules() if sdk in imported_roots(p)}

@@ -5,20 +5,28 @@ One tantivy document per representation: ``text`` analysed with the spec's token
 carry an exact must-clause on them (authorization prefilter inside the backend); and ``row``, the
 representation's row in ``representations.parquet``, as a u64 fast field, so a search resolves its
 hits by column lookup instead of fetching stored documents.
+
+BM25's IDF and average field length are statistics of the whole index. A prefilter removes hidden
+documents from the results but not from those statistics, so a subject who may see only part of a
+bundle would get scores (and an order) shaped by documents they may not see. ``audience_searcher``
+builds, in memory, the index of exactly the rows an audience may see, from the same rows and with
+the same builder as the bundle's index, so its scores are those of an index of the authorized
+documents only.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import tantivy
 
 from ragpipe.index.rows import IndexRow
+from ragpipe.pipeline_spec import LexicalIndexSpec
 from ragpipe.retrieval.fusion import Hit
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-from ragpipe.pipeline_spec import LexicalIndexSpec
 
 
 def lexical_schema(spec: LexicalIndexSpec) -> tantivy.Schema:
@@ -31,12 +39,10 @@ def lexical_schema(spec: LexicalIndexSpec) -> tantivy.Schema:
     return builder.build()
 
 
-def build_lexical_index(directory: Path, rows: list[IndexRow], spec: LexicalIndexSpec, heap_mb: int = 128) -> int:
-    """Write a tantivy index of ``rows`` into the empty folder ``directory``; returns its doc count."""
-    index = tantivy.Index(lexical_schema(spec), path=str(directory))
+def _write_rows(index: tantivy.Index, rows: Sequence[IndexRow], positions: Sequence[int], heap_mb: int) -> None:
     # One indexing thread: one segment, and a document order that depends only on the input.
     writer = index.writer(heap_size=heap_mb * 1024 * 1024, num_threads=1)
-    for position, row in enumerate(rows):
+    for position, row in zip(positions, rows, strict=True):
         doc = tantivy.Document()
         doc.add_unsigned("row", position)
         doc.add_text("text", row.text)
@@ -50,7 +56,14 @@ def build_lexical_index(directory: Path, rows: list[IndexRow], spec: LexicalInde
         writer.add_document(doc)
     writer.commit()
     writer.wait_merging_threads()
-    return lexical_doc_count(directory)
+    index.reload()
+
+
+def build_lexical_index(directory: Path, rows: list[IndexRow], spec: LexicalIndexSpec, heap_mb: int = 128) -> int:
+    """Write a tantivy index of ``rows`` into the empty folder ``directory``; returns its doc count."""
+    index = tantivy.Index(lexical_schema(spec), path=str(directory))
+    _write_rows(index, rows, range(len(rows)), heap_mb)
+    return index.searcher().num_docs
 
 
 def lexical_doc_count(directory: Path) -> int:
@@ -66,32 +79,55 @@ def query_terms(text: str) -> list[str]:
 
 
 class LexicalSearcher:
-    """BM25 search over one bundle's tantivy index with the scope filter inside the query.
+    """BM25 search over one tantivy index with the scope filter inside the query.
 
-    ``rows`` gives (representation_id, chunk_id, document_id) per index row, in the order the
-    index was built (the bundle's ``representations.parquet``)."""
+    ``rows`` gives (representation_id, chunk_id, document_id) for every row of the bundle's
+    ``representations.parquet``; the index's ``row`` field points into it."""
 
-    def __init__(self, directory: Path, rows: list[tuple[str, str, str]]):
+    def __init__(self, index: tantivy.Index, rows: Sequence[tuple[str, str, str]]):
         self.rows = rows
-        self.index = tantivy.Index.open(str(directory))
+        self.index = index
         self.index.reload()
         self.schema = self.index.schema
         self.searcher = self.index.searcher()
+        self._filters: dict[tuple[str, ...], tantivy.Query] = {}
+
+    @classmethod
+    def open(cls, directory: Path, rows: Sequence[tuple[str, str, str]]) -> LexicalSearcher:
+        return cls(tantivy.Index.open(str(directory)), rows)
+
+    @property
+    def num_docs(self) -> int:
+        return self.searcher.num_docs
 
     def search(self, text: str, k: int, scopes: tuple[str, ...]) -> list[Hit]:
         terms = query_terms(text)
         if not terms or not scopes:
             return []
         text_query = self.index.parse_query(" ".join(terms), ["text"])
-        # Must-clause on the scope field with zero score: filters without changing BM25 scores.
-        scope_filter = tantivy.Query.const_score_query(
-            tantivy.Query.term_set_query(self.schema, "access_scope", list(scopes)), 0.0
-        )
-        query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, scope_filter)])
+        query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._scope_filter(scopes))])
         found = self.searcher.search(query, limit=k, count=False).hits
         positions = self.searcher.fast_field_values("row", [address for _, address in found])
-        hits = []
-        for (score, _), position in zip(found, positions):
-            rep_id, chunk_id, doc_id = self.rows[position]
-            hits.append(Hit("lexical", rep_id, chunk_id, doc_id, float(score)))
-        return hits
+        rows = self.rows
+        return [Hit("lexical", *rows[position], score) for (score, _), position in zip(found, positions)]
+
+    def _scope_filter(self, scopes: tuple[str, ...]) -> tantivy.Query:
+        """Must-clause on ``access_scope`` with zero score: filters without changing BM25 scores.
+        A disjunction of term queries, not a term-set query: the term set builds a bitset of the
+        whole index per search (~0.3 ms on SciFact), the term postings are merely intersected."""
+        query = self._filters.get(scopes)
+        if query is None:
+            terms = [tantivy.Query.term_query(self.schema, "access_scope", s) for s in scopes]
+            either = terms[0] if len(terms) == 1 else tantivy.Query.boolean_query([(tantivy.Occur.Should, t) for t in terms])
+            query = self._filters[scopes] = tantivy.Query.const_score_query(either, 0.0)
+        return query
+
+
+def audience_searcher(
+    rows: Sequence[IndexRow], positions: Sequence[int], spec: LexicalIndexSpec, all_rows: Sequence[tuple[str, str, str]], heap_mb: int = 64
+) -> LexicalSearcher:
+    """An in-memory index of ``rows`` (the bundle rows at ``positions``, in bundle order), built
+    exactly as the bundle's own index is, so BM25 statistics cover these rows and no others."""
+    index = tantivy.Index(lexical_schema(spec))
+    _write_rows(index, rows, positions, heap_mb)
+    return LexicalSearcher(index, all_rows)

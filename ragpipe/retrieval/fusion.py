@@ -9,39 +9,44 @@ rank (1-based, after collapse); fused ties use the same order on the fused score
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import NamedTuple
+
+# Tuples, not dataclasses: a query creates a few hundred of these, and a frozen dataclass costs
+# about twice as much to construct — measurable against a 1 ms lexical budget.
 
 
-@dataclass(frozen=True)
-class Hit:
-    """One channel hit on a representation."""
-
+class _HitFields(NamedTuple):
     channel: str
     representation_id: str
     chunk_id: str
     document_id: str
     score: float
 
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.score):
-            raise ValueError(f"non-finite {self.channel} score {self.score!r} for {self.representation_id}")
+
+class Hit(_HitFields):
+    """One channel hit on a representation. Scores must be finite."""
+
+    __slots__ = ()
+
+    def __new__(cls, channel: str, representation_id: str, chunk_id: str, document_id: str, score: float):
+        if not math.isfinite(score):
+            raise ValueError(f"non-finite {channel} score {score!r} for {representation_id}")
+        return super().__new__(cls, channel, representation_id, chunk_id, document_id, score)
 
 
-@dataclass(frozen=True)
-class RankedHit:
+class RankedHit(NamedTuple):
     rank: int
     hit: Hit
 
 
-@dataclass(frozen=True)
-class FusedHit:
+class FusedHit(NamedTuple):
     key: str
     chunk_id: str
     document_id: str
     representation_id: str
     score: float
-    contributions: dict[str, float] = field(default_factory=dict)
-    channel_ranks: dict[str, int] = field(default_factory=dict)
+    contributions: dict[str, float]
+    channel_ranks: dict[str, int]
 
 
 def order_key(score: float, document_id: str, chunk_id: str, representation_id: str) -> tuple:
@@ -57,7 +62,8 @@ def collapse(hits: list[Hit], level: str) -> list[RankedHit]:
     best: dict[str, Hit] = {}
     for h in sorted(hits, key=hit_key):
         best.setdefault(h.chunk_id if level == "chunk" else h.document_id, h)
-    return [RankedHit(rank=i, hit=h) for i, h in enumerate(sorted(best.values(), key=hit_key), start=1)]
+    # first occurrences of a sorted list are themselves in sorted order: no second sort
+    return [RankedHit(i, h) for i, h in enumerate(best.values(), start=1)]
 
 
 def weighted_rrf(
@@ -82,16 +88,10 @@ def weighted_rrf(
             current = rep.get(key)
             if current is None or (ranked.rank, hit_key(h)) < (ranks[key][current.channel], hit_key(current)):
                 rep[key] = h
+    # channels were visited in name order, so contributions and ranks are already name-ordered
     fused = [
-        FusedHit(
-            key=key,
-            chunk_id=rep[key].chunk_id,
-            document_id=rep[key].document_id,
-            representation_id=rep[key].representation_id,
-            score=math.fsum(contrib.values()),
-            contributions=dict(sorted(contrib.items())),
-            channel_ranks=dict(sorted(ranks[key].items())),
-        )
+        FusedHit(key, h.chunk_id, h.document_id, h.representation_id, math.fsum(contrib.values()), contrib, ranks[key])
         for key, contrib in acc.items()
+        for h in (rep[key],)
     ]
     return sorted(fused, key=lambda f: order_key(f.score, f.document_id, f.chunk_id, f.representation_id))

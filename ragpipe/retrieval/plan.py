@@ -55,11 +55,19 @@ class AnswerPlan(_Plan):
     generator: GeneratorPlan = GeneratorPlan()
 
 
+class QueryEmbeddingPlan(_Plan):
+    # Which runtime embeds the query with the bundle's embedder (same weights, prefix, pooling,
+    # normalisation): sentence-transformers on torch, or an in-memory ONNX export of that model on
+    # onnxruntime (~2x faster for one query; checked at load to match within 1e-5 per component).
+    runtime: Literal["onnxruntime", "sentence_transformers"] = "onnxruntime"
+
+
 class QueryPlan(_Plan):
     plan_schema: Literal["ragpipe.query_plan/v1"] = Field("ragpipe.query_plan/v1", alias="schema")
     channels: dict[ChannelName, ChannelPlan] = Field(min_length=1)
     fusion: FusionPlan = FusionPlan()
     collapse: Literal["chunk", "document"] = "chunk"
+    query_embedding: QueryEmbeddingPlan = QueryEmbeddingPlan()
     reranker: RerankerPlan | None = None
     context: ContextPlan = ContextPlan()
     answer: AnswerPlan = AnswerPlan()

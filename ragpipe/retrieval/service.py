@@ -1,7 +1,8 @@
 """Query and answer against one verified bundle: the Python API behind `ragpipe query/answer`.
 
     from ragpipe.retrieval.service import Retriever
-    from ragpipe.retrieval.authz import Subject
+    from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
+from ragpipe.retrieval.authz import Subject
     r = Retriever("var/ragpipe/bundles/<id>")            # verifies the bundle once
     result = r.query("aspirin stroke", Subject("alice", ("public", "staff")), k=5)
     answer = r.answer("Does aspirin prevent stroke?")      # default subject: public scope only
@@ -10,7 +11,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ragpipe.answer.generators import ExtractiveGenerator, Generator
@@ -20,8 +24,10 @@ from ragpipe.chunking.models import Chunk, read_chunks
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.vector import VectorSearcher
-from ragpipe.pipeline_spec import EmbedderSpec, own_spec_id
+from ragpipe.index.rows import index_rows as build_index_rows
+from ragpipe.pipeline_spec import EmbedderSpec, LexicalIndexSpec, own_spec_id
 from ragpipe.representations.derive import read_representations
+from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject, issue_certificate
 from ragpipe.retrieval.context import Context, Evidence, build_context
 from ragpipe.retrieval.fusion import FusedHit, Hit, collapse, weighted_rrf
@@ -30,8 +36,9 @@ from ragpipe.retrieval.rerank import Reranker, RerankCandidate, RerankerError, c
 
 MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("vector",)}
 PREFILTER_STRATEGY = (
-    "backend prefilter: tantivy must-clause on access_scope, lancedb where-prefilter "
-    "array_has_any(access_scopes); hydration re-checks every chunk"
+    "backend prefilter: tantivy must-clause on access_scope (over an index of the audience's rows "
+    "when the subject may not see the whole bundle, so BM25 statistics are the audience's own), "
+    "lancedb where-prefilter array_has_any(access_scopes); hydration re-checks every chunk"
 )
 
 
@@ -96,8 +103,18 @@ class AnswerResult:
 class Retriever:
     """Opens (and verifies) a bundle once; ``query`` and ``answer`` many times."""
 
-    def __init__(self, bundle_path: Path | str, plan: QueryPlan | None = None, embedder=None, reranker: Reranker | None = None, cache_dir: Path | None = None):
+    def __init__(
+        self,
+        bundle_path: Path | str,
+        plan: QueryPlan | None = None,
+        embedder=None,
+        reranker: Reranker | None = None,
+        cache_dir: Path | None = None,
+        threads: int = 2,
+    ):
+        """``threads``: CPU threads for query embedding (operational, never part of an ID)."""
         self.bundle = open_bundle(Path(bundle_path))
+        self.threads = threads
         self.plan = plan or load_plan()
         self.policy = ScopePolicy()
         if reranker is None and self.plan.reranker is not None:
@@ -112,12 +129,20 @@ class Retriever:
         docs = read_snapshot_documents(root / "documents.parquet")
         self.titles = {d.document_id: d.title for d in docs}
         self.scopes = {d.document_id: d.access_scopes for d in docs}
-        rows = [(r.representation_id, r.chunk_id, r.document_id) for r in read_representations(root / "representations.parquet")]
-        self.lexical = LexicalSearcher(root / "lexical", rows)
+        index_rows = build_index_rows(docs, read_representations(root / "representations.parquet"))
+        rows = [(r.representation_id, r.chunk_id, r.document_id) for r in index_rows]
+        self.lexical = AudienceIndexes(
+            LexicalSearcher.open(root / "lexical", rows),
+            index_rows,
+            LexicalIndexSpec.model_validate(sem.specs["lexical_index"].spec),
+            self.policy,
+            self.scopes,
+        )
         self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows) if sem.has_vector_index else None
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._embedder = embedder
         self._plans: dict[str | None, tuple[QueryPlan, str, str]] = {}
+        self._worker: ThreadPoolExecutor | None = None
         if embedder is not None:
             self._check_embedder(embedder.spec)
 
@@ -135,7 +160,12 @@ class Retriever:
             from ragpipe.embedding.embedder import SentenceTransformerEmbedder
 
             self._check_embedder(self.embedder_spec)
-            self._embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=2)
+            embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=self.threads)
+            if self.plan.query_embedding.runtime == "onnxruntime":
+                from ragpipe.embedding.onnx_query import OnnxQueryEncoder
+
+                embedder = OnnxQueryEncoder(embedder, threads=self.threads)
+            self._embedder = embedder
         return self._embedder
 
     def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str, str]:
@@ -168,18 +198,11 @@ class Retriever:
             raise QueryError("k must be >= 1")
         subject = subject or Subject.default()
         plan, mode, plan_id = self._plan_for(mode)
-        timings: dict[str, float] = {}
-        raw: dict[str, list[Hit]] = {}
-        for name, channel in plan.channels.items():
-            t0 = time.perf_counter()
-            if name == "lexical":
-                raw[name] = self.lexical.search(text, channel.depth, subject.scopes)
-            else:
-                raw[name] = self.vector.search(self.embedder().embed_query(text), channel.depth, subject.scopes)
-            timings[name] = round((time.perf_counter() - t0) * 1000, 3)
+        raw, timings, statistics = self._search_channels(text, plan, subject)
         ranked = {name: collapse(hits, plan.collapse) for name, hits in raw.items()}
         fused = weighted_rrf(ranked, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
-        visible = [f for f in fused if self.policy.allows(subject, self.scopes.get(f.document_id, ()))]
+        admitted = self.lexical.audience(subject).admitted  # the policy's verdict per scope group
+        visible = [f for f in fused if self.lexical.group_of.get(f.document_id) in admitted]
         post_dropped = len(fused) - len(visible)
         rerank_trace, ordered = self._rerank(text, plan, visible)
         top = ordered[:k]
@@ -229,11 +252,56 @@ class Retriever:
                     "subject": subject.as_dict(),
                     "documents_hidden_by_prefilter": sum(1 for s in self.scopes.values() if not self.policy.allows(subject, s)),
                     "dropped_after_fusion": post_dropped,
+                    "lexical_statistics": statistics.as_dict() if statistics else None,
                 },
                 "reranker": rerank_trace,
                 "timings_ms": timings,
             }
         return result
+
+    def _search_channels(self, text: str, plan: QueryPlan, subject: Subject) -> tuple[dict[str, list[Hit]], dict[str, float], LexicalStatistics | None]:
+        """Each channel's own ranked hits. With both channels, the lexical search runs on a worker
+        thread while the query is embedded (both release the GIL), which hides its ~1 ms."""
+        timings: dict[str, float] = {}
+
+        def timed(name: str, search: Callable[[], list[Hit]]) -> list[Hit]:
+            started = time.perf_counter()
+            hits = search()
+            timings[name] = round((time.perf_counter() - started) * 1000, 3)
+            return hits
+
+        raw: dict[str, list[Hit]] = {}
+        statistics = None
+        lexical = None
+        if "lexical" in plan.channels:
+            searcher, statistics = self.lexical.searcher_for(subject)
+            depth = plan.channels["lexical"].depth
+            lexical = partial(timed, "lexical", lambda: searcher.search(text, depth, subject.scopes))
+        if "vector" in plan.channels:
+            depth_v = plan.channels["vector"].depth
+            vector = partial(timed, "vector", lambda: self.vector.search(self.embedder().embed_query(text), depth_v, subject.scopes))
+            if lexical is None:
+                raw["vector"] = vector()
+            else:
+                pending = self._lexical_worker().submit(lexical)
+                raw["vector"] = vector()
+                raw["lexical"] = pending.result()
+        elif lexical is not None:
+            raw["lexical"] = lexical()
+        return raw, timings, statistics
+
+    def _lexical_worker(self) -> ThreadPoolExecutor:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragpipe-lexical")
+        return self._worker
+
+    def close(self) -> None:
+        """Stop the lexical worker thread and the vector searcher's event loop."""
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
+        if self.vector is not None:
+            self.vector.close()
 
     def _rerank(self, text: str, plan: QueryPlan, fused: list[FusedHit]) -> tuple[dict[str, object], list[FusedHit]]:
         if self.reranker is None:
