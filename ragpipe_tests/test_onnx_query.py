@@ -86,6 +86,9 @@ def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, st_embed
     plan = load_plan()
     torch_plan = plan.model_copy(update={"query_embedding": plan.query_embedding.model_copy(update={"runtime": "sentence_transformers"})})
     onnx_side, torch_side = Retriever(full), Retriever(full, plan=torch_plan)
+    first = onnx_side.query("aspirin", trace=True).trace["timings_ms"]
+    again = onnx_side.query("aspirin", trace=True).trace["timings_ms"]
+    assert (set(first), set(again)) == ({"embedder_load", "lexical", "vector"}, {"lexical", "vector"})  # names only
     assert type(onnx_side.embedder()) is OnnxQueryEncoder
     assert type(torch_side.embedder()) is SentenceTransformerEmbedder
     for query in ("aspirin stroke", "statins cholesterol", "who may read a document"):

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from ragpipe.answer.generators import ExtractiveGenerator, Generator
 from ragpipe.answer.validate import ValidatedAnswer, abstain, validate_candidate
@@ -34,6 +35,7 @@ from ragpipe.retrieval.fusion import FusedHit, Hit, collapse, weighted_rrf
 from ragpipe.retrieval.plan import GeneratorPlan, PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, RerankCandidate, RerankerError, checked_order
 
+T = TypeVar("T")
 MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("vector",)}
 PREFILTER_STRATEGY = (
     "backend prefilter: tantivy must-clause on access_scope (over an index of the audience's rows "
@@ -264,11 +266,11 @@ class Retriever:
         thread while the query is embedded (both release the GIL), which hides its ~1 ms."""
         timings: dict[str, float] = {}
 
-        def timed(name: str, search: Callable[[], list[Hit]]) -> list[Hit]:
+        def timed(name: str, work: Callable[[], T]) -> T:
             started = time.perf_counter()
-            hits = search()
+            result = work()
             timings[name] = round((time.perf_counter() - started) * 1000, 3)
-            return hits
+            return result
 
         raw: dict[str, list[Hit]] = {}
         statistics = None
@@ -278,8 +280,12 @@ class Retriever:
             depth = plan.channels["lexical"].depth
             lexical = partial(timed, "lexical", lambda: searcher.search(text, depth, subject.scopes))
         if "vector" in plan.channels:
+            if self._embedder is None:  # loading the model is a one-off cost, not the channel's
+                embedder = timed("embedder_load", self.embedder)
+            else:
+                embedder = self._embedder
             depth_v = plan.channels["vector"].depth
-            vector = partial(timed, "vector", lambda: self.vector.search(self.embedder().embed_query(text), depth_v, subject.scopes))
+            vector = partial(timed, "vector", lambda: self.vector.search(embedder.embed_query(text), depth_v, subject.scopes))
             if lexical is None:
                 raw["vector"] = vector()
             else:
