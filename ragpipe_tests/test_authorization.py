@@ -146,3 +146,13 @@ def test_bundle_index_scope_clause_filters_inside_tantivy(retrievers):
     assert everyone[0] == "sec-aspirin"
     assert public and not set(public) & (SECRET_IDS | {"staff-aspirin"})
     assert searcher.search("aspirin", 10, ()) == []
+
+
+def test_subject_with_no_visible_documents_gets_nothing(retrievers):
+    full, _ = retrievers
+    for mode in ("lexical", "vector", "hybrid"):
+        result = full.query("aspirin stroke", Subject("stranger", ("nobody",)), mode=mode, trace=True)
+        assert result.hits == [] and result.as_dict()["subject"]["scopes"] == ["nobody"]
+        assert result.trace["authorization"]["documents_hidden_by_prefilter"] == 7
+        if mode != "vector":
+            assert result.trace["authorization"]["lexical_statistics"]["documents"] == 0

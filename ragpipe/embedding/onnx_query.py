@@ -85,8 +85,9 @@ class OnnxQueryEncoder:
     """``embed_query`` with the vectors of ``st_embedder.embed_query``, computed by onnxruntime.
 
     ``threads``: onnxruntime intra-op threads (operational: never changes a vector beyond the
-    parity tolerance). Spinning is off, so idle workers do not steal the cores that tantivy and
-    lancedb need between queries."""
+    parity tolerance). Workers spin between operators within a run (waking sleeping workers per
+    operator is slower) but stop spinning as soon as a run ends, so they do not steal the cores
+    lancedb needs right after (docs/retrieval.md, Threads)."""
 
     runtime = "onnxruntime"
 
@@ -102,7 +103,8 @@ class OnnxQueryEncoder:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         options.log_severity_level = 3
         self.session = ort.InferenceSession(_export(st_embedder), options, providers=["CPUExecutionProvider"])
         self.max_difference = self._check_parity()
