@@ -13,7 +13,6 @@ embeds queries is a query-plan field, so it is part of the plan ID.
 from __future__ import annotations
 
 import io
-import os
 import warnings
 
 import numpy as np
@@ -89,10 +88,7 @@ class OnnxQueryEncoder:
     operator is slower) but stop spinning as soon as a run ends, so they do not steal the cores
     lancedb needs right after (docs/retrieval.md, Threads)."""
 
-    runtime = "onnxruntime"
-
     def __init__(self, st_embedder: SentenceTransformerEmbedder, threads: int = 2):
-        os.environ.setdefault("ORT_LOGGING_LEVEL", "3")
         import onnxruntime as ort
 
         self.spec = st_embedder.spec
