@@ -118,11 +118,13 @@ def test_lexical_statistics_come_from_the_audience_index_built_once(scoped_bundl
     r = Retriever(full)
     admin = Subject("admin", ("public", "secret", "staff"))
     stats = r.query("aspirin", admin, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
-    assert stats == {"index": "bundle", "documents": 7, "total_documents": 7, "rows": r.lexical.bundle_searcher.num_docs, "build_ms": None}
+    assert stats == {
+        "index": "bundle", "documents": 7, "total_documents": 7, "rows": r.lexical.bundle_searcher.num_docs, "built": False, "build_ms": None
+    }
     first = r.query("aspirin", mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
     again = r.query("stroke", Subject("bob", ("public",)), mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
     assert first["index"] == again["index"] == "audience"
-    assert first["build_ms"] is not None and again["build_ms"] is None  # same audience: built once
+    assert (first["built"], again["built"], r.lexical.builds) == (True, False, 1)  # same audience: built once
     nurse = r.query("aspirin", Subject("nurse", ("public", "staff")), mode="lexical", trace=True).trace["authorization"]
     assert (nurse["lexical_statistics"]["documents"], nurse["documents_hidden_by_prefilter"]) == (5, 2)
 
@@ -132,9 +134,9 @@ def test_audience_indexes_are_bounded(scoped_bundles):
     r = Retriever(full)
     r.lexical.max_cached = 1
     audiences = [Subject("a", ("public",)), Subject("b", ("staff",)), Subject("a2", ("public",))]
-    built = [r.query("aspirin", s, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]["build_ms"] for s in audiences]
-    assert [b is not None for b in built] == [True, True, True]  # the public audience was evicted by staff
-    assert r.lexical.cached_audiences == 1
+    built = [r.query("aspirin", s, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]["built"] for s in audiences]
+    assert built == [True, True, True]  # the public audience was evicted by staff
+    assert (r.lexical.cached_audiences, r.lexical.builds) == (1, 3)
 
 
 def test_bundle_index_scope_clause_filters_inside_tantivy(retrievers):

@@ -46,7 +46,7 @@ class LexicalStatistics:
     documents: int
     total_documents: int
     rows: int
-    build_ms: float | None  # None when the index already existed
+    build_ms: float | None  # set when this query built the audience index, else None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -54,6 +54,7 @@ class LexicalStatistics:
             "documents": self.documents,
             "total_documents": self.total_documents,
             "rows": self.rows,
+            "built": self.build_ms is not None,
             "build_ms": self.build_ms,
         }
 
@@ -85,6 +86,7 @@ class AudienceIndexes:
         self.total_documents = len(document_scopes)
         self._audiences: dict[tuple[str, ...], Audience] = {}
         self._searchers: OrderedDict[tuple[tuple[str, ...], ...], LexicalSearcher] = OrderedDict()
+        self.builds = 0  # audience indexes built so far (evicted ones included)
 
     @property
     def cached_audiences(self) -> int:
@@ -111,6 +113,7 @@ class AudienceIndexes:
             positions = [i for i, row in enumerate(self.rows) if self.group_of[row.document_id] in admitted]
             searcher = audience_searcher([self.rows[i] for i in positions], positions, self.spec, self.bundle_searcher.rows)
             build_ms = round((time.perf_counter() - started) * 1000, 3)
+            self.builds += 1
             self._searchers[audience.groups] = searcher
             while len(self._searchers) > self.max_cached:
                 self._searchers.popitem(last=False)
