@@ -117,6 +117,8 @@ class LexicalSearcher:
         whole index per search (~0.3 ms on SciFact), the term postings are merely intersected."""
         query = self._filters.get(scopes)
         if query is None:
+            if len(self._filters) >= 1024:  # one entry per distinct scope set; keep it bounded
+                self._filters.clear()
             terms = [tantivy.Query.term_query(self.schema, "access_scope", s) for s in scopes]
             either = terms[0] if len(terms) == 1 else tantivy.Query.boolean_query([(tantivy.Occur.Should, t) for t in terms])
             query = self._filters[scopes] = tantivy.Query.const_score_query(either, 0.0)

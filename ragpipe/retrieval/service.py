@@ -1,8 +1,7 @@
 """Query and answer against one verified bundle: the Python API behind `ragpipe query/answer`.
 
     from ragpipe.retrieval.service import Retriever
-    from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
-from ragpipe.retrieval.authz import Subject
+    from ragpipe.retrieval.authz import Subject
     r = Retriever("var/ragpipe/bundles/<id>")            # verifies the bundle once
     result = r.query("aspirin stroke", Subject("alice", ("public", "staff")), k=5)
     answer = r.answer("Does aspirin prevent stroke?")      # default subject: public scope only
@@ -263,7 +262,8 @@ class Retriever:
 
     def _search_channels(self, text: str, plan: QueryPlan, subject: Subject) -> tuple[dict[str, list[Hit]], dict[str, float], LexicalStatistics | None]:
         """Each channel's own ranked hits. With both channels, the lexical search runs on a worker
-        thread while the query is embedded (both release the GIL), which hides its ~1 ms."""
+        thread while the query is embedded (onnxruntime releases the GIL while it runs); measured
+        ≈ 0.7 ms faster than running them one after the other."""
         timings: dict[str, float] = {}
 
         def timed(name: str, work: Callable[[], T]) -> T:
