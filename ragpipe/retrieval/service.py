@@ -202,8 +202,8 @@ class Retriever:
         raw, timings, statistics = self._search_channels(text, plan, subject)
         ranked = {name: collapse(hits, plan.collapse) for name, hits in raw.items()}
         fused = weighted_rrf(ranked, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
-        admitted = self.lexical.audience(subject).admitted  # the policy's verdict per scope group
-        visible = [f for f in fused if self.lexical.group_of.get(f.document_id) in admitted]
+        audience = self.lexical.audience(subject)  # the policy's verdict per scope group
+        visible = [f for f in fused if self.lexical.group_of.get(f.document_id) in audience.admitted]
         post_dropped = len(fused) - len(visible)
         rerank_trace, ordered = self._rerank(text, plan, visible)
         top = ordered[:k]
@@ -251,7 +251,7 @@ class Retriever:
                     "strategy": PREFILTER_STRATEGY,
                     "policy_id": self.policy.policy_id,
                     "subject": subject.as_dict(),
-                    "documents_hidden_by_prefilter": sum(1 for s in self.scopes.values() if not self.policy.allows(subject, s)),
+                    "documents_hidden_by_prefilter": audience.total_documents - audience.documents,
                     "dropped_after_fusion": post_dropped,
                     "lexical_statistics": statistics.as_dict() if statistics else None,
                 },
