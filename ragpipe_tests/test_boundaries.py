@@ -56,3 +56,15 @@ def test_boundary_scanner_sees_imports(tmp_path: Path):
     probe = tmp_path / "probe.py"
     probe.write_text("import dagster\nfrom lancedb import connect\nfrom . import sibling\n")
     assert imported_roots(probe) == {"dagster", "lancedb"}
+
+
+def test_lower_layers_never_import_higher_ones():
+    """An index adapter serves retrieval; it never reaches up into it (nor into answers or Dagster)."""
+    higher = {"index": ("ragpipe.retrieval", "ragpipe.answer", "ragpipe.stages", "ragpipe.defs")}
+    offenders = []
+    for layer, banned in higher.items():
+        for path in (PACKAGE / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(banned):
+                    offenders.append(f"{path.relative_to(PACKAGE)}: {node.module}")
+    assert offenders == []

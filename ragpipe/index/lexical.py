@@ -24,7 +24,7 @@ import tantivy
 
 from ragpipe.index.rows import IndexRow
 from ragpipe.pipeline_spec import LexicalIndexSpec
-from ragpipe.retrieval.fusion import Hit
+from ragpipe.index.hits import Hit
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

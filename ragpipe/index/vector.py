@@ -23,7 +23,7 @@ from lancedb.index import IvfFlat, LabelList
 
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.rows import IndexRow
-from ragpipe.retrieval.fusion import Hit
+from ragpipe.index.hits import Hit
 
 TABLE_NAME = "representations"
 IVF_MIN_ROWS = 1024
