@@ -16,7 +16,7 @@ from rich.table import Table
 from ragpipe.bundle.verify import BundleVerificationError, open_bundle
 from ragpipe.corpus.connectors import detect_format
 from ragpipe.corpus.normalize import CorpusError
-from ragpipe.corpus.registry import RevisionError, register_revision
+from ragpipe.corpus.registry import RevisionError, check_revision_key, register_revision
 from ragpipe.stages.workspace import Workspace, default_home
 
 app = typer.Typer(help="Build, verify and inspect retrieval index bundles.", no_args_is_help=True, add_completion=False)
@@ -49,14 +49,17 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
     """Register a corpus revision and materialize its whole asset graph through Dagster."""
-    from ragpipe.defs.runner import BuildFailed, materialize_revision  # dagster loads only when building
-
     ws = Workspace(default_home())
     corpus_format = fmt.value if fmt else detect_format(path)
-    try:
+    try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
         _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope)
-        if not as_json:
-            err.print(f"{'registered' if new else 'already registered'}: revision {escape(revision)} from {escape(str(path))}")
+    except (CorpusError, RevisionError) as exc:
+        fail(str(exc))
+    if not as_json:
+        err.print(f"{'registered' if new else 'already registered'}: revision {escape(revision)} from {escape(str(path))}")
+    from ragpipe.defs.runner import BuildFailed, materialize_revision  # dagster loads only when building
+
+    try:
         summary = materialize_revision(revision, ws)
     except (CorpusError, RevisionError, BuildFailed) as exc:
         fail(str(exc))
@@ -139,6 +142,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON ob
 
 
 def _retriever(bundle: Path | None, revision: str | None, plan_path: Path | None):
+    if revision is not None:  # a key is a path segment: '../x' would leave RAGPIPE_HOME
+        check_revision_key(revision)
     from ragpipe.retrieval.plan import load_plan
     from ragpipe.retrieval.service import QueryError, Retriever
     from ragpipe.stages.steps import StageError, read_stage_record

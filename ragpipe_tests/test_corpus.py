@@ -44,9 +44,9 @@ def test_bad_beir_input_is_refused_with_location(tmp_path: Path, name: str, cont
 
 
 BAD_MARKDOWN = [
-    ("unknown_key", {"a.md": "---\ntitle: A\nowner: bob\n---\nbody text here\n"}, r"a\.md \[id=a\.md\]: unknown front-matter key\(s\) owner \(allowed: title, access_scopes, source_role\)"),
-    ("unclosed", {"a.md": "---\ntitle: A\nbody text here\n"}, r"a\.md \[id=a\.md\]:1: front matter opened with '---' is never closed"),
-    ("not_mapping", {"a.md": "---\n- x\n---\nbody\n"}, r"a\.md \[id=a\.md\]:1: front matter must be a mapping"),
+    ("unknown_key", {"a.md": "---\ntitle: A\nowner: bob\n---\nbody text here\n"}, r"a\.md:3 \[id=a\.md\]: unknown front-matter key\(s\) owner \(allowed: title, access_scopes, source_role\)"),
+    ("unclosed", {"a.md": "---\ntitle: A\nbody text here\n"}, r"a\.md:1 \[id=a\.md\]: front matter opened with '---' is never closed"),
+    ("not_mapping", {"a.md": "---\n- x\n---\nbody\n"}, r"a\.md:1 \[id=a\.md\]: front matter must be a mapping"),
     ("empty_body", {"a.md": "---\ntitle: A\n---\n\n  \n"}, r"a\.md \[id=a\.md\]: empty text"),
     ("bad_utf8", {"a.md": None}, r"a\.md \[id=a\.md\]: invalid UTF-8 at byte 2"),
     ("no_files", {"x.bin": "binary"}, r"no Markdown or text files found"),
@@ -136,4 +136,7 @@ def test_bad_corpus_registers_nothing(tmp_path: Path):
     with pytest.raises(CorpusError, match="duplicate document ID"):
         register_revision(registry, "v1", path, "beir")
     assert list_revisions(registry) == []
-    write_tree(tmp_path / "md", {"a.md": "ok text that is long\n"})
+    md = write_tree(tmp_path / "md", {"a.md": "ok text that is long\n", "b.md": "---\naccess_scopes: null\n---\nhidden\n"})
+    with pytest.raises(CorpusError, match="access_scopes must be a non-empty list of strings, got null"):
+        register_revision(registry, "v1", md, "markdown")
+    assert list_revisions(registry) == []

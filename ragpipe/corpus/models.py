@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragpipe.kernel.ids import ContentDigest, DocumentId, content_id
 
 NORMALIZATION = "utf8-nfc-lf/v1"
-SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# ``\Z``, not ``$``: ``$`` also matches before a trailing newline, so "hr\n" would pass as a scope.
+SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
 class Document(BaseModel):

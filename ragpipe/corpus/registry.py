@@ -1,9 +1,14 @@
 """The revision registry: one immutable JSON record per corpus revision key.
 
-Registering reads and validates the whole corpus first (so a bad corpus is refused before any
-partition exists) and pins the digest of the raw source. Re-registering a key with the same source
-is a no-op; with different bytes, options or format it is refused, because a revision key names
-one immutable revision.
+Registering reads the source's bytes once, validates those bytes (so a bad corpus is refused
+before any record or partition exists, and the key stays free for the fixed corpus) and pins the
+digest of the same bytes. Re-registering a key with the same source is a no-op; with different
+bytes, options or format it is refused, because a revision key names one immutable revision.
+Reading a registered revision likewise reads the bytes once, checks their digest and parses that
+same buffer: a file swapped between check and parse is never parsed unverified.
+
+A revision key is a partition name, a file name here and a folder name under ``work/``:
+``check_revision_key`` is the one rule for it, applied by every function taking a key.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ragpipe.corpus.connectors import CorpusFormat, SourceRecord, read_corpus, source_digest
+from ragpipe.corpus.connectors import CorpusFormat, CorpusRead, load_source, parse_source
 from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
+from ragpipe.corpus.normalize import CorpusError
 from ragpipe.kernel.publish import write_file_atomic
 
 
@@ -32,32 +38,46 @@ class RevisionRecord(BaseModel):
     source_digest: str
 
 
+def check_revision_key(revision: str) -> str:
+    """Return ``revision`` if it is a valid key: 1-128 ASCII letters, digits, ``.``, ``_``, ``-``,
+    starting with a letter or digit (so no ``/``, ``..`` segment, leading dot, NUL or newline)."""
+    if not isinstance(revision, str) or not REVISION_PATTERN.match(revision):
+        raise RevisionError(
+            f"invalid revision key {revision!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return revision
+
+
 def _record_path(registry: Path, revision: str) -> Path:
-    return registry / f"{revision}.json"
+    return registry / f"{check_revision_key(revision)}.json"
 
 
 def register_revision(
     registry: Path, revision: str, source: Path, fmt: CorpusFormat, default_scope: str = "public"
 ) -> tuple[RevisionRecord, bool]:
     """Validate and register a revision. Returns (record, newly_registered)."""
-    if not REVISION_PATTERN.match(revision):
-        raise RevisionError(f"invalid revision key {revision!r}: use letters, digits, '.', '_' or '-' (max 128)")
+    path = _record_path(registry, revision)
     if not SCOPE_PATTERN.match(default_scope):
         raise RevisionError(f"invalid default scope {default_scope!r}")
     source = source.resolve()
     if not source.exists():
         raise RevisionError(f"{source}: corpus path does not exist")
-    read_corpus(source, fmt)  # raises CorpusError naming file/line/ID
+    loaded = load_source(source, fmt)
+    parse_source(loaded)  # raises CorpusError naming file/line/ID; nothing is written
     record = RevisionRecord(
         revision=revision,
         source_path=str(source),
         format=fmt,
         default_scope=default_scope,
-        source_digest=source_digest(source, fmt),
+        source_digest=loaded.digest(),
     )
-    path = _record_path(registry, revision)
     data = (record.model_dump_json(indent=2) + "\n").encode()
-    if write_file_atomic(path, data, replace=False):
+    try:
+        created = write_file_atomic(path, data, replace=False)
+    except OSError as exc:
+        raise RevisionError(f"{path}: cannot write the revision record: {exc.strerror}") from None
+    if created:
         return record, True
     existing = load_revision(registry, revision)
     if existing != record:
@@ -77,18 +97,26 @@ def load_revision(registry: Path, revision: str) -> RevisionRecord:
 
 
 def list_revisions(registry: Path) -> list[str]:
-    return sorted(p.stem for p in registry.glob("*.json")) if registry.is_dir() else []
+    """Registered keys; a file whose name is not a valid key (put there by hand) is not one."""
+    if not registry.is_dir():
+        return []
+    return sorted(p.stem for p in registry.glob("*.json") if REVISION_PATTERN.match(p.stem))
 
 
-def read_registered_corpus(record: RevisionRecord) -> list[SourceRecord]:
-    """Read a registered revision's source, refusing it if its bytes changed since registration."""
+def read_registered_corpus(record: RevisionRecord) -> CorpusRead:
+    """Read a registered revision's source once, refuse it if its bytes changed since
+    registration, and parse exactly the bytes whose digest matched."""
+    check_revision_key(record.revision)
     source = Path(record.source_path)
     if not source.exists():
         raise RevisionError(f"revision {record.revision!r}: source {source} no longer exists")
-    digest = source_digest(source, record.format)
+    loaded = load_source(source, record.format)
+    if loaded.problems:  # e.g. a file no longer readable: say so rather than "changed"
+        raise CorpusError(list(loaded.problems))
+    digest = loaded.digest()
     if digest != record.source_digest:
         raise RevisionError(
             f"revision {record.revision!r}: source {source} changed since registration "
             f"({record.source_digest} -> {digest}); register the new content under a new revision key"
         )
-    return read_corpus(source, record.format)
+    return parse_source(loaded)

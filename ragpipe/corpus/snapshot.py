@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragpipe.corpus.connectors import SourceRecord
+from ragpipe.corpus.connectors import CorpusRead, SourceRecord
 from ragpipe.corpus.models import Document, Exclusion, SnapshotSummary, corpus_digest
 from ragpipe.kernel.ids import ContentDigest, DocumentId, bytes_digest
 from ragpipe.pipeline_spec import SnapshotSpec
@@ -28,9 +28,13 @@ DOCUMENTS_SCHEMA = pa.schema(
 def build_snapshot(
     records: list[SourceRecord], revision: str, default_scope: str, spec: SnapshotSpec
 ) -> tuple[list[Document], SnapshotSummary]:
-    """Apply the default scope and the exclusion policy; documents come back sorted by ID."""
+    """Apply the default scope and the exclusion policy; documents come back sorted by ID.
+
+    The exclusions list the connector's (symbolic links, special files: ``CorpusRead.excluded``)
+    and the policy's, sorted by ID.
+    """
     documents: list[Document] = []
-    excluded: list[Exclusion] = []
+    excluded: list[Exclusion] = list(records.excluded) if isinstance(records, CorpusRead) else []
     for rec in sorted(records, key=lambda r: r.document_id):
         if len(rec.text.strip()) < spec.min_text_chars:
             excluded.append(
@@ -57,7 +61,7 @@ def build_snapshot(
         corpus_digest=corpus_digest(documents, default_scope),
         default_scope=default_scope,
         documents=len(documents),
-        excluded=excluded,
+        excluded=sorted(excluded, key=lambda e: (e.document_id, e.location)),
         ignored_metadata_keys=ignored,
     )
     return documents, summary

@@ -17,8 +17,8 @@ from pydantic_core import core_schema
 
 from ragpipe.kernel.canonical import canonical_bytes
 
-_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
-_KIND = re.compile(r"^[a-z][a-z0-9_.-]*$")
+_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+_KIND = re.compile(r"^[a-z][a-z0-9_.-]*\Z")
 
 
 def domain_digest(kind: str, version: int, payload: bytes) -> str:
@@ -69,7 +69,7 @@ class TypedId(str):
 class DocumentId(TypedId):
     """Logical document ID from the source (BEIR ``_id`` or a Markdown path)."""
 
-    pattern = re.compile(r"^[^\x00-\x1f]{1,512}$")
+    pattern = re.compile(r"^[^\x00-\x1f]{1,512}\Z")
 
 
 class ContentDigest(TypedId):

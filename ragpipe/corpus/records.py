@@ -1,0 +1,74 @@
+"""What connectors produce, and the metadata rules both connectors share.
+
+Metadata keys are either absent (the default applies) or valid. An explicit null, an empty list,
+or a value of the wrong type is a problem naming the key and the value: it never silently becomes
+the revision's default scope, because the default is usually the *widest* audience.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragpipe.corpus.models import SCOPE_PATTERN, Exclusion
+
+DEFAULT_SOURCE_ROLE = "primary"
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    document_id: str
+    title: str
+    text: str
+    access_scopes: tuple[str, ...] | None  # None: the revision's default scope applies
+    source_role: str
+    location: str
+    ignored_metadata_keys: tuple[str, ...] = field(default=())
+
+
+class CorpusRead(list[SourceRecord]):
+    """A corpus's valid records (a plain list of them, for every existing caller) plus the entries
+    the connector excluded with a reason (symbolic links, special files), for the snapshot."""
+
+    def __init__(self, records: Iterable[SourceRecord] = (), excluded: Iterable[Exclusion] = ()):
+        super().__init__(records)
+        self.excluded: tuple[Exclusion, ...] = tuple(excluded)
+
+
+def shown_value(value: Any) -> str:
+    """A metadata value as JSON for messages (``null``, ``[]``, ``false`` …), cut at 60 chars; a
+    value JSON cannot hold (a YAML date …) is shown as ``<type> <value>``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = f"{type(value).__name__} {value}"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def scopes_of(meta: Mapping[Any, Any], where: str, problems: list[str]) -> tuple[str, ...] | None:
+    """``access_scopes``: absent → None (default scope); otherwise a non-empty list of scope names."""
+    if "access_scopes" not in meta:
+        return None
+    value = meta["access_scopes"]
+    if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
+        hint = " (omit the key to use the revision's default scope)" if value is None else ""
+        problems.append(f"{where}: access_scopes must be a non-empty list of strings, got {shown_value(value)}{hint}")
+        return None
+    bad = [s for s in value if not SCOPE_PATTERN.match(s)]
+    if bad:
+        problems.append(f"{where}: invalid access scope {bad[0]!r} (allowed: letters, digits, . _ : -)")
+        return None
+    return tuple(sorted(set(value)))
+
+
+def role_of(meta: Mapping[Any, Any], where: str, problems: list[str]) -> str:
+    """``source_role``: absent → ``primary``; otherwise a short identifier string."""
+    if "source_role" not in meta:
+        return DEFAULT_SOURCE_ROLE
+    value = meta["source_role"]
+    if not isinstance(value, str) or not SCOPE_PATTERN.match(value):
+        problems.append(f"{where}: source_role must be a short identifier string, got {shown_value(value)}")
+        return DEFAULT_SOURCE_ROLE
+    return value
