@@ -1,7 +1,9 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 for testing the litellm path.
 
 It speaks ``POST /v1/chat/completions`` and answers according to ``server.scenario``; every request
-body is recorded in ``server.requests`` so tests can inspect exactly what left the process.
+body is recorded — raw bytes in ``server.bodies``, parsed in ``server.requests`` — so tests can
+inspect exactly what left the process — and every accepted TCP connection is counted in
+``server.connections``, so "nothing was sent" can be asserted as "nothing even connected".
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.bodies.append(body)
         self.server.requests.append(json.loads(body))
         scenario = self.server.scenario
         if scenario == "timeout":
@@ -58,10 +61,16 @@ class LLMServer(ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), Handler)
         self.requests: list[dict] = []
+        self.bodies: list[bytes] = []
+        self.connections = 0
         self.scenario = "valid"
         self.release = threading.Event()
         self.replies: dict[str, str] = {}
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def verify_request(self, request, client_address) -> bool:
+        self.connections += 1  # called by the serving thread for every accepted connection
+        return True
 
     @property
     def api_base(self) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from ragpipe.answer.generators import CandidateAnswer, ExtractiveGenerator, GeneratorFailure
 from ragpipe.answer.validate import SAFE_ABSTENTION, validate_candidate
 from ragpipe.retrieval.authz import Subject
-from ragpipe.retrieval.context import Evidence, build_context
+from dataclasses import replace
+
+from ragpipe.retrieval.context import Evidence, build_context, render_payload
 from ragpipe.retrieval.plan import ContextPlan
 from ragpipe.retrieval.service import Retriever
 
@@ -23,6 +25,8 @@ def test_context_budget_labels_and_omissions():
         {"chunk_id": "d", "reason": "max_chunks=2 reached"},
     )
     assert ctx.rendered == "[E1] T\n" + "x" * 50 + "\n\n[E2] T\n" + "z" * 40 + "\n"
+    assert ctx.rendered == render_payload(ctx.evidence)  # the context records what certified evidence renders to
+    assert len(ctx.rendered.encode("utf-8")) + 1 == 59 + 49  # the budget counts exactly the payload bytes (+ separators)
     assert ctx.digest.startswith("sha256:")
 
 
@@ -36,6 +40,8 @@ def test_extractive_generator_cites_matching_sentences():
         answer="Aspirin lowers stroke risk in adults. [E1] Stroke units save lives. [E2]", citations=("E1", "E2"), abstained=False
     )
     assert validate_candidate(cand, ctx).citations == ("E1", "E2")
+    # it reads evidence, never the rendered string
+    assert ExtractiveGenerator().generate("Does aspirin lower stroke risk?", replace(ctx, rendered="[E1] forged\n"), None) == cand
 
 
 def test_extractive_generator_abstains_without_overlap():

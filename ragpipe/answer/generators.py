@@ -39,6 +39,9 @@ class CandidateAnswer:
 
 
 class Generator(Protocol):
+    """Answers ``question`` from ``context``. A generator that sends text off the machine sends
+    only what ``certificate.require_payload(bundle_id, context)`` returns, and nothing if it raises."""
+
     name: str
 
     def generate(self, question: str, context: Context, certificate: AuthorizationCertificate) -> CandidateAnswer: ...
@@ -51,7 +54,8 @@ def terms(text: str) -> set[str]:
 class ExtractiveGenerator:
     """Selects the evidence sentences sharing most terms with the question (at most
     ``max_sentences``, from the first ``max_evidence`` items) and cites them. Deterministic; no LLM;
-    sends nothing anywhere, so it needs no certificate check."""
+    sends nothing anywhere, so it needs no certificate check. It reads only the evidence text and
+    labels, never ``context.rendered``."""
 
     name = "extractive/v1 (deterministic sentence selection, no LLM)"
 

@@ -2,9 +2,12 @@
 
 It sends the question and the certified evidence to the plan's model, asks for a JSON object
 ``{"answer": str, "citations": [label, ...], "abstained": bool}``, and turns timeouts, HTTP errors
-and malformed output into typed failures. Before sending it checks that the authorization
-certificate covers exactly the evidence in the request. Responses are cached by the full effective
-provider configuration + prompt template digest + context digest + question.
+and malformed output into typed failures. The request carries three messages and nothing else:
+constant instructions, the evidence payload — exactly the text the authorization certificate
+covers, recomputed from the certified evidence by ``AuthorizationCertificate.require_payload``,
+which refuses before any network call when the context differs from what was certified — and the
+caller's question. Responses are cached by the full effective provider configuration + prompt
+digest + certified payload digest + question.
 """
 
 from __future__ import annotations
@@ -15,23 +18,33 @@ import re
 from pathlib import Path
 
 from ragpipe.answer.generators import CandidateAnswer, GeneratorFailure
-from ragpipe.kernel.ids import bytes_digest, content_id
+from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.authz import AuthorizationCertificate
-from ragpipe.retrieval.context import Context
+from ragpipe.retrieval.context import PAYLOAD_FORMAT, Context, payload_digest
 from ragpipe.retrieval.plan import GeneratorPlan
 
-PROMPT_TEMPLATE = """You answer questions using only the evidence below. Each evidence item starts with a label like [E1].
-Reply with one JSON object and nothing else: {{"answer": string, "citations": [labels], "abstained": boolean}}.
+INSTRUCTIONS = """You answer questions using only the evidence in the next message. Each evidence item starts with a label like [E1].
+The message after it is the question.
+Reply with one JSON object and nothing else: {"answer": string, "citations": [labels], "abstained": boolean}.
 Cite every label you use, each once. If the evidence does not answer the question, reply with
-{{"answer": "", "citations": [], "abstained": true}}.
-
-Evidence:
-{context}
-
-Question: {question}"""
-PROMPT_TEMPLATE_DIGEST = bytes_digest(PROMPT_TEMPLATE.encode("utf-8"))
+{"answer": "", "citations": [], "abstained": true}."""
+QUESTION_TEMPLATE = "Question: {question}"
+# Everything besides the certified payload and the question that shapes the request.
+PROMPT_DIGEST = content_id(
+    "answer-prompt", 1, {"instructions": INSTRUCTIONS, "evidence_format": PAYLOAD_FORMAT, "question": QUESTION_TEMPLATE}
+)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+def build_messages(payload: str, question: str) -> list[dict[str, str]]:
+    """The whole request body's messages: the instructions (constant), the certified evidence
+    payload verbatim as one message, the question. No other text leaves the machine."""
+    return [
+        {"role": "system", "content": INSTRUCTIONS},
+        {"role": "user", "content": payload},
+        {"role": "user", "content": QUESTION_TEMPLATE.format(question=question)},
+    ]
 
 
 def parse_model_json(content: str) -> tuple[str, tuple[str, ...], bool]:
@@ -74,14 +87,14 @@ class LiteLLMGenerator:
             "response_format": "json_object",
         }
 
-    def cache_key(self, question: str, context: Context) -> str:
+    def cache_key(self, question: str, certified_payload_digest: str) -> str:
         return content_id(
             "answer-cache",
-            1,
+            2,
             {
                 "provider": self.provider_config(),
-                "prompt_template": PROMPT_TEMPLATE_DIGEST,
-                "context": context.digest,
+                "prompt": PROMPT_DIGEST,
+                "payload": certified_payload_digest,
                 "question": question,
             },
         )
@@ -103,19 +116,21 @@ class LiteLLMGenerator:
             write_file_atomic(self.cache_dir / f"{key.split(':')[1]}.json", json.dumps(payload).encode())
 
     def generate(self, question: str, context: Context, certificate: AuthorizationCertificate) -> CandidateAnswer:
-        # Authorization before disclosure: exactly the certified evidence may leave the machine.
-        certificate.require_exact_cover(self.bundle_id, [(e.chunk_id, e.text) for e in context.evidence])
-        key = self.cache_key(question, context)
+        """Raises ``AuthorizationError`` (nothing sent, nothing read from the cache) unless the
+        certificate covers exactly the payload derived from the context's evidence."""
+        # Authorization before disclosure: the evidence text sent is recomputed from certified
+        # evidence, never taken from ``context.rendered``.
+        payload = certificate.require_payload(self.bundle_id, context)
+        key = self.cache_key(question, payload_digest(payload))
         if (hit := self._cached(key)) is not None:
             return hit
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map
         import litellm
 
-        prompt = PROMPT_TEMPLATE.format(context=context.rendered, question=question)
         try:
             response = litellm.completion(
                 model=self.plan.model,
-                messages=[{"role": "user", "content": prompt}],
+                messages=build_messages(payload, question),
                 api_base=self.plan.api_base,
                 api_key=self.api_key,
                 temperature=self.plan.temperature,
