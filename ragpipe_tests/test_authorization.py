@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragpipe.answer.litellm_generator import LiteLLMGenerator
-from ragpipe.retrieval.authz import AuthorizationError, Subject
+from ragpipe.kernel.ids import bytes_digest
+from ragpipe.retrieval.authz import AuthorizationError, CertifiedItem, ScopePolicy, Subject, issue_certificate
+from ragpipe.retrieval.context import Context, Evidence, render_payload
 from ragpipe.retrieval.plan import GeneratorPlan
 from ragpipe.retrieval.service import Retriever
 from ragpipe_tests.conftest import SCOPED_DOCS, SECRET_IDS
@@ -88,22 +93,82 @@ def test_remote_generator_payloads_carry_no_unauthorized_material(retrievers):
 
 def test_generator_refuses_evidence_the_certificate_does_not_cover(retrievers):
     full, _ = retrievers
-    result = full.answer("aspirin stroke", generator=None)
-    # swap one evidence text for another chunk's text: the certificate no longer covers the payload
-    from dataclasses import replace
-
-    from ragpipe.retrieval.authz import issue_certificate
-
-    ctx = result.context
-    cert = issue_certificate(Subject.default(), full.policy, full.bundle_id, [(e.chunk_id, e.text, e.access_scopes) for e in ctx.evidence])
-    tampered = replace(ctx, evidence=(replace(ctx.evidence[0], text="forged text"),) + ctx.evidence[1:])
+    ctx = full.answer("aspirin stroke", generator=None).context
+    cert = issue_certificate(Subject.default(), full.policy, full.bundle_id, ctx.evidence)
+    # swap one evidence text (and what it renders to): the certificate no longer covers the payload
+    forged = (replace(ctx.evidence[0], text="forged text"),) + ctx.evidence[1:]
+    tampered = replace(ctx, evidence=forged, rendered=render_payload(forged))
     with LLMServer() as server:
         gen = LiteLLMGenerator(GeneratorPlan(kind="litellm", model="openai/local-test", api_base=server.api_base), full.bundle_id)
-        with pytest.raises(AuthorizationError, match="payload is not exactly the certified evidence: 1 uncertified item"):
+        with pytest.raises(AuthorizationError) as text_refused:
             gen.generate("aspirin stroke", tampered, cert)
-        with pytest.raises(AuthorizationError, match="certificate is for bundle"):
+        with pytest.raises(AuthorizationError) as bundle_refused:
             LiteLLMGenerator(GeneratorPlan(kind="litellm", model="openai/x", api_base=server.api_base), "sha256:" + "0" * 64).generate("q", ctx, cert)
-        assert server.requests == []
+    assert str(text_refused.value) == f"refusing to send: evidence E1 (chunk {ctx.evidence[0].chunk_id}): text differs from the certified text"
+    assert str(bundle_refused.value) == f"refusing to send: the certificate is for bundle {full.bundle_id}, the adapter serves bundle sha256:{'0' * 64}"
+    assert (server.connections, server.requests) == (0, [])
+
+
+# --- the certificate itself -------------------------------------------------------------------
+
+def _evidence(label: str, title: str, text: str, scopes: tuple[str, ...] = ("public",)) -> Evidence:
+    return Evidence(label, f"chunk-{label}", f"doc-{label}", title, text, 0, len(text.encode("utf-8")), scopes)
+
+
+def _context(evidence: list[Evidence]) -> Context:
+    return Context(evidence=tuple(evidence), omitted=(), rendered=render_payload(evidence))
+
+
+GOLDEN_BUNDLE = "sha256:" + "ab" * 32
+
+
+def test_certificate_golden_vector():
+    """Pins the payload rendering, the payload digest and the certificate's canonical encoding."""
+    evidence = [_evidence("E1", "Aspirin", "Aspirin lowers risk.  \n"), _evidence("E2", "Café", "Crème brûlée.", ("public", "staff"))]
+    cert = issue_certificate(Subject("alice", ("staff", "public")), ScopePolicy(), GOLDEN_BUNDLE, evidence)
+    payload = "[E1] Aspirin\nAspirin lowers risk.\n\n[E2] Café\nCrème brûlée.\n"
+    assert render_payload(evidence) == payload and cert.require_payload(GOLDEN_BUNDLE, _context(evidence)) == payload
+    assert (cert.payload_format, cert.payload_digest) == ("evidence-block/v1", bytes_digest(payload.encode("utf-8")))
+    assert cert.payload_digest == "sha256:0522500e0ad90f69831df01e2f14c42470ac5601cf38bacc81f54939c162b4a9"  # SHA-256 of the payload bytes (checked with sha256sum)
+    assert cert.certificate_id == "sha256:bb4f17f983d87dee2a9456c60be28d0c07624f8d92574fc9d8213e1fa7b7915f"
+    assert cert.evidence[1] == CertifiedItem(
+        "E2", "chunk-E2", bytes_digest("Café".encode()), bytes_digest("Crème brûlée.".encode()), ("public", "staff")
+    )
+
+
+def test_issue_certificate_rechecks_every_item():
+    nurse = Subject("nurse", ("public",))
+    secret = _evidence("E2", "Memo", "secret", ("secret",))
+    with pytest.raises(AuthorizationError, match=r"^chunk chunk-E2 is not visible to nurse$"):
+        issue_certificate(nurse, ScopePolicy(), GOLDEN_BUNDLE, [_evidence("E1", "T", "x"), secret])
+    with pytest.raises(ValueError, match=r"^evidence for chunk chunk- has no label: certify the evidence of a built context$"):
+        issue_certificate(nurse, ScopePolicy(), GOLDEN_BUNDLE, [_evidence("", "T", "x")])
+    with pytest.raises(ValueError, match=r"^evidence label E1 is used more than once$"):
+        issue_certificate(nurse, ScopePolicy(), GOLDEN_BUNDLE, [_evidence("E1", "T", "x"), _evidence("E1", "U", "y")])
+
+
+_titles = st.text(min_size=0, max_size=20)
+_texts = st.text(min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.tuples(_titles, _texts), min_size=1, max_size=5), data=st.data())
+def test_only_exactly_certified_titles_and_texts_can_be_sent(items, data):
+    """Law: the certified payload is returned for the certified context; changing any one title or
+    text (even by whitespace the renderer strips) is refused, naming that label and field."""
+    evidence = [_evidence(f"E{i}", title, text) for i, (title, text) in enumerate(items, start=1)]
+    cert = issue_certificate(Subject.default(), ScopePolicy(), GOLDEN_BUNDLE, evidence)
+    payload = cert.require_payload(GOLDEN_BUNDLE, _context(evidence))
+    assert payload == render_payload(evidence) and bytes_digest(payload.encode("utf-8")) == cert.payload_digest
+    index = data.draw(st.integers(0, len(evidence) - 1))
+    field = data.draw(st.sampled_from(["title", "text"]))
+    old = getattr(evidence[index], field)
+    new = data.draw(st.text(max_size=60).filter(lambda s: s != old))
+    changed = list(evidence)
+    changed[index] = replace(changed[index], **{field: new})
+    with pytest.raises(AuthorizationError) as refused:
+        cert.require_payload(GOLDEN_BUNDLE, _context(changed))
+    assert str(refused.value) == f"refusing to send: evidence E{index + 1} (chunk chunk-E{index + 1}): {field} differs from the certified {field}"
 
 
 def test_scopes_never_come_from_query_text(retrievers):
@@ -113,30 +178,35 @@ def test_scopes_never_come_from_query_text(retrievers):
     assert not {h["document_id"] for h in result.hits} & SECRET_IDS
 
 
-def test_lexical_statistics_come_from_the_audience_index_built_once(scoped_bundles):
+def test_lexical_statistics_come_from_the_audience_view_opened_once(scoped_bundles):
     full, _ = scoped_bundles
     r = Retriever(full)
     admin = Subject("admin", ("public", "secret", "staff"))
-    stats = r.query("aspirin", admin, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
-    assert stats == {
+    searcher, stats = r.lexical.searcher_for(admin)
+    assert searcher is r.lexical.bundle_searcher and stats.as_dict() == {
         "index": "bundle", "documents": 7, "total_documents": 7, "rows": r.lexical.bundle_searcher.num_docs, "built": False, "build_ms": None
     }
-    first = r.query("aspirin", mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
-    again = r.query("stroke", Subject("bob", ("public",)), mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]
-    assert first["index"] == again["index"] == "audience"
-    assert (first["built"], again["built"], r.lexical.builds) == (True, False, 1)  # same audience: built once
-    nurse = r.query("aspirin", Subject("nurse", ("public", "staff")), mode="lexical", trace=True).trace["authorization"]
-    assert (nurse["lexical_statistics"]["documents"], nurse["documents_hidden_by_prefilter"]) == (5, 2)
+    r.query("aspirin", mode="lexical")  # the public audience's first query opens its view
+    r.query("stroke", Subject("bob", ("public",)), mode="lexical")
+    view, again = r.lexical.searcher_for(Subject("carol", ("public",)))
+    assert (again.index, again.build_ms, again.rows, r.lexical.builds) == ("audience", None, 8, 1)  # 4 public documents × 2 representations; opened once
+    _, nurse = r.lexical.searcher_for(Subject("nurse", ("public", "staff")))
+    assert (nurse.documents, nurse.total_documents, nurse.build_ms is not None, r.lexical.builds) == (5, 7, True, 2)
+    r.lexical.close()
 
 
 def test_audience_indexes_are_bounded(scoped_bundles):
     full, _ = scoped_bundles
     r = Retriever(full)
-    r.lexical.max_cached = 1
+    r.lexical.max_views = 1
     audiences = [Subject("a", ("public",)), Subject("b", ("staff",)), Subject("a2", ("public",))]
-    built = [r.query("aspirin", s, mode="lexical", trace=True).trace["authorization"]["lexical_statistics"]["built"] for s in audiences]
-    assert built == [True, True, True]  # the public audience was evicted by staff
+    builds = []
+    for s in audiences:
+        r.query("aspirin", s, mode="lexical")
+        builds.append(r.lexical.builds)
+    assert builds == [1, 2, 3]  # the public audience's view was closed for staff's, then reopened
     assert (r.lexical.cached_audiences, r.lexical.builds) == (1, 3)
+    r.lexical.close()
 
 
 def test_bundle_index_scope_clause_filters_inside_tantivy(retrievers):

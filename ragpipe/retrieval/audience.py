@@ -1,36 +1,48 @@
-"""Which lexical index answers a subject: exact BM25 statistics for every audience.
+"""Which lexical searcher answers a subject: exact BM25 statistics for every audience, no index
+built on the query path.
 
-An *audience* is the set of documents one subject may see. Documents that share a scope set
-form a *scope group*; a policy admits or hides whole groups, so an audience is named by the scope
-groups it admits. A subject who may see every group is served by the bundle's own index. Anyone
-else is served by an index of exactly their rows (``audience_searcher``), built on first use and
-kept for the next queries: its BM25 IDF and average length cover the authorized rows only, so
-its results equal those of an index built from the authorized documents alone, and scores
-reveal nothing about the statistics of hidden documents.
+An *audience* is the set of documents one subject may see. Documents that share a scope set form a
+*scope group*; the policy admits or hides whole groups, so an audience is named by the groups it
+admits. The bundle's lexical index holds each group in its own segment(s) (``index.segments``).
+A subject who may see every group is served by the bundle's index. Anyone else is served by an
+*audience view*: a private temp folder linking exactly the admitted groups' segments, opened in
+milliseconds on the audience's first query. tantivy sums BM25 statistics over the segments an index
+lists, so a view's scores equal those of an index built from the authorized rows alone and reveal
+nothing about hidden documents.
+
+A view costs no copy of the index: its files are links to the bundle's, and the memory mapped for
+them is the page cache the bundle's own index uses. What each costs is a tantivy reader, one memory
+map per segment file and a folder of links (plus one idle tantivy watcher thread), so views are
+bounded by count (``max_views``, least recently used closed first), not by size.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
 
-from ragpipe.index.lexical import LexicalSearcher, audience_searcher
+from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import IndexRow
+from ragpipe.index.segments import read_meta, read_scope_groups
 from ragpipe.pipeline_spec import LexicalIndexSpec
 from ragpipe.retrieval.authz import ScopePolicy, Subject
+
+Group = tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Audience:
-    groups: tuple[tuple[str, ...], ...]  # the scope groups the subject may see, sorted
+    groups: tuple[Group, ...]  # the scope groups the subject may see, sorted
     documents: int  # documents in those groups
     total_documents: int  # documents in the bundle
 
     @cached_property
-    def admitted(self) -> frozenset[tuple[str, ...]]:
+    def admitted(self) -> frozenset[Group]:
         return frozenset(self.groups)
 
     @property
@@ -40,13 +52,13 @@ class Audience:
 
 @dataclass(frozen=True)
 class LexicalStatistics:
-    """Trace record: which index served the lexical channel, and what building it cost."""
+    """Trace record: which index served the lexical channel, and what opening it cost."""
 
     index: str  # "bundle" or "audience"
     documents: int
     total_documents: int
     rows: int
-    build_ms: float | None  # set when this query built the audience index, else None
+    build_ms: float | None  # set when this query opened the audience view, else None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -60,10 +72,12 @@ class LexicalStatistics:
 
 
 class AudienceIndexes:
-    """The bundle's lexical searcher plus, per partial audience, a searcher of its rows only.
+    """The bundle's lexical searcher plus, per partial audience, a view of its groups' segments.
 
-    At most ``max_cached`` audience indexes are kept (least recently used is dropped); each costs
-    roughly what the bundle's lexical index costs, held in memory."""
+    Thread-safe: the caches are locked, and a view being opened is opened once — other threads
+    asking for the same audience wait for it. At most ``max_views`` views are kept open and at most
+    ``max_audiences`` subjects' audiences are remembered (least recently used dropped first).
+    ``close()`` removes every view folder."""
 
     def __init__(
         self,
@@ -72,50 +86,93 @@ class AudienceIndexes:
         spec: LexicalIndexSpec,
         policy: ScopePolicy,
         document_scopes: dict[str, tuple[str, ...]],
-        max_cached: int = 8,
+        max_views: int = 8,
+        max_audiences: int = 4096,
     ):
-        if max_cached < 1:
-            raise ValueError("max_cached must be >= 1")
+        # ``rows`` and ``spec`` are unused since views replaced per-audience rebuilds; they stay
+        # only while retrieval/service.py still passes them (change reported with issue 7).
+        del rows, spec
+        if max_views < 1 or max_audiences < 1:
+            raise ValueError("max_views and max_audiences must be >= 1")
         self.bundle_searcher = bundle_searcher
-        self.rows = rows
-        self.spec = spec
         self.policy = policy
-        self.max_cached = max_cached
-        self.group_of = {doc: tuple(sorted(scopes)) for doc, scopes in document_scopes.items()}
+        self.max_views = max_views
+        self.max_audiences = max_audiences
+        directory = bundle_searcher.directory
+        self._meta = read_meta(directory)
+        self._segments = {g.scopes: g.segment_ids for g in read_scope_groups(directory)}
+        self._all_segments = frozenset(s for ids in self._segments.values() for s in ids)
+        self.group_of = {doc: tuple(sorted(set(scopes))) for doc, scopes in document_scopes.items()}
         self.group_sizes = Counter(self.group_of.values())
         self.total_documents = len(document_scopes)
-        self._audiences: dict[tuple[str, ...], Audience] = {}
-        self._searchers: OrderedDict[tuple[tuple[str, ...], ...], LexicalSearcher] = OrderedDict()
-        self.builds = 0  # audience indexes built so far (evicted ones included)
+        self._lock = threading.Lock()
+        self._audiences: OrderedDict[tuple[str, ...], Audience] = OrderedDict()
+        self._views: OrderedDict[tuple[Group, ...], LexicalSearcher] = OrderedDict()
+        self._opening: dict[tuple[Group, ...], Future[LexicalSearcher]] = {}
+        self.builds = 0  # audience views opened so far (closed ones included)
 
     @property
     def cached_audiences(self) -> int:
-        return len(self._searchers)
+        """Audience views currently open."""
+        return len(self._views)
 
     def audience(self, subject: Subject) -> Audience:
-        found = self._audiences.get(subject.scopes)
-        if found is None:
-            groups = tuple(sorted(g for g in self.group_sizes if self.policy.allows(subject, g)))
-            found = Audience(groups, sum(self.group_sizes[g] for g in groups), self.total_documents)
-            self._audiences[subject.scopes] = found
-        return found
+        with self._lock:
+            found = self._audiences.get(subject.scopes)
+            if found is None:
+                groups = tuple(sorted(g for g in self.group_sizes if self.policy.allows(subject, g)))
+                found = Audience(groups, sum(self.group_sizes[g] for g in groups), self.total_documents)
+                self._audiences[subject.scopes] = found
+                if len(self._audiences) > self.max_audiences:
+                    self._audiences.popitem(last=False)
+            else:
+                self._audiences.move_to_end(subject.scopes)
+            return found
 
     def searcher_for(self, subject: Subject) -> tuple[LexicalSearcher, LexicalStatistics]:
         audience = self.audience(subject)
-        if audience.whole_bundle:
+        segment_ids = [s for g in audience.groups for s in self._segments.get(g, ())]
+        if audience.whole_bundle or set(segment_ids) == self._all_segments:
             searcher = self.bundle_searcher
             return searcher, LexicalStatistics("bundle", audience.documents, audience.total_documents, searcher.num_docs, None)
-        build_ms = None
-        searcher = self._searchers.get(audience.groups)
-        if searcher is None:
-            started = time.perf_counter()
-            admitted = audience.admitted
-            positions = [i for i, row in enumerate(self.rows) if self.group_of[row.document_id] in admitted]
-            searcher = audience_searcher([self.rows[i] for i in positions], positions, self.spec, self.bundle_searcher.rows)
-            build_ms = round((time.perf_counter() - started) * 1000, 3)
-            self.builds += 1
-            self._searchers[audience.groups] = searcher
-            while len(self._searchers) > self.max_cached:
-                self._searchers.popitem(last=False)
-        self._searchers.move_to_end(audience.groups)
+        searcher, build_ms = self._view(audience.groups, segment_ids)
         return searcher, LexicalStatistics("audience", audience.documents, audience.total_documents, searcher.num_docs, build_ms)
+
+    def _view(self, key: tuple[Group, ...], segment_ids: list[str]) -> tuple[LexicalSearcher, float | None]:
+        """The open view for ``key`` and, when this call opened it, the milliseconds it took."""
+        with self._lock:
+            searcher = self._views.get(key)
+            if searcher is not None:
+                self._views.move_to_end(key)
+                return searcher, None
+            pending = self._opening.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._opening[key] = Future()
+        if not owner:
+            return pending.result(), None  # opened by another thread (its error, if it failed)
+        started = time.perf_counter()
+        try:
+            searcher = LexicalSearcher.open_view(self.bundle_searcher.directory, self._meta, segment_ids, self.bundle_searcher.rows)
+        except BaseException as exc:
+            with self._lock:
+                del self._opening[key]
+            pending.set_exception(exc)
+            raise
+        build_ms = round((time.perf_counter() - started) * 1000, 3)
+        with self._lock:
+            del self._opening[key]
+            self._views[key] = searcher
+            self.builds += 1
+            evicted = [self._views.popitem(last=False)[1] for _ in range(len(self._views) - self.max_views)]
+        pending.set_result(searcher)
+        for old in evicted:  # a thread still searching an evicted view is unaffected (see close)
+            old.close()
+        return searcher, build_ms
+
+    def close(self) -> None:
+        """Close every open view (their folders are removed)."""
+        with self._lock:
+            views, self._views = list(self._views.values()), OrderedDict()
+        for view in views:
+            view.close()
