@@ -81,7 +81,8 @@ def bundle_verify(path: Annotated[Path, typer.Argument(help="Bundle directory.")
         bundle = open_bundle(path)
     except BundleVerificationError as exc:
         fail(str(exc))
-    out.print(f"ok: {bundle.bundle_id} ({len(bundle.manifest.files)} files verified)")
+    m = bundle.manifest
+    out.print(f"ok: {m.bundle_id} material {m.material_digest} ({len(m.files)} files verified, {m.seal.kind} seal)")
 
 
 @bundle_app.command("inspect")
@@ -99,6 +100,9 @@ def bundle_inspect(
         emit_json(
             {
                 "bundle_id": m.bundle_id,
+                "material_digest": m.material_digest,
+                "seal": m.seal.model_dump(),
+                "embeddings_digest": m.material.embeddings_digest,
                 "path": str(bundle.path),
                 "counts": m.semantic.counts.model_dump(),
                 "corpus_digest": m.semantic.corpus_digest,
@@ -109,7 +113,11 @@ def bundle_inspect(
             }
         )
         return
-    out.print(f"[bold]bundle[/] {m.bundle_id}\npath   {bundle.path}\ncorpus {m.semantic.corpus_digest}")
+    seal = f"{m.seal.kind}" + (f" (key {m.seal.key_id})" if m.seal.key_id else "")
+    out.print(
+        f"[bold]bundle[/]   {m.bundle_id}\nmaterial {m.material_digest}\nseal     {seal}\n"
+        f"path     {bundle.path}\ncorpus   {m.semantic.corpus_digest}"
+    )
     counts = Table(title="counts")
     counts.add_column("what")
     counts.add_column("count", justify="right")

@@ -26,9 +26,9 @@ IMPLEMENTATION_VERSIONS = {
     "chunks": 1,
     "representations": 1,
     "embeddings": 1,
-    "lexical_index": 2,
+    "lexical_index": 3,
     "vector_index": 2,
-    "index_bundle": 1,
+    "index_bundle": 2,
 }
 
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {

@@ -96,7 +96,7 @@ def test_consistently_forged_counts_are_refused(bundle_copy: Path, tmp_path: Pat
 
     m = BundleManifest.model_validate_json((bundle_copy / MANIFEST_NAME).read_text())
     forged_sem = m.semantic.model_copy(update={"counts": m.semantic.counts.model_copy(update={"chunks": 5})})
-    forged = make_manifest(forged_sem, m.files)
+    forged = make_manifest(forged_sem, m.material.embeddings_digest, m.files, None)
     target = tmp_path / forged.bundle_id.hex
     shutil.copytree(bundle_copy, target)
     (target / MANIFEST_NAME).write_bytes(manifest_bytes(forged))

@@ -14,8 +14,8 @@ import pytest
 from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
 
 
-def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
+def ragpipe(*args: str, home: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster"), **extra_env}
     return subprocess.run(
         [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
     )
@@ -92,6 +92,10 @@ def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):
     inspect = ragpipe("bundle", "inspect", str(bundle), "--json", home=tmp_path)
     data = json.loads(inspect.stdout)
     assert data["bundle_id"] == json.loads(first.stdout)["bundle_id"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert data["material_digest"] == manifest["material_digest"] != data["bundle_id"]
+    assert data["seal"] == {"kind": "sha256", "key_id": None, "value": manifest["seal"]["value"]}
+    assert f"ok: {data['bundle_id']} material {data['material_digest']} (" in ok.stdout.replace("\n", "")
     assert data["counts"] == {"documents": 3, "chunks": 4, "representations": 8, "lexical_documents": 8, "vectors": 8}
     assert data["default_scope"] == "internal"
     assert sorted(data["specs"]) == ["chunks", "embeddings", "lexical_index", "representations", "source_snapshot", "vector_index"]
@@ -101,6 +105,16 @@ def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):
     bad = ragpipe("bundle", "verify", str(copy), home=tmp_path)
     assert bad.returncode == 1
     assert "chunks.parquet: size" in bad.stderr and "(truncated or extended)" in bad.stderr.replace("\n", "")
+
+
+def test_configured_bundle_key_refuses_an_unkeyed_bundle(cli_build, tmp_path: Path):
+    _, _, first = cli_build
+    bundle = json.loads(first.stdout)["bundle_path"]
+    keyed = ragpipe("bundle", "verify", bundle, home=tmp_path, RAGPIPE_BUNDLE_KEY="k" * 32)
+    assert keyed.returncode == 1
+    assert "manifest.json: seal: unkeyed, but bundle key sha256:" in keyed.stderr.replace("\n", "")
+    short = ragpipe("bundle", "verify", bundle, home=tmp_path, RAGPIPE_BUNDLE_KEY="short")
+    assert short.returncode == 1 and "RAGPIPE_BUNDLE_KEY: bundle key has 5 bytes, at least 32 are required" in short.stderr
 
 
 def test_dagster_definitions_validate():

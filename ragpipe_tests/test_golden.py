@@ -33,12 +33,12 @@ def test_default_pipeline_spec_ids():
         "chunks": "sha256:8f66deca7764c2507272f0d9d675a2ddb814232f805a7b4ea1d64a411456a777",
         "representations": "sha256:3d09985edd718e94adbfaf8c11cacbc7099d2bc22467ff02f778ffb6e275fb1e",
         "embeddings": "sha256:89c4a5d61e206c10829439c9f17d632a3d93abab5530dd309814ed551efcc97b",
-        "lexical_index": "sha256:9dbc74f07bc04dc1b776abf6b93872d7803f15b3ca62f7c1761a4ea0d2ed259b",
+        "lexical_index": "sha256:63f903b2a7501f3624954dce2c4f23a91b16bb148fc4561a47474d5a93275aaf",
         "vector_index": "sha256:60487fa7d0498c116f40bd0549820291af02783d5962bfd138805a634dfac0bd",
-        "index_bundle": "sha256:aa1bd2b2c69ed3bbe9c85cfa28b3d5f5d949e684adae4feacdf82a61fa347306",
+        "index_bundle": "sha256:7e3df6226208464fb0a73f647f2e79861e1b76bbcc6eb83a85a09daf6f08370d",
     }
     assert SPEC.spec_ids["chunks"] == "sha256:cc3b61f564c7c58b29d7f8016d6d0469bfc81270f82866a517ac64362fe1c74d"
-    assert SPEC.spec_ids["index_bundle"] == "sha256:d61b61f9d58af8fef1f5eaceebbcb80fddb93a637858b124c144e95942825021"
+    assert SPEC.spec_ids["index_bundle"] == "sha256:4e2a08423d44d83eb2fd01bb23b5e3c0e6bd658c202dcdb28c1969f22e790ee7"
 
 
 def test_document_chunk_and_representation_ids():
@@ -62,11 +62,42 @@ def test_bundle_id_encoding_is_rfc8785_under_the_bundle_domain():
         specs={"chunks": StageSpecRecord(spec_id="sha256:" + "2" * 64, spec={"max_bytes": 1200})},
         chunk_set_digest="sha256:" + "3" * 64,
         representation_set_digest="sha256:" + "4" * 64,
-        embeddings_digest=None,
         has_vector_index=False,
         counts=BundleCounts(documents=1, chunks=2, representations=4, lexical_documents=4, vectors=0),
     )
     # For ASCII strings and small integers RFC 8785 equals sorted-key compact JSON: an independent check.
     canonical = json.dumps(sem.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
-    expected = "sha256:" + hashlib.sha256(b"ragpipe/bundle/v1\0" + canonical).hexdigest()
-    assert bundle_id_of(sem) == expected == "sha256:9f84de21fd46e02ceb08fa46e37c6a70cf550b116477b47756daa898426825fe"
+    expected = "sha256:" + hashlib.sha256(b"ragpipe/bundle/v2\0" + canonical).hexdigest()
+    assert bundle_id_of(sem) == expected == "sha256:6e9d7f7aabac99ef82b2a87931e83dd119349af6abb4c25b8ea25ba80df88307"
+
+
+def test_material_digest_and_seals_are_independently_recomputable():
+    """The documented formulas, computed here with hashlib/hmac alone, give the manifest's values."""
+    import hmac
+
+    from ragpipe.bundle.manifest import FileEntry, make_manifest
+    from ragpipe.bundle.seal import SealKey
+
+    sem = BundleSemantic(
+        corpus_digest="sha256:" + "1" * 64,
+        default_scope="public",
+        specs={"chunks": StageSpecRecord(spec_id="sha256:" + "2" * 64, spec={"max_bytes": 1200})},
+        chunk_set_digest="sha256:" + "3" * 64,
+        representation_set_digest="sha256:" + "4" * 64,
+        has_vector_index=False,
+        counts=BundleCounts(documents=1, chunks=2, representations=4, lexical_documents=4, vectors=0),
+    )
+    files = [FileEntry(path="a", size=1, sha256="sha256:" + "5" * 64)]
+    compact = {"sort_keys": True, "separators": (",", ":")}
+    unkeyed = make_manifest(sem, None, files, None)
+    material = json.dumps({"bundle_id": unkeyed.bundle_id, "embeddings_digest": None, "files": [f.model_dump() for f in files]}, **compact)
+    assert unkeyed.material_digest == "sha256:" + hashlib.sha256(b"ragpipe/bundle-material/v1\0" + material.encode()).hexdigest()
+    assert unkeyed.material_digest == "sha256:bfd8e942fbe0cca44f9e6da28c3e49fe10d392c4a46d1d9552a53cb95599b899"
+    payload = json.dumps({"bundle_id": unkeyed.bundle_id, "material_digest": unkeyed.material_digest}, **compact).encode()
+    assert unkeyed.seal.kind == "sha256" and unkeyed.seal.key_id is None
+    assert unkeyed.seal.value == "sha256:" + hashlib.sha256(b"ragpipe/bundle-seal/v2\0" + payload).hexdigest()
+    assert unkeyed.seal.value == "sha256:5e0de9f5385997ab9940a8bf90f18903e0d6b1deb9aadda41b5e6114954397ce"
+    keyed = make_manifest(sem, None, files, SealKey(b"k" * 32))
+    mac = hmac.new(b"k" * 32, b"ragpipe/bundle-seal/v2\0" + payload, hashlib.sha256).hexdigest()
+    assert (keyed.seal.kind, keyed.seal.key_id, keyed.seal.value) == ("hmac-sha256", "sha256:91a11923fc49601e", f"hmac-sha256:{mac}")
+    assert mac == "c3c1d12f8c1ce298396ea25608c7fdf0cb501a1c97a00607dde349c10e44c42a"

@@ -8,7 +8,9 @@ Measures, each in a fresh process:
    ratio to (1), peak RSS;
 3. incremental: in another fresh home, revision A = corpus minus 10 held-out documents (cold), then
    revision B = full corpus with 1% of documents edited: texts re-encoded vs. the exact number of
-   new representation texts, and B's wall time as a share of the cold build (2).
+   new representation texts, and B's wall time as a share of the cold build (2);
+4. verification of the cold bundle (``open_bundle``: files, recomputed payload, index cross-checks),
+   three times in a fresh process each, imports excluded: wall time and its share of the cold build.
 Prints one JSON object with every figure.
 """
 
@@ -46,6 +48,16 @@ model.max_seq_length = spec.embedder.max_seq_length
 t0 = time.perf_counter()
 model.encode(texts, batch_size=spec.execution.embed_batch_size, normalize_embeddings=True, convert_to_numpy=True)
 print(json.dumps({"seconds": time.perf_counter() - t0, "texts": len(texts)}))
+"""
+
+
+VERIFY = """
+import json, sys, time
+from ragpipe.bundle.verify import open_bundle
+import ragpipe.index.lexical, ragpipe.index.vector  # imports are not verification
+t0 = time.perf_counter()
+bundle = open_bundle(sys.argv[1])
+print(json.dumps({"seconds": time.perf_counter() - t0, "bundle_id": bundle.bundle_id}))
 """
 
 
@@ -125,6 +137,11 @@ def main() -> None:
     inc_a = run_build(rev_a, "scifact-a", out / "incremental")
     inc_b = run_build(rev_b, "scifact-b", out / "incremental")
     new_texts = set(representation_texts(rev_b)) - set(representation_texts(rev_a))
+    verify_runs = [
+        json.loads(run_measured([sys.executable, "-c", VERIFY, cold["bundle_path"]], dict(os.environ), out / f"logs-verify-{i}")[0])["seconds"]
+        for i in range(3)
+    ]
+    verify_seconds = sorted(verify_runs)[1]
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
@@ -139,6 +156,9 @@ def main() -> None:
         "added_documents": len(held_out),
         "expected_new_texts": len(new_texts),
         "incremental_share_of_cold": round(inc_b["wall_seconds"] / cold["wall_seconds"], 4),
+        "verify_seconds_runs": [round(v, 2) for v in verify_runs],
+        "verify_seconds_median": round(verify_seconds, 2),
+        "verify_share_of_cold": round(verify_seconds / cold["wall_seconds"], 4),
     }
     print(json.dumps(result, indent=2))
 

@@ -6,6 +6,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ragpipe.bundle.manifest import (
     MANIFEST_NAME,
@@ -17,6 +18,8 @@ from ragpipe.bundle.manifest import (
     make_manifest,
     manifest_bytes,
 )
+from ragpipe.bundle.seal import SealKey, configured_key
+from ragpipe.bundle.payload_checks import stored_embeddings_digest
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
 from ragpipe.pipeline_spec import PipelineSpec
@@ -47,6 +50,8 @@ def bundle_semantic(
     embeddings_digest: str | None,
     counts: BundleCounts,
 ) -> BundleSemantic:
+    """The semantic section. ``embeddings_digest`` only says whether there is a vector index (None:
+    lexical-only); the vectors' digest is material, recomputed from the lance table at publication."""
     stages = BUNDLE_STAGES if embeddings_digest is not None else tuple(s for s in BUNDLE_STAGES if s not in ("embeddings", "vector_index"))
     specs = {}
     for stage in stages:
@@ -60,7 +65,6 @@ def bundle_semantic(
         specs=specs,
         chunk_set_digest=chunk_set_digest,
         representation_set_digest=representation_set_digest,
-        embeddings_digest=embeddings_digest,
         has_vector_index=embeddings_digest is not None,
         counts=counts,
     )
@@ -90,18 +94,28 @@ def _file_entries(root: Path) -> list[FileEntry]:
 
 
 def publish_bundle(
-    semantic: BundleSemantic, inputs: BundleInputs, bundles_root: Path, on_step: StepHook | None = None
+    semantic: BundleSemantic,
+    inputs: BundleInputs,
+    bundles_root: Path,
+    on_step: StepHook | None = None,
+    key: SealKey | None | Literal["configured"] = "configured",
 ) -> tuple[VerifiedBundle, PublishOutcome]:
     """Publish the bundle for ``semantic`` under ``bundles_root/<id hex>`` unless it exists.
 
-    The new bundle is verified completely in its temp directory before the rename. An existing
-    directory for the same ID is verified and reused untouched; if it fails verification the build
-    fails (it is never replaced silently).
+    The material section is computed from what was copied: every file's size and digest, and the
+    digest of the vectors as stored in the lance table. The seal uses ``key`` (default: the
+    configured bundle key, if any). The new bundle is verified completely in its temp directory
+    before the rename. An existing directory for the same ID is verified and reused untouched
+    (its material may differ in the last bits of floats: same semantic identity); if it fails
+    verification the build fails (it is never replaced silently).
     """
+    key = configured_key() if key == "configured" else key
     final = bundles_root / bundle_id_of(semantic).hex
 
     def write_manifest(tmp: Path) -> None:
-        (tmp / MANIFEST_NAME).write_bytes(manifest_bytes(make_manifest(semantic, _file_entries(tmp))))
+        vectors = stored_embeddings_digest(tmp / "vector") if semantic.has_vector_index else None
+        manifest = make_manifest(semantic, vectors, _file_entries(tmp), key)
+        (tmp / MANIFEST_NAME).write_bytes(manifest_bytes(manifest))
 
     verified: list[VerifiedBundle] = []
     outcome = publish_directory(
@@ -110,12 +124,12 @@ def publish_bundle(
         write_manifest,
         on_step,
         # never publish what would not open; the renamed directory holds exactly these files
-        validate=lambda tmp: verified.append(open_bundle(tmp, check_name=False)),
+        validate=lambda tmp: verified.append(open_bundle(tmp, check_name=False, key=key)),
     )
     if outcome is PublishOutcome.published:
         return VerifiedBundle(path=final, manifest=verified[0].manifest), outcome
     try:
-        return open_bundle(final), outcome
+        return open_bundle(final, key=key), outcome
     except BundleVerificationError as exc:
         if outcome is PublishOutcome.existing:
             raise BundleVerificationError(

@@ -1,10 +1,14 @@
-"""The bundle manifest and bundle ID.
+"""The bundle manifest and a bundle's two identities.
 
-The bundle ID is the domain-separated hash of the manifest's *semantic* section: corpus digest,
-every stage spec, the digests of the deterministic logical content (chunk set, representation
-set, exact vectors) and the counts. Index files (tantivy segments, lance fragments) carry random
-names and are not byte-reproducible, so they are bound by the file list and its seal instead: the
-seal hashes the bundle ID together with every file's path, size and digest.
+* The **bundle ID** is the domain-separated hash of the manifest's *semantic* section: corpus
+  digest, default scope, every stage spec, the chunk-set and representation-set digests and the
+  counts — all pure functions of (corpus, semantic specs), so identical inputs give the identical
+  bundle ID whatever the batch size, thread count, process or embedding-cache state.
+* The **material digest** binds the bytes actually written: every file's path, size and SHA-256
+  (tantivy segments and lance fragments carry random names and are not byte-reproducible) and the
+  digest of the exact vectors stored (float results vary in their last bits with batch size).
+
+The seal (``ragpipe.bundle.seal``) binds the two together, unkeyed or with HMAC.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragpipe.bundle.seal import Seal, SealKey, make_seal
 from ragpipe.kernel.ids import BundleId, content_id
 
-BUNDLE_FORMAT = "ragpipe.bundle/v1"
+BUNDLE_FORMAT = "ragpipe.bundle/v2"
 MANIFEST_NAME = "manifest.json"
 
 
@@ -38,13 +43,12 @@ class BundleCounts(_Model):
 
 
 class BundleSemantic(_Model):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     corpus_digest: str
     default_scope: str
     specs: dict[str, StageSpecRecord]
     chunk_set_digest: str
     representation_set_digest: str
-    embeddings_digest: str | None
     has_vector_index: bool
     counts: BundleCounts
 
@@ -55,26 +59,41 @@ class FileEntry(_Model):
     sha256: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
 
 
+class BundleMaterial(_Model):
+    embeddings_digest: str | None  # digest of the vectors stored in the lance table (None: lexical-only)
+    files: list[FileEntry]
+
+
 class BundleManifest(_Model):
-    format: Literal["ragpipe.bundle/v1"] = BUNDLE_FORMAT
+    format: Literal["ragpipe.bundle/v2"] = BUNDLE_FORMAT
     bundle_id: BundleId
     semantic: BundleSemantic
-    files: list[FileEntry]
-    seal: str
+    material_digest: str
+    material: BundleMaterial
+    seal: Seal
+
+    @property
+    def files(self) -> list[FileEntry]:
+        return self.material.files
 
 
 def bundle_id_of(semantic: BundleSemantic) -> BundleId:
-    return BundleId(content_id("bundle", 1, semantic.model_dump(mode="json")))
+    return BundleId(content_id("bundle", 2, semantic.model_dump(mode="json")))
 
 
-def seal_of(bundle_id: str, files: list[FileEntry]) -> str:
-    return content_id("bundle-seal", 1, {"bundle_id": bundle_id, "files": [f.model_dump(mode="json") for f in files]})
+def material_digest_of(bundle_id: str, material: BundleMaterial) -> str:
+    return content_id("bundle-material", 1, {"bundle_id": bundle_id, **material.model_dump(mode="json")})
 
 
-def make_manifest(semantic: BundleSemantic, files: list[FileEntry]) -> BundleManifest:
+def make_manifest(
+    semantic: BundleSemantic, embeddings_digest: str | None, files: list[FileEntry], key: SealKey | None
+) -> BundleManifest:
     bundle_id = bundle_id_of(semantic)
-    files = sorted(files, key=lambda f: f.path)
-    return BundleManifest(bundle_id=bundle_id, semantic=semantic, files=files, seal=seal_of(bundle_id, files))
+    material = BundleMaterial(embeddings_digest=embeddings_digest, files=sorted(files, key=lambda f: f.path))
+    digest = material_digest_of(bundle_id, material)
+    return BundleManifest(
+        bundle_id=bundle_id, semantic=semantic, material_digest=digest, material=material, seal=make_seal(bundle_id, digest, key)
+    )
 
 
 def manifest_bytes(manifest: BundleManifest) -> bytes:

@@ -1,11 +1,12 @@
 """Open a bundle only after verifying everything; fail closed with messages naming each problem.
 
-Checks, in order: the path is a real directory; ``manifest.json`` parses and validates; the
-bundle ID recomputes from the semantic section and matches the directory name; the seal matches
-the file list; every file on disk is a regular file listed in the manifest with the listed size
-and digest (symlinks, extra, missing, truncated and altered files are refused); the chunk and
-representation tables match their counts and set digests; every chunk re-verifies against its
-document; both indexes hold exactly one entry per representation.
+Checks, in order: the path is a real directory; ``manifest.json`` parses, validates and is
+byte-canonical; the bundle ID recomputes from the semantic section and matches the directory
+name; the material digest recomputes from the material section; the seal proves both under the
+configured bundle key (or unkeyed when none is configured); every file on disk is a regular file
+listed with its size and digest (symlinks, extra, missing, truncated and altered files are
+refused); then the payload is recomputed and both indexes are cross-checked
+(``ragpipe.bundle.payload_checks``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationError
 
-from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, seal_of
-from ragpipe.chunking.chunkers import verify_chunks
-from ragpipe.chunking.models import chunk_set_digest, read_chunks
-from ragpipe.corpus.snapshot import read_snapshot_documents
-from ragpipe.representations.derive import read_representations, representation_set_digest
+from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, material_digest_of
+from ragpipe.bundle.payload_checks import check_payload
+from ragpipe.bundle.seal import SealKey, SealKeyError, configured_key, seal_problems
 
 
 class BundleVerificationError(ValueError):
@@ -51,7 +51,7 @@ def file_digest(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _load_manifest(root: Path, check_name: bool) -> BundleManifest:
+def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> BundleManifest:
     mpath = root / MANIFEST_NAME
     if mpath.is_symlink():
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: is a symlink"])
@@ -68,8 +68,9 @@ def _load_manifest(root: Path, check_name: bool) -> BundleManifest:
         problems.append(f"{MANIFEST_NAME}: bytes are not the canonical rendering of its content (manifest edited)")
     if bundle_id_of(manifest.semantic) != manifest.bundle_id:
         problems.append(f"{MANIFEST_NAME}: bundle_id does not match the manifest's semantic fields (manifest edited)")
-    if seal_of(manifest.bundle_id, manifest.files) != manifest.seal:
-        problems.append(f"{MANIFEST_NAME}: seal does not match the file list (manifest edited)")
+    if material_digest_of(manifest.bundle_id, manifest.material) != manifest.material_digest:
+        problems.append(f"{MANIFEST_NAME}: material_digest does not match the file list and vectors digest (manifest edited)")
+    problems += [f"{MANIFEST_NAME}: {p}" for p in seal_problems(manifest.seal, manifest.bundle_id, manifest.material_digest, key)]
     if check_name and root.name != manifest.bundle_id.hex:
         problems.append(f"directory name {root.name!r} is not the bundle ID hex {manifest.bundle_id.hex}")
     if problems:
@@ -79,7 +80,7 @@ def _load_manifest(root: Path, check_name: bool) -> BundleManifest:
 
 def _check_files(root: Path, manifest: BundleManifest) -> list[str]:
     problems: list[str] = []
-    listed = {f.path: f for f in manifest.files}
+    listed = {f.path: f for f in manifest.material.files}
     on_disk: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root):
         for name in sorted(dirnames + filenames):
@@ -108,60 +109,28 @@ def _check_files(root: Path, manifest: BundleManifest) -> list[str]:
     return problems
 
 
-def _check_content(root: Path, manifest: BundleManifest) -> list[str]:
-    from ragpipe.index.lexical import lexical_doc_count  # heavy backends only after the cheap checks
-    from ragpipe.index.vector import vector_row_count
-
-    sem = manifest.semantic
-    counts = sem.counts
-    problems: list[str] = []
-    documents = read_snapshot_documents(root / "documents.parquet")
-    chunks = read_chunks(root / "chunks.parquet")
-    reps = read_representations(root / "representations.parquet")
-    for label, actual, expected in (
-        ("documents.parquet: document count", len(documents), counts.documents),
-        ("chunks.parquet: chunk count", len(chunks), counts.chunks),
-        ("representations.parquet: representation count", len(reps), counts.representations),
-    ):
-        if actual != expected:
-            problems.append(f"{label} {actual} differs from manifest count {expected}")
-    if chunk_set_digest(chunks) != sem.chunk_set_digest:
-        problems.append("chunks.parquet: chunk-set digest differs from the manifest")
-    if representation_set_digest(reps) != sem.representation_set_digest:
-        problems.append("representations.parquet: representation-set digest differs from the manifest")
-    problems += [f"chunks.parquet: {p}" for p in verify_chunks(documents, chunks)[:20]]
-    chunk_ids = {c.chunk_id for c in chunks}
-    orphans = [r.representation_id for r in reps if r.chunk_id not in chunk_ids]
-    if orphans:
-        problems.append(f"representations.parquet: representation {orphans[0]} points to no chunk in the bundle")
-    lex = lexical_doc_count(root / "lexical")
-    if lex != counts.lexical_documents or lex != len(reps):
-        problems.append(f"lexical: index holds {lex} documents, manifest says {counts.lexical_documents}")
-    if sem.has_vector_index:
-        vec = vector_row_count(root / "vector")
-        if vec != counts.vectors or vec != len(reps):
-            problems.append(f"vector: table holds {vec} rows, manifest says {counts.vectors}")
-    elif (root / "vector").exists():
-        problems.append("vector: present in a bundle whose manifest declares no vector index")
-    return problems
-
-
-def open_bundle(path: Path, check_name: bool = True) -> VerifiedBundle:
+def open_bundle(path: Path, check_name: bool = True, key: SealKey | None | Literal["configured"] = "configured") -> VerifiedBundle:
     """Verify the bundle at ``path`` completely; raise ``BundleVerificationError`` otherwise.
 
     ``check_name=False`` skips only the directory-name check (for a temp dir before publication).
+    ``key``: the bundle key the seal must be made with (default: the configured one, if any).
     """
     path = Path(path)
+    if key == "configured":
+        try:
+            key = configured_key()
+        except SealKeyError as exc:
+            raise BundleVerificationError(path, [str(exc)]) from None
     if path.is_symlink():
         raise BundleVerificationError(path, ["bundle path is a symlink"])
     if not path.is_dir():
         raise BundleVerificationError(path, ["not a bundle directory"])
-    manifest = _load_manifest(path, check_name)
+    manifest = _load_manifest(path, check_name, key)
     problems = _check_files(path, manifest)
     if problems:
         raise BundleVerificationError(path, problems)
     try:
-        problems = _check_content(path, manifest)
+        problems = check_payload(path, manifest)
     except Exception as exc:  # a corrupt-but-digest-matching file is impossible; anything else is still a refusal
         problems = [f"content check failed: {type(exc).__name__}: {exc}"]
     if problems:
