@@ -235,3 +235,13 @@ def test_bundle_key_configuration(tmp_path: Path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "short")
     with pytest.raises(BundleVerificationError, match="bundle key has 5 bytes"):
         open_bundle(tmp_path)  # a broken key configuration refuses every bundle, never falls back to unkeyed
+
+
+def test_a_bundle_verified_once_is_still_checked_in_full_after_tampering(forgeable: Path):
+    """The in-process memo of payload checks is keyed by the material digest: any change to a file
+    either fails its listed digest or, re-listed, gives a new material digest and a full recheck."""
+    assert open_bundle(forgeable, key=None)
+    rewrite_documents(forgeable, escalate)
+    assert "documents.parquet: content digest differs from the manifest" in refusal(forgeable)
+    reseal(forgeable)
+    assert "documents.parquet: corpus digest sha256:" in refusal(forgeable)
