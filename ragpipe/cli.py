@@ -198,11 +198,16 @@ def query(
     plan: PlanOpt = None,
     as_json: JsonOpt = False,
     trace: Annotated[bool, typer.Option("--trace", help="Show channel hits, fusion, collapse and authorization.")] = False,
+    audit: Annotated[
+        bool, typer.Option("--audit", help="Operator only: the trace plus counts of documents hidden from the subject.")
+    ] = False,
 ) -> None:
     """Ranked chunks for TEXT from a verified bundle, visible to the caller's scopes only."""
     def run():
         retriever, _ = _retriever(bundle, revision, plan)
-        return retriever.query(text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace)
+        return retriever.query(
+            text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace or audit, audit=audit
+        )
 
     result = _or_fail(run)
     data = result.as_dict()
@@ -217,7 +222,7 @@ def query(
         )
         snippet = " ".join(str(hit["text"]).split())
         out.print("    " + escape(snippet[:240] + ("…" if len(snippet) > 240 else "")))
-    if trace:
+    if trace or audit:
         out.print_json(data=data["trace"])
 
 

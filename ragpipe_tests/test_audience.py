@@ -66,7 +66,7 @@ def authorized_only(directory: Path, rows: list[IndexRow], scopes: tuple[str, ..
 
 
 def audiences(bundle: LexicalSearcher, rows: list[IndexRow], **limits) -> AudienceIndexes:
-    return AudienceIndexes(bundle, rows, SPEC, ScopePolicy(), document_scopes(rows), **limits)
+    return AudienceIndexes(bundle, ScopePolicy(), document_scopes(rows), **limits)
 
 
 @pytest.fixture(scope="module")

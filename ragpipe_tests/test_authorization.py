@@ -50,7 +50,7 @@ def test_prefiltered_results_match_an_index_of_authorized_documents_only(retriev
     """No starvation and no statistics from hidden documents: the results (order and scores) are
     exactly those of a bundle built from the authorized documents alone."""
     full, public = retrievers
-    got = full.query(query, k=10, mode=mode, trace=True)
+    got = full.query(query, k=10, mode=mode, audit=True)
     expected = public.query(query, k=10, mode=mode)
     assert [(h["document_id"], h["chunk_id"], h["score"]) for h in got.hits] == [
         (h["document_id"], h["chunk_id"], h["score"]) for h in expected.hits
@@ -60,7 +60,7 @@ def test_prefiltered_results_match_an_index_of_authorized_documents_only(retriev
     trace = got.trace
     for name, ranked in trace["channels"].items():
         assert not {r["document_id"] for r in ranked} & (SECRET_IDS | {"staff-aspirin"}), name  # never entered fusion
-    assert trace["authorization"]["dropped_after_fusion"] == 0
+    assert trace["authorization"]["dropped_by_recheck"] == 0
     assert trace["authorization"]["documents_hidden_by_prefilter"] == 3
     if mode != "vector":
         stats = trace["authorization"]["lexical_statistics"]
@@ -223,7 +223,7 @@ def test_bundle_index_scope_clause_filters_inside_tantivy(retrievers):
 def test_subject_with_no_visible_documents_gets_nothing(retrievers):
     full, _ = retrievers
     for mode in ("lexical", "vector", "hybrid"):
-        result = full.query("aspirin stroke", Subject("stranger", ("nobody",)), mode=mode, trace=True)
+        result = full.query("aspirin stroke", Subject("stranger", ("nobody",)), mode=mode, audit=True)
         assert result.hits == [] and result.as_dict()["subject"]["scopes"] == ["nobody"]
         assert result.trace["authorization"]["documents_hidden_by_prefilter"] == 7
         if mode != "vector":

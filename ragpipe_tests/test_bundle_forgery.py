@@ -7,12 +7,10 @@ recomputed — is shown explicitly, and refused once a bundle key is configured 
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 

@@ -101,3 +101,22 @@ def test_material_digest_and_seals_are_independently_recomputable():
     mac = hmac.new(b"k" * 32, b"ragpipe/bundle-seal/v2\0" + payload, hashlib.sha256).hexdigest()
     assert (keyed.seal.kind, keyed.seal.key_id, keyed.seal.value) == ("hmac-sha256", "sha256:91a11923fc49601e", f"hmac-sha256:{mac}")
     assert mac == "c3c1d12f8c1ce298396ea25608c7fdf0cb501a1c97a00607dde349c10e44c42a"
+
+
+def test_query_plan_id_encoding():
+    """The plan ID covers every field, ``depth_policy`` included (added with issue 7, which
+    changed every plan ID: the depth a channel ranks now depends on it)."""
+    from ragpipe.retrieval.plan import parse_plan
+
+    plan = parse_plan({"channels": {"lexical": {}}}, "golden")
+    dumped = plan.model_dump(mode="json", by_alias=True)
+    assert dumped["depth_policy"] == {"kind": "settled_units/v1", "request_multiple": 2, "growth": 2}
+
+    def integral(value):  # RFC 8785 writes 1.0 as 1; the rest of this plan is ASCII and small ints
+        if isinstance(value, dict):
+            return {k: integral(v) for k, v in value.items()}
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    canonical = json.dumps(integral(dumped), sort_keys=True, separators=(",", ":")).encode()
+    expected = "sha256:" + hashlib.sha256(b"ragpipe/query-plan/v1\0" + canonical).hexdigest()
+    assert plan.plan_id == expected == "sha256:b0192e7a7169629894c6231898ec4cf213e9927cf38b0070ab4c574b16f1e2a8"

@@ -98,3 +98,24 @@ def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, st_embed
         assert max(abs(x["score"] - y["score"]) for x, y in zip(a, b)) <= 1e-5
     onnx_side.close()
     torch_side.close()
+
+
+def test_concurrent_queries_get_the_sequential_vectors(encoder):
+    """onnxruntime sessions take concurrent runs; the shared tokenizer is locked."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert encoder.thread_safe is True
+    texts = [f"{t} {i}" for i in range(4) for t in TEXTS]
+    expected = [encoder.embed_query(t) for t in texts]
+    barrier = threading.Barrier(8)
+
+    def run(offset: int) -> list[tuple[int, np.ndarray]]:
+        barrier.wait()
+        order = [(offset + i) % len(texts) for i in range(len(texts))]
+        return [(i, encoder.embed_query(texts[i])) for i in order]
+
+    with ThreadPoolExecutor(8) as pool:
+        for batch in pool.map(run, range(8)):
+            for i, vector in batch:
+                assert np.array_equal(vector, expected[i]), texts[i][:20]

@@ -10,7 +10,8 @@ from ragpipe_tests.llm_server import LLMServer
 from ragpipe_tests.test_cli import ragpipe
 
 HIT_KEYS = {"rank", "chunk_id", "document_id", "title", "score", "text", "byte_start", "byte_end"}
-TRACE_KEYS = {"channels", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
+TRACE_KEYS = {"channels", "depth", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
+SUBJECT_AUTHORIZATION_KEYS = {"view", "strategy", "policy_id", "subject"}
 
 
 def test_query_json_shape_and_default_scope(scoped_bundles, tmp_path):
@@ -34,9 +35,30 @@ def test_query_trace_and_scopes(scoped_bundles, tmp_path):
     trace = data["trace"]
     assert set(trace) == TRACE_KEYS  # key names only; no timing value is asserted
     assert list(trace["channels"]) == ["lexical"]
-    assert trace["authorization"]["documents_hidden_by_prefilter"] == 2
+    # the subject view: no count of the two secret documents the subject may not see
+    assert set(trace["authorization"]) == SUBJECT_AUTHORIZATION_KEYS and trace["authorization"]["view"] == "subject"
+    assert trace["depth"]["channels"]["lexical"]["units"] == 100 and trace["depth"]["policy"]["kind"] == "settled_units/v1"
     first = trace["fusion"]["items"][0]
     assert first["score"] == pytest.approx(sum(first["contributions"].values()))
+
+
+def test_public_scope_trace_reveals_no_hidden_documents(scoped_bundles, tmp_path):
+    """The issue's case: `--scope public --trace` used to report documents_hidden_by_prefilter and
+    the audience's document count."""
+    out = ragpipe("query", "aspirin stroke", "--bundle", str(scoped_bundles[0]), "--scope", "public", "--trace", "--json", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    authorization = json.loads(out.stdout)["trace"]["authorization"]
+    assert set(authorization) == SUBJECT_AUTHORIZATION_KEYS
+    assert (authorization["view"], authorization["subject"]) == ("subject", {"principal": "cli", "scopes": ["public"]})
+    for word in ("hidden", "total_documents", "lexical_statistics", "audience", '"index"', "sec-", "staff-"):
+        assert word not in out.stdout, word
+
+
+def test_cli_audit_view_is_explicit_and_shows_hidden_counts(scoped_bundles, tmp_path):
+    out = ragpipe("query", "aspirin stroke", "--bundle", str(scoped_bundles[0]), "--scope", "public", "--audit", "--json", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    authorization = json.loads(out.stdout)["trace"]["authorization"]
+    assert (authorization["view"], authorization["documents_hidden_by_prefilter"]) == ("audit", 3)
 
 
 def test_query_human_output(scoped_bundles, tmp_path):
@@ -81,3 +103,86 @@ def test_lexical_only_bundle(tmp_path, built_workspace):
     assert data["mode"] == "lexical" and data["hits"][0]["document_id"] == "guide/ops.md"
     out = ragpipe("query", "signing keys", "--bundle", str(bundle), "--mode", "vector", home=tmp_path)
     assert out.returncode == 1 and "is lexical-only: mode 'vector' needs a vector index" in " ".join(out.stderr.split())
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+def test_whitespace_query_is_an_error_in_every_mode(scoped_bundles, tmp_path, mode):
+    out = ragpipe("query", " \t ", "--bundle", str(scoped_bundles[0]), "--mode", mode, "--json", home=tmp_path)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert "query text is empty (or only whitespace)" in out.stderr
+
+
+# --- the Python API: empty queries, and what a trace may say -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_and_public(scoped_bundles):
+    from ragpipe.retrieval.service import Retriever
+
+    full = Retriever(scoped_bundles[0])
+    public = Retriever(scoped_bundles[1], embedder=full.embedder())
+    yield full, public
+    full.close()
+    public.close()
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+def test_empty_or_whitespace_query_is_refused_in_every_mode(full_and_public, mode):
+    from ragpipe.retrieval.service import QueryError
+
+    full, _ = full_and_public
+    for text in ("", " ", "\t\n", "\u3000\u2003"):  # ideographic and em spaces are whitespace too
+        with pytest.raises(QueryError) as refused:
+            full.query(text, mode=mode)
+        assert str(refused.value) == "query text is empty (or only whitespace)"
+        with pytest.raises(QueryError):
+            full.answer(text, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+@pytest.mark.parametrize("query", ["aspirin stroke", "secret aspirin stroke trial", "twin text"])
+def test_a_subject_trace_is_the_same_whatever_the_bundle_hides(full_and_public, mode, query):
+    """The public subject's trace on the bundle with 3 hidden documents equals its trace on a bundle
+    holding only the public documents (timings aside): nothing in it depends on what is hidden."""
+    full, public = full_and_public
+    got = full.query(query, k=5, mode=mode, trace=True).trace
+    expected = public.query(query, k=5, mode=mode, trace=True).trace
+    del got["timings_ms"], expected["timings_ms"]
+    assert got == expected
+    assert got["authorization"]["view"] == "subject" and set(got["authorization"]) == SUBJECT_AUTHORIZATION_KEYS
+    for text in (json.dumps(got), json.dumps(full.query(query, k=5, mode=mode).as_dict())):
+        assert "sec-" not in text and "staff-" not in text
+
+
+def test_the_audit_view_is_operator_only_and_shows_hidden_counts(full_and_public):
+    full, public = full_and_public
+    audit = full.query("aspirin stroke", k=5, mode="hybrid", audit=True)
+    plain = full.query("aspirin stroke", k=5, mode="hybrid", trace=True)
+    assert audit.hits == plain.hits
+    authorization = audit.trace["authorization"]
+    assert set(authorization) == SUBJECT_AUTHORIZATION_KEYS | {"documents_hidden_by_prefilter", "dropped_by_recheck", "lexical_statistics"}
+    assert (authorization["view"], authorization["documents_hidden_by_prefilter"], authorization["dropped_by_recheck"]) == ("audit", 3, 0)
+    statistics = authorization["lexical_statistics"]
+    assert (statistics["index"], statistics["documents"], statistics["total_documents"]) == ("audience", 4, 7)
+    whole = public.query("aspirin stroke", k=5, mode="vector", audit=True).trace["authorization"]
+    assert (whole["documents_hidden_by_prefilter"], whole["lexical_statistics"]) == (0, None)  # vector mode: no lexical index used
+
+
+def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bundles, monkeypatch):
+    """Defence in depth: a vector backend that drops the scope prefilter (searches as if the
+    subject saw everything) — its hidden hits are re-checked away before fusion and counted in
+    the audit view only."""
+    from ragpipe.retrieval.service import Retriever
+
+    r = Retriever(scoped_bundles[0])
+    honest = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
+    search = r.vector.search
+    monkeypatch.setattr(r.vector, "search", lambda vector, k, scopes, exclude=(): search(vector, k, ("public", "secret", "staff"), exclude))
+    leaky = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
+    hidden = {"sec-aspirin", "sec-twin", "staff-aspirin"}
+    # the leaky backend's top 8 rows (the public subject's row count) hold all 3 hidden documents
+    assert (honest.trace["authorization"]["dropped_by_recheck"], leaky.trace["authorization"]["dropped_by_recheck"]) == (0, 3)
+    assert not {h["document_id"] for h in leaky.hits} & hidden and len(honest.hits) == 4
+    assert not {e["document_id"] for e in leaky.trace["channels"]["vector"]} & hidden
+    assert not {f["document_id"] for f in leaky.trace["fusion"]["items"]} & hidden
+    r.close()

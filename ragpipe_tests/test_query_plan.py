@@ -17,6 +17,16 @@ def test_default_plan_loads_and_its_id_covers_every_field():
     raw["context"]["max_bytes"] = 5000
     assert parse_plan(raw, "x").plan_id != plan.plan_id
     assert plan.with_channels(("lexical",)).plan_id != plan.plan_id
+    raw = plan.model_dump(mode="json", by_alias=True)
+    raw["depth_policy"]["request_multiple"] = 3
+    assert parse_plan(raw, "x").plan_id != plan.plan_id
+
+
+def test_depth_policy_is_recorded_in_the_plan():
+    plan = load_plan()
+    assert plan.model_dump(mode="json", by_alias=True)["depth_policy"] == {"kind": "settled_units/v1", "request_multiple": 2, "growth": 2}
+    assert {n: c.depth for n, c in plan.channels.items()} == {"lexical": 100, "vector": 100}
+    assert parse_plan({"channels": {"lexical": {}}}, "x").depth_policy == plan.depth_policy  # the default when omitted
 
 
 @pytest.mark.parametrize(
@@ -31,6 +41,11 @@ def test_default_plan_loads_and_its_id_covers_every_field():
         ({"channels": {"bm42": {"depth": 10, "weight": 1}}}, "channels.bm42.[key]: Input should be 'lexical' or 'vector'"),
         ({"fusion": {"kind": "weighted_rrf", "k": 0}}, "fusion.k: Input should be greater than 0"),
         ({"channels": {}}, "channels: Dictionary should have at least 1 item"),
+        ({"depth_policy": {"kind": "top_hits"}}, "depth_policy.kind: Input should be 'settled_units/v1'"),
+        ({"depth_policy": {"growth": 1}}, "depth_policy.growth: Input should be greater than or equal to 2"),
+        ({"depth_policy": {"request_multiple": 0}}, "depth_policy.request_multiple: Input should be greater than or equal to 1"),
+        ({"depth_policy": {"request_multiple": 2, "round_limit": 3}}, "depth_policy.round_limit: Extra inputs are not permitted"),
+        ({"channels": {"lexical": {"depth": 0, "weight": 1}}}, "channels.lexical.depth: Input should be greater than or equal to 1"),
     ],
 )
 def test_invalid_plans_are_refused_with_the_field_named(patch, message):

@@ -102,3 +102,53 @@ def test_cross_encoder_adapter_with_a_local_model(tmp_path, scoped_bundles):
     r = Retriever(scoped_bundles[0], plan=plan_with("fail"), reranker=reranker, embedder=base.embedder())
     result = r.query("aspirin stroke", k=5, trace=True)
     assert result.trace["reranker"]["order"][: len(result.hits)] == [h["chunk_id"] for h in result.hits]
+
+
+class Overlapping:
+    """Reverses the candidates, recording the most calls it ever saw in flight at once."""
+
+    name = "overlapping"
+
+    def __init__(self, thread_safe: bool):
+        import threading
+
+        self.thread_safe = thread_safe
+        self._lock = threading.Lock()
+        self.active = self.most = 0
+
+    def rerank(self, query, candidates):
+        import time
+
+        with self._lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(0.005)  # long enough for other threads to arrive
+        with self._lock:
+            self.active -= 1
+        return [(c.chunk_id, float(i)) for i, c in enumerate(candidates)]
+
+
+@pytest.mark.parametrize("thread_safe", [False, True])
+def test_a_reranker_not_declared_thread_safe_is_never_called_concurrently(scoped_bundles, thread_safe):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = Retriever(scoped_bundles[0])
+    reranker = Overlapping(thread_safe)
+    r = Retriever(scoped_bundles[0], plan=plan_with("fail"), reranker=reranker, embedder=base.embedder())
+    expected = [h["chunk_id"] for h in r.query("aspirin stroke", k=5, mode="lexical").hits]
+    barrier = threading.Barrier(8)
+
+    def run(_):
+        barrier.wait()
+        return [[h["chunk_id"] for h in r.query("aspirin stroke", k=5, mode="lexical").hits] for _ in range(5)]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = [hits for batch in pool.map(run, range(8)) for hits in batch]
+    assert results == [expected] * 40
+    if thread_safe:
+        assert reranker.most > 1  # declared safe: calls overlap
+    else:
+        assert reranker.most == 1
+    r.close()
+    base.close()

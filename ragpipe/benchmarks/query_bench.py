@@ -1,28 +1,35 @@
-"""Query-path benchmark on a SciFact bundle: latency per mode and retrieval quality.
+"""Query-path benchmark on a SciFact bundle: latency, throughput under threads, retrieval quality.
 
     python -m ragpipe.benchmarks.query_bench --bundle PATH [--scifact ../shared/datasets/scifact]
-        [--torch-threads 1] [--warmup 30]
+        [--torch-threads 1] [--warmup 30] [--threads 1,2,4] [--limit N]
 
-For each mode (lexical, vector, hybrid) of the default query plan: p50/p95 latency of
-``Retriever.query(k=10)`` over the 300 SciFact test claims after a warm-up, in one process (query
-embedding included, hydration included); then nDCG@10 and recall@100 at document level (chunk
-rankings mapped to documents, first occurrence); and the one-off cost of an audience index (the
-in-memory lexical index a subject who may not see the whole bundle is served from) over every
-row, an upper bound for any audience of this bundle. Prints one JSON object.
+For each mode (lexical, vector, hybrid) of the default query plan, in one process:
+
+* latency: p50/p95 of ``Retriever.query(k=10)`` over the SciFact test claims after a warm-up
+  (query embedding and hydration included);
+* throughput: the same claims shared out to 1, 2 and 4 threads (``--threads``) querying one
+  ``Retriever`` at once; queries per second of wall time, and a check that every threaded result
+  equals the single-threaded one;
+* quality at document level (chunk rankings mapped to documents, first occurrence): nDCG@10 and
+  recall@100 from ``k=1000`` rankings, and recall@100 of a plain ``k=100`` query (what a caller
+  asking for 100 hits gets), with the mean number of hits such a query returned.
+
+``--limit N`` uses the first N test claims (a quick run on a small bundle). Prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import statistics
+import threading
 import time
 from pathlib import Path
 
 from ragpipe.evaluation.metrics import dedupe, ndcg_at_k, read_qrels, recall_at_k
-from ragpipe.index.lexical import audience_searcher
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.service import Retriever
 
@@ -34,51 +41,85 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def latency(retriever: Retriever, texts: list[str], mode: str) -> dict[str, float]:
+    samples = []
+    for text in texts:
+        t0 = time.perf_counter()
+        retriever.query(text, Subject.default(), k=10, mode=mode)
+        samples.append((time.perf_counter() - t0) * 1000)
+    return {"p50_ms": round(statistics.median(samples), 2), "p95_ms": round(percentile(samples, 0.95), 2), "mean_ms": round(statistics.fmean(samples), 2)}
+
+
+def throughput(retriever: Retriever, texts: list[str], mode: str, threads: int, expected: list[list[str]]) -> dict[str, object]:
+    """All ``texts`` shared out to ``threads`` threads (each takes the next unclaimed text)."""
+    claim = itertools.count()
+    got: list[list[str] | None] = [None] * len(texts)
+    barrier = threading.Barrier(threads + 1)
+
+    def work() -> None:
+        barrier.wait()
+        while (i := next(claim)) < len(texts):
+            got[i] = [h["chunk_id"] for h in retriever.query(texts[i], Subject.default(), k=10, mode=mode).hits]
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for w in workers:
+        w.join()
+    seconds = time.perf_counter() - t0
+    return {"queries_per_s": round(len(texts) / seconds, 1), "equal_to_sequential": got == expected}
+
+
+def quality(retriever: Retriever, queries: list[tuple[str, str]], qrels: dict, mode: str) -> dict[str, float]:
+    ndcg, recall, recall_k100, returned = [], [], [], []
+    for qid, text in queries:
+        ranking = dedupe([h["document_id"] for h in retriever.query(text, Subject.default(), k=1000, mode=mode).hits])
+        ndcg.append(ndcg_at_k(ranking, qrels[qid], 10))
+        recall.append(recall_at_k(ranking, qrels[qid], 100))
+        hits = retriever.query(text, Subject.default(), k=100, mode=mode).hits
+        returned.append(len(hits))
+        recall_k100.append(recall_at_k(dedupe([h["document_id"] for h in hits]), qrels[qid], 100))
+    return {
+        "ndcg@10": round(statistics.fmean(ndcg), 4),
+        "recall@100": round(statistics.fmean(recall), 4),
+        "recall@100_of_k100_query": round(statistics.fmean(recall_k100), 4),
+        "mean_hits_of_k100_query": round(statistics.fmean(returned), 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", type=Path, required=True)
     ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--threads", default="1,2,4", help="thread counts for the throughput runs")
+    ap.add_argument("--limit", type=int, default=None, help="use the first N test claims only")
     args = ap.parse_args()
+    thread_counts = [int(n) for n in args.threads.split(",")]
 
     import torch
 
     qrels = read_qrels(args.scifact / "qrels" / "test.tsv")
     texts = {q["_id"]: q["text"] for q in map(json.loads, (args.scifact / "queries.jsonl").open(encoding="utf-8"))}
-    queries = [(qid, texts[qid]) for qid in sorted(qrels, key=int)]
+    queries = [(qid, texts[qid]) for qid in sorted(qrels, key=int)][: args.limit]
+    claims = [text for _, text in queries]
     retriever = Retriever(args.bundle)
-    retriever.embedder()
+    modes = MODES if retriever.vector is not None else ("lexical",)
+    if retriever.vector is not None:
+        retriever.embedder()
     torch.set_num_threads(args.torch_threads)  # after loading: the adapter sets its own default
-    subject = Subject.default()
-    for _, text in queries[: args.warmup]:
-        for mode in MODES:
-            retriever.query(text, subject, k=10, mode=mode)
-    latency: dict[str, dict[str, float]] = {}
-    for mode in MODES:
-        samples = []
-        for _, text in queries:
-            t0 = time.perf_counter()
-            retriever.query(text, subject, k=10, mode=mode)
-            samples.append((time.perf_counter() - t0) * 1000)
-        latency[mode] = {
-            "p50_ms": round(statistics.median(samples), 2),
-            "p95_ms": round(percentile(samples, 0.95), 2),
-            "mean_ms": round(statistics.fmean(samples), 2),
-        }
-    quality: dict[str, dict[str, float]] = {}
-    for mode in MODES:
-        ndcg, recall = [], []
-        for qid, text in queries:
-            hits = retriever.query(text, subject, k=1000, mode=mode).hits
-            ranking = dedupe([h["document_id"] for h in hits])
-            ndcg.append(ndcg_at_k(ranking, qrels[qid], 10))
-            recall.append(recall_at_k(ranking, qrels[qid], 100))
-        quality[mode] = {"ndcg@10": round(statistics.fmean(ndcg), 4), "recall@100": round(statistics.fmean(recall), 4)}
-    indexes = retriever.lexical
-    t0 = time.perf_counter()
-    audience_searcher(indexes.rows, range(len(indexes.rows)), indexes.spec, indexes.bundle_searcher.rows)
-    audience_ms = round((time.perf_counter() - t0) * 1000, 1)
+    for text in claims[: args.warmup]:
+        for mode in modes:
+            retriever.query(text, Subject.default(), k=10, mode=mode)
+    latencies = {mode: latency(retriever, claims, mode) for mode in modes}
+    throughputs: dict[str, dict[str, object]] = {}
+    for mode in modes:
+        expected = [[h["chunk_id"] for h in retriever.query(t, Subject.default(), k=10, mode=mode).hits] for t in claims]
+        throughputs[mode] = {f"{n}_threads": throughput(retriever, claims, mode, n, expected) for n in thread_counts}
+    qualities = {mode: quality(retriever, queries, qrels, mode) for mode in modes}
     print(
         json.dumps(
             {
@@ -88,14 +129,16 @@ def main() -> None:
                 "plan_id": retriever.plan.plan_id,
                 "queries": len(queries),
                 "torch_threads": args.torch_threads,
+                "channel_workers": retriever.channel_workers,
                 "query_embedding_runtime": retriever.plan.query_embedding.runtime,
-                "latency": latency,
-                "quality": quality,
-                "audience_index_build_ms": {"rows": len(indexes.rows), "ms": audience_ms},
+                "latency": latencies,
+                "throughput": throughputs,
+                "quality": qualities,
             },
             indent=2,
         )
     )
+    retriever.close()
 
 
 if __name__ == "__main__":

@@ -159,7 +159,9 @@ def verify_chunks(documents: list[Document], chunks: list[Chunk]) -> list[str]:
         if doc is None:
             problems.append(f"{where}: unknown document")
             continue
-        data = data_cache.setdefault(doc.document_id, doc.text.encode("utf-8"))
+        data = data_cache.get(doc.document_id)
+        if data is None:  # encode each document once, not once per chunk (quadratic on a 20 MB document)
+            data = data_cache[doc.document_id] = doc.text.encode("utf-8")
         if not 0 <= c.byte_start < c.byte_end <= len(data):
             problems.append(f"{where}: span [{c.byte_start}, {c.byte_end}) outside document of {len(data)} bytes")
             continue

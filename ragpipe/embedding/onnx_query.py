@@ -13,6 +13,7 @@ embeds queries is a query-plan field, so it is part of the plan ID.
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 
 import numpy as np
@@ -74,9 +75,16 @@ def _export(st_embedder: SentenceTransformerEmbedder) -> bytes:
     return buffer.getvalue()
 
 
+# A Hugging Face fast tokenizer is not safe to call from several threads at once: a call may
+# reconfigure its truncation/padding (a mutable borrow of the Rust tokenizer) while another thread
+# encodes ("Already borrowed"). Tokenizing one query takes ~0.1 ms, so one lock costs little.
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def _tokenize(st_embedder: SentenceTransformerEmbedder, text: str) -> dict[str, np.ndarray]:
     model = st_embedder.model
-    encoded = model.tokenizer([text], truncation=True, max_length=model.max_seq_length, return_tensors="np")
+    with _TOKENIZER_LOCK:
+        encoded = model.tokenizer([text], truncation=True, max_length=model.max_seq_length, return_tensors="np")
     return {k: np.asarray(encoded[k], dtype=np.int64) for k in _INPUTS}
 
 
@@ -86,7 +94,11 @@ class OnnxQueryEncoder:
     ``threads``: onnxruntime intra-op threads (operational: never changes a vector beyond the
     parity tolerance). Workers spin between operators within a run (waking sleeping workers per
     operator is slower) but stop spinning as soon as a run ends, so they do not steal the cores
-    lancedb needs right after (docs/retrieval.md, Threads)."""
+    lancedb needs right after (docs/retrieval.md, Threads).
+
+    Thread-safe: onnxruntime sessions accept concurrent ``run`` calls, and tokenizing is locked."""
+
+    thread_safe = True
 
     def __init__(self, st_embedder: SentenceTransformerEmbedder, threads: int = 2):
         import onnxruntime as ort

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import tantivy
@@ -163,15 +163,21 @@ class LexicalSearcher:
     def num_docs(self) -> int:
         return self.searcher.num_docs
 
-    def search(self, text: str, k: int, scopes: tuple[str, ...]) -> list[Hit]:
+    def search(self, text: str, k: int, scopes: tuple[str, ...], exclude_documents: Collection[str] = ()) -> list[Hit]:
         """The ``k`` best hits under ragpipe's total order (score, then IDs). Hits tying with the
         k-th score are all fetched before the cut, so which of them are returned never depends
-        on tantivy's document addresses (which differ between a view and a rebuilt index)."""
+        on tantivy's document addresses (which differ between a view and a rebuilt index).
+        ``exclude_documents``: documents whose rows are left out (a must-not clause, so deepening
+        a document-level ranking never re-reads the rows of documents already ranked)."""
         terms = query_terms(text)
         if not terms or not scopes or k < 1:
             return []
         text_query = self.index.parse_query(" ".join(terms), ["text"])
-        query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._scope_filter(scopes))])
+        clauses = [(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._scope_filter(scopes))]
+        if exclude_documents:
+            excluded = tantivy.Query.term_set_query(self.schema, "document_id", sorted(exclude_documents))
+            clauses.append((tantivy.Occur.MustNot, excluded))
+        query = tantivy.Query.boolean_query(clauses)
         limit = k + 1
         while True:
             found = self.searcher.search(query, limit=limit, count=False).hits

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Collection, Coroutine, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import lancedb
 import numpy as np
@@ -25,6 +28,7 @@ from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.hits import Hit
 
+T = TypeVar("T")
 TABLE_NAME = "representations"
 IVF_MIN_ROWS = 1024
 VECTOR_INDEX_NAME = "vector_idx"
@@ -73,27 +77,80 @@ def scope_predicate(scopes: tuple[str, ...]) -> str:
     return "array_has_any(access_scopes, [" + ", ".join(f"'{s}'" for s in scopes) + "])"
 
 
+def sql_string(value: str) -> str:
+    """``value`` as a SQL string literal: quotes doubled, so any document ID stays one literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def exclusion_predicate(documents: Collection[str]) -> str:
+    """``document_id NOT IN (...)`` over ``documents`` in sorted order (deterministic SQL)."""
+    return "document_id NOT IN (" + ", ".join(sql_string(d) for d in sorted(documents)) + ")"
+
+
+class _ThreadLoops:
+    """One asyncio event loop per calling thread.
+
+    lancedb's async API completes each call on its own (Rust) runtime and hands the result to the
+    event loop that awaited it, so one table can serve several loops at once. A loop may only be
+    driven by one thread, hence one per thread; a thread's loop is closed when the thread ends
+    (finaliser on its thread-local holder) or by ``close``."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._finalizers: list[weakref.finalize] = []
+        self._closed = False
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        holder = getattr(self._local, "holder", None)
+        if holder is None:
+            with self._lock:
+                if self._closed:
+                    coroutine.close()
+                    raise RuntimeError("vector searcher is closed")
+                holder = self._local.holder = _LoopHolder(asyncio.new_event_loop())
+                self._finalizers = [f for f in self._finalizers if f.alive]
+                self._finalizers.append(weakref.finalize(holder, holder.loop.close))
+        return holder.loop.run_until_complete(coroutine)
+
+    def close(self) -> None:
+        """Close every thread's loop. Call once no search is in flight."""
+        with self._lock:
+            self._closed = True
+            finalizers, self._finalizers = self._finalizers, []
+        for finalizer in finalizers:
+            finalizer()
+
+
+class _LoopHolder:
+    __slots__ = ("loop", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+
+
 class VectorSearcher:
     """Exact nearest-neighbour search over one bundle's lancedb table, scope-prefiltered.
 
-    Uses lancedb's async API on a private event loop: the sync wrapper makes about six round trips
-    to lancedb's background loop per search (schema look-ups included), which costs ~1 ms here.
-    Hits are resolved through the integer ``row`` column and ``rows`` — (representation_id,
-    chunk_id, document_id) in build order — which is cheaper than reading three string columns.
-    Not thread-safe: one searcher per thread."""
+    Uses lancedb's async API on an event loop of the calling thread: the sync wrapper makes about
+    six round trips to lancedb's background loop per search (schema look-ups included), which
+    costs ~1 ms here. Hits are resolved through the integer ``row`` column and ``rows`` —
+    (representation_id, chunk_id, document_id) in build order — which is cheaper than reading three
+    string columns. Thread-safe: any number of threads may search at once (one loop each, the
+    table and the read-only row maps shared)."""
 
     def __init__(self, directory: Path, metric: str, rows: Sequence[tuple[str, str, str]]):
         self.rows = rows
         self.metric = metric
-        self._loop = asyncio.new_event_loop()
-        self.table = self._loop.run_until_complete(self._open(directory))
-        indices = self._loop.run_until_complete(self.table.list_indices())
-        indexed = any(i.name == VECTOR_INDEX_NAME for i in indices)
+        self._loops = _ThreadLoops()
+        run = self._loops.run
+        self.table = run(self._open(directory))
+        indexed = any(i.name == VECTOR_INDEX_NAME for i in run(self.table.list_indices()))
         # probing every partition keeps the search exact (see module docstring)
-        self.nprobes = ivf_partitions(self._loop.run_until_complete(self.table.count_rows())) if indexed else None
+        self.nprobes = ivf_partitions(run(self.table.count_rows())) if indexed else None
         # lancedb row IDs -> our row positions, read once: a search then returns only _rowid and
         # _distance, and skips the per-search read of the ``row`` column (~0.4 ms).
-        ids = self._loop.run_until_complete(self.table.query().select(["row"]).with_row_id().to_arrow())
+        ids = run(self.table.query().select(["row"]).with_row_id().to_arrow())
         self._row_of = dict(zip(ids.column("_rowid").to_pylist(), ids.column("row").to_pylist()))
 
     @staticmethod
@@ -101,15 +158,20 @@ class VectorSearcher:
         db = await lancedb.connect_async(str(directory))
         return await db.open_table(TABLE_NAME)
 
-    def search(self, vector: np.ndarray, k: int, scopes: tuple[str, ...]) -> list[Hit]:
+    def search(self, vector: np.ndarray, k: int, scopes: tuple[str, ...], exclude_documents: Collection[str] = ()) -> list[Hit]:
+        """The ``k`` nearest rows visible to ``scopes`` (none for no scopes), skipping the rows
+        of ``exclude_documents``; both filters are prefilters, applied before the top ``k``."""
         if not scopes:
             return []
         query = self.table.query().nearest_to(vector.astype(np.float32)).distance_type(self.metric)
         if self.nprobes is not None:
             query = query.nprobes(self.nprobes)
+        predicate = scope_predicate(scopes)
+        if exclude_documents:
+            predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
         # where() on a vector query is a prefilter unless postfilter() is asked for
-        query = query.where(scope_predicate(scopes)).select(["_distance"]).with_row_id().limit(k)
-        result = self._loop.run_until_complete(query.to_arrow())
+        query = query.where(predicate).select(["_distance"]).with_row_id().limit(k)
+        result = self._loops.run(query.to_arrow())
         row_of, rows = self._row_of, self.rows
         distances = result.column("_distance").to_pylist()
         # cosine/dot distances are 1 - similarity; l2 is a distance: negate so higher is better.
@@ -120,4 +182,12 @@ class VectorSearcher:
         ]
 
     def close(self) -> None:
-        self._loop.close()
+        """Close the event loops. Call once no search is in flight."""
+        self._loops.close()
+
+
+def read_vector_rows(directory: Path) -> pa.Table:
+    """Every stored row (``row``, IDs, ``access_scopes``, ``source_role``, ``vector``) in ``row``
+    order: what bundle verification cross-checks against the bundle's documents."""
+    table = lancedb.connect(str(directory)).open_table(TABLE_NAME).to_arrow()
+    return table.sort_by("row")

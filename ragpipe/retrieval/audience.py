@@ -21,15 +21,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
 
 from ragpipe.index.lexical import LexicalSearcher
-from ragpipe.index.rows import IndexRow
 from ragpipe.index.segments import read_meta, read_scope_groups
-from ragpipe.pipeline_spec import LexicalIndexSpec
 from ragpipe.retrieval.authz import ScopePolicy, Subject
 
 Group = tuple[str, ...]
@@ -82,16 +79,11 @@ class AudienceIndexes:
     def __init__(
         self,
         bundle_searcher: LexicalSearcher,
-        rows: Sequence[IndexRow],
-        spec: LexicalIndexSpec,
         policy: ScopePolicy,
         document_scopes: dict[str, tuple[str, ...]],
         max_views: int = 8,
         max_audiences: int = 4096,
     ):
-        # ``rows`` and ``spec`` are unused since views replaced per-audience rebuilds; they stay
-        # only while retrieval/service.py still passes them (change reported with issue 7).
-        del rows, spec
         if max_views < 1 or max_audiences < 1:
             raise ValueError("max_views and max_audiences must be >= 1")
         self.bundle_searcher = bundle_searcher

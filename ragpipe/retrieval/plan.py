@@ -19,8 +19,29 @@ class _Plan(BaseModel):
 
 
 class ChannelPlan(_Plan):
+    # The fewest distinct units (chunks or documents, per ``collapse``) the channel ranks for a
+    # query; a query with a larger ``k`` asks for ``k`` (see DepthPolicy).
     depth: int = Field(100, ge=1, le=10_000)
     weight: float = Field(1.0, gt=0)
+
+
+class DepthPolicy(_Plan):
+    """How a channel turns "``u`` distinct units" into backend requests of representation hits.
+
+    ``u = max(channels.<c>.depth, k)``. The first request asks for ``request_multiple × u`` hits
+    (representations per unit: two representation kinds per chunk by default). A request that comes
+    back full is only trusted for the units whose best hit scores *strictly above* the lowest
+    score returned (every such hit is certainly in the answer); while fewer than ``u`` units are
+    settled so, the channel asks again, ``growth`` times deeper — or, at document level on a
+    backend that can exclude documents, for the missing units only with the settled documents
+    excluded, so a large document is never read in full. The channel stops when ``u`` units are
+    settled or the backend has returned every hit it has. The top ``u`` units are then exactly
+    those of the full collapsed ranking under the total order: request sizes and backend tie
+    order never change a result."""
+
+    kind: Literal["settled_units/v1"] = "settled_units/v1"
+    request_multiple: int = Field(2, ge=1, le=64)
+    growth: int = Field(2, ge=2, le=16)
 
 
 class FusionPlan(_Plan):
@@ -65,6 +86,7 @@ class QueryEmbeddingPlan(_Plan):
 class QueryPlan(_Plan):
     plan_schema: Literal["ragpipe.query_plan/v1"] = Field("ragpipe.query_plan/v1", alias="schema")
     channels: dict[ChannelName, ChannelPlan] = Field(min_length=1)
+    depth_policy: DepthPolicy = DepthPolicy()
     fusion: FusionPlan = FusionPlan()
     collapse: Literal["chunk", "document"] = "chunk"
     query_embedding: QueryEmbeddingPlan = QueryEmbeddingPlan()

@@ -4,8 +4,13 @@ IDs and non-finite scores are rejected, and the text shown and cited stays the b
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from ragpipe.retrieval.fusion import FusedHit
+from ragpipe.retrieval.plan import RerankerPlan
 
 
 class RerankerError(RuntimeError):
@@ -40,6 +45,37 @@ def checked_order(candidates: list[RerankCandidate], scored: list[tuple[str, flo
     if seen != set(known):
         raise RerankerError(f"reranker dropped {len(set(known) - seen)} candidate(s)")
     return [cid for cid, _ in sorted(scored, key=lambda cs: (-cs[1], position[cs[0]]))]
+
+
+def rerank_fused(
+    reranker: Reranker,
+    plan: RerankerPlan | None,
+    query: str,
+    fused: list[FusedHit],
+    chunk_text: Callable[[str], str],
+    lock: threading.Lock,
+) -> tuple[dict[str, object], list[FusedHit]]:
+    """(trace, order): the top ``plan.depth`` fused items reordered by ``reranker``, the rest
+    after them. ``chunk_text`` gives the bundle's text of a chunk (what the reranker reads). A
+    reranker that does not declare ``thread_safe = True`` is called under ``lock``. On failure the
+    plan's ``on_failure`` decides: raise, or keep the fused order and say so in the trace."""
+    depth = plan.depth if plan else 20
+    policy = plan.on_failure if plan else "keep_fused"
+    head, tail = fused[:depth], fused[depth:]
+    candidates = [RerankCandidate(f.chunk_id, chunk_text(f.chunk_id)) for f in head]
+    try:
+        if getattr(reranker, "thread_safe", False):
+            scored = reranker.rerank(query, candidates)
+        else:
+            with lock:
+                scored = reranker.rerank(query, candidates)
+        order = checked_order(candidates, scored)
+    except Exception as exc:  # the plan's failure policy decides, and the trace says so
+        if policy == "fail":
+            raise RerankerError(f"reranker {reranker.name} failed: {exc}") from exc
+        return {"used": True, "name": reranker.name, "failed": str(exc), "applied_policy": "keep_fused"}, fused
+    by_id = {f.chunk_id: f for f in head}
+    return {"used": True, "name": reranker.name, "depth": depth, "order": order}, [by_id[c] for c in order] + tail
 
 
 class CrossEncoderReranker:

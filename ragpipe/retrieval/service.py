@@ -5,104 +5,53 @@
     r = Retriever("var/ragpipe/bundles/<id>")            # verifies the bundle once
     result = r.query("aspirin stroke", Subject("alice", ("public", "staff")), k=5)
     answer = r.answer("Does aspirin prevent stroke?")      # default subject: public scope only
+
+A ``Retriever`` may be shared by any number of threads (docs/retrieval.md, Threads).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 from ragpipe.answer.generators import ExtractiveGenerator, Generator
-from ragpipe.answer.validate import ValidatedAnswer, abstain, validate_candidate
+from ragpipe.answer.validate import abstain, validate_candidate
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.chunking.models import Chunk, read_chunks
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.index.lexical import LexicalSearcher
-from ragpipe.index.vector import VectorSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
-from ragpipe.pipeline_spec import EmbedderSpec, LexicalIndexSpec, own_spec_id
+from ragpipe.index.vector import VectorSearcher
+from ragpipe.pipeline_spec import EmbedderSpec, own_spec_id
 from ragpipe.representations.derive import read_representations
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject, issue_certificate
-from ragpipe.retrieval.context import Context, Evidence, build_context
-from ragpipe.retrieval.fusion import FusedHit, Hit, collapse, weighted_rrf
+from ragpipe.retrieval.channels import ChannelRanking, LexicalBackend, VectorBackend, rank_channel, recheck
+from ragpipe.retrieval.context import Evidence, build_context
+from ragpipe.retrieval.fusion import FusedHit, weighted_rrf
 from ragpipe.retrieval.plan import GeneratorPlan, PlanError, QueryPlan, load_plan
-from ragpipe.retrieval.rerank import Reranker, RerankCandidate, RerankerError, checked_order
+from ragpipe.retrieval.rerank import Reranker, rerank_fused
+from ragpipe.retrieval.results import AnswerResult, QueryError, QueryResult
+from ragpipe.retrieval.trace import AuditFacts, query_trace
 
 T = TypeVar("T")
 MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("vector",)}
-PREFILTER_STRATEGY = (
-    "backend prefilter: tantivy must-clause on access_scope (over an index of the audience's rows "
-    "when the subject may not see the whole bundle, so BM25 statistics are the audience's own), "
-    "lancedb where-prefilter array_has_any(access_scopes); hydration re-checks every chunk"
-)
-
-
-class QueryError(ValueError):
-    pass
-
-
-@dataclass
-class QueryResult:
-    plan_id: str
-    bundle_id: str
-    mode: str
-    subject: Subject
-    hits: list[dict[str, object]]
-    trace: dict[str, object] | None = None
-    evidence: list[Evidence] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "plan_id": self.plan_id,
-            "bundle_id": self.bundle_id,
-            "mode": self.mode,
-            "subject": self.subject.as_dict(),
-            "hits": self.hits,
-        }
-        if self.trace is not None:
-            out["trace"] = self.trace
-        return out
-
-
-@dataclass
-class AnswerResult:
-    validated: ValidatedAnswer
-    generator: str
-    context: Context
-    query: QueryResult
-    certificate_id: str | None
-    failure: dict[str, str] | None
-
-    def as_dict(self) -> dict[str, object]:
-        labels = self.context.by_label()
-        return {
-            "answer": self.validated.answer,
-            "abstained": self.validated.abstained,
-            "reason": self.validated.reason,
-            "generator": self.generator,
-            "citations": [
-                {"label": c, "chunk_id": labels[c].chunk_id, "document_id": labels[c].document_id}
-                for c in self.validated.citations
-            ],
-            "evidence": [e.public() for e in self.context.evidence],
-            "omitted": list(self.context.omitted),
-            "context_digest": self.context.digest,
-            "certificate_id": self.certificate_id,
-            "failure": self.failure,
-            "plan_id": self.query.plan_id,
-            "bundle_id": self.query.bundle_id,
-            "subject": self.query.subject.as_dict(),
-        }
+EMPTY_QUERY = "query text is empty (or only whitespace)"
 
 
 class Retriever:
-    """Opens (and verifies) a bundle once; ``query`` and ``answer`` many times."""
+    """Opens (and verifies) a bundle once; ``query`` and ``answer`` many times, from any thread.
+
+    Thread safety: the bundle's tables are read-only after opening; lazily built state (plans,
+    the query embedder, the channel worker pool) is created once under a lock; the lexical
+    searchers and audience views are thread-safe (``AudienceIndexes``), the vector searcher runs
+    one event loop per calling thread, and an embedder or reranker that does not declare itself
+    safe for concurrent calls (``thread_safe = True``) is called under a lock."""
 
     def __init__(
         self,
@@ -112,10 +61,19 @@ class Retriever:
         reranker: Reranker | None = None,
         cache_dir: Path | None = None,
         threads: int = 2,
+        channel_workers: int = 4,
+        max_views: int = 8,
+        max_audiences: int = 4096,
     ):
-        """``threads``: CPU threads for query embedding (operational, never part of an ID)."""
+        """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
+        lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
+        audience views and audience verdicts kept, least recently used dropped (docs/retrieval.md).
+        All operational, never part of an ID."""
+        if channel_workers < 1:
+            raise ValueError("channel_workers must be >= 1")
         self.bundle = open_bundle(Path(bundle_path))
         self.threads = threads
+        self.channel_workers = channel_workers
         self.plan = plan or load_plan()
         self.policy = ScopePolicy()
         if reranker is None and self.plan.reranker is not None:
@@ -132,15 +90,17 @@ class Retriever:
         self.scopes = {d.document_id: d.access_scopes for d in docs}
         index_rows = build_index_rows(docs, read_representations(root / "representations.parquet"))
         rows = [(r.representation_id, r.chunk_id, r.document_id) for r in index_rows]
+        # Rows per scope group: a channel's request cap is the rows the subject may see, so no
+        # trace figure ever depends on how many rows are hidden.
+        self._group_rows = Counter(tuple(sorted(set(r.access_scopes))) for r in index_rows)
         self.lexical = AudienceIndexes(
-            LexicalSearcher.open(root / "lexical", rows),
-            index_rows,
-            LexicalIndexSpec.model_validate(sem.specs["lexical_index"].spec),
-            self.policy,
-            self.scopes,
+            LexicalSearcher.open(root / "lexical", rows), self.policy, self.scopes, max_views=max_views, max_audiences=max_audiences
         )
         self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows) if sem.has_vector_index else None
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
+        self._lock = threading.Lock()  # guards the lazily built state below
+        self._embed_lock = threading.Lock()  # serialises embedders not safe for concurrent calls
+        self._rerank_lock = threading.Lock()  # likewise for rerankers
         self._embedder = embedder
         self._plans: dict[str | None, tuple[QueryPlan, str, str]] = {}
         self._worker: ThreadPoolExecutor | None = None
@@ -157,24 +117,36 @@ class Retriever:
             raise QueryError(f"embedder spec {own_spec_id('embeddings', spec)} does not match the bundle's embedder {expected}")
 
     def embedder(self):
-        if self._embedder is None:
-            from ragpipe.embedding.embedder import SentenceTransformerEmbedder
+        """The query embedder, loaded (once, whichever thread asks first) on first use."""
+        if self._embedder is not None:
+            return self._embedder
+        with self._lock:
+            if self._embedder is None:
+                from ragpipe.embedding.embedder import SentenceTransformerEmbedder
 
-            self._check_embedder(self.embedder_spec)
-            embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=self.threads)
-            if self.plan.query_embedding.runtime == "onnxruntime":
-                from ragpipe.embedding.onnx_query import OnnxQueryEncoder
+                self._check_embedder(self.embedder_spec)
+                embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=self.threads)
+                if self.plan.query_embedding.runtime == "onnxruntime":
+                    from ragpipe.embedding.onnx_query import OnnxQueryEncoder
 
-                embedder = OnnxQueryEncoder(embedder, threads=self.threads)
-            self._embedder = embedder
+                    embedder = OnnxQueryEncoder(embedder, threads=self.threads)
+                self._embedder = embedder
         return self._embedder
+
+    def _embed_query(self, embedder, text: str):
+        if getattr(embedder, "thread_safe", False):
+            return embedder.embed_query(text)
+        with self._embed_lock:
+            return embedder.embed_query(text)
 
     def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str, str]:
         """(plan, mode name, plan ID) for ``mode``, memoised: hashing a plan costs ~0.2 ms."""
-        if mode not in self._plans:
+        found = self._plans.get(mode)
+        if found is None:
             plan, name = self._resolve_plan(mode)
-            self._plans[mode] = (plan, name, plan.plan_id)
-        return self._plans[mode]
+            with self._lock:
+                found = self._plans.setdefault(mode, (plan, name, plan.plan_id))
+        return found
 
     def _resolve_plan(self, mode: str | None) -> tuple[QueryPlan, str]:
         if mode is None and self.vector is None and "lexical" in self.plan.channels:
@@ -194,18 +166,25 @@ class Retriever:
             raise QueryError(f"bundle {self.bundle_id} is lexical-only: mode {mode!r} needs a vector index")
         return plan, mode
 
-    def query(self, text: str, subject: Subject | None = None, k: int = 10, mode: str | None = None, trace: bool = False) -> QueryResult:
-        if k < 1:
-            raise QueryError("k must be >= 1")
+    def query(
+        self, text: str, subject: Subject | None = None, k: int = 10, mode: str | None = None, trace: bool = False, audit: bool = False
+    ) -> QueryResult:
+        """The top ``k`` chunks (or documents, per the plan's ``collapse``) visible to ``subject``:
+        exactly ``min(k, matching units)`` hits. ``trace`` adds the subject view of the trace.
+        ``audit`` (operator-only, implies ``trace``) adds figures about documents the subject may
+        not see; never set it for a query run on a subject's behalf."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise QueryError(f"k must be an integer >= 1, got {k!r}")
+        if not isinstance(text, str) or not text.strip():
+            raise QueryError(EMPTY_QUERY)
         subject = subject or Subject.default()
         plan, mode, plan_id = self._plan_for(mode)
-        raw, timings, statistics = self._search_channels(text, plan, subject)
-        ranked = {name: collapse(hits, plan.collapse) for name, hits in raw.items()}
-        fused = weighted_rrf(ranked, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
         audience = self.lexical.audience(subject)  # the policy's verdict per scope group
-        visible = [f for f in fused if self.lexical.group_of.get(f.document_id) in audience.admitted]
-        post_dropped = len(fused) - len(visible)
-        rerank_trace, ordered = self._rerank(text, plan, visible)
+        visible_rows = sum(self._group_rows[g] for g in audience.groups)
+        ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows)
+        ranked, dropped = recheck(ranked, lambda document_id: self.lexical.group_of.get(document_id) in audience.admitted)
+        fused = weighted_rrf({n: r.ranked for n, r in ranked.items()}, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
+        rerank_trace, ordered = self._rerank(text, plan, fused)
         top = ordered[:k]
         evidence = [self._evidence(f) for f in top]
         hits = [
@@ -222,48 +201,22 @@ class Retriever:
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
         result = QueryResult(plan_id, self.bundle_id, mode, subject, hits, evidence=evidence)
-        if trace:
-            result.trace = {
-                "channels": {
-                    name: [
-                        {"rank": r.rank, "representation_id": r.hit.representation_id, "chunk_id": r.hit.chunk_id,
-                         "document_id": r.hit.document_id, "score": r.hit.score}
-                        for r in ranked[name]
-                    ]
-                    for name in ranked
-                },
-                "collapse": {
-                    "level": plan.collapse,
-                    "kept": {n: len(ranked[n]) for n in ranked},
-                    "merged_representations": {n: len(raw[n]) - len(ranked[n]) for n in raw},
-                },
-                "fusion": {
-                    "kind": plan.fusion.kind,
-                    "k": plan.fusion.k,
-                    "weights": {n: c.weight for n, c in plan.channels.items()},
-                    "items": [
-                        {"chunk_id": f.chunk_id, "document_id": f.document_id, "score": f.score,
-                         "contributions": f.contributions, "channel_ranks": f.channel_ranks}
-                        for f in fused[: max(k, 20)]
-                    ],
-                },
-                "authorization": {
-                    "strategy": PREFILTER_STRATEGY,
-                    "policy_id": self.policy.policy_id,
-                    "subject": subject.as_dict(),
-                    "documents_hidden_by_prefilter": audience.total_documents - audience.documents,
-                    "dropped_after_fusion": post_dropped,
-                    "lexical_statistics": statistics.as_dict() if statistics else None,
-                },
-                "reranker": rerank_trace,
-                "timings_ms": timings,
-            }
+        if trace or audit:
+            facts = None
+            if audit:
+                hidden = audience.total_documents - audience.documents
+                facts = AuditFacts(hidden, dropped, statistics.as_dict() if statistics else None)
+            result.trace = query_trace(plan, self.policy.policy_id, subject, k, ranked, fused, rerank_trace, timings, facts)
         return result
 
-    def _search_channels(self, text: str, plan: QueryPlan, subject: Subject) -> tuple[dict[str, list[Hit]], dict[str, float], LexicalStatistics | None]:
-        """Each channel's own ranked hits. With both channels, the lexical search runs on a worker
-        thread while the query is embedded (onnxruntime releases the GIL while it runs); measured
-        ≈ 0.7 ms faster than running them one after the other."""
+    def _search_channels(
+        self, text: str, plan: QueryPlan, subject: Subject, k: int, visible_rows: int
+    ) -> tuple[dict[str, ChannelRanking], dict[str, float], LexicalStatistics | None]:
+        """Each channel's top ``max(depth, k)`` units (see ``channels.rank_channel``), asking no
+        backend for more than the ``visible_rows`` the subject may see. With both
+        channels, the lexical channel runs on a worker thread while the query is embedded
+        (onnxruntime releases the GIL while it runs); measured ≈ 0.7 ms faster than running them
+        one after the other."""
         timings: dict[str, float] = {}
 
         def timed(name: str, work: Callable[[], T]) -> T:
@@ -272,58 +225,62 @@ class Retriever:
             timings[name] = round((time.perf_counter() - started) * 1000, 3)
             return result
 
-        raw: dict[str, list[Hit]] = {}
+        def units(name: str) -> int:
+            return max(plan.channels[name].depth, k)
+
+        ranked: dict[str, ChannelRanking] = {}
         statistics = None
-        lexical = None
+        lexical: Callable[[], ChannelRanking] | None = None
         if "lexical" in plan.channels:
             searcher, statistics = self.lexical.searcher_for(subject)
-            depth = plan.channels["lexical"].depth
-            lexical = partial(timed, "lexical", lambda: searcher.search(text, depth, subject.scopes))
+            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows)
+
+            def lexical() -> ChannelRanking:
+                return timed("lexical", lambda: rank_channel(backend, units("lexical"), plan.collapse, plan.depth_policy))
+
         if "vector" in plan.channels:
-            if self._embedder is None:  # loading the model is a one-off cost, not the channel's
-                embedder = timed("embedder_load", self.embedder)
-            else:
-                embedder = self._embedder
-            depth_v = plan.channels["vector"].depth
-            vector = partial(timed, "vector", lambda: self.vector.search(embedder.embed_query(text), depth_v, subject.scopes))
+            embedder = self._embedder if self._embedder is not None else timed("embedder_load", self.embedder)
+
+            def vector() -> ChannelRanking:
+                backend = VectorBackend(self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows)
+                return rank_channel(backend, units("vector"), plan.collapse, plan.depth_policy)
+
             if lexical is None:
-                raw["vector"] = vector()
+                ranked["vector"] = timed("vector", vector)
             else:
                 pending = self._lexical_worker().submit(lexical)
-                raw["vector"] = vector()
-                raw["lexical"] = pending.result()
+                try:
+                    ranked["vector"] = timed("vector", vector)
+                finally:
+                    ranked["lexical"] = pending.result()
         elif lexical is not None:
-            raw["lexical"] = lexical()
-        return raw, timings, statistics
+            ranked["lexical"] = lexical()
+        return {n: ranked[n] for n in sorted(ranked)}, {n: timings[n] for n in sorted(timings)}, statistics
 
     def _lexical_worker(self) -> ThreadPoolExecutor:
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragpipe-lexical")
-        return self._worker
+        worker = self._worker
+        if worker is None:
+            with self._lock:
+                if self._worker is None:
+                    self._worker = ThreadPoolExecutor(max_workers=self.channel_workers, thread_name_prefix="ragpipe-lexical")
+                worker = self._worker
+        return worker
 
     def close(self) -> None:
-        """Stop the lexical worker thread and the vector searcher's event loop."""
-        if self._worker is not None:
-            self._worker.shutdown()
-            self._worker = None
+        """Stop the worker threads, the vector searcher's event loops and the audience views.
+        Call once no query is in flight."""
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown()
         if self.vector is not None:
             self.vector.close()
+        self.lexical.close()
 
     def _rerank(self, text: str, plan: QueryPlan, fused: list[FusedHit]) -> tuple[dict[str, object], list[FusedHit]]:
         if self.reranker is None:
             return {"used": False}, fused
-        depth = plan.reranker.depth if plan.reranker else 20
-        policy = plan.reranker.on_failure if plan.reranker else "keep_fused"
-        head, tail = fused[:depth], fused[depth:]
-        candidates = [RerankCandidate(f.chunk_id, self.chunks[f.chunk_id].text) for f in head]
-        try:
-            order = checked_order(candidates, self.reranker.rerank(text, candidates))
-        except Exception as exc:  # the plan's failure policy decides, and the trace says so
-            if policy == "fail":
-                raise RerankerError(f"reranker {self.reranker.name} failed: {exc}") from exc
-            return {"used": True, "name": self.reranker.name, "failed": str(exc), "applied_policy": "keep_fused"}, fused
-        by_id = {f.chunk_id: f for f in head}
-        return {"used": True, "name": self.reranker.name, "depth": depth, "order": order}, [by_id[c] for c in order] + tail
+        return rerank_fused(self.reranker, plan.reranker, text, fused, lambda cid: self.chunks[cid].text, self._rerank_lock)
 
     def _evidence(self, f: FusedHit) -> Evidence:
         chunk = self.chunks[f.chunk_id]  # source authority: the bundle's chunk text, never a representation
@@ -356,9 +313,7 @@ class Retriever:
         for ev in context.evidence:  # hydration re-check before anything is certified
             if not self.policy.allows(subject, ev.access_scopes):
                 raise AuthorizationError(f"chunk {ev.chunk_id} is not visible to {subject.principal}")
-        certificate = issue_certificate(
-            subject, self.policy, self.bundle_id, [(e.chunk_id, e.text, e.access_scopes) for e in context.evidence]
-        )
+        certificate = issue_certificate(subject, self.policy, self.bundle_id, context.evidence)
         candidate = generator.generate(text, context, certificate)
         failure = {"kind": candidate.failure.kind, "message": candidate.failure.message} if candidate.failure else None
         return AnswerResult(validate_candidate(candidate, context), generator.name, context, result, certificate.certificate_id, failure)

@@ -1,0 +1,95 @@
+"""The query trace: what a query did, in two views.
+
+The *subject* view (``trace=True``) may be shown to the subject who asked: everything in it is
+computed from hits the subject may see, plus the plan and the subject's own scopes. It never holds
+a count or a statistic of documents outside the subject's scopes — not how many documents the
+prefilter hid, not the bundle's document count, not which kind of lexical index (whole bundle or
+audience) served the query, which would say whether hidden documents exist.
+
+The *audit* view (``audit=True``) is for operators only: it adds those figures
+(``documents_hidden_by_prefilter``, ``dropped_by_recheck``, ``lexical_statistics``). A service
+that passes queries through for subjects must never set it on their behalf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ragpipe.retrieval.authz import Subject
+from ragpipe.retrieval.channels import ChannelRanking
+from ragpipe.retrieval.fusion import FusedHit
+from ragpipe.retrieval.plan import QueryPlan
+
+PREFILTER_STRATEGY = (
+    "backend prefilter: tantivy must-clause on access_scope over a lexical index whose BM25 "
+    "statistics cover only the documents the subject may see; lancedb where-prefilter "
+    "array_has_any(access_scopes); every channel hit re-checked against the policy before fusion"
+)
+
+
+@dataclass(frozen=True)
+class AuditFacts:
+    """Operator-only figures; they describe documents the subject may not see."""
+
+    documents_hidden_by_prefilter: int
+    dropped_by_recheck: int  # channel hits the policy re-check refused (0 unless a backend misbehaves)
+    lexical_statistics: dict[str, object] | None
+
+
+def query_trace(
+    plan: QueryPlan,
+    policy_id: str,
+    subject: Subject,
+    k: int,
+    ranked: Mapping[str, ChannelRanking],
+    fused: list[FusedHit],  # every item passed the re-check
+    rerank: dict[str, object],
+    timings: dict[str, float],
+    audit: AuditFacts | None,
+) -> dict[str, object]:
+    """The trace of one query: the subject view, plus the audit figures when ``audit`` is given."""
+    authorization: dict[str, object] = {
+        "view": "audit" if audit else "subject",
+        "strategy": PREFILTER_STRATEGY,
+        "policy_id": policy_id,
+        "subject": subject.as_dict(),
+    }
+    if audit is not None:
+        authorization.update(
+            documents_hidden_by_prefilter=audit.documents_hidden_by_prefilter,
+            dropped_by_recheck=audit.dropped_by_recheck,
+            lexical_statistics=audit.lexical_statistics,
+        )
+    return {
+        "channels": {
+            name: [
+                {"rank": r.rank, "representation_id": r.hit.representation_id, "chunk_id": r.hit.chunk_id,
+                 "document_id": r.hit.document_id, "score": r.hit.score}
+                for r in ranking.ranked
+            ]
+            for name, ranking in ranked.items()
+        },
+        "depth": {
+            "policy": plan.depth_policy.model_dump(mode="json"),
+            "channels": {name: ranking.trace() for name, ranking in ranked.items()},
+        },
+        "collapse": {
+            "level": plan.collapse,
+            "kept": {name: len(ranking.ranked) for name, ranking in ranked.items()},
+            "representation_hits_read": {name: ranking.hits_read for name, ranking in ranked.items()},
+        },
+        "fusion": {
+            "kind": plan.fusion.kind,
+            "k": plan.fusion.k,
+            "weights": {n: c.weight for n, c in plan.channels.items()},
+            "items": [
+                {"chunk_id": f.chunk_id, "document_id": f.document_id, "score": f.score,
+                 "contributions": f.contributions, "channel_ranks": f.channel_ranks}
+                for f in fused[: max(k, 20)]
+            ],
+        },
+        "authorization": authorization,
+        "reranker": rerank,
+        "timings_ms": timings,
+    }
