@@ -2,35 +2,45 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 from dagster._core.definitions.data_version import CachingStaleStatusResolver
 from dagster._core.loader import LoadingContextForTest
 
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.chunking.chunkers import chunk_documents, make_chunker
-from ragpipe.chunking.models import read_chunks
+from ragpipe.chunking.models import read_chunks, write_chunks
 from ragpipe.corpus.connectors import read_beir
 from ragpipe.corpus.registry import register_revision
 from ragpipe.corpus.snapshot import build_snapshot, read_snapshot_documents
 from ragpipe.defs import build_definitions
+from ragpipe.defs.failures import failure_messages
 from ragpipe.defs.runner import materialize_revision
 from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
 from ragpipe.representations.derive import derive_representations, read_representations
+from ragpipe.stages import steps
+from ragpipe.stages.stage_store import read_output
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.stages.workspace import Workspace
-from ragpipe_tests.conftest import SAMPLE
+from ragpipe_tests.conftest import HANDBOOK, REPO, SAMPLE, write_tree
 
 ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
+# Every upstream output an asset reads, i.e. exactly the inputs its stage records.
 UPSTREAM = {
     "chunks": ["source_snapshot"],
-    "representations": ["chunks"],
+    "representations": ["chunks", "source_snapshot"],
     "embeddings": ["representations"],
-    "lexical_index": ["representations"],
-    "vector_index": ["embeddings"],
-    "index_bundle": ["lexical_index", "vector_index"],
+    "lexical_index": ["representations", "source_snapshot"],
+    "vector_index": ["embeddings", "representations", "source_snapshot"],
+    "index_bundle": sorted(ASSETS[:-1]),
 }
 
 
@@ -89,9 +99,13 @@ def test_lineage_in_dagster_matches_artifacts(sample_build):
             assert rec.run_id == summaries[rev].run_id
         for asset, parents in UPSTREAM.items():
             tags = records[asset].asset_materialization.tags
+            stage = read_stage_record(ws, rev, asset, spec)
+            # the stage read exactly its declared deps, at the versions Dagster recorded for them
+            assert sorted(stage.inputs) == parents
             for parent in parents:
                 # each input pointer names exactly the upstream materialization of the same partition
                 assert int(tags[f"dagster/input_event_pointer/{parent}"]) == records[parent].storage_id
+                assert stage.inputs[parent] == records[parent].asset_materialization.tags["dagster/data_version"]
         checks = instance.all_logs(summaries[rev].run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
         assert sorted((e.dagster_event.event_specific_data.asset_check_key.name, e.dagster_event.event_specific_data.passed) for e in checks) == [
             ("bundle_verifies", True),
@@ -102,13 +116,21 @@ def test_lineage_in_dagster_matches_artifacts(sample_build):
         assert sem.corpus_digest == read_stage_record(ws, rev, "source_snapshot").data_version
         assert sem.chunk_set_digest == read_stage_record(ws, rev, "chunks").data_version
         assert sem.representation_set_digest == read_stage_record(ws, rev, "representations").data_version
-        assert sem.embeddings_digest == read_stage_record(ws, rev, "embeddings").data_version
+        # the vectors stored in the bundle are exactly the embeddings version the run produced
+        assert bundle.manifest.material.embeddings_digest == read_stage_record(ws, rev, "embeddings").data_version
         # chunk → document and representation → chunk lineage inside the bundle
         docs = {d.document_id for d in read_snapshot_documents(bundle.path / "documents.parquet")}
         chunks = read_chunks(bundle.path / "chunks.parquet")
         assert {c.document_id for c in chunks} == docs
         chunk_ids = {c.chunk_id for c in chunks}
         assert {r.chunk_id for r in read_representations(bundle.path / "representations.parquet")} == chunk_ids
+
+
+def test_declared_deps_are_what_each_asset_reads():
+    graph = build_definitions(load_pipeline_spec()).resolve_asset_graph()
+    assert {a: sorted(k.to_user_string() for k in graph.get(AssetKey(a)).parent_keys) for a in UPSTREAM} == UPSTREAM
+    check = graph.get(AssetCheckKey(AssetKey("chunks"), "chunks_match_source"))
+    assert sorted(k.to_user_string() for k in check.parent_entity_keys) == ["chunks", "source_snapshot"]
 
 
 def test_rerun_identical_revision_is_a_cheap_no_op(sample_build):
@@ -159,3 +181,107 @@ def test_execution_settings_change_no_identity(sample_build):
     changed = with_changes(spec, execution={"embed_batch_size": 8, "torch_threads": 1, "index_writer_heap_mb": 64})
     assert code_versions(changed) == code_versions(spec)
     assert stale_status(instance, changed, "scifact-1") == dict.fromkeys(ASSETS, "FRESH")
+
+
+# ---- failures are reported by their root cause; concurrent builds end cleanly ---------------------
+
+
+def cli(*args: str, home: Path) -> subprocess.Popen:
+    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
+    return subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "ragpipe"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+
+
+def error_block(stderr: str) -> str:
+    """What the CLI itself printed: from its ``error:`` line to the end (Dagster logs come before)."""
+    return stderr[stderr.rindex("\nerror: ") + 1 :]
+
+
+def test_a_stage_failure_is_reported_by_its_root_cause(tmp_path: Path):
+    """chunks fails on an upstream built under another spec: the message is the StageError's text,
+    not Dagster's "Error occurred while executing op" wrapper."""
+    spec = load_pipeline_spec()
+    ws = Workspace(tmp_path / "ragpipe")
+    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown")
+    other = with_changes(spec, snapshot={"min_text_chars": 5})
+    steps.run_source_snapshot(ws, "hb", other)
+    job = build_definitions(spec, home=str(ws.home)).resolve_job_def("build_revision")
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("corpus_revisions", ["hb"])
+        result = job.execute_in_process(
+            partition_key="hb", instance=instance, asset_selection=[AssetKey("chunks")], raise_on_error=False
+        )
+    assert not result.success
+    assert failure_messages(result.all_events) == [
+        f"chunks: source_snapshot for revision 'hb' was built with spec {other.spec_ids['source_snapshot']}, the current "
+        f"pipeline spec expects {spec.spec_ids['source_snapshot']}: re-materialize source_snapshot first"
+    ]
+
+
+def test_cli_build_prints_the_failed_checks_description(tmp_path: Path):
+    """An existing chunks version whose file was corrupted after publication is reused by the run
+    (same data version); the blocking check catches it and the CLI prints what it found."""
+    spec = load_pipeline_spec()
+    corpus = write_tree(tmp_path / "hb", HANDBOOK)
+    ws = Workspace(tmp_path / "ragpipe")
+    register_revision(ws.registry, "hb", corpus, "markdown")
+    steps.run_source_snapshot(ws, "hb", spec)
+    steps.run_chunks(ws, "hb", spec)
+    path = read_output(ws, "hb", "chunks").path / "chunks.parquet"
+    chunks = read_chunks(path)
+    bad = chunks[0]
+    write_chunks(path, [bad.model_copy(update={"text": bad.text.upper()}), *chunks[1:]])
+    proc = cli("build", str(corpus), "--revision", "hb", "--json", home=tmp_path)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1 and out == ""
+    run_id = re.search(r"failed \(run ([0-9a-f-]{36})\)", err).group(1)
+    assert error_block(err) == (
+        f"error: build of revision 'hb' failed (run {run_id}):\n"
+        f"check chunks_match_source on chunks failed: 2 problem(s) in {len(chunks)} chunks: chunk {bad.chunk_id} "
+        f"(document {bad.document_id}, ordinal 0): text differs from document bytes [{bad.byte_start}, {bad.byte_end}) "
+        "(and 1 more)\n"
+    )
+
+
+def test_two_cli_builds_of_one_revision_at_once(tmp_path: Path):
+    """Fresh RAGPIPE_HOME and DAGSTER_HOME: one build builds, the other waits and reports the same
+    bundle as up to date; no traceback."""
+    procs = [cli("build", str(SAMPLE / "rev-1.jsonl"), "--revision", "s1", "--json", home=tmp_path) for _ in range(2)]
+    results = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in results]
+    assert not any("Traceback" in err for _, err in results)
+    summaries = sorted((json.loads(out) for out, _ in results), key=lambda s: s["up_to_date"])
+    built, waited = summaries
+    assert (built["up_to_date"], waited["up_to_date"]) == (False, True)
+    assert built["run_id"] is not None and waited["run_id"] is None
+    assert (waited["bundle_id"], waited["bundle_path"]) == (built["bundle_id"], built["bundle_path"])
+    assert (built["documents"], built["chunks"], built["representations"]) == (300, 517, 1034)
+    open_bundle(Path(built["bundle_path"]))
+
+
+OPEN_INSTANCE = """
+import sys, time
+from ragpipe.defs.runner import _ensure_partition, dagster_instance
+start = float(sys.argv[1])
+while time.time() < start:
+    pass
+_ensure_partition(dagster_instance(), "r1")
+"""
+
+
+def test_two_processes_open_a_fresh_instance_and_add_one_partition_at_once(tmp_path: Path):
+    """Without the instance lock this failed with 'table ... already exists' or an IntegrityError
+    on dynamic_partitions in most trials."""
+    for trial in range(4):
+        home = tmp_path / f"dagster-{trial}"
+        env = {**os.environ, "DAGSTER_HOME": str(home)}
+        start = str(time.time() + 4)
+        procs = [
+            subprocess.Popen([sys.executable, "-c", OPEN_INSTANCE, start], env=env, stderr=subprocess.PIPE, text=True, cwd=REPO)
+            for _ in range(2)
+        ]
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errors]
+        with DagsterInstance.from_config(str(home)) as instance:
+            assert instance.get_dynamic_partitions("corpus_revisions") == ["r1"]

@@ -2,7 +2,9 @@
 and reports a ``DataVersion`` (the artifact digest) plus small, useful metadata.
 
 Assets are made by ``build_assets(spec)`` so each asset's ``code_version`` is its cumulative
-semantic spec ID from the pipeline spec file.
+semantic spec ID from the pipeline spec file. Every upstream output an asset reads is one of its
+``deps`` (so Dagster's lineage and staleness see every input), and each body reads those outputs
+through their ``latest`` pointers (``ragpipe.stages.stage_store``).
 """
 
 
@@ -38,7 +40,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         """Exact UTF-8 byte spans of the source documents."""
         return to_result(steps.run_chunks(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["representations"], deps=[chunks], kinds={"python", "parquet"}, **common)
+    @asset(code_version=ids["representations"], deps=[source_snapshot, chunks], kinds={"python", "parquet"}, **common)
     def representations(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Retrieval texts derived from chunks (raw, title breadcrumb); each points to one chunk."""
         return to_result(steps.run_representations(ragpipe.workspace, context.partition_key, spec))
@@ -50,19 +52,21 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
             steps.run_embeddings(ragpipe.workspace, context.partition_key, spec, progress=context.log.info)
         )
 
-    @asset(code_version=ids["lexical_index"], deps=[representations], kinds={"tantivy"}, **common)
+    @asset(code_version=ids["lexical_index"], deps=[source_snapshot, representations], kinds={"tantivy"}, **common)
     def lexical_index(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """tantivy BM25 index over representations with ID and authorization fields."""
         return to_result(steps.run_lexical_index(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["vector_index"], deps=[embeddings], kinds={"lancedb"}, **common)
+    @asset(code_version=ids["vector_index"], deps=[source_snapshot, representations, embeddings], kinds={"lancedb"}, **common)
     def vector_index(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """lancedb table of representation vectors with ID and authorization fields."""
         return to_result(steps.run_vector_index(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["index_bundle"], deps=[lexical_index, vector_index], kinds={"python"}, **common)
+    bundle_inputs = [source_snapshot, chunks, representations, embeddings, lexical_index, vector_index]
+
+    @asset(code_version=ids["index_bundle"], deps=bundle_inputs, kinds={"python"}, **common)
     def index_bundle(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """The verified, content-addressed bundle, published atomically."""
         return to_result(steps.run_index_bundle(ragpipe.workspace, context.partition_key, spec))
 
-    return [source_snapshot, chunks, representations, embeddings, lexical_index, vector_index, index_bundle]
+    return [*bundle_inputs, index_bundle]

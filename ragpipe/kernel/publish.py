@@ -7,6 +7,10 @@ Two racing publishers of one name both succeed: the loser finds the winner's dir
 its own temp and reports ``existing``. Temp siblings left by killed publishers are recognisable
 (``.tmp-<name>-<pid>-<token>``) and removed by the next publisher once their pid is gone.
 
+Removal is the mirror image (``discard``): the target is first renamed to a ``.trash-`` sibling
+(atomic: it vanishes from its name at once), then deleted; a crash in between leaves only the
+``.trash-`` sibling, which is garbage by construction.
+
 ``on_step`` is called with a step name at every point where a crash would leave a distinct state
 on disk; failure-injection tests kill the process there.
 """
@@ -33,6 +37,9 @@ PUBLISH_STEPS = (
     "renamed",
     "parent_fsynced",
 )
+
+# The points of ``write_file_atomic`` where a crash leaves a distinct state on disk.
+FILE_STEPS = ("file_temp_written", "file_renamed", "file_parent_fsynced")
 
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
@@ -68,7 +75,8 @@ def rename_noreplace(src: Path, dst: Path) -> bool:
     raise OSError(err, f"renameat2({src} -> {dst}): {os.strerror(err)}")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True if a process ``pid`` exists on this machine (or may: it is not ours to signal)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -86,12 +94,11 @@ def remove_stale_temps(parent: Path) -> list[Path]:
     for entry in parent.iterdir():
         if not entry.name.startswith(".tmp-"):
             continue
-        try:
-            pid = int(entry.name.rsplit("-", 2)[-2])
-        except (ValueError, IndexError):
+        pid = temp_owner_pid(entry.name)
+        if pid is None:
             continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            if entry.is_dir():
+        if pid != os.getpid() and not pid_alive(pid):
+            if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
@@ -99,8 +106,43 @@ def remove_stale_temps(parent: Path) -> list[Path]:
     return removed
 
 
-def _temp_sibling(final: Path) -> Path:
-    return final.parent / f".tmp-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+def _temp_sibling(final: Path, prefix: str = ".tmp-") -> Path:
+    return final.parent / f"{prefix}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def temp_owner_pid(name: str) -> int | None:
+    """The pid in a ``.tmp-<name>-<pid>-<token>`` (or ``.trash-``) entry name, if there is one."""
+    try:
+        return int(name.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return None
+
+
+def tree_size(path: Path) -> int:
+    """Bytes held by the files under ``path`` (or by the file ``path``); symlinks not followed."""
+    if not path.is_dir() or path.is_symlink():
+        return path.lstat().st_size
+    total = 0
+    for root, _, filenames in os.walk(path):
+        for name in filenames:
+            total += (Path(root) / name).lstat().st_size
+    return total
+
+
+def discard(path: Path, on_step: StepHook | None = None) -> None:
+    """Remove a file or directory crash-safely: rename it to a ``.trash-`` sibling, fsync the
+    parent, then delete the sibling. After any crash ``path`` is either intact or gone, and what
+    remains is a ``.trash-`` sibling that can be deleted at any time."""
+    step = on_step or _noop
+    trash = _temp_sibling(path, ".trash-")
+    os.rename(path, trash)
+    fsync_path(path.parent)
+    step("trashed")
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash)
+    else:
+        trash.unlink()
+    step("deleted")
 
 
 def publish_directory(
@@ -153,49 +195,33 @@ def publish_directory(
     return PublishOutcome.published
 
 
-def write_file_atomic(path: Path, data: bytes, *, replace: bool = True) -> bool:
-    """Write ``data`` to ``path`` via temp + fsync + rename. With ``replace=False`` an existing
-    file is kept and False is returned."""
+def write_file_atomic(path: Path, data: bytes, *, replace: bool = True, on_step: StepHook | None = None) -> bool:
+    """Write ``data`` to ``path`` via temp + fsync + rename, then fsync the parent.
+
+    With ``replace=True`` (a pointer file) the rename is ``os.replace``: a reader sees the old or
+    the new bytes, never a mix. With ``replace=False`` an existing file is kept and False is
+    returned. ``on_step`` is called at each of ``FILE_STEPS``.
+    """
+    step = on_step or _noop
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path)
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if replace:
-        os.replace(tmp, path)
-        done = True
-    else:
-        done = rename_noreplace(tmp, path)
-        if not done:
-            tmp.unlink()
-    fsync_path(path.parent)
-    return done
-
-
-def replace_directory(final: Path, write: Callable[[Path], None]) -> None:
-    """Replace a mutable working directory (per-revision stage outputs) as a whole.
-
-    The new content is written to a temp sibling and swapped in, so readers never see a
-    half-written stage output; the previous content is removed after the swap.
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(final.parent)
-    tmp = _temp_sibling(final)
-    tmp.mkdir()
     try:
-        write(tmp)
-        for root, _, filenames in os.walk(tmp):
-            for name in filenames:
-                fsync_path(Path(root) / name)
-        old = None
-        if final.exists():
-            old = _temp_sibling(final)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        fsync_path(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        step("file_temp_written")
+        if replace:
+            os.replace(tmp, path)
+            done = True
+        else:
+            done = rename_noreplace(tmp, path)
+            if not done:
+                tmp.unlink()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
         raise
+    step("file_renamed")
+    fsync_path(path.parent)
+    step("file_parent_fsynced")
+    return done

@@ -1,11 +1,18 @@
 """Where ragpipe keeps runtime state: one folder, ``$RAGPIPE_HOME`` (default ``./var/ragpipe``).
 
 ```
-revisions/<key>.json          registered corpus revisions (immutable)
-work/<key>/<stage>/           latest output of each stage for a revision, replaced atomically
-embedding_cache/<spec hex>/   embedding cache shards, shared by all revisions
-bundles/<bundle id hex>/      published, immutable index bundles
+revisions/<key>.json                 registered corpus revisions (immutable)
+work/<key>/<stage>/<version hex>/    one immutable folder per distinct output of a stage for a
+                                     revision, named by its data version; never replaced
+work/<key>/<stage>/latest.json       the revision's latest materialization of the stage: which
+                                     version folder, under which spec (replaced atomically)
+embedding_cache/<spec hex>/          embedding cache shards, shared by all revisions
+bundles/<bundle id hex>/             published, immutable index bundles
+locks/                               flock files (workspace.lock, build-<key>.lock)
 ```
+
+Stage outputs and bundles accumulate until ``ragpipe.stages.gc.collect_garbage`` removes those no
+``latest.json`` references (see ``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -37,5 +44,14 @@ class Workspace:
     def bundles(self) -> Path:
         return self.home / "bundles"
 
+    @property
+    def work(self) -> Path:
+        return self.home / "work"
+
+    @property
+    def locks(self) -> Path:
+        return self.home / "locks"
+
     def stage_dir(self, revision: str, stage: str) -> Path:
-        return self.home / "work" / revision / stage
+        """The folder holding a revision's versions of ``stage`` and its ``latest.json`` pointer."""
+        return self.work / revision / stage

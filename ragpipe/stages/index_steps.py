@@ -1,0 +1,151 @@
+"""The index-side stages: tantivy and lancedb indexes over a revision's representations, and the bundle."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ragpipe.bundle.build import BundleInputs, bundle_semantic, publish_bundle
+from ragpipe.bundle.manifest import BundleCounts
+from ragpipe.bundle.verify import BundleVerificationError, open_bundle
+from ragpipe.corpus.snapshot import read_snapshot_documents
+from ragpipe.embedding.compute import read_embeddings
+from ragpipe.index.lexical import build_lexical_index
+from ragpipe.index.rows import IndexRow, index_rows
+from ragpipe.index.vector import build_vector_index
+from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.publish import StepHook
+from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.representations.derive import Representation, read_representations
+from ragpipe.stages.results import StageResult, md_table
+from ragpipe.stages.stage_store import StageError, StageOutput, holding_workspace_lock, publish_stage, read_output, read_outputs
+from ragpipe.stages.workspace import Workspace
+
+
+def _rows(ins: dict[str, StageOutput]) -> tuple[list[Representation], list[IndexRow]]:
+    documents = read_snapshot_documents(ins["source_snapshot"].path / "documents.parquet")
+    reps = read_representations(ins["representations"].path / "representations.parquet")
+    return reps, index_rows(documents, reps)
+
+
+@holding_workspace_lock
+def run_lexical_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None) -> StageResult:
+    t0 = time.perf_counter()
+    ins = read_outputs(ws, revision, ["source_snapshot", "representations"], spec)
+    n_reps = int(ins["representations"].record.facts["representations"])
+
+    def write(tmp: Path) -> None:
+        _, rows = _rows(ins)
+        (tmp / "index").mkdir()
+        built = build_lexical_index(tmp / "index", rows, spec.lexical_index, spec.execution.index_writer_heap_mb)
+        if built != len(rows):
+            raise StageError(f"lexical index holds {built} documents, expected {len(rows)}")
+
+    # The index files are not byte-reproducible; the data version names what was indexed, how.
+    # An already published version is reused without building the index again.
+    version = content_id(
+        "lexical-index", 2,
+        {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["lexical_index"]},
+    )
+    out = publish_stage(ws, revision, "lexical_index", spec, version, write, {"documents": n_reps}, ins, on_step)
+    return StageResult(
+        out,
+        {"indexed_representations": n_reps, "tokenizer": spec.lexical_index.tokenizer, "seconds": round(time.perf_counter() - t0, 3)},
+    )
+
+
+@holding_workspace_lock
+def run_vector_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None) -> StageResult:
+    t0 = time.perf_counter()
+    ins = read_outputs(ws, revision, ["source_snapshot", "representations", "embeddings"], spec)
+    if not spec.vector_index.enabled:
+        out = publish_stage(
+            ws, revision, "vector_index", spec, content_id("vector-index-disabled", 1, {}), lambda tmp: None,
+            {"enabled": False}, ins, on_step,
+        )
+        return StageResult(out, {"enabled": "false (lexical-only pipeline)"})
+    n_reps = int(ins["representations"].record.facts["representations"])
+
+    def write(tmp: Path) -> None:
+        reps, rows = _rows(ins)
+        ids, vectors = read_embeddings(ins["embeddings"].path / "embeddings.parquet")
+        if ids != [r.representation_id for r in reps]:
+            raise StageError(f"embeddings for revision {revision!r} do not match its representations: re-materialize embeddings")
+        if (built := build_vector_index(tmp / "index", rows, vectors, spec.vector_index.metric)) != len(rows):
+            raise StageError(f"vector index holds {built} rows, expected {len(rows)}")
+
+    version = content_id(
+        "vector-index", 2, {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["vector_index"]}
+    )
+    out = publish_stage(ws, revision, "vector_index", spec, version, write, {"enabled": True, "rows": n_reps}, ins, on_step)
+    return StageResult(out, {"rows": n_reps, "metric": spec.vector_index.metric, "seconds": round(time.perf_counter() - t0, 3)})
+
+
+BUNDLE_INPUTS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index"]
+
+
+@holding_workspace_lock
+def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: StepHook | None = None) -> StageResult:
+    """Assemble and publish the bundle; ``on_step`` observes the *bundle's* publication steps."""
+    t0 = time.perf_counter()
+    ins = read_outputs(ws, revision, BUNDLE_INPUTS, spec)
+    snap, chunks, reps, emb, lex, vec = (ins[s].record for s in BUNDLE_INPUTS)
+    vector = spec.vector_index.enabled
+    n_reps = int(reps.facts["representations"])
+    semantic = bundle_semantic(
+        spec,
+        corpus_digest=snap.data_version,
+        default_scope=str(snap.facts["default_scope"]),
+        chunk_set_digest=chunks.data_version,
+        representation_set_digest=reps.data_version,
+        embeddings_digest=emb.data_version if vector else None,
+        counts=BundleCounts(
+            documents=int(snap.facts["documents"]),
+            chunks=int(chunks.facts["chunks"]),
+            representations=n_reps,
+            lexical_documents=int(lex.facts["documents"]),
+            vectors=int(vec.facts["rows"]) if vector else 0,
+        ),
+    )
+    inputs = BundleInputs(
+        documents_parquet=ins["source_snapshot"].path / "documents.parquet",
+        chunks_parquet=ins["chunks"].path / "chunks.parquet",
+        representations_parquet=ins["representations"].path / "representations.parquet",
+        lexical_dir=ins["lexical_index"].path / "index",
+        vector_dir=ins["vector_index"].path / "index" if vector else None,
+    )
+    bundle, outcome = publish_bundle(semantic, inputs, ws.bundles, on_step)
+    m = bundle.manifest
+    out = publish_stage(
+        ws, revision, "index_bundle", spec, m.bundle_id, lambda tmp: None,
+        {"bundle_id": m.bundle_id, "bundle_path": str(bundle.path), "outcome": outcome.value}, ins,
+    )
+    counts = m.semantic.counts
+    return StageResult(
+        out,
+        {
+            "bundle_id": m.bundle_id,
+            "bundle_path": str(bundle.path),
+            "publication": outcome.value,
+            "files": len(m.files),
+            "bundle_bytes": sum(f.size for f in m.files),
+            "documents": counts.documents,
+            "chunks": counts.chunks,
+            "representations": counts.representations,
+            "vectors": counts.vectors,
+            "seconds": round(time.perf_counter() - t0, 3),
+        },
+        {"specs": md_table(["stage", "spec ID"], [[k, v.spec_id] for k, v in m.semantic.specs.items()])},
+    )
+
+
+@holding_workspace_lock
+def check_bundle(ws: Workspace, revision: str) -> tuple[str, list[str]]:
+    """Verify the revision's published bundle: (bundle path, problems)."""
+    record = read_output(ws, revision, "index_bundle").record
+    path = str(record.facts["bundle_path"])
+    try:
+        open_bundle(Path(path))
+    except BundleVerificationError as exc:
+        return path, exc.problems
+    return path, []

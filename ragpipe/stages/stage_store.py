@@ -1,0 +1,227 @@
+"""Content-addressed stage outputs: immutable version folders plus one ``latest`` pointer per partition.
+
+```
+work/<revision>/<stage>/<data version hex>/   payload files + stage.json; published atomically
+                                              (temp sibling, fsync, RENAME_NOREPLACE), never replaced
+work/<revision>/<stage>/latest.json           the partition's latest materialization (a StageRecord),
+                                              written after its version folder is published
+                                              (temp file, fsync, os.replace, fsync dir)
+```
+
+A materialization whose output equals one already published (same data version) publishes nothing
+and only moves the pointer. Readers read ``latest.json`` once and then only the immutable folder it
+names, so a concurrent materialization can never hand them a half-replaced output; Dagster's
+materialization history keeps pointing at folders that exist (until garbage collection, which
+removes only folders no pointer references: ``ragpipe.stages.gc``).
+
+A record keeps the cumulative spec ID it was built under, and the data versions of the upstream
+outputs it read (``inputs``): a stage refuses an upstream recorded under another spec, and a set of
+upstream outputs that were not built from one another.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ragpipe.corpus.models import REVISION_PATTERN
+from ragpipe.kernel.publish import FILE_STEPS, PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory, write_file_atomic
+from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.stages.locks import file_lock
+from ragpipe.stages.workspace import Workspace
+
+POINTER = "latest.json"
+STAGE_RECORD = "stage.json"
+# Every point of a stage publication where a crash leaves a distinct state on disk, in order.
+STAGE_PUBLISH_STEPS = PUBLISH_STEPS + FILE_STEPS
+_VERSION = re.compile(r"^sha256:([0-9a-f]{64})$")
+VERSION_NAME = re.compile(r"^[0-9a-f]{64}$")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class StageError(RuntimeError):
+    pass
+
+
+class StageRecord(BaseModel):
+    """One materialization of one stage for one revision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: str
+    revision: str
+    spec_id: str
+    data_version: str
+    inputs: dict[str, str] = {}  # upstream stage -> data version read
+    facts: dict[str, str | int | float | bool | None] = {}
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """A stage record and the immutable folder holding its output."""
+
+    record: StageRecord
+    path: Path
+
+    @property
+    def data_version(self) -> str:
+        return self.record.data_version
+
+
+def workspace_lock(ws: Workspace, *, exclusive: bool = False, blocking: bool = True):
+    """Shared by stage materializations, exclusive for garbage collection (``ragpipe.stages.locks``)."""
+    return file_lock(ws.locks / "workspace.lock", exclusive=exclusive, blocking=blocking)
+
+
+def version_name(data_version: str) -> str:
+    """The folder name of a data version (``sha256:<hex>`` -> ``<hex>``)."""
+    match = _VERSION.match(data_version)
+    if match is None:
+        raise StageError(f"data version {data_version!r} is not a sha256 content ID")
+    return match.group(1)
+
+
+def _stage_dir(ws: Workspace, revision: str, stage: str) -> Path:
+    if not REVISION_PATTERN.match(revision):
+        raise StageError(f"invalid revision key {revision!r}")  # a key is a path segment
+    return ws.stage_dir(revision, stage)
+
+
+def version_dir(ws: Workspace, revision: str, stage: str, data_version: str) -> Path:
+    return _stage_dir(ws, revision, stage) / version_name(data_version)
+
+
+def pointer_path(ws: Workspace, revision: str, stage: str) -> Path:
+    return _stage_dir(ws, revision, stage) / POINTER
+
+
+def parse_record(path: Path, data: bytes) -> StageRecord:
+    try:
+        return StageRecord.model_validate(json.loads(data))
+    except (ValueError, ValidationError) as exc:
+        raise StageError(f"{path}: not a valid stage record ({str(exc).splitlines()[0]})") from None
+
+
+def _record_bytes(record: StageRecord) -> bytes:
+    return (record.model_dump_json(indent=2) + "\n").encode()
+
+
+def _check_folder(folder: Path, record: StageRecord) -> None:
+    """The folder's own stage.json must describe the same output as ``record``."""
+    path = folder / STAGE_RECORD
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise StageError(
+            f"{record.stage} for revision {record.revision!r}: version folder {folder} is missing: re-materialize "
+            f"{record.stage}"
+        ) from None
+    own = parse_record(path, data)
+    if (own.stage, own.revision, own.data_version) != (record.stage, record.revision, record.data_version):
+        raise StageError(
+            f"{path}: records {own.stage} {own.data_version} of revision {own.revision!r}, expected "
+            f"{record.stage} {record.data_version} of revision {record.revision!r}: the folder is corrupt; move it away"
+        )
+
+
+def read_output(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | None = None) -> StageOutput:
+    """The latest output of ``stage`` for ``revision``; with ``spec``, refuse one built under another spec.
+
+    The pointer is read once; everything after that reads only the immutable folder it names.
+    """
+    pointer = pointer_path(ws, revision, stage)
+    try:
+        data = pointer.read_bytes()
+    except FileNotFoundError:
+        raise StageError(f"{stage} has not been materialized for revision {revision!r}: materialize it first") from None
+    record = parse_record(pointer, data)
+    if (record.stage, record.revision) != (stage, revision):
+        raise StageError(f"{pointer}: names {record.stage} of revision {record.revision!r}")
+    if spec is not None and record.spec_id != spec.spec_ids[stage]:
+        raise StageError(
+            f"{stage} for revision {revision!r} was built with spec {record.spec_id}, the current pipeline "
+            f"spec expects {spec.spec_ids[stage]}: re-materialize {stage} first"
+        )
+    folder = version_dir(ws, revision, stage, record.data_version)
+    _check_folder(folder, record)
+    return StageOutput(record, folder)
+
+
+def read_outputs(ws: Workspace, revision: str, stages: list[str], spec: PipelineSpec) -> dict[str, StageOutput]:
+    """The latest outputs of ``stages``, refused unless each was built from the others' versions.
+
+    A stage re-materialized alone (say ``chunks`` with new content) makes the outputs built on its
+    previous version inconsistent with it; combining them would produce an artifact no single
+    input state explains.
+    """
+    outs = {stage: read_output(ws, revision, stage, spec) for stage in stages}
+    for stage, out in outs.items():
+        for upstream, version in out.record.inputs.items():
+            if upstream in outs and outs[upstream].data_version != version:
+                raise StageError(
+                    f"{stage} for revision {revision!r} was built from {upstream} {version}, but the latest "
+                    f"{upstream} is {outs[upstream].data_version}: re-materialize {stage} first"
+                )
+    return outs
+
+
+def publish_output(
+    ws: Workspace,
+    record: StageRecord,
+    write: Callable[[Path], None],
+    on_step: StepHook | None = None,
+) -> tuple[StageOutput, PublishOutcome]:
+    """Publish ``record``'s version folder (``write(tmp)`` fills it) unless that version exists, then
+    point ``latest.json`` at it. ``write`` is not called when the version is already published."""
+    folder = version_dir(ws, record.revision, record.stage, record.data_version)
+    outcome = publish_directory(
+        folder, write, lambda tmp: (tmp / STAGE_RECORD).write_bytes(_record_bytes(record)), on_step
+    )
+    if outcome is PublishOutcome.existing:
+        _check_folder(folder, record)
+    write_file_atomic(pointer_path(ws, record.revision, record.stage), _record_bytes(record), on_step=on_step)
+    return StageOutput(record, folder), outcome
+
+
+def holding_workspace_lock(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn(ws, ...)`` with the workspace lock held shared (no garbage collection meanwhile)."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with workspace_lock(args[0]):  # type: ignore[arg-type]
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def publish_stage(
+    ws: Workspace,
+    revision: str,
+    stage: str,
+    spec: PipelineSpec,
+    data_version: str,
+    write: Callable[[Path], None],
+    facts: dict | None = None,
+    inputs: dict[str, StageOutput] | None = None,
+    on_step: StepHook | None = None,
+) -> StageRecord:
+    """Publish one materialization of ``stage``: its record names the spec it was built under and
+    the upstream ``inputs`` it read; returns the record (see ``publish_output``)."""
+    record = StageRecord(
+        stage=stage,
+        revision=revision,
+        spec_id=spec.spec_ids[stage],
+        data_version=data_version,
+        inputs={name: out.data_version for name, out in (inputs or {}).items()},
+        facts=facts or {},
+    )
+    publish_output(ws, record, write, on_step)
+    return record
