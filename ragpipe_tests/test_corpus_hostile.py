@@ -157,13 +157,95 @@ def test_only_symlinks_is_no_documents_naming_the_exclusions(tmp_path: Path):
     ]
 
 
+# --- nothing in a folder is skipped silently ------------------------------------------------------
+
+HR_FRONT = "---\naccess_scopes: [hr]\n---\nsalaries of the board\n"
+HIDDEN_FILE, HIDDEN_DIR = "hidden file: not read", "hidden directory: not walked"
+NOT_MARKDOWN = "not a .md, .markdown or .txt file (any letter case): not read"
+
+
+def test_every_entry_not_read_is_excluded_with_a_reason(tmp_path: Path):
+    """Before: hidden files and directories and files with another (or an upper-case) suffix were
+    skipped without a trace. Now upper-case suffixes are read; everything else is an exclusion."""
+    root = write_tree(
+        tmp_path / "corpus",
+        {
+            "ok.md": OK_TEXT,
+            ".hr.md": HR_FRONT,
+            "PAY.MD": "---\naccess_scopes: [payroll]\n---\npayroll run dates\n",
+            "Notes.Markdown": OK_TEXT,
+            "sub/x.TXT": OK_TEXT,
+            "sub/.secret.txt": HR_FRONT,
+            "README": OK_TEXT,
+            "img.png": "png",
+            ".git/config": "[core]\n",
+            ".drafts/inner.md": HR_FRONT,
+        },
+    )
+    (root / ".link.md").symlink_to("/etc/passwd")
+    records = read_markdown_folder(root)
+    assert [(r.document_id, r.access_scopes) for r in records] == [
+        ("Notes.Markdown", None),
+        ("PAY.MD", ("payroll",)),
+        ("ok.md", None),
+        ("sub/x.TXT", None),
+    ]
+    expected = [
+        (".drafts", HIDDEN_DIR),
+        (".git", HIDDEN_DIR),
+        (".hr.md", HIDDEN_FILE),
+        (".link.md", HIDDEN_FILE),
+        ("README", NOT_MARKDOWN),
+        ("img.png", NOT_MARKDOWN),
+        ("sub/.secret.txt", HIDDEN_FILE),
+    ]
+    assert [(e.document_id, e.reason) for e in records.excluded] == expected
+    assert [e.location for e in records.excluded] == [str(root / rel) for rel, _ in expected]
+    _, summary = build_snapshot(records, "r", "public", SnapshotSpec(min_text_chars=1))
+    assert [(e.document_id, e.reason) for e in summary.excluded] == expected
+
+
+def test_a_hidden_or_other_file_added_after_registration_changes_the_digest(tmp_path: Path):
+    root = write_tree(tmp_path / "corpus", {"ok.md": OK_TEXT})
+    record, _ = register_revision(tmp_path / "reg", "r1", root, "markdown")
+    for rel in (".hr.md", "notes.docx", ".cache/x.md"):
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_text(HR_FRONT)
+        with pytest.raises(RevisionError, match="changed since registration"):
+            read_registered_corpus(record)
+        (root / rel).unlink()
+        if rel == ".cache/x.md":
+            (root / ".cache").rmdir()
+    assert [r.document_id for r in read_registered_corpus(record)] == ["ok.md"]
+
+
+def test_contents_of_a_hidden_directory_are_not_walked(tmp_path: Path):
+    """A FIFO inside a hidden directory would block a walker that descends into it."""
+    root = write_tree(tmp_path / "corpus", {"ok.md": OK_TEXT})
+    (root / ".hidden").mkdir()
+    os.mkfifo(root / ".hidden" / "pipe.md")
+    before = source_digest(root, "markdown")
+    (root / ".hidden" / "more.md").write_text(HR_FRONT)
+    assert source_digest(root, "markdown") == before
+    assert [(e.document_id, e.reason) for e in read_markdown_folder(root).excluded] == [(".hidden", HIDDEN_DIR)]
+
+
+def test_only_hidden_files_is_no_documents_naming_the_exclusions(tmp_path: Path):
+    root = write_tree(tmp_path / "corpus", {".hr.md": HR_FRONT, "a.MDX": OK_TEXT})
+    assert problems_of(read_markdown_folder, root) == [
+        f"{root}: no Markdown or text files found (2 excluded: .hr.md: {HIDDEN_FILE}; a.MDX: {NOT_MARKDOWN})"
+    ]
+
+
 # --- front matter --------------------------------------------------------------------------------
 
+FENCE_RULE = "(no other dashes, whitespace or invisible characters)"
+
 BAD_FRONT_MATTER = [
-    ("trailing_space_open", "--- \naccess_scopes: [hr]\n---\nbody\n", "1", "front matter delimiter '--- ' must be exactly '---' (no surrounding whitespace)"),
-    ("trailing_tab_open", "---\t\naccess_scopes: [hr]\n---\nbody\n", "1", "front matter delimiter '---\\t' must be exactly '---' (no surrounding whitespace)"),
-    ("leading_space_open", " ---\naccess_scopes: [hr]\n---\nbody\n", "1", "front matter delimiter ' ---' must be exactly '---' (no surrounding whitespace)"),
-    ("trailing_space_close", "---\naccess_scopes: [hr]\n--- \nbody\n", "3", "front matter delimiter '--- ' must be exactly '---' (no surrounding whitespace)"),
+    ("trailing_space_open", "--- \naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '--- ' must be exactly '---' {FENCE_RULE}"),
+    ("trailing_tab_open", "---\t\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '---\\t' must be exactly '---' {FENCE_RULE}"),
+    ("leading_space_open", " ---\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter ' ---' must be exactly '---' {FENCE_RULE}"),
+    ("trailing_space_close", "---\naccess_scopes: [hr]\n--- \nbody\n", "3", f"front matter delimiter '--- ' must be exactly '---' {FENCE_RULE}"),
     ("after_blank_line", "\n---\naccess_scopes: [hr]\n---\nbody\n", "2", "front matter must open on line 1 (a '---' line after blank lines is ambiguous)"),
     ("toml", "+++\naccess_scopes = ['hr']\n+++\nbody\n", "1", "TOML front matter ('+++') is not supported: use YAML between '---' lines"),
     ("unclosed", "---\naccess_scopes: [hr]\nbody\n", "1", "front matter opened with '---' is never closed"),
@@ -181,6 +263,21 @@ BAD_FRONT_MATTER = [
     ("bad_yaml", "---\naccess_scopes: [hr\n---\nbody\n", "2", "front matter is not valid YAML: expected ',' or ']', but got '<stream end>'"),
     ("not_mapping", "---\n- hr\n---\nbody\n", "1", "front matter must be a mapping"),
     ("unknown_key", "---\ntitle: T\nscopes: [hr]\n---\nbody\n", "3", "unknown front-matter key(s) scopes (allowed: title, access_scopes, source_role)"),
+    # fence lookalikes (adversarial review of issue 7): each was read as text under the default scope
+    ("four_dashes_open", "----\naccess_scopes: [hr]\n----\nbody\n", "1", f"front matter delimiter '----' must be exactly '---' {FENCE_RULE}"),
+    ("four_dashes_close", "---\naccess_scopes: [hr]\n----\nbody\n", "3", f"front matter delimiter '----' must be exactly '---' {FENCE_RULE}"),
+    ("zero_width_space_open", "\u200b---\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '\\u200b---' must be exactly '---' {FENCE_RULE}"),
+    ("zero_width_space_after", "---\u200b\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '---\\u200b' must be exactly '---' {FENCE_RULE}"),
+    ("word_joiner_open", "\u2060---\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '\\u2060---' must be exactly '---' {FENCE_RULE}"),
+    ("second_bom_open", "\ufeff\ufeff---\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '\\ufeff---' must be exactly '---' {FENCE_RULE}"),
+    ("no_break_space_open", "\u00a0---\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '\\xa0---' must be exactly '---' {FENCE_RULE}"),
+    ("spaced_dashes_open", "- - -\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '- - -' must be exactly '---' {FENCE_RULE}"),
+    ("em_dash_open", "\u2014\naccess_scopes: [hr]\n\u2014\nbody\n", "1", f"front matter delimiter '\u2014' must be exactly '---' {FENCE_RULE}"),
+    ("fullwidth_dashes_open", "\uff0d\uff0d\uff0d\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '\uff0d\uff0d\uff0d' must be exactly '---' {FENCE_RULE}"),
+    ("long_rule_open", "-" * 100 + "\naccess_scopes: [hr]\n---\nbody\n", "1", f"front matter delimiter '{'-' * 40}…' must be exactly '---' {FENCE_RULE}"),
+    ("zero_width_space_close", "---\naccess_scopes: [hr]\n\u200b---\nbody\n---\n", "3", f"front matter delimiter '\\u200b---' must be exactly '---' {FENCE_RULE}"),
+    ("invisible_line_first", "\u200b\n---\naccess_scopes: [hr]\n---\nbody\n", "2", "front matter must open on line 1 (a '---' line after blank lines is ambiguous)"),
+    ("zero_width_space_toml", "\u200b+++\naccess_scopes = ['hr']\n+++\nbody\n", "1", "TOML front matter ('+++') is not supported: use YAML between '---' lines"),
 ]
 
 
@@ -197,6 +294,8 @@ VALID_FRONT_MATTER = [
     ("crlf", "---\r\naccess_scopes: [hr]\r\nsource_role: faq\r\ntitle: T\r\n---\r\nbody text\r\n", ("hr",), "faq", "T"),
     ("rule_in_body", "---\naccess_scopes: [hr]\n---\nbody text\n\n---\n\nmore\n", ("hr",), "primary", "a"),
     ("no_front_matter", "body text\n\n---\n\naccess_scopes: [hr]\n", None, "primary", "a"),
+    # the one leading BOM is dropped by the declared normalisation, so this is plain '---'
+    ("bom_then_fence", "\ufeff---\naccess_scopes: [hr]\n---\nbody text\n", ("hr",), "primary", "a"),
 ]
 
 
@@ -205,6 +304,17 @@ def test_explicit_valid_front_matter_still_works(tmp_path: Path, name: str, text
     (rec,) = read_markdown_folder(write_tree(tmp_path / name, {"a.md": text}))
     assert (rec.access_scopes, rec.source_role, rec.title) == (scopes, role, title)
     assert rec.text.startswith("body text\n")
+
+
+NOT_FENCES = ["***\nbody text\n", "- item\n---\n", "-- \nsignature\n", "# T \u2014 x\n\n-----\n", "a\u200d---\nbody\n"]
+
+
+@pytest.mark.parametrize("text", NOT_FENCES, ids=range(len(NOT_FENCES)))
+def test_first_lines_that_do_not_look_like_a_fence_are_text(tmp_path: Path, text: str):
+    """No letter or digit plus three hyphens or a typographic dash makes a fence lookalike; a line
+    with a word on it, ``***`` or a two-hyphen signature marker is text, as before."""
+    (rec,) = read_markdown_folder(write_tree(tmp_path / "c", {"a.md": text}))
+    assert (rec.text, rec.access_scopes) == (text, None)
 
 
 # --- JSONL: explicit nulls, wrong types, duplicate keys ------------------------------------------
@@ -251,6 +361,57 @@ def test_explicit_valid_metadata_still_works(tmp_path: Path):
     ]
 
 
+NEAR_MISS_KEYS = [
+    ("access_scope", "access_scopes"),
+    ("Access_Scopes", "access_scopes"),
+    ("access_scopes ", "access_scopes"),
+    (" access_scopes", "access_scopes"),
+    ("ACCESS-SCOPES", "access_scopes"),
+    ("accessScopes", "access_scopes"),
+    ("access scopes", "access_scopes"),
+    ("access.scope", "access_scopes"),
+    ("access_scopes\u200b", "access_scopes"),
+    ("\uff41ccess_scopes", "access_scopes"),  # fullwidth "a": NFKC
+    ("source-role", "source_role"),
+    ("sourceRole", "source_role"),
+    ("source_roles", "source_role"),
+    ("SOURCE_ROLE", "source_role"),
+]
+
+
+@pytest.mark.parametrize(("key", "intended"), NEAR_MISS_KEYS, ids=[repr(k) for k, _ in NEAR_MISS_KEYS])
+def test_jsonl_near_miss_security_metadata_keys_are_refused(tmp_path: Path, key: str, intended: str):
+    """Before: listed under ignored_metadata_keys, and the document got the default scope."""
+    path = tmp_path / "c.jsonl"
+    path.write_text(GOOD + json.dumps({"_id": "d2", "text": "t", "metadata": {key: ["hr"]}}) + "\n")
+    assert problems_of(read_beir, path) == [
+        f"{path}:2 [id=d2]: metadata key {key!r} must be spelt exactly {intended!r} (a misspelt security key is refused, never ignored)"
+    ]
+    with pytest.raises(CorpusError):
+        register_revision(tmp_path / "reg", "k1", path, "beir")
+    assert list_revisions(tmp_path / "reg") == []
+
+
+def test_jsonl_near_miss_beside_the_exact_key_and_every_near_miss_is_named(tmp_path: Path):
+    path = tmp_path / "c.jsonl"
+    metadata = {"access_scopes": ["hr"], "Access_Scopes": ["public"], "url": "x", "sourceRole": "faq"}
+    path.write_text(GOOD + json.dumps({"_id": "d2", "text": "t", "metadata": metadata}) + "\n")
+    rule = "(a misspelt security key is refused, never ignored)"
+    assert problems_of(read_beir, path) == [
+        f"{path}:2 [id=d2]: metadata key 'Access_Scopes' must be spelt exactly 'access_scopes' {rule}",
+        f"{path}:2 [id=d2]: metadata key 'sourceRole' must be spelt exactly 'source_role' {rule}",
+    ]
+
+
+def test_jsonl_unrelated_metadata_keys_are_still_ignored(tmp_path: Path):
+    path = tmp_path / "c.jsonl"
+    unrelated = {"url": "x", "access": "y", "access_level": 3, "scopes_note": "z", "source": "s", "role": "r", "access_scopes_v2": ["hr"]}
+    path.write_text(json.dumps({"_id": "d1", "text": "t", "metadata": {"access_scopes": ["staff"], **unrelated}}) + "\n")
+    (rec,) = read_beir(path)
+    assert (rec.access_scopes, rec.source_role) == (("staff",), "primary")
+    assert rec.ignored_metadata_keys == tuple(sorted(unrelated))
+
+
 # --- document IDs ---------------------------------------------------------------------------------
 
 BAD_IDS = [
@@ -262,6 +423,14 @@ BAD_IDS = [
     ("c1", "a\u0085b", "[id=a\\x85b]: document ID contains control character U+0085 (not allowed in IDs)"),
     ("line_separator", "a\u2028b", "[id=a\\u2028b]: document ID contains control character U+2028 (not allowed in IDs)"),
     ("lone_surrogate", "a\ud800b", "[id=a\\ud800b]: document ID contains a lone surrogate U+D800 (not valid Unicode)"),
+    ("bidi_rlo", "a\u202egpj.md", "[id=a\\u202egpj.md]: document ID contains bidirectional control character U+202E (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_lre", "a\u202agpj.md", "[id=a\\u202agpj.md]: document ID contains bidirectional control character U+202A (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_pdf", "a\u202cgpj.md", "[id=a\\u202cgpj.md]: document ID contains bidirectional control character U+202C (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_lri", "a\u2066gpj.md", "[id=a\\u2066gpj.md]: document ID contains bidirectional control character U+2066 (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_pdi", "a\u2069gpj.md", "[id=a\\u2069gpj.md]: document ID contains bidirectional control character U+2069 (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_lrm", "a\u200egpj.md", "[id=a\\u200egpj.md]: document ID contains bidirectional control character U+200E (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_rlm", "a\u200fgpj.md", "[id=a\\u200fgpj.md]: document ID contains bidirectional control character U+200F (not allowed in IDs: it reorders how the ID is displayed)"),
+    ("bidi_alm", "a\u061cgpj.md", "[id=a\\u061cgpj.md]: document ID contains bidirectional control character U+061C (not allowed in IDs: it reorders how the ID is displayed)"),
     ("too_long", "x" * 513, f"[id={'x' * 80}… (513 bytes)]: document ID is 513 UTF-8 bytes long (limit 512)"),
     ("too_long_multibyte", "é" * 257, f"[id={'é' * 80}… (514 bytes)]: document ID is 514 UTF-8 bytes long (limit 512)"),
     ("ten_kb", "k" * 10_240, f"[id={'k' * 80}… (10240 bytes)]: document ID is 10240 UTF-8 bytes long (limit 512)"),
@@ -278,6 +447,29 @@ def test_bad_ids_are_refused_at_validation_naming_line_and_id(tmp_path: Path, na
     with pytest.raises(CorpusError):
         register_revision(registry, "k1", path, "beir")
     assert list_revisions(registry) == []
+
+
+def test_ids_with_joiners_and_other_format_characters_are_allowed(tmp_path: Path):
+    """ZWNJ spells Persian words, ZWJ emoji sequences: only bidirectional controls are refused."""
+    ids = ["\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", "\U0001f469\u200d\U0001f4bb", "soft\u00adhyphen"]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"_id": i, "text": "t"}) + "\n" for i in ids))
+    assert [r.document_id for r in read_beir(path)] == ids
+
+
+def test_messages_escape_what_a_reader_cannot_see():
+    from ragpipe.corpus.rules import shown_id
+
+    assert shown_id("a\u200db\u00a0c\u200bd e\u202e") == "a\\u200db\\xa0c\\u200bd e\\u202e"
+
+
+def test_markdown_file_name_with_a_bidi_control_is_refused(tmp_path: Path):
+    root = write_tree(tmp_path / "corpus", {"ok.md": OK_TEXT, "a\u202egpj.md": OK_TEXT, "d\u2067ir/x.md": OK_TEXT})
+    rule = "(not allowed in IDs: it reorders how the ID is displayed)"
+    assert problems_of(read_markdown_folder, root) == [
+        f"{root}/a\\u202egpj.md [id=a\\u202egpj.md]: document ID contains bidirectional control character U+202E {rule}",
+        f"{root}/d\\u2067ir/x.md [id=d\\u2067ir/x.md]: document ID contains bidirectional control character U+2067 {rule}",
+    ]
 
 
 def test_id_length_limit_is_in_utf8_bytes(tmp_path: Path):
@@ -327,9 +519,14 @@ def test_non_utf8_file_and_directory_names_name_the_escaped_path(tmp_path: Path)
     os.mkdir(raw_root + b"/dir\xff")
     with open(raw_root + b"/dir\xff/inner.md", "wb") as fh:
         fh.write(OK_TEXT.encode())
+    for name in (b"/.hidden\xfe", b"/img\xfd.png"):  # entries not read must be nameable too
+        with open(raw_root + name, "wb") as fh:
+            fh.write(b"x")
     assert problems_of(read_markdown_folder, root) == [
+        f"{root}/.hidden\\xfe: file name is not valid UTF-8",
         f"{root}/caf\\xe9.md: file name is not valid UTF-8",
         f"{root}/dir\\xff: file name is not valid UTF-8",
+        f"{root}/img\\xfd.png: file name is not valid UTF-8",
     ]
 
 

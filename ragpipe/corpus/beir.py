@@ -1,6 +1,12 @@
 """BEIR-style corpus: one JSON object a line with ``_id``, ``title``, ``text`` and optional
 ``metadata`` (``access_scopes``, ``source_role``; other metadata keys are reported as ignored).
 
+A metadata key that is a *near miss* of a security key is refused, never ignored: ignoring
+``Access_Scopes`` would publish the document under the default (usually widest) scope. A key is a
+near miss of ``access_scopes``/``source_role`` when it differs from it but is equal to it after
+NFKC, case-folding, removing every character that is not a letter or digit (whitespace, ``-``,
+``_``, ``.``, invisible characters) and dropping one trailing ``s`` (singular/plural).
+
 Every problem is collected as ``file:line [id=…]: rule`` and all are raised together. On top of
 JSON syntax, a line is refused for: a key given twice in any object (JSON parsers disagree on which
 value wins), a non-finite number, an ID breaking ``ragpipe.corpus.rules``, an ID equal to an
@@ -12,6 +18,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 from ragpipe.corpus.normalize import CorpusError, decode_utf8, normalize_text
@@ -21,6 +30,30 @@ from ragpipe.corpus.source import BeirSource
 
 FIELDS = {"_id", "title", "text", "metadata"}
 SCOPED_METADATA = {"access_scopes", "source_role"}
+_NOT_ALNUM = re.compile(r"[\W_]+")
+_SHOWN_KEY_CHARS = 60
+
+
+def _key_skeleton(key: str) -> str:
+    """The part of a key that a typo, a case or separator change or a plural does not touch."""
+    return _NOT_ALNUM.sub("", unicodedata.normalize("NFKC", key).casefold()).removesuffix("s")
+
+
+_INTENDED = {_key_skeleton(key): key for key in SCOPED_METADATA}
+
+
+def _near_miss_problems(metadata: Mapping[str, Any], where: str) -> list[str]:
+    """One problem per metadata key that is a near miss of a security key (module docstring)."""
+    problems = []
+    for key in metadata:
+        intended = _INTENDED.get(_key_skeleton(key))
+        if intended is not None and key != intended:
+            shown = repr(key if len(key) <= _SHOWN_KEY_CHARS else key[:_SHOWN_KEY_CHARS] + "…")
+            problems.append(
+                f"{where}: metadata key {shown} must be spelt exactly {intended!r} "
+                "(a misspelt security key is refused, never ignored)"
+            )
+    return problems
 
 
 class _Line:
@@ -79,6 +112,10 @@ def _record(obj: dict[str, Any], doc_id: str, where: str, location: str, problem
     metadata = obj.get("metadata", {})
     if not isinstance(metadata, dict):
         problems.append(f"{where}: 'metadata' must be an object, got {shown_value(metadata)}")
+        return None
+    near_misses = _near_miss_problems(metadata, where)
+    if near_misses:
+        problems.extend(near_misses)
         return None
     return SourceRecord(
         document_id=doc_id,

@@ -1,19 +1,28 @@
 """YAML front matter of a Markdown/text document, parsed so that nothing ambiguous gets through.
 
-A document has front matter when its first non-blank line, stripped, is ``---``. Then:
+Lines are compared on what a reader can see: a line is *blank* when nothing is left of it once
+whitespace and invisible characters (Unicode categories Cf and Zs: zero-width spaces, joiners, a
+second BOM, no-break spaces …) are removed. A line *looks like a fence* when, with Cf/Zs characters
+removed and NFKC applied (fullwidth ``－`` becomes ``-``), it holds no letter or digit and either a
+run of three or more ``-`` or any typographic dash (Unicode Pd or U+2212: ``—`` is what "smart
+punctuation" makes of ``---``). A document has front matter when its first non-blank line looks
+like a fence. Then:
 
-- that line must be line 1 and exactly ``---`` (``--- `` with trailing whitespace, or a ``---``
-  after blank lines, is refused: other tools would read it differently, and reading it as text
-  would publish the declared ``access_scopes`` as document text under the default scope);
-- the block ends at the next line that, stripped, is ``---``; that line must be exactly ``---``;
+- that line must be line 1 and exactly ``---`` (``--- ``, ``----``, ``\\u200b---``, ``—`` or a
+  ``---`` after blank lines is refused: other tools would read it differently, and reading it as
+  text would publish the declared ``access_scopes`` as document text under the default scope);
+- the block ends at the next line that looks like a fence; that line must be exactly ``---``;
 - the YAML between must be a mapping (or empty), with no key given twice at any depth.
 
-A first line ``+++`` (TOML front matter) is refused rather than read as text. Any other document
-has no front matter. Problems come back as ``(line, rule)`` with 1-based file lines.
+A first non-blank line with no letter or digit and a run of three or more ``+`` (``+++``, TOML
+front matter) is refused rather than read as text. Any other document has no front matter.
+Problems come back as ``(line, rule)`` with 1-based file lines.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +30,12 @@ import yaml
 
 # The YAML block starts on file line 2; PyYAML marks are 0-based.
 _YAML_LINE_OFFSET = 2
+_INVISIBLE = frozenset({"Cf", "Zs"})
+_NO_WORD = re.compile(r"[\W_]*\Z")
+_HYPHEN_RUN = re.compile(r"-{3,}")
+_PLUS_RUN = re.compile(r"\+{3,}")
+_MINUS_SIGN = "\u2212"
+_SHOWN_LINE_CHARS = 40
 
 
 @dataclass(frozen=True)
@@ -67,30 +82,70 @@ def _load_yaml(text: str) -> tuple[Any, dict[str, int]]:
     return value, lines
 
 
+def _wordless_view(line: str) -> str | None:
+    """What a reader sees of a line with no letter or digit: invisible characters (Cf, Zs) removed,
+    NFKC applied. ``None`` for a line with a letter or digit: it is neither blank nor a fence (the
+    regex runs first, at C speed, so megabyte lines of text cost almost nothing)."""
+    if not _NO_WORD.match(line):
+        return None
+    seen = unicodedata.normalize("NFKC", "".join(c for c in line if unicodedata.category(c) not in _INVISIBLE))
+    return seen if _NO_WORD.match(seen) else None
+
+
+def _is_blank(line: str) -> bool:
+    seen = _wordless_view(line)
+    return seen is not None and not seen.strip()
+
+
+def _is_dash(c: str) -> bool:
+    return c == "-" or c == _MINUS_SIGN or unicodedata.category(c) == "Pd"
+
+
+def looks_like_fence(line: str) -> bool:
+    """True for ``---`` and anything a reader could take for it (see the module docstring)."""
+    seen = _wordless_view(line)
+    if seen is None:
+        return False
+    typographic = any(_is_dash(c) and c != "-" for c in seen)
+    return typographic or _HYPHEN_RUN.search(seen) is not None
+
+
+def _looks_like_toml_fence(line: str) -> bool:
+    seen = _wordless_view(line)
+    return seen is not None and _PLUS_RUN.search(seen) is not None
+
+
+def _shown(line: str) -> str:
+    # repr escapes what cannot be seen (\t, \xa0, \u200b, \ufeff …); a long rule of dashes is cut.
+    return repr(line if len(line) <= _SHOWN_LINE_CHARS else line[:_SHOWN_LINE_CHARS] + "…")
+
+
 def _delimiter_problem(line: str, lineno: int) -> tuple[int, str] | None:
     if line == "---":
         return None
-    return lineno, f"front matter delimiter {line!r} must be exactly '---' (no surrounding whitespace)"
+    return lineno, (
+        f"front matter delimiter {_shown(line)} must be exactly '---' (no other dashes, whitespace or invisible characters)"
+    )
 
 
 def split_front_matter(text: str) -> tuple[FrontMatter | None, Problems]:
     """Split normalised text into front matter and body; ``None`` with problems if refused."""
     lines = text.split("\n")
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    first = next((i for i, line in enumerate(lines) if not _is_blank(line)), None)
     none = FrontMatter(meta={}, key_lines={}, body=text)
     if first is None:
         return none, []
-    opener = lines[first].strip()
-    if opener == "+++":
+    opener = lines[first]
+    if _looks_like_toml_fence(opener):
         return None, [(first + 1, "TOML front matter ('+++') is not supported: use YAML between '---' lines")]
-    if opener != "---":
+    if not looks_like_fence(opener):
         return none, []
     if first != 0:
         return None, [(first + 1, "front matter must open on line 1 (a '---' line after blank lines is ambiguous)")]
-    bad = _delimiter_problem(lines[0], 1)
+    bad = _delimiter_problem(opener, 1)
     if bad:
         return None, [bad]
-    close = next((j for j in range(1, len(lines)) if lines[j].strip() == "---"), None)
+    close = next((j for j in range(1, len(lines)) if looks_like_fence(lines[j])), None)
     if close is None:
         return None, [(1, "front matter opened with '---' is never closed")]
     bad = _delimiter_problem(lines[close], close + 1)

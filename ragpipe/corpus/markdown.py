@@ -1,11 +1,11 @@
-"""Folder of Markdown/text files: one document per ``.md``/``.markdown``/``.txt`` file.
+"""Folder of Markdown/text files: one document per ``.md``/``.markdown``/``.txt`` file (any case).
 
 Document ID = the file's path relative to the root, NFC-normalised, obeying
 ``ragpipe.corpus.rules`` (two files whose paths are equal after NFC are refused). Optional front
 matter (``ragpipe.corpus.front_matter``) may set only ``title``, ``access_scopes`` and
 ``source_role``; the title otherwise is the first ``# `` heading or the file stem. The text is the
-body after the front matter. Which entries are read, and which are excluded (symbolic links,
-special files), is decided by ``ragpipe.corpus.source``. Problems read
+body after the front matter. Which entries are read, and which are excluded with a reason (hidden
+entries, other suffixes, symbolic links, special files), is decided by ``ragpipe.corpus.source``. Problems read
 ``file[:line] [id=…]: rule``, the line being the front-matter line at fault.
 """
 

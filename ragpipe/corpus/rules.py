@@ -2,10 +2,13 @@
 
 A document ID is normalised to NFC and then must be non-empty, at most ``MAX_ID_BYTES`` UTF-8
 bytes, free of control characters (Unicode category Cc, plus U+2028/U+2029, which act as line
-breaks) and of lone surrogates (which JSON ``\\ud800`` escapes can smuggle in, and which are not
-encodable as UTF-8). Two IDs that are equal after NFC are the same ID: connectors refuse the second
-one. Checking this while reading the source, before anything is registered, is what keeps a bad
-ID from failing late inside the pipeline.
+breaks), of lone surrogates (which JSON ``\\ud800`` escapes can smuggle in, and which are not
+encodable as UTF-8) and of bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E/U+200F,
+U+061C: ``a\\u202egpj.md`` is *displayed* as ``adm.jpg``, so an ID could read as another one in a
+log, a trace or a review). Other format characters stay allowed: the joiners U+200C/U+200D are
+needed to spell words in Persian, Indic scripts and emoji sequences. Two IDs that are equal after
+NFC are the same ID: connectors refuse the second one. Checking this while reading the source,
+before anything is registered, is what keeps a bad ID from failing late inside the pipeline.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import unicodedata
 
 MAX_ID_BYTES = 512
 _LINE_BREAKS = {"\u2028", "\u2029"}
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _SHOWN_ID_CHARS = 80
 
 
@@ -40,6 +44,12 @@ def id_problem(doc_id: str) -> str | None:
     bad = next((c for c in doc_id if _is_control(c)), None)
     if bad is not None:
         return f"document ID contains control character U+{ord(bad):04X} (not allowed in IDs)"
+    bad = next((c for c in doc_id if c in _BIDI_CONTROLS), None)
+    if bad is not None:
+        return (
+            f"document ID contains bidirectional control character U+{ord(bad):04X} "
+            "(not allowed in IDs: it reorders how the ID is displayed)"
+        )
     size = len(doc_id.encode("utf-8"))
     if size > MAX_ID_BYTES:
         return f"document ID is {size} UTF-8 bytes long (limit {MAX_ID_BYTES})"
@@ -55,14 +65,22 @@ def string_problem(value: str, field: str) -> str | None:
     return None
 
 
+def _is_unseen(ch: str) -> bool:
+    """Characters a reader cannot see or tell apart from a space: escaped in messages."""
+    category = unicodedata.category(ch)
+    return category == "Cf" or (category == "Zs" and ch != " ")
+
+
 def _escape(ch: str) -> str:
-    if _is_control(ch) or _is_surrogate(ch):
+    if _is_control(ch) or _is_surrogate(ch) or _is_unseen(ch):
         return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
     return ch
 
 
 def escape_controls(text: str) -> str:
-    """Control characters and surrogates as ``\\xNN``/``\\uNNNN``: one problem stays one line."""
+    """Control characters, surrogates and characters a reader cannot see (format characters such as
+    bidirectional controls and zero-width spaces, spaces other than U+0020) as ``\\xNN``/``\\uNNNN``:
+    one problem stays one line and shows exactly which ID it is about."""
     return "".join(_escape(c) for c in text)
 
 

@@ -4,15 +4,19 @@ Registration digests the bytes it validates, and the snapshot stage parses the b
 it checked: both take a ``BeirSource``/``TreeSource`` (the bytes in memory) from here, digest it and
 parse that same object, so a file swapped between digest and parse can never be parsed unverified.
 
-Markdown folders are walked with directory file descriptors (``openat`` with ``O_NOFOLLOW``):
+Markdown folders are walked with directory file descriptors (``openat`` with ``O_NOFOLLOW``).
+Every entry that is not read is excluded with a reason, never skipped silently:
 
-- hidden entries (names starting with ``.``) are skipped, as are regular files without a Markdown
-  suffix;
+- a hidden entry (name starting with ``.``) is not read: ``hidden file: not read``, or for a
+  directory ``hidden directory: not walked`` (nothing inside it is listed);
+- a regular file is read when its name ends in ``.md``, ``.markdown`` or ``.txt`` in any letter case
+  (``PAY.MD`` is read: the suffix names a format, and on case-insensitive file systems its case is
+  an accident); any other regular file is excluded with ``NOT_MARKDOWN_REASON``;
 - a symbolic link (to a file, a directory or nothing) is never followed: it is excluded with the
   reason ``symbolic link: not followed``; nothing outside the root is ever opened;
 - a special file (FIFO, socket, device) is never opened (opening a FIFO blocks): it is excluded
   with the reason ``special file (<kind>): not read``;
-- a file name that is not valid UTF-8 is a problem naming the escaped path.
+- an entry name that is not valid UTF-8 (whatever the entry) is a problem naming the escaped path.
 
 The root itself is the operator's choice and is opened as given (registration resolves it).
 """
@@ -33,6 +37,9 @@ from ragpipe.kernel.ids import bytes_digest, content_id
 CorpusFormat = Literal["beir", "markdown"]
 MARKDOWN_SUFFIXES = (".md", ".markdown", ".txt")
 SYMLINK_REASON = "symbolic link: not followed"
+HIDDEN_FILE_REASON = "hidden file: not read"
+HIDDEN_DIRECTORY_REASON = "hidden directory: not walked"
+NOT_MARKDOWN_REASON = "not a .md, .markdown or .txt file (any letter case): not read"
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: if a FIFO is swapped in after the lstat, opening it must not block.
@@ -87,6 +94,11 @@ class TreeSource:
 Source = BeirSource | TreeSource
 
 
+def is_markdown_name(name: str) -> bool:
+    """A file read as a document: suffix ``.md``, ``.markdown`` or ``.txt`` in any letter case."""
+    return name.lower().endswith(MARKDOWN_SUFFIXES)
+
+
 def _special_kind(mode: int) -> str:
     return next((name for test, name in _SPECIAL_KINDS if test(mode)), "unknown file type")
 
@@ -128,8 +140,7 @@ class _Walk:
         with os.scandir(dir_fd) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
-            if not entry.name.startswith("."):
-                self.entry(dir_fd, entry, prefix + entry.name)
+            self.entry(dir_fd, entry, prefix + entry.name)
 
     def entry(self, dir_fd: int, entry: os.DirEntry, rel: str) -> None:
         try:
@@ -137,19 +148,22 @@ class _Walk:
         except OSError as exc:  # removed since the directory was listed
             self.problems.append(f"{escaped_path(self.root / rel)}: cannot read: {exc.strerror}")
             return
-        if stat.S_ISREG(mode) and not entry.name.endswith(MARKDOWN_SUFFIXES):
-            return
         try:
             rel.encode("utf-8")
         except UnicodeEncodeError:
             self.problems.append(f"{escaped_path(self.root / rel)}: file name is not valid UTF-8")
             return
-        if stat.S_ISLNK(mode):
+        if entry.name.startswith("."):
+            self.exclude(rel, HIDDEN_DIRECTORY_REASON if stat.S_ISDIR(mode) else HIDDEN_FILE_REASON)
+        elif stat.S_ISLNK(mode):
             self.exclude(rel, SYMLINK_REASON)
         elif stat.S_ISDIR(mode):
             self.directory(dir_fd, entry.name, rel)
         elif stat.S_ISREG(mode):
-            self.regular(dir_fd, entry.name, rel)
+            if is_markdown_name(entry.name):
+                self.regular(dir_fd, entry.name, rel)
+            else:
+                self.exclude(rel, NOT_MARKDOWN_REASON)
         else:
             self.exclude(rel, f"special file ({_special_kind(mode)}): not read")
 
