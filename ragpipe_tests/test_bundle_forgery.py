@@ -230,16 +230,86 @@ def test_bundle_key_configuration(tmp_path: Path, monkeypatch):
         configured_key({KEY_ENV: "y" * 32, KEY_FILE_ENV: str(key_file)})
     with pytest.raises(SealKeyError, match="cannot read the bundle key file: No such file or directory"):
         configured_key({KEY_FILE_ENV: str(tmp_path / "missing")})
+    for name in (KEY_ENV, KEY_FILE_ENV):
+        with pytest.raises(SealKeyError, match=f"^{name} is set but empty"):
+            configured_key({name: ""})  # never a silent fall back to unkeyed verification
+    crlf = tmp_path / "crlf.key"
+    crlf.write_bytes(b"x" * 40 + b"\r\n")
+    assert configured_key({KEY_FILE_ENV: str(crlf)}) == configured_key({KEY_ENV: "x" * 40})
+    monkeypatch.setenv(KEY_ENV, "")
+    with pytest.raises(BundleVerificationError, match="RAGPIPE_BUNDLE_KEY is set but empty"):
+        open_bundle(tmp_path)
     monkeypatch.setenv(KEY_ENV, "short")
     with pytest.raises(BundleVerificationError, match="bundle key has 5 bytes"):
         open_bundle(tmp_path)  # a broken key configuration refuses every bundle, never falls back to unkeyed
 
 
 def test_a_bundle_verified_once_is_still_checked_in_full_after_tampering(forgeable: Path):
-    """The in-process memo of payload checks is keyed by the material digest: any change to a file
-    either fails its listed digest or, re-listed, gives a new material digest and a full recheck."""
+    """The in-process memo of payload checks is keyed by the manifest's exact bytes: any change to a
+    file either fails its listed digest or, re-listed, gives a new manifest and a full recheck."""
     assert open_bundle(forgeable, key=None)
     rewrite_documents(forgeable, escalate)
     assert "documents.parquet: content digest differs from the manifest" in refusal(forgeable)
     reseal(forgeable)
     assert "documents.parquet: corpus digest sha256:" in refusal(forgeable)
+
+
+def test_forged_lance_scope_index_is_refused(forgeable: Path, tmp_path: Path):
+    """The column values stay right; the LABEL_LIST index the prefilter uses says the secret
+    document is public (its files taken from a table built with escalated rows)."""
+    table = read_vector_rows(forgeable / "vector")
+    matrix = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.float32)
+    evil = tmp_path / "evil"
+    build_vector_index(evil, forged_rows(forgeable), matrix)
+    (real,) = list((forgeable / "vector/representations.lance/_indices").iterdir())
+    (forged,) = list((evil / "representations.lance/_indices").iterdir())
+    for f in forged.iterdir():
+        shutil.copyfile(f, real / f.name)
+    reseal(forgeable)
+    message = refusal(forgeable)
+    assert "vector: a search prefiltered to 'public' returns rows [" in message
+    assert "that lack the scope and misses rows [] that have it (scope or vector index altered)" in message
+
+
+def test_lexical_postings_and_schema_must_agree_with_the_rows(forgeable: Path):
+    """The postings a scope prefilter intersects must match exactly the rows' scopes (checked here
+    against rows that disagree with the index), and a lexical folder built with another tokenizer
+    is refused even though its stored rows are right."""
+    from ragpipe.index.lexical_checks import structure_problems
+
+    rows = index_rows(read_snapshot_documents(forgeable / "documents.parquet"), read_representations(forgeable / "representations.parquet"))
+    scopes = [r.access_scopes for r in rows]
+    assert structure_problems(forgeable / "lexical", LexicalIndexSpec(), scopes) == []
+    secret = next(i for i, r in enumerate(rows) if r.document_id == "sec-aspirin")
+    claimed = [("public",) if i == secret else s for i, s in enumerate(scopes)]
+    assert structure_problems(forgeable / "lexical", LexicalIndexSpec(), claimed) == [
+        f"lexical: the access_scope 'public' postings match rows [] that lack the scope and miss rows [{secret}] that have it",
+        f"lexical: the access_scope 'secret' postings match rows [{secret}] that lack the scope and miss rows [] that have it",
+    ]
+    shutil.rmtree(forgeable / "lexical")
+    (forgeable / "lexical").mkdir()
+    build_lexical_index(forgeable / "lexical", rows, LexicalIndexSpec(tokenizer="default"))
+    reseal(forgeable)
+    assert "lexical/meta.json: schema differs from the one the lexical index spec builds (tokenizer or field options)" in refusal(forgeable)
+
+
+def test_manifest_spellings_that_hash_alike_are_refused(forgeable: Path):
+    """Canonical encoding folds 1200.0 into 1200 and NFC-normalises strings, so such respellings keep
+    the bundle ID and the seal: verification accepts only the one canonical spelling."""
+    import json as _json
+
+    from ragpipe.bundle.manifest import bundle_id_of
+
+    m = manifest_of(forgeable)
+    raw = _json.loads((forgeable / MANIFEST_NAME).read_bytes())
+    raw["semantic"]["specs"]["chunks"]["spec"]["max_bytes"] = float(raw["semantic"]["specs"]["chunks"]["spec"]["max_bytes"])
+    respelled = BundleManifest.model_validate(raw)
+    assert bundle_id_of(respelled.semantic) == m.bundle_id
+    (forgeable / MANIFEST_NAME).write_bytes(manifest_bytes(respelled))
+    assert "manifest.json: specs.chunks: spec is not written in its canonical form" in refusal(forgeable)
+    raw["semantic"]["specs"]["chunks"]["spec"]["max_bytes"] = int(raw["semantic"]["specs"]["chunks"]["spec"]["max_bytes"])
+    raw["semantic"]["default_scope"] = "public"  # ASCII is NFC; respell the default scope's key path instead
+    raw["semantic"]["specs"]["source_snapshot"]["spec_id"] = m.semantic.specs["source_snapshot"].spec_id
+    decomposed = BundleManifest.model_validate({**raw, "semantic": {**raw["semantic"], "default_scope": "cafe\u0301"}})
+    (forgeable / MANIFEST_NAME).write_bytes(manifest_bytes(decomposed))
+    assert "manifest.json: holds a string that is not NFC-normalised" in refusal(forgeable)

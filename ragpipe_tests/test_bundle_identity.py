@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from ragpipe.bundle.verify import open_bundle
+from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.index.vector import read_vector_rows
 from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
+from ragpipe.representations.derive import read_representations
 from ragpipe_tests.conftest import SCOPED_DOCS, build_all_stages, write_beir
 
 # Texts of very different lengths: in a batch they are padded to the longest, which changes the
@@ -43,19 +45,27 @@ def test_bundle_id_is_independent_of_batch_size_threads_and_cache_state(tmp_path
     _, _, builds["cold batch 64"] = build_all_stages(tmp_path / "b64", "r", corpus, "beir", spec=with_execution(embed_batch_size=64))
     # warm: a second revision of the same content in a home whose cache holds every text
     _, _, builds["warm"] = build_all_stages(tmp_path / "b64", "r-again", corpus, "beir", spec=with_execution(embed_batch_size=64))
-    # half-warm: the cache holds the vectors of half the documents, encoded in other batches
-    build_all_stages(tmp_path / "half", "h", half, "beir", spec=with_execution(embed_batch_size=3))
-    _, _, builds["half-warm"] = build_all_stages(tmp_path / "half", "r", corpus, "beir", spec=with_execution(embed_batch_size=64))
+    # half-warm: the cache holds vectors of half the texts that differ from a cold encode in their
+    # last bits (as vectors from other batches or threads do), the rest is encoded now
+    _, half_spec, half_bundle = build_all_stages(tmp_path / "half", "h", half, "beir", spec=with_execution(embed_batch_size=3))
+    seeded = tmp_path / "seeded"
+    reps = read_representations(half_bundle / "representations.parquet")
+    cache = EmbeddingCache(seeded / "embedding_cache", half_spec.own_spec_ids["embeddings"], half_spec.embedder.dimensions)
+    nudged = vectors(half_bundle) + np.float32(2e-7)
+    unique = {r.digest: i for i, r in enumerate(reps)}
+    cache.add(list(unique), nudged[list(unique.values())])
+    _, _, builds["half-warm"] = build_all_stages(seeded, "r", corpus, "beir", spec=with_execution(embed_batch_size=64))
 
     opened = {name: open_bundle(path) for name, path in builds.items()}
     assert len({b.bundle_id for b in opened.values()}) == 1, {n: b.bundle_id for n, b in opened.items()}
     assert len({p.name for p in builds.values()}) == 1
-    # the material really differs: the test would catch an ID that hashed the vectors
-    one, many = vectors(builds["cold batch 1, 1 thread"]), vectors(builds["cold batch 64"])
-    assert np.abs(one - many).max() < 1e-5
-    assert (one != many).any()
-    m1, m64 = opened["cold batch 1, 1 thread"].manifest, opened["cold batch 64"].manifest
-    assert m1.material.embeddings_digest != m64.material.embeddings_digest
-    assert m1.material_digest != m64.material_digest
+    # the material really differs (the half-warm vectors were nudged): an ID that hashed the
+    # vectors would differ; each bundle's material digest binds its own vectors
+    cold, warmish = vectors(builds["cold batch 64"]), vectors(builds["half-warm"])
+    assert 0 < np.abs(cold - warmish).max() < 1e-5
+    m_cold, m_half = opened["cold batch 64"].manifest, opened["half-warm"].manifest
+    assert m_cold.material.embeddings_digest != m_half.material.embeddings_digest
+    assert m_cold.material_digest != m_half.material_digest
+    assert np.abs(vectors(builds["cold batch 1, 1 thread"]) - cold).max() < 1e-5
     # nothing operational is recorded in the semantic section
-    assert "execution" not in json.dumps(m1.semantic.model_dump(mode="json"))
+    assert "execution" not in json.dumps(m_cold.semantic.model_dump(mode="json"))

@@ -67,11 +67,13 @@ def sequential(scoped_bundles):
     retriever.close()
 
 
-def test_eight_threads_on_a_cold_retriever_match_sequential_results(scoped_bundles, sequential):
+@pytest.mark.parametrize("max_views", [8, 1])
+def test_eight_threads_on_a_cold_retriever_match_sequential_results(scoped_bundles, sequential, max_views):
     """A fresh Retriever: the threads race to load the query embedder, memoise plans, open
-    audience views and create their event loops — and every result equals the sequential one."""
+    audience views and create their event loops — and every result equals the sequential one.
+    With ``max_views=1`` every other restricted query evicts a view another thread may hold."""
     reference, expected, _ = sequential
-    shared = Retriever(scoped_bundles[0])
+    shared = Retriever(scoped_bundles[0], max_views=max_views)
     try:
         per_thread = run_concurrently(shared, CASES, outcome)
         for results in per_thread:

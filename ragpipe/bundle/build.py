@@ -127,7 +127,7 @@ def publish_bundle(
         validate=lambda tmp: verified.append(open_bundle(tmp, check_name=False, key=key)),
     )
     if outcome is PublishOutcome.published:
-        return VerifiedBundle(path=final, manifest=verified[0].manifest), outcome
+        return VerifiedBundle(path=final, manifest=verified[0].manifest, tables=verified[0].tables), outcome
     try:
         return open_bundle(final, key=key), outcome
     except BundleVerificationError as exc:

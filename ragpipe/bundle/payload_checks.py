@@ -11,6 +11,7 @@ lance table. Each problem names the file, the row or ID, and the field.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,9 +19,8 @@ import numpy as np
 
 from ragpipe.bundle.manifest import BundleManifest
 from ragpipe.chunking.chunkers import chunk_documents, make_chunker
-from ragpipe.chunking.models import Chunk, chunk_set_digest, read_chunks
+from ragpipe.chunking.models import Chunk, chunk_set_digest
 from ragpipe.corpus.models import Document, corpus_digest
-from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.embedding.compute import embeddings_digest
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.kernel.ids import SpecId, bytes_digest
@@ -33,7 +33,7 @@ from ragpipe.pipeline_spec import (
     VectorIndexSpec,
     own_spec_id,
 )
-from ragpipe.representations.derive import Representation, derive_representations, read_representations, representation_set_digest
+from ragpipe.representations.derive import Representation, derive_representations, representation_set_digest
 
 SPEC_MODELS = {
     "source_snapshot": SnapshotSpec,
@@ -56,10 +56,15 @@ def check_specs(manifest: BundleManifest) -> list[str]:
             problems.append(f"manifest.json: specs.{stage}: unknown stage")
             continue
         try:
-            actual = own_spec_id(stage, model.model_validate(record.spec))
+            parsed = model.model_validate(record.spec)
+            actual = own_spec_id(stage, parsed)
         except ValueError as exc:
             problems.append(f"manifest.json: specs.{stage}: invalid spec: {exc}")
             continue
+        # canonical encoding folds 1200.0 into 1200: only the model's own rendering is accepted, so
+        # two different manifests can never share one bundle ID
+        if json.dumps(record.spec, sort_keys=True) != json.dumps(parsed.model_dump(mode="json"), sort_keys=True):
+            problems.append(f"manifest.json: specs.{stage}: spec is not written in its canonical form")
         if actual != record.spec_id:
             problems.append(f"manifest.json: specs.{stage}: spec_id {record.spec_id} does not recompute from its spec ({actual})")
     return problems
@@ -156,17 +161,19 @@ def check_vectors(ids: list[str], vectors: np.ndarray, manifest: BundleManifest)
     return []
 
 
-def check_payload(root: Path, manifest: BundleManifest) -> list[str]:
+def check_payload(
+    root: Path, manifest: BundleManifest, documents: list[Document], chunks: list[Chunk], reps: list[Representation]
+) -> list[str]:
     """Every recomputation and cross-check above, in dependency order; stops at the first layer
-    that fails (later layers would only repeat its problem)."""
+    that fails (later layers would only repeat its problem). The tables come parsed from the bytes
+    that were digested; the indexes are read from ``root``."""
     from ragpipe.index.lexical import read_lexical_rows, verify_scope_groups  # heavy backends last
+    from ragpipe.index.lexical_checks import structure_problems
     from ragpipe.index.vector import read_vector_rows
+    from ragpipe.index.vector_checks import search_path_problems
 
     sem = manifest.semantic
     problems = check_specs(manifest)
-    documents = read_snapshot_documents(root / "documents.parquet")
-    chunks = read_chunks(root / "chunks.parquet")
-    reps = read_representations(root / "representations.parquet")
     counts = sem.counts
     for label, actual, expected in (
         ("documents.parquet: document count", len(documents), counts.documents),
@@ -185,7 +192,11 @@ def check_payload(root: Path, manifest: BundleManifest) -> list[str]:
     if counts.lexical_documents != len(reps):
         problems.append(f"lexical: manifest counts {counts.lexical_documents} lexical documents for {len(reps)} representations")
     problems += check_index_rows("lexical", read_lexical_rows(root / "lexical"), expected_rows)
-    problems += verify_scope_groups(root / "lexical", [row.access_scopes for row in expected_rows])
+    row_scopes = [row.access_scopes for row in expected_rows]
+    problems += verify_scope_groups(root / "lexical", row_scopes)
+    if not problems:
+        spec = LexicalIndexSpec.model_validate(sem.specs["lexical_index"].spec)
+        problems += structure_problems(root / "lexical", spec, row_scopes)
     if sem.has_vector_index:
         table = read_vector_rows(root / "vector")
         stored = table.drop_columns(["vector"]).to_pylist()
@@ -194,6 +205,9 @@ def check_payload(root: Path, manifest: BundleManifest) -> list[str]:
         problems += check_index_rows("vector", stored, expected_rows)
         if not problems:
             problems += check_vectors([str(r["representation_id"]) for r in stored], _matrix(table), manifest)
+        if not problems:
+            metric = VectorIndexSpec.model_validate(sem.specs["vector_index"].spec).metric
+            problems += search_path_problems(root / "vector", metric, row_scopes)
     elif (root / "vector").exists():
         problems.append("vector: present in a bundle whose manifest declares no vector index")
     elif manifest.material.embeddings_digest is not None:

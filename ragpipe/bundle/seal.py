@@ -86,20 +86,32 @@ def seal_problems(seal: Seal, bundle_id: str, material_digest: str, key: SealKey
 
 
 def configured_key(environ: dict[str, str] | None = None) -> SealKey | None:
-    """The bundle key from the environment, or None when none is configured."""
-    env = os.environ if environ is None else environ
+    """The bundle key from the environment, or None when neither variable is set.
+
+    A variable that is set but empty is an error, not "no key": a deployment that meant to
+    configure a key must never fall back to unkeyed verification. The inline key is taken as the
+    raw bytes of the environment value; a key file loses one trailing ``\n`` or ``\r\n``."""
+    if environ is None:
+        env = {name: os.environb[os.fsencode(name)] for name in (KEY_ENV, KEY_FILE_ENV) if os.fsencode(name) in os.environb}
+    else:
+        env = {name: os.fsencode(environ[name]) for name in (KEY_ENV, KEY_FILE_ENV) if name in environ}
     inline, path = env.get(KEY_ENV), env.get(KEY_FILE_ENV)
-    if inline and path:
+    if inline is not None and path is not None:
         raise SealKeyError(f"both {KEY_ENV} and {KEY_FILE_ENV} are set: configure one bundle key")
-    if path:
+    if path is not None:
+        shown = os.fsdecode(path)
+        if not path:
+            raise SealKeyError(f"{KEY_FILE_ENV} is set but empty: name the bundle key file, or unset it")
         try:
-            secret = Path(path).read_bytes()
+            secret = Path(os.fsdecode(path)).read_bytes()
         except OSError as exc:
-            raise SealKeyError(f"{KEY_FILE_ENV}={path}: cannot read the bundle key file: {exc.strerror}") from None
-        secret = secret[:-1] if secret.endswith(b"\n") else secret
-        source = f"{KEY_FILE_ENV}={path}"
-    elif inline:
-        secret, source = inline.encode("utf-8"), KEY_ENV
+            raise SealKeyError(f"{KEY_FILE_ENV}={shown}: cannot read the bundle key file: {exc.strerror}") from None
+        secret = secret.removesuffix(b"\n").removesuffix(b"\r")
+        source = f"{KEY_FILE_ENV}={shown}"
+    elif inline is not None:
+        if not inline:
+            raise SealKeyError(f"{KEY_ENV} is set but empty: set the bundle key, or unset it")
+        secret, source = inline, KEY_ENV
     else:
         return None
     if len(secret) < MIN_KEY_BYTES:

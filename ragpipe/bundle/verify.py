@@ -16,16 +16,25 @@ import json
 import os
 import stat
 import threading
+import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+import pyarrow as pa
 from pydantic import ValidationError
 
 from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, material_digest_of
 from ragpipe.bundle.payload_checks import check_payload
 from ragpipe.bundle.seal import SealKey, SealKeyError, configured_key, seal_problems
+from ragpipe.chunking.models import Chunk, read_chunks
+from ragpipe.corpus.models import Document
+from ragpipe.corpus.snapshot import read_snapshot_documents
+from ragpipe.representations.derive import Representation, read_representations
+
+TABLE_FILES = ("documents.parquet", "chunks.parquet", "representations.parquet")
 
 
 class BundleVerificationError(ValueError):
@@ -35,10 +44,33 @@ class BundleVerificationError(ValueError):
         super().__init__(f"bundle {path} failed verification:\n  " + "\n  ".join(problems))
 
 
+class VerifiedTables:
+    """The bundle's three Parquet tables as the exact bytes that were digested during verification.
+
+    Callers parse these bytes instead of reading the files again, so what they use is what was
+    verified, even if someone replaces a file in the store after verification (docs/trust.md)."""
+
+    def __init__(self, data: dict[str, bytes]):
+        self._data = data
+
+    @cached_property
+    def documents(self) -> list[Document]:
+        return read_snapshot_documents(pa.BufferReader(self._data["documents.parquet"]))
+
+    @cached_property
+    def chunks(self) -> list[Chunk]:
+        return read_chunks(pa.BufferReader(self._data["chunks.parquet"]))
+
+    @cached_property
+    def representations(self) -> list[Representation]:
+        return read_representations(pa.BufferReader(self._data["representations.parquet"]))
+
+
 @dataclass(frozen=True)
 class VerifiedBundle:
     path: Path
     manifest: BundleManifest
+    tables: VerifiedTables
 
     @property
     def bundle_id(self) -> str:
@@ -53,7 +85,26 @@ def file_digest(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> BundleManifest:
+def _read_listed(full: Path, keep: bool) -> tuple[int, str, bytes | None]:
+    """(size, digest, bytes if ``keep``) of one regular file, read through one descriptor opened
+    without following links and without blocking, so a file swapped for a link or a FIFO after
+    the directory walk is refused instead of followed or waited on."""
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError("not a regular file when opened")
+        h = hashlib.sha256()
+        blocks: list[bytes] = []
+        while block := fh.read(1 << 20):
+            h.update(block)
+            if keep:
+                blocks.append(block)
+    return info.st_size, "sha256:" + h.hexdigest(), b"".join(blocks) if keep else None
+
+
+def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> tuple[BundleManifest, str]:
+    """The manifest, validated, and the SHA-256 of its exact bytes."""
     mpath = root / MANIFEST_NAME
     if mpath.is_symlink():
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: is a symlink"])
@@ -65,6 +116,9 @@ def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> BundleM
     except (ValueError, ValidationError) as exc:
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: not a valid manifest: {exc}"]) from None
     problems = []
+    if not _all_nfc(json.loads(raw.decode("utf-8"))):
+        # canonical IDs NFC-normalise strings: a non-NFC spelling would be a second manifest of one ID
+        problems.append(f"{MANIFEST_NAME}: holds a string that is not NFC-normalised")
     if manifest_bytes(manifest) != raw:
         # Byte-exact: any edit, even whitespace, means someone changed the file after publication.
         problems.append(f"{MANIFEST_NAME}: bytes are not the canonical rendering of its content (manifest edited)")
@@ -77,10 +131,21 @@ def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> BundleM
         problems.append(f"directory name {root.name!r} is not the bundle ID hex {manifest.bundle_id.hex}")
     if problems:
         raise BundleVerificationError(root, problems)
-    return manifest
+    return manifest, hashlib.sha256(raw).hexdigest()
 
 
-def _check_files(root: Path, manifest: BundleManifest) -> list[str]:
+def _all_nfc(value: object) -> bool:
+    if isinstance(value, str):
+        return unicodedata.is_normalized("NFC", value)
+    if isinstance(value, dict):
+        return all(_all_nfc(k) and _all_nfc(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_all_nfc(v) for v in value)
+    return True
+
+
+def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes]) -> list[str]:
+    """Every file on disk against the manifest's list; the Parquet tables' bytes land in ``tables``."""
     problems: list[str] = []
     listed = {f.path: f for f in manifest.material.files}
     on_disk: set[str] = set()
@@ -102,8 +167,18 @@ def _check_files(root: Path, manifest: BundleManifest) -> list[str]:
                     problems.append(f"{rel}: extra file not listed in the manifest")
                 elif (size := os.lstat(full).st_size) != entry.size:
                     problems.append(f"{rel}: size {size} differs from manifest size {entry.size} (truncated or extended)")
-                elif file_digest(full) != entry.sha256:
-                    problems.append(f"{rel}: content digest differs from the manifest")
+                else:
+                    try:
+                        size, digest, data = _read_listed(full, keep=rel in TABLE_FILES)
+                    except OSError as exc:
+                        problems.append(f"{rel}: cannot be read: {exc.strerror or exc}")
+                        continue
+                    if size != entry.size:
+                        problems.append(f"{rel}: size {size} differs from manifest size {entry.size} (truncated or extended)")
+                    elif digest != entry.sha256:
+                        problems.append(f"{rel}: content digest differs from the manifest")
+                    elif data is not None:
+                        tables[rel] = data
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
     for rel in sorted(set(listed) - on_disk):
         if not any(p.startswith(f"{rel}:") for p in problems):
@@ -127,24 +202,27 @@ def open_bundle(path: Path, check_name: bool = True, key: SealKey | None | Liter
         raise BundleVerificationError(path, ["bundle path is a symlink"])
     if not path.is_dir():
         raise BundleVerificationError(path, ["not a bundle directory"])
-    manifest = _load_manifest(path, check_name, key)
-    problems = _check_files(path, manifest)
-    if problems:
-        raise BundleVerificationError(path, problems)
-    if not _payload_known_good(manifest.material_digest):
+    manifest, manifest_digest = _load_manifest(path, check_name, key)
+    data: dict[str, bytes] = {}
+    problems = _check_files(path, manifest, data)
+    missing = [name for name in TABLE_FILES if name not in data]
+    if problems or missing:
+        raise BundleVerificationError(path, problems or [f"{name}: missing from the bundle" for name in missing])
+    tables = VerifiedTables(data)
+    if not _payload_known_good(manifest_digest):
         try:
-            problems = check_payload(path, manifest)
+            problems = check_payload(path, manifest, tables.documents, tables.chunks, tables.representations)
         except Exception as exc:  # a corrupt-but-digest-matching file is impossible; anything else is still a refusal
             problems = [f"content check failed: {type(exc).__name__}: {exc}"]
         if problems:
             raise BundleVerificationError(path, problems)
-        _remember_payload(manifest.material_digest)
-    return VerifiedBundle(path=path, manifest=manifest)
+        _remember_payload(manifest_digest)
+    return VerifiedBundle(path=path, manifest=manifest, tables=tables)
 
 
-# The payload checks are a pure function of the files' bytes, and the material digest binds every
-# file's SHA-256 (re-checked on every open above). So once a material digest's payload passed in
-# this process, a later open of the same bytes need not recompute it: a build verifies its bundle
+# The payload checks are a pure function of the manifest and the files' bytes, and the manifest
+# binds every file's SHA-256 (re-checked on every open above). So once the payload of one exact
+# manifest passed in this process, a later open of the same bytes need not recompute it: a build verifies its bundle
 # before the rename, after it, and in the ``bundle_verifies`` check, and each full recomputation
 # costs ~3 s on SciFact.
 _PAYLOAD_OK: OrderedDict[str, None] = OrderedDict()
@@ -152,14 +230,14 @@ _PAYLOAD_LOCK = threading.Lock()
 _PAYLOAD_MEMO_SIZE = 64
 
 
-def _payload_known_good(material_digest: str) -> bool:
+def _payload_known_good(manifest_digest: str) -> bool:
     with _PAYLOAD_LOCK:
-        return material_digest in _PAYLOAD_OK
+        return manifest_digest in _PAYLOAD_OK
 
 
-def _remember_payload(material_digest: str) -> None:
+def _remember_payload(manifest_digest: str) -> None:
     with _PAYLOAD_LOCK:
-        _PAYLOAD_OK[material_digest] = None
-        _PAYLOAD_OK.move_to_end(material_digest)
+        _PAYLOAD_OK[manifest_digest] = None
+        _PAYLOAD_OK.move_to_end(manifest_digest)
         while len(_PAYLOAD_OK) > _PAYLOAD_MEMO_SIZE:
             _PAYLOAD_OK.popitem(last=False)

@@ -22,13 +22,11 @@ from typing import TypeVar
 from ragpipe.answer.generators import ExtractiveGenerator, Generator
 from ragpipe.answer.validate import abstain, validate_candidate
 from ragpipe.bundle.verify import open_bundle
-from ragpipe.chunking.models import Chunk, read_chunks
-from ragpipe.corpus.snapshot import read_snapshot_documents
+from ragpipe.chunking.models import Chunk
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
 from ragpipe.index.vector import VectorSearcher
 from ragpipe.pipeline_spec import EmbedderSpec, own_spec_id
-from ragpipe.representations.derive import read_representations
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject, issue_certificate
 from ragpipe.retrieval.channels import ChannelRanking, LexicalBackend, VectorBackend, rank_channel, recheck
@@ -84,11 +82,12 @@ class Retriever:
         self.cache_dir = cache_dir
         root = self.bundle.path
         sem = self.bundle.manifest.semantic
-        self.chunks: dict[str, Chunk] = {c.chunk_id: c for c in read_chunks(root / "chunks.parquet")}
-        docs = read_snapshot_documents(root / "documents.parquet")
+        # the tables as verified (parsed from the digested bytes, never re-read from the store)
+        self.chunks: dict[str, Chunk] = {c.chunk_id: c for c in self.bundle.tables.chunks}
+        docs = self.bundle.tables.documents
         self.titles = {d.document_id: d.title for d in docs}
         self.scopes = {d.document_id: d.access_scopes for d in docs}
-        index_rows = build_index_rows(docs, read_representations(root / "representations.parquet"))
+        index_rows = build_index_rows(docs, self.bundle.tables.representations)
         rows = [(r.representation_id, r.chunk_id, r.document_id) for r in index_rows]
         # Rows per scope group: a channel's request cap is the rows the subject may see, so no
         # trace figure ever depends on how many rows are hidden.
@@ -99,6 +98,7 @@ class Retriever:
         self.vector = VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows) if sem.has_vector_index else None
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._lock = threading.Lock()  # guards the lazily built state below
+        self._closed = False
         self._embed_lock = threading.Lock()  # serialises embedders not safe for concurrent calls
         self._rerank_lock = threading.Lock()  # likewise for rerankers
         self._embedder = embedder
@@ -173,6 +173,8 @@ class Retriever:
         exactly ``min(k, matching units)`` hits. ``trace`` adds the subject view of the trace.
         ``audit`` (operator-only, implies ``trace``) adds figures about documents the subject may
         not see; never set it for a query run on a subject's behalf."""
+        if self._closed:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise QueryError(f"k must be an integer >= 1, got {k!r}")
         if not isinstance(text, str) or not text.strip():
@@ -186,7 +188,7 @@ class Retriever:
         fused = weighted_rrf({n: r.ranked for n, r in ranked.items()}, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
         rerank_trace, ordered = self._rerank(text, plan, fused)
         top = ordered[:k]
-        evidence = [self._evidence(f) for f in top]
+        evidence = [self._evidence(f, subject) for f in top]
         hits = [
             {
                 "rank": i,
@@ -268,8 +270,9 @@ class Retriever:
 
     def close(self) -> None:
         """Stop the worker threads, the vector searcher's event loops and the audience views.
-        Call once no query is in flight."""
+        Call once no query is in flight; every later query is refused."""
         with self._lock:
+            self._closed = True
             worker, self._worker = self._worker, None
         if worker is not None:
             worker.shutdown()
@@ -282,8 +285,15 @@ class Retriever:
             return {"used": False}, fused
         return rerank_fused(self.reranker, plan.reranker, text, fused, lambda cid: self.chunks[cid].text, self._rerank_lock)
 
-    def _evidence(self, f: FusedHit) -> Evidence:
-        chunk = self.chunks[f.chunk_id]  # source authority: the bundle's chunk text, never a representation
+    def _evidence(self, f: FusedHit, subject: Subject) -> Evidence:
+        """Hydrate a hit from the verified chunk table (source authority: the bundle's chunk text,
+        never a representation), re-checking that the chunk belongs to the hit's document and that
+        its document is visible to ``subject`` — whatever an index row claimed."""
+        chunk = self.chunks[f.chunk_id]
+        if chunk.document_id != f.document_id:
+            raise AuthorizationError(f"index row names document {f.document_id} for chunk {f.chunk_id} of document {chunk.document_id}")
+        if not self.policy.allows(subject, self.scopes[chunk.document_id]):
+            raise AuthorizationError(f"chunk {f.chunk_id} is not visible to {subject.principal}")
         return Evidence(
             label="",
             chunk_id=chunk.chunk_id,
