@@ -60,7 +60,7 @@ def build(
     from ragpipe.defs.runner import BuildFailed, materialize_revision  # dagster loads only when building
 
     try:
-        summary = materialize_revision(revision, ws)
+        summary = materialize_revision(revision, ws, on_wait=None if as_json else lambda message: err.print(escape(message)))
     except (CorpusError, RevisionError, BuildFailed) as exc:
         fail(str(exc))
     if as_json:
@@ -74,6 +74,31 @@ def build(
     out.print(table)
 
 
+@app.command()
+def gc(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
+) -> None:
+    """Remove stage versions and bundles that no revision's latest materialization references."""
+    from ragpipe.stages.gc import GcError, collect_garbage
+
+    try:
+        report = collect_garbage(Workspace(default_home()), dry_run=dry_run)
+    except GcError as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
+    for r in report.removed:
+        out.print(f"{verb} {r.kind} {escape(r.path)} ({r.bytes:,} bytes)", highlight=False, soft_wrap=True)
+    out.print(
+        f"{verb} {len(report.removed)} item(s), {report.removed_bytes:,} bytes; kept "
+        f"{report.kept_stage_versions} stage version(s) and {report.kept_bundles} bundle(s)",
+        highlight=False,
+    )
+
+
 @bundle_app.command("verify")
 def bundle_verify(path: Annotated[Path, typer.Argument(help="Bundle directory.")]) -> None:
     """Verify every file, digest, count and chunk of a bundle; non-zero exit if anything is wrong."""
@@ -82,7 +107,7 @@ def bundle_verify(path: Annotated[Path, typer.Argument(help="Bundle directory.")
     except BundleVerificationError as exc:
         fail(str(exc))
     m = bundle.manifest
-    out.print(f"ok: {m.bundle_id} material {m.material_digest} ({len(m.files)} files verified, {m.seal.kind} seal)")
+    out.print(f"ok: {m.bundle_id} material {m.material_digest} ({len(m.files)} files verified, {m.seal.kind} seal)", soft_wrap=True, highlight=False)
 
 
 @bundle_app.command("inspect")

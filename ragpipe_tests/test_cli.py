@@ -95,7 +95,7 @@ def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert data["material_digest"] == manifest["material_digest"] != data["bundle_id"]
     assert data["seal"] == {"kind": "sha256", "key_id": None, "value": manifest["seal"]["value"]}
-    assert f"ok: {data['bundle_id']} material {data['material_digest']} (" in ok.stdout.replace("\n", "")
+    assert f"ok: {data['bundle_id']} material {data['material_digest']} (25 files verified, sha256 seal)" in " ".join(ok.stdout.split())
     assert data["counts"] == {"documents": 3, "chunks": 4, "representations": 8, "lexical_documents": 8, "vectors": 8}
     assert data["default_scope"] == "internal"
     assert sorted(data["specs"]) == ["chunks", "embeddings", "lexical_index", "representations", "source_snapshot", "vector_index"]
