@@ -164,7 +164,9 @@ def test_a_pointer_to_a_missing_or_foreign_version_is_refused(tmp_path: Path):
     assert str(info.value) == f"chunks for revision 'hb': version folder {out.path} is missing: re-materialize chunks"
     with pytest.raises(StageError) as info:
         read_output(ws, "../hb", "chunks")
-    assert str(info.value) == "invalid revision key '../hb'"
+    assert str(info.value) == (
+        "invalid revision key '../hb': use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    )
 
 
 CRASH_SCRIPT = """

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -236,9 +237,7 @@ class Retriever:
         if "lexical" in plan.channels:
             searcher, statistics = self.lexical.searcher_for(subject)
             backend = LexicalBackend(searcher, text, subject.scopes, visible_rows)
-
-            def lexical() -> ChannelRanking:
-                return timed("lexical", lambda: rank_channel(backend, units("lexical"), plan.collapse, plan.depth_policy))
+            lexical = partial(timed, "lexical", partial(rank_channel, backend, units("lexical"), plan.collapse, plan.depth_policy))
 
         if "vector" in plan.channels:
             embedder = self._embedder if self._embedder is not None else timed("embedder_load", self.embedder)

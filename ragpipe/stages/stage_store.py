@@ -31,7 +31,7 @@ from typing import ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ragpipe.corpus.models import REVISION_PATTERN
+from ragpipe.corpus.registry import RevisionError, check_revision_key
 from ragpipe.kernel.publish import FILE_STEPS, PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory, write_file_atomic
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.stages.locks import file_lock
@@ -90,8 +90,10 @@ def version_name(data_version: str) -> str:
 
 
 def _stage_dir(ws: Workspace, revision: str, stage: str) -> Path:
-    if not REVISION_PATTERN.match(revision):
-        raise StageError(f"invalid revision key {revision!r}")  # a key is a path segment
+    try:
+        check_revision_key(revision)  # a key is a path segment: one rule for every command
+    except RevisionError as exc:
+        raise StageError(str(exc)) from None
     return ws.stage_dir(revision, stage)
 
 
