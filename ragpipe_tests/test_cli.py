@@ -126,3 +126,4 @@ def test_dagster_definitions_validate():
     )
     assert out.returncode == 0, out.stderr
     assert "All code locations passed validation" in out.stderr + out.stdout
+    assert "Validation successful for code location ragpipe." in out.stderr + out.stdout

@@ -29,3 +29,9 @@ def test_sensor_adds_partitions_and_requests_each_revision_once(tmp_path: Path):
         skipped = corpus_revision_sensor(build_sensor_context(instance=instance, resources={"ragpipe": RagpipeHome(home=str(home))}))
         assert isinstance(skipped, SkipReason)
         assert skipped.skip_message == "no newly registered corpus revisions"
+
+
+def test_sensor_carries_its_description_into_the_ui():
+    assert corpus_revision_sensor.description == (
+        "Adds every corpus revision registered under $RAGPIPE_HOME/revisions as a partition and requests its build."
+    )

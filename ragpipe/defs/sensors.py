@@ -9,7 +9,12 @@ from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
 
 
-@sensor(job=build_revision_job, minimum_interval_seconds=30, default_status=DefaultSensorStatus.STOPPED)
+@sensor(
+    job=build_revision_job,
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.STOPPED,
+    description="Adds every corpus revision registered under $RAGPIPE_HOME/revisions as a partition and requests its build.",
+)
 def corpus_revision_sensor(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorResult | SkipReason:
     """Add every registered revision that is not yet a partition, and request its build.
 
