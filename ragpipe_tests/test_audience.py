@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -256,14 +255,32 @@ def test_eight_threads_get_the_sequential_results_and_each_view_is_opened_once(g
 
     opened: list[tuple[str, ...]] = []
     real_open = LexicalSearcher.open_view.__func__
+    in_flight = threading.Condition()
+    requests = [0]  # searcher_for calls entered and not yet returned
 
-    def slow_open(cls, directory, meta, segment_ids, rows_):
+    def held_open(cls, directory, meta, segment_ids, rows_):
         opened.append(tuple(segment_ids))
-        time.sleep(0.05)  # widen the window in which a second opener could slip in
+        # hold the open until every thread is inside searcher_for (a condition, not a delay), so a
+        # second opener of the same view would slip in here if opening were not deduplicated
+        with in_flight:
+            in_flight.wait_for(lambda: requests[0] >= 8, timeout=5)
         return real_open(cls, directory, meta, segment_ids, rows_)
 
-    monkeypatch.setattr(LexicalSearcher, "open_view", classmethod(slow_open))
+    monkeypatch.setattr(LexicalSearcher, "open_view", classmethod(held_open))
     indexes = audiences(bundle, rows)
+    real_searcher_for = indexes.searcher_for
+
+    def counted_searcher_for(subject):
+        with in_flight:
+            requests[0] += 1
+            in_flight.notify_all()
+        try:
+            return real_searcher_for(subject)
+        finally:
+            with in_flight:
+                requests[0] -= 1
+
+    indexes.searcher_for = counted_searcher_for
     barrier = threading.Barrier(8)
     results: dict[tuple[str, str, int], list] = {}
     errors: list[BaseException] = []

@@ -113,17 +113,19 @@ class Overlapping:
         import threading
 
         self.thread_safe = thread_safe
-        self._lock = threading.Lock()
-        self.active = self.most = 0
+        self._arrived = threading.Condition()
+        self.active = self.most = self.calls = 0
 
     def rerank(self, query, candidates):
-        import time
-
-        with self._lock:
+        with self._arrived:
             self.active += 1
+            self.calls += 1
             self.most = max(self.most, self.active)
-        time.sleep(0.005)  # long enough for other threads to arrive
-        with self._lock:
+            self._arrived.notify_all()
+            if self.calls == 1:
+                # the first call waits for a second one to arrive (a condition, not a delay): it
+                # arrives at once unless the Retriever serialises calls, then the wait times out once
+                self._arrived.wait_for(lambda: self.active > 1, timeout=2)
             self.active -= 1
         return [(c.chunk_id, float(i)) for i, c in enumerate(candidates)]
 
@@ -137,6 +139,7 @@ def test_a_reranker_not_declared_thread_safe_is_never_called_concurrently(scoped
     reranker = Overlapping(thread_safe)
     r = Retriever(scoped_bundles[0], plan=plan_with("fail"), reranker=reranker, embedder=base.embedder())
     expected = [h["chunk_id"] for h in r.query("aspirin stroke", k=5, mode="lexical").hits]
+    reranker.calls = 0  # the first concurrent call, not the reference query, waits for a second
     barrier = threading.Barrier(8)
 
     def run(_):
