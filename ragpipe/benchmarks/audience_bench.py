@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ragpipe.corpus.snapshot import read_snapshot_documents
-from ragpipe.evaluation.metrics import read_qrels
+from ragpipe.evaluation.suite import load_suite
 from ragpipe.index.lexical import LexicalSearcher, build_lexical_index, verify_scope_groups
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.segments import read_scope_groups
@@ -148,9 +148,7 @@ def main() -> None:
     if out.exists():
         raise SystemExit(f"{out} exists: remove it for a fresh run")
     out.mkdir(parents=True)
-    qrels = read_qrels(args.scifact / "qrels" / "test.tsv")
-    texts = {q["_id"]: q["text"] for q in map(json.loads, (args.scifact / "queries.jsonl").open(encoding="utf-8"))}
-    claims = [texts[qid] for qid in sorted(qrels, key=int)]
+    claims = [case.query for case in sorted(load_suite(args.scifact, split="test").cases, key=lambda c: int(c.id))]
 
     bundle, lexical_seconds = build_bundle(args.scifact, out)
     groups = read_scope_groups(bundle / "lexical")

@@ -29,7 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-from ragpipe.evaluation.metrics import dedupe, ndcg_at_k, read_qrels, recall_at_k
+from ragpipe.evaluation.metrics import aggregate, collapse, default_metric_specs, score_cases
+from ragpipe.evaluation.suite import Case, load_suite
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.service import Retriever
 
@@ -72,19 +73,23 @@ def throughput(retriever: Retriever, texts: list[str], mode: str, threads: int, 
     return {"queries_per_s": round(len(texts) / seconds, 1), "equal_to_sequential": got == expected}
 
 
-def quality(retriever: Retriever, queries: list[tuple[str, str]], qrels: dict, mode: str) -> dict[str, float]:
-    ndcg, recall, recall_k100, returned = [], [], [], []
-    for qid, text in queries:
-        ranking = dedupe([h["document_id"] for h in retriever.query(text, Subject.default(), k=1000, mode=mode).hits])
-        ndcg.append(ndcg_at_k(ranking, qrels[qid], 10))
-        recall.append(recall_at_k(ranking, qrels[qid], 100))
-        hits = retriever.query(text, Subject.default(), k=100, mode=mode).hits
+def quality(retriever: Retriever, cases: list[Case], mode: str) -> dict[str, float]:
+    """Document-level metrics (``ragpipe.evaluation.metrics``: ir_measures, trec_eval semantics)."""
+    specs = [s for s in default_metric_specs() if s.name in ("ndcg@10", "recall@100")]
+    judged = {c.id: c.judgments for c in cases}
+    deep, shallow, returned = {}, {}, []
+    for case in cases:
+        hits = retriever.query(case.query, Subject.default(), k=1000, mode=mode).hits
+        deep[case.id] = collapse([(h["document_id"], h["chunk_id"]) for h in hits], "document")
+        hits = retriever.query(case.query, Subject.default(), k=100, mode=mode).hits
         returned.append(len(hits))
-        recall_k100.append(recall_at_k(dedupe([h["document_id"] for h in hits]), qrels[qid], 100))
+        shallow[case.id] = collapse([(h["document_id"], h["chunk_id"]) for h in hits], "document")
+    full = aggregate(score_cases(judged, deep, specs), specs)
+    k100 = aggregate(score_cases(judged, shallow, specs), specs)
     return {
-        "ndcg@10": round(statistics.fmean(ndcg), 4),
-        "recall@100": round(statistics.fmean(recall), 4),
-        "recall@100_of_k100_query": round(statistics.fmean(recall_k100), 4),
+        "ndcg@10": round(full["ndcg@10"].value, 4),
+        "recall@100": round(full["recall@100"].value, 4),
+        "recall@100_of_k100_query": round(k100["recall@100"].value, 4),
         "mean_hits_of_k100_query": round(statistics.fmean(returned), 2),
     }
 
@@ -102,10 +107,8 @@ def main() -> None:
 
     import torch
 
-    qrels = read_qrels(args.scifact / "qrels" / "test.tsv")
-    texts = {q["_id"]: q["text"] for q in map(json.loads, (args.scifact / "queries.jsonl").open(encoding="utf-8"))}
-    queries = [(qid, texts[qid]) for qid in sorted(qrels, key=int)][: args.limit]
-    claims = [text for _, text in queries]
+    cases = sorted(load_suite(args.scifact, split="test").cases, key=lambda c: int(c.id))[: args.limit]
+    claims = [case.query for case in cases]
     retriever = Retriever(args.bundle)
     modes = MODES if retriever.vector is not None else ("lexical",)
     if retriever.vector is not None:
@@ -119,7 +122,7 @@ def main() -> None:
     for mode in modes:
         expected = [[h["chunk_id"] for h in retriever.query(t, Subject.default(), k=10, mode=mode).hits] for t in claims]
         throughputs[mode] = {f"{n}_threads": throughput(retriever, claims, mode, n, expected) for n in thread_counts}
-    qualities = {mode: quality(retriever, queries, qrels, mode) for mode in modes}
+    qualities = {mode: quality(retriever, cases, mode) for mode in modes}
     print(
         json.dumps(
             {
@@ -127,7 +130,7 @@ def main() -> None:
                 "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
                 "bundle_id": retriever.bundle_id,
                 "plan_id": retriever.plan.plan_id,
-                "queries": len(queries),
+                "queries": len(cases),
                 "torch_threads": args.torch_threads,
                 "channel_workers": retriever.channel_workers,
                 "query_embedding_runtime": retriever.plan.query_embedding.runtime,

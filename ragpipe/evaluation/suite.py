@@ -1,0 +1,220 @@
+"""Evaluation suites: cases with stable IDs, graded judgments at one target level.
+
+Native format (``*.jsonl``): one JSON object per line, fields ``id``, ``query``, ``target_level``
+(``document`` | ``chunk``), ``judgments`` ``{target_id: grade}`` and optionally ``tags``,
+``answerability`` (``answerable`` | ``unanswerable``), ``subject`` ``{"scopes": [...]}`` and
+``forbidden_sources`` (document IDs the subject must never see). The rules each case must meet
+live in ``suite_rules.py``; a broken rule raises ``SuiteError("<file>:<line>: <rule>")`` and no
+suite is returned (nothing partial). A BEIR folder is read by ``suite_beir.py``.
+
+Canonical form: cases sorted by ID, each as an object carrying every field (defaults explicit,
+tags/scopes/forbidden sources sorted). The suite digest is the content ID (kind ``suite``, v1) of
+the list of canonical cases, so it does not depend on line order, whitespace, key order or
+defaulted fields; ``source`` (where it was read from) is operational and never hashed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Set as AbstractSet
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ragpipe.evaluation.suite_rules import SuiteError, check_case
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.publish import write_file_atomic
+
+__all__ = ["Case", "CaseStatus", "CaseSubject", "Suite", "SuiteError", "check_against_bundle", "load_suite", "write_suite"]
+
+SUITE_ID_KIND = "suite"
+SUITE_ID_VERSION = 1
+# Reasons a case is not evaluated against a bundle (stable codes: reports and gates key on them).
+MISSING_TARGETS = "missing_judged_targets"
+NO_POSITIVE_JUDGMENT = "no_positive_judgment"
+RELEVANT_GRADE = 1  # trec_eval relevance_level: a target is relevant iff its grade >= 1
+
+
+class CaseSubject(BaseModel):
+    """The scopes a case is asked under (policy scope-intersection/v1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    scopes: tuple[str, ...]
+
+
+class Case(BaseModel):
+    """One evaluation case. Built only through the rules of ``suite_rules.check_case``, so a Case
+    constructed in code obeys exactly what a suite file must."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    id: str
+    query: str
+    target_level: Literal["document", "chunk"]
+    judgments: dict[str, int]
+    tags: tuple[str, ...] = ()
+    answerability: Literal["answerable", "unanswerable"] = "answerable"
+    subject: CaseSubject | None = None
+    forbidden_sources: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rules(cls, data: Any) -> Any:
+        if isinstance(data, Case):
+            return data
+        return check_case(_plain(data))
+
+    @property
+    def relevant(self) -> frozenset[str]:
+        """Targets with grade >= 1 (trec_eval's relevance level)."""
+        return frozenset(t for t, g in self.judgments.items() if g >= RELEVANT_GRADE)
+
+    def canonical(self) -> dict[str, object]:
+        """The case as a plain JSON object with every field explicit (what is hashed and written)."""
+        return {
+            "id": self.id,
+            "query": self.query,
+            "target_level": self.target_level,
+            "judgments": dict(sorted(self.judgments.items())),
+            "tags": list(self.tags),
+            "answerability": self.answerability,
+            "subject": None if self.subject is None else {"scopes": list(self.subject.scopes)},
+            "forbidden_sources": list(self.forbidden_sources),
+        }
+
+
+def _plain(data: Any) -> Any:
+    """Accept a CaseSubject inside programmatic input (the rules work on plain JSON values)."""
+    if isinstance(data, dict) and isinstance(data.get("subject"), CaseSubject):
+        return {**data, "subject": {"scopes": list(data["subject"].scopes)}}
+    return data
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Cases in canonical order (by ID) and their digest; ``source`` is operational only."""
+
+    cases: tuple[Case, ...]
+    digest: str
+    source: str
+
+    @classmethod
+    def of(cls, cases: Iterable[Case], source: str) -> Suite:
+        """A suite of ``cases`` (duplicate IDs refused), sorted by ID, with its digest."""
+        ordered = sorted(cases, key=lambda c: c.id)
+        for a, b in zip(ordered, ordered[1:]):
+            if a.id == b.id:
+                raise SuiteError(f"{source}: duplicate case id {a.id!r}")
+        if not ordered:
+            raise SuiteError(f"{source}: no cases")
+        return cls(tuple(ordered), suite_digest(ordered), source)
+
+    def by_id(self) -> dict[str, Case]:
+        return {c.id: c for c in self.cases}
+
+
+def suite_digest(cases: Iterable[Case]) -> str:
+    """Content ID of the canonical cases, sorted by ID."""
+    return content_id(SUITE_ID_KIND, SUITE_ID_VERSION, [c.canonical() for c in sorted(cases, key=lambda c: c.id)])
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name} is not JSON")
+
+
+def parse_suite_bytes(data: bytes, source: str) -> Suite:
+    """Parse native JSONL bytes; ``source`` names the file in every error."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the newline ending the last line
+    if not lines:
+        raise SuiteError(f"{source}: no cases")
+    cases: list[Case] = []
+    first_line: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        case = _parse_line(raw, f"{source}:{number}")
+        if case.id in first_line:
+            raise SuiteError(f"{source}:{number}: duplicate case id {case.id!r} (first on line {first_line[case.id]})")
+        first_line[case.id] = number
+        cases.append(case)
+    if len(cases) != len(lines):  # the rule of DESIGN §5, kept as an explicit invariant
+        raise SuiteError(f"{source}: parsed {len(cases)} cases from {len(lines)} lines")
+    return Suite.of(cases, source)
+
+
+def _parse_line(raw: bytes, where: str) -> Case:
+    if not raw.strip():
+        raise SuiteError(f"{where}: blank line (every line must hold one case)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SuiteError(f"{where}: not valid UTF-8 (byte {e.start + 1})") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":
+            raise SuiteError(f"{where}: more than one JSON value on the line (column {e.colno})") from None
+        raise SuiteError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
+    except ValueError as e:
+        raise SuiteError(f"{where}: {e}") from None
+    try:
+        return Case.model_validate(check_case(value))
+    except SuiteError as e:
+        raise SuiteError(f"{where}: {e}") from None
+
+
+def load_suite(path: Path, *, split: str | Iterable[str] = "test") -> Suite:
+    """A native suite file, or a BEIR folder (``queries.jsonl`` + ``qrels/<split>.tsv``; several
+    splits are merged). Raises ``SuiteError`` naming the file, line and rule on bad input."""
+    path = Path(path)
+    if path.is_dir():
+        from ragpipe.evaluation.suite_beir import import_beir
+
+        return import_beir(path, split)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SuiteError(f"{path}: cannot read suite: {e.strerror}") from None
+    return parse_suite_bytes(data, str(path))
+
+
+def suite_bytes(suite: Suite) -> bytes:
+    """Canonical JSONL: one RFC 8785 object per line, cases sorted by ID, newline-terminated."""
+    return b"".join(canonical_bytes(c.canonical()) + b"\n" for c in suite.cases)
+
+
+def write_suite(suite: Suite, path: Path) -> None:
+    """Write ``suite`` in canonical JSONL atomically (temp + fsync + rename)."""
+    write_file_atomic(Path(path), suite_bytes(suite))
+
+
+@dataclass(frozen=True)
+class CaseStatus:
+    """Whether a case can be evaluated against a bundle. ``reason`` is a stable code
+    (``missing_judged_targets`` | ``no_positive_judgment``) when it cannot; ``missing`` lists the
+    judged targets (sorted) the bundle lacks."""
+
+    case_id: str
+    evaluable: bool
+    reason: str | None
+    missing: tuple[str, ...]
+
+
+def check_against_bundle(suite: Suite, document_ids: AbstractSet[str], chunk_ids: AbstractSet[str]) -> list[CaseStatus]:
+    """One status per case, in suite order. A case any of whose judged targets (any grade) the
+    bundle lacks is skipped, never scored as a miss; an answerable case without a judgment of
+    grade >= 1 is skipped too (its ranking metrics are undefined). Unanswerable cases are
+    evaluable: they are run for safety and answer metrics, and take no ranking metric."""
+    out = []
+    for case in suite.cases:
+        present = document_ids if case.target_level == "document" else chunk_ids
+        missing = tuple(sorted(t for t in case.judgments if t not in present))
+        if missing:
+            out.append(CaseStatus(case.id, False, MISSING_TARGETS, missing))
+        elif case.answerability == "answerable" and not case.relevant:
+            out.append(CaseStatus(case.id, False, NO_POSITIVE_JUDGMENT, ()))
+        else:
+            out.append(CaseStatus(case.id, True, None, ()))
+    return out
