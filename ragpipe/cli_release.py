@@ -1,0 +1,188 @@
+"""``ragpipe release …`` (typer app ``release_app``; the lead registers it in ``ragpipe.cli``).
+
+    ragpipe release list [--json]
+    ragpipe release show RELEASE_ID [--json]
+    ragpipe release current [--target T] [--json]
+    ragpipe release approve RELEASE_ID --target T --by NAME [--note TEXT] [--json]
+    ragpipe release activate RELEASE_ID [--target T] [--json]
+    ragpipe release rollback [--target T] [--to RELEASE_ID] [--json]
+
+Every expected error prints ``error: <message>`` on stderr and exits 1; ``--json`` prints exactly
+one JSON value on stdout. Targets come from ``ragpipe/specs/targets.yaml`` (or ``$RAGPIPE_TARGETS``);
+without ``--target`` the configured default target is used. ``python -m ragpipe.cli_release`` runs
+the app on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn, Optional, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+release_app = typer.Typer(help="Release manifests, targets, approvals, activation and rollback.", no_args_is_help=True, add_completion=False)
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON value.")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target (default: the configured default target).")]
+ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE_ID", help="Exact release ID (sha256:<64 hex>).")]
+
+
+def fail(message: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def emit_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run ``action``; the errors bad input or a lost race can cause become one message, exit 1."""
+    from ragpipe.kernel.ledger import LedgerError
+    from ragpipe.release.store import ReleaseError
+
+    try:
+        return action()
+    except (ReleaseError, LedgerError, OSError) as exc:
+        fail(str(exc))
+
+
+def _ws():
+    from ragpipe.stages.workspace import Workspace, default_home
+
+    return Workspace(default_home())
+
+
+@release_app.command("list")
+def release_list(as_json: JsonOpt = False) -> None:
+    """Every published release with its gate outcome and the targets it is active on."""
+    from ragpipe.release.status import release_summaries
+
+    rows = guarded(lambda: release_summaries(_ws()))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        out.print("no releases")
+        return
+    table = Table(title=f"{len(rows)} releases")
+    for col in ("release", "revision", "eligible", "decisive phase", "active on"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["release_id"]), escape(str(r["revision"])), "yes" if r["eligible"] else "no",
+                      str(r["decisive_phase"] or "—"), ", ".join(r["active_targets"]) or "—")  # type: ignore[arg-type]
+    out.print(table, soft_wrap=True)
+
+
+@release_app.command("show")
+def release_show(release_id: ReleaseArg, as_json: JsonOpt = False) -> None:
+    """A release's manifest and its state on every target."""
+    from ragpipe.release.manifest import load_manifest
+    from ragpipe.release.status import target_states
+    from ragpipe.release.store import ReleaseStore
+
+    def run() -> dict[str, Any]:
+        ws = _ws()
+        manifest = load_manifest(ReleaseStore(ws), release_id)
+        targets = {}
+        for name, state in target_states(ws).items():
+            approvals = [{"by": a.by, "at": a.at, "note": a.note} for a in state.approvals.get(release_id, ())]
+            targets[name] = {"state": state.states.get(release_id, "awaiting activation"), "approvals": approvals}
+        return {"release_id": release_id, "manifest": manifest.body(), "targets": targets}
+
+    data = guarded(run)
+    if as_json:
+        emit_json(data)
+        return
+    m = data["manifest"]
+    out.print(f"[bold]release {data['release_id']}[/]", soft_wrap=True)
+    for key in ("revision", "bundle_id", "material_digest", "query_plan_id", "answer_plan_id", "authorization_policy_id", "gate_policy_id", "comparison_id"):
+        out.print(f"  {key}: {escape(str(m[key]))}", soft_wrap=True)
+    out.print(f"  evaluation: spec {m['evaluation']['spec_id']} run {escape(m['evaluation']['run_id'])} head {m['evaluation']['ledger_head']}", soft_wrap=True)
+    out.print(f"  gate: decision {m['gate']['decision_id']} eligible {m['gate']['eligible']} decisive phase {m['gate']['decisive_phase']}", soft_wrap=True)
+    for name, t in data["targets"].items():
+        out.print(f"  {name}: {t['state']}" + "".join(f"; approved by {escape(a['by'])} at {a['at']}" for a in t["approvals"]))
+
+
+@release_app.command("current")
+def release_current(target: TargetOpt = None, as_json: JsonOpt = False) -> None:
+    """The release active on a target and the pointer's generation."""
+    from ragpipe.release.pointer import read_pointer
+    from ragpipe.release.store import ReleaseStore
+    from ragpipe.release.targets import load_targets
+
+    def run() -> dict[str, Any]:
+        name, _ = load_targets().get(target)
+        pointer = read_pointer(ReleaseStore(_ws()), name)
+        if pointer is None:
+            return {"target": name, "release_id": None, "generation": 0, "previous": None}
+        return {"target": name, "release_id": pointer.release_id, "generation": pointer.generation, "previous": pointer.previous}
+
+    data = guarded(run)
+    if as_json:
+        emit_json(data)
+    elif data["release_id"] is None:
+        out.print(f"{data['target']}: no active release")
+    else:
+        out.print(f"{data['target']}: {data['release_id']} (generation {data['generation']})", soft_wrap=True)
+
+
+@release_app.command("approve")
+def release_approve(
+    release_id: ReleaseArg,
+    target: Annotated[str, typer.Option("--target", "-t", help="Target the approval is for.")],
+    by: Annotated[str, typer.Option("--by", help="Who approves (recorded in the target's history).")],
+    note: Annotated[str, typer.Option("--note", help="Free text recorded with the approval.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Record a person's approval of a release for a target."""
+    from ragpipe.release.approvals import approve
+
+    a = guarded(lambda: approve(_ws(), release_id, target, by=by, note=note))
+    data = {"release_id": a.release_id, "target": target, "by": a.by, "at": a.at, "note": a.note, "record": a.seq}
+    if as_json:
+        emit_json(data)
+    else:
+        out.print(f"approved {a.release_id} for {target} by {escape(a.by)} (history record {a.seq})", soft_wrap=True)
+
+
+@release_app.command("activate")
+def release_activate(release_id: ReleaseArg, target: TargetOpt = None, as_json: JsonOpt = False) -> None:
+    """Activate a release (refused unless eligible, verified, and approved where required)."""
+    from ragpipe.release.activation import activate
+
+    result = guarded(lambda: activate(_ws(), release_id, target))
+    if as_json:
+        emit_json(result.as_dict())
+    elif result.changed:
+        out.print(f"activated {result.release_id} on {result.target} (generation {result.generation}; previous {result.previous or 'none'})", soft_wrap=True)
+    else:
+        out.print(f"{result.release_id} is already active on {result.target} (generation {result.generation}); nothing changed", soft_wrap=True)
+
+
+@release_app.command("rollback")
+def release_rollback(
+    target: TargetOpt = None,
+    to: Annotated[Optional[str], typer.Option("--to", help="A previously active release to return to.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Point a target back to a previously active, still-verifying release (no rebuild)."""
+    from ragpipe.release.rollback import rollback
+
+    result = guarded(lambda: rollback(_ws(), target, to=to))
+    if as_json:
+        emit_json(result.as_dict())
+    else:
+        out.print(f"rolled back {result.target} to {result.release_id} (generation {result.generation}; previous {result.previous})", soft_wrap=True)
+
+
+if __name__ == "__main__":
+    release_app(prog_name="ragpipe release")

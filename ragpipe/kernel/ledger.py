@@ -1,0 +1,267 @@
+"""A generic append-only, hash-chained JSONL ledger with a separate head file (DESIGN.md §5, §6).
+
+Record ``{seq, kind, payload, prev, hash}``: ``seq`` counts from 1 (the *record number* every error
+names), ``prev`` is the previous record's ``hash`` (``None`` for record 1) and ``hash`` is
+``content_id(<domain>, <version>, record without hash)``. The domain tag separates ledgers of
+different purposes: a record of one can never verify as a record of another. Each line is exactly
+the record's RFC 8785 bytes plus ``\\n``, written with one ``write`` and fsynced before ``append``
+returns; then the head file (``{"hash": …, "seq": …}``, ``<name>.head`` beside ``<name>.jsonl``) is
+rewritten atomically. Creating the ledger file fsyncs its directory, so the file itself survives a
+crash.
+
+Recovery (``Ledger.open``) may drop exactly one thing: an incomplete final line — no trailing
+newline, or bytes at the very end that are not a JSON value (a torn write is a prefix of a record;
+canonical JSON escapes newlines, so no proper prefix holds one, and no proper prefix of an object
+parses). Everything else refuses with ``"<file>: record <n>: <rule>"``: an unparsable or
+non-canonical line before the end, a final line that parses but carries trailing bytes, a bad hash,
+a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag one
+record behind (a crash between the ledger fsync and the head rewrite) and may name the record whose
+torn line was dropped; a head further ahead means complete records were lost, which is refused.
+
+This module is the superset of ``ragpipe.evaluation.ledger``: with domain ``eval-ledger-record``
+v1 and the file ``ledger.jsonl`` it reads and writes byte-identical ledgers. One writer at a time:
+callers that share a ledger between processes serialise ``open`` … ``append`` under a file lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.publish import fsync_path, write_file_atomic
+
+RECORD_KEYS = ("hash", "kind", "payload", "prev", "seq")
+S = TypeVar("S")
+
+
+class LedgerError(ValueError):
+    """The ledger (or its head) is damaged; ``str(e)`` is ``"<file>: record <n>: <rule>"``."""
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    prev: str | None
+    hash: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "kind": self.kind, "payload": self.payload, "prev": self.prev, "hash": self.hash}
+
+
+@dataclass(frozen=True)
+class LedgerRead:
+    """The verified records, the bytes they occupy, and the torn tail that was dropped (if any)."""
+
+    records: tuple[Record, ...]
+    valid_bytes: int
+    dropped_bytes: int
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The hash domain of one kind of ledger: ``content_id(tag, version, …)`` of each record."""
+
+    tag: str
+    version: int = 1
+
+    def record_hash(self, seq: int, kind: str, payload: dict[str, Any], prev: str | None) -> str:
+        return content_id(self.tag, self.version, {"seq": seq, "kind": kind, "payload": payload, "prev": prev})
+
+    def make_record(self, seq: int, kind: str, payload: dict[str, Any], prev: str | None) -> Record:
+        return Record(seq, kind, payload, prev, self.record_hash(seq, kind, payload, prev))
+
+
+def encode(record: Record) -> bytes:
+    return canonical_bytes(record.as_dict()) + b"\n"
+
+
+def head_path(path: Path) -> Path:
+    """``x/history.jsonl`` → ``x/history.head``."""
+    return path.with_suffix(".head")
+
+
+def _check_record(domain: Domain, raw: bytes, seq: int, prev: str | None, where: str) -> Record:
+    """Parse and verify line ``seq`` (without its newline) against the chain so far."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise LedgerError(f"{where}: record {seq}: not valid JSON") from None
+    if not isinstance(obj, dict) or tuple(sorted(obj)) != RECORD_KEYS:
+        raise LedgerError(f"{where}: record {seq}: not a ledger record (keys must be {', '.join(RECORD_KEYS)})")
+    if obj["seq"] != seq or isinstance(obj["seq"], bool):
+        raise LedgerError(f"{where}: record {seq}: seq is {obj['seq']!r}, expected {seq} (gap or reorder)")
+    if obj["prev"] != prev:
+        raise LedgerError(f"{where}: record {seq}: prev does not match the hash of record {seq - 1} (broken chain)")
+    if not isinstance(obj["kind"], str) or not isinstance(obj["payload"], dict):
+        raise LedgerError(f"{where}: record {seq}: kind must be a string and payload an object")
+    record = domain.make_record(seq, obj["kind"], obj["payload"], prev)
+    if obj["hash"] != record.hash:
+        raise LedgerError(f"{where}: record {seq}: hash does not match the record's content")
+    if encode(record) != raw + b"\n":
+        raise LedgerError(f"{where}: record {seq}: not in canonical form")
+    return record
+
+
+def _is_torn(tail: bytes) -> bool:
+    """True if the final bytes are a torn write: no complete JSON value starts them."""
+    try:
+        json.JSONDecoder().raw_decode(tail.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return True
+    return False
+
+
+def parse_ledger(data: bytes, domain: Domain, where: str) -> LedgerRead:
+    """Verify ``data`` (a ledger's bytes) record by record; drop only a torn final line."""
+    records: list[Record] = []
+    pos = 0
+    prev: str | None = None
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        if end < 0:  # no newline: the final line was never completed
+            return LedgerRead(tuple(records), pos, len(data) - pos)
+        line = data[pos:end]
+        if end + 1 == len(data) and _is_torn(line):
+            return LedgerRead(tuple(records), pos, len(data) - pos)
+        record = _check_record(domain, line, len(records) + 1, prev, where)
+        records.append(record)
+        prev = record.hash
+        pos = end + 1
+    return LedgerRead(tuple(records), pos, 0)
+
+
+def read_head(path: Path) -> tuple[int, str] | None:
+    """``(seq, hash)`` from the head file of the ledger at ``path``, or None if there is none."""
+    head = head_path(path)
+    if not head.exists():
+        return None
+    try:
+        obj = json.loads(head.read_bytes())
+        return int(obj["seq"]), str(obj["hash"])
+    except (ValueError, KeyError, TypeError):
+        raise LedgerError(f"{head}: record ?: head file is not {{hash, seq}} JSON") from None
+
+
+def check_head(path: Path, read: LedgerRead) -> None:
+    """Refuse when the head file says complete records are missing or differ (module docstring)."""
+    head = read_head(path)
+    n = len(read.records)
+    name = head_path(path).name
+    if head is None:
+        if n > 1:
+            raise LedgerError(f"{path}: record {n}: {name} is missing")
+        return
+    seq, digest = head
+    if 1 <= seq <= n:
+        if read.records[seq - 1].hash != digest:
+            raise LedgerError(f"{path}: record {seq}: hash differs from the one {name} names")
+        if seq < n - 1:
+            raise LedgerError(f"{path}: record {seq + 1}: {name} lags {n - seq} records behind the ledger")
+        return
+    if seq == n + 1 and read.dropped_bytes:
+        return  # the head was written for the record whose line is torn: impossible by order, harmless
+    raise LedgerError(f"{path}: record {n + 1}: missing (the ledger ends at record {n}; {name} names record {seq})")
+
+
+def read_ledger(path: Path, domain: Domain, missing: str = "no ledger file") -> LedgerRead:
+    """Read and verify the ledger at ``path`` against its chain and head, changing nothing."""
+    if not path.is_file():
+        raise LedgerError(f"{path}: record 1: {missing}")
+    read = parse_ledger(path.read_bytes(), domain, str(path))
+    check_head(path, read)
+    return read
+
+
+def fold(records: Iterable[Record], step: Callable[[S, Record], S], state: S, where: str) -> S:
+    """Reduce ``records`` with ``step``; a ``ValueError`` from ``step`` (an illegal transition)
+    becomes a ``LedgerError`` naming the record."""
+    for record in records:
+        try:
+            state = step(state, record)
+        except LedgerError:
+            raise
+        except ValueError as exc:
+            raise LedgerError(f"{where}: record {record.seq}: {exc}") from None
+    return state
+
+
+class Ledger:
+    """The single writer of one ledger file. ``open`` verifies and recovers (truncating a torn
+    tail, repairing a lagging head); ``append`` writes one durable record. ``on_append(kind)`` runs
+    after each durable append (failure-injection tests kill the process there)."""
+
+    def __init__(self, path: Path, domain: Domain, records: tuple[Record, ...], on_append: Callable[[str], None] | None = None):
+        self.path = path
+        self.domain = domain
+        self.records = list(records)
+        self.on_append = on_append
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    @classmethod
+    def create(cls, path: Path, domain: Domain) -> Ledger:
+        """A new, empty ledger at ``path`` (which must not exist yet)."""
+        if path.exists():
+            raise LedgerError(f"{path}: record 1: a ledger already exists here")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ledger = cls(path, domain, ())
+        fsync_path(path.parent)  # the new file's name must survive a crash, not only its bytes
+        return ledger
+
+    @classmethod
+    def open(cls, path: Path, domain: Domain, *, create: bool = False, missing: str = "no ledger file",
+             on_append: Callable[[str], None] | None = None) -> Ledger:
+        """Open for appending after full verification; with ``create`` a missing ledger is made."""
+        if create and not path.exists():
+            ledger = cls.create(path, domain)
+            ledger.on_append = on_append
+            return ledger
+        read = read_ledger(path, domain, missing)
+        if read.dropped_bytes:  # recovery: the torn final line is the only thing ever removed
+            with open(path, "r+b") as fh:
+                fh.truncate(read.valid_bytes)
+                os.fsync(fh.fileno())
+        ledger = cls(path, domain, read.records, on_append)
+        if ledger.records and read_head(path) != (ledger.records[-1].seq, ledger.records[-1].hash):
+            ledger._write_head()  # repairs a head that lagged one record
+        return ledger
+
+    @property
+    def head(self) -> str | None:
+        return self.records[-1].hash if self.records else None
+
+    def append(self, kind: str, payload: dict[str, Any]) -> Record:
+        """Append one record durably (fsynced) and move the head; returns the record."""
+        record = self.domain.make_record(len(self.records) + 1, kind, payload, self.head)
+        data = encode(record)  # raises on a non-canonical payload before anything is written
+        written = os.write(self._fd, data)
+        if written != len(data):
+            raise OSError(f"{self.path}: short write of record {record.seq}")
+        os.fsync(self._fd)
+        self.records.append(record)
+        self._write_head()
+        if self.on_append is not None:
+            self.on_append(kind)
+        return record
+
+    def _write_head(self) -> None:
+        last = self.records[-1]
+        write_file_atomic(head_path(self.path), canonical_bytes({"hash": last.hash, "seq": last.seq}) + b"\n")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

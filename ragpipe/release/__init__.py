@@ -1,0 +1,1 @@
+"""Releases: manifests, targets, pointers, history, approvals, activation, rollback (docs/releases.md)."""

@@ -1,0 +1,142 @@
+"""Activation: make an eligible, verified (and, where required, approved) release active on a target.
+
+Order (DESIGN.md §5): resolve the exact release ID → load and verify its manifest → refuse an
+ineligible release → verify the bundle completely (``open_bundle``: files, digests, seal, payload,
+material digest) and every child ID (the bundle's ID and material digest must be the manifest's;
+``child_checks`` add more) → under the target's lock: settle an interrupted activation, record a
+``rejected`` record and refuse if verification failed, refuse without a required approval, compare
+the pointer's generation with the one the caller read (``ConflictError`` if it moved) → append the
+intent → swap the pointer → append the observed record. ``on_step`` is called at every point where
+a crash leaves a distinct state: ``verified``, ``intent_appended``, the pointer's
+``POINTER_STEPS``, ``observed_appended``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragpipe.kernel.publish import StepHook
+from ragpipe.release.history import History, now_iso
+from ragpipe.release.manifest import ReleaseManifest, load_manifest
+from ragpipe.release.pointer import Pointer, check_generation, current_generation, read_pointer, write_pointer
+from ragpipe.release.recovery import settle
+from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.release.targets import TargetsConfig, load_targets
+from ragpipe.stages.workspace import Workspace
+
+ChildCheck = Callable[[Workspace, ReleaseManifest], list[str]]
+ACTIVATION_STEPS = ("verified", "intent_appended", "pointer_temp_written", "pointer_temp_fsynced",
+                    "pointer_renamed", "pointer_dir_fsynced", "observed_appended")
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    target: str
+    release_id: str
+    generation: int
+    previous: str | None
+    changed: bool  # False: the release was already active; nothing was written
+
+    def as_dict(self) -> dict[str, object]:
+        return {"target": self.target, "release_id": self.release_id, "generation": self.generation,
+                "previous": self.previous, "changed": self.changed}
+
+
+def _noop(_: str) -> None:
+    return None
+
+
+def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
+    return ws.bundles / manifest.bundle_hex
+
+
+def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = ()) -> list[str]:
+    """Problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
+    then the bundle's IDs against the manifest's, then each of ``child_checks``."""
+    from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when verifying
+
+    try:
+        bundle = open_bundle(bundle_path(ws, manifest))
+    except BundleVerificationError as exc:
+        return [f"bundle {manifest.bundle_id}: {p}" for p in exc.problems]
+    problems = []
+    if bundle.manifest.bundle_id != manifest.bundle_id:
+        problems.append(f"bundle ID {bundle.manifest.bundle_id} differs from the release's {manifest.bundle_id}")
+    if bundle.manifest.material_digest != manifest.material_digest:
+        problems.append(f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}")
+    for check in child_checks:
+        problems += check(ws, manifest)
+    return problems
+
+
+def refusal(release_id: str, problems: list[str]) -> str:
+    return f"release {release_id} failed verification; not activated:\n  " + "\n  ".join(problems)
+
+
+def swap(store: ReleaseStore, history: History, release_id: str, action: str, by: str, step: StepHook) -> SwapResult:
+    """Intent → pointer swap → observed, under the lock, the generation already checked. An
+    exception after the intent settles it from the pointer (cancelled if the pointer did not move)."""
+    state = history.state
+    target, gen, previous = history.target, state.generation, state.active
+    intent = history.append("intent", {"action": action, "release_id": release_id, "from_generation": gen,
+                                       "generation": gen + 1, "previous": previous, "by": by, "at": now_iso()})
+    step("intent_appended")
+    try:
+        write_pointer(store, Pointer(target, release_id, gen + 1, previous, intent.hash), on_step=step)
+    except BaseException as exc:
+        settle(store, history, ("cancelled", f"the writer failed before the pointer swap: {type(exc).__name__}: {exc}"))
+        raise
+    history.append("observed", {"intent": intent.seq, "outcome": "active", "release_id": release_id,
+                                "generation": gen + 1, "reason": None, "at": now_iso()})
+    step("observed_appended")
+    return SwapResult(target, release_id, gen + 1, previous, True)
+
+
+def activate(
+    ws: Workspace,
+    release_id: str,
+    target: str | None = None,
+    *,
+    expected_generation: int | None = None,
+    by: str = "cli",
+    config: TargetsConfig | None = None,
+    child_checks: Sequence[ChildCheck] = (),
+    on_step: StepHook | None = None,
+) -> SwapResult:
+    """Activate ``release_id`` on ``target`` (default target when None); see the module docstring.
+
+    ``expected_generation`` is the pointer generation the caller based its decision on (read now
+    when None); if another writer moved the pointer since, ``ConflictError`` and nothing changes.
+    Raises ``ReleaseError`` (never activating) when the release is unknown, ineligible, fails
+    verification, or lacks a required approval. Already active → ``changed=False``, nothing written.
+    """
+    step = on_step or _noop
+    store = ReleaseStore(ws)
+    name, spec = (config or load_targets()).get(target)
+    manifest = load_manifest(store, release_id)
+    if not manifest.gate.eligible:
+        raise ReleaseError(
+            f"release {release_id} is not eligible for activation "
+            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
+        )
+    if expected_generation is None:
+        expected_generation = current_generation(store, name)
+    problems = verify_release(ws, manifest, child_checks)  # slow: outside the lock
+    step("verified")
+    with store.target_lock(name), History(store, name) as history:
+        settle(store, history)
+        if problems:
+            history.append("rejected", {"action": "activate", "release_id": release_id, "reason": "; ".join(problems), "by": by, "at": now_iso()})
+            raise ReleaseError(refusal(release_id, problems))
+        if history.state.active == release_id:
+            pointer = read_pointer(store, name)
+            return SwapResult(name, release_id, history.state.generation, pointer.previous if pointer else None, False)
+        if spec.approval_required and not history.state.approved(release_id):
+            raise ReleaseError(
+                f"release {release_id} needs an approval for target {name!r} before activation "
+                f"(ragpipe release approve {release_id} --target {name} --by NAME)"
+            )
+        check_generation(store, name, expected_generation)
+        return swap(store, history, release_id, "activate", by, step)

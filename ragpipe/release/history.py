@@ -1,0 +1,190 @@
+"""A target's history: a hash-chained ledger of intent and observed records and a pure reducer.
+
+Records (``ragpipe.kernel.ledger``, domain ``release-history-record`` v1), payload keys:
+
+- ``approval``  {release_id, by, note, at}: a person approved the release for this target.
+- ``intent``    {action: activate|rollback, release_id, from_generation, generation, previous, by, at}:
+  appended *before* the pointer swap; ``generation = from_generation + 1``.
+- ``observed``  {intent, outcome: active|failed|cancelled, release_id, generation, reason, at}: what
+  happened to the intent of record ``intent`` (``active``: the pointer now names the release).
+- ``rejected``  {action, release_id, reason, by, at}: the release was refused before any intent
+  (its bundle failed verification).
+
+``reduce_history`` folds records into ``TargetHistory`` and refuses an illegal sequence with the
+record number: an intent while another is unresolved, an intent that does not start from the
+current generation, a rollback to a release never active here, an observed record for another
+intent. Release states per target: ``activating`` (open intent), ``active``, ``superseded``
+(replaced by an activation), ``rolled_back`` (replaced by a rollback), ``failed``, ``cancelled``,
+``rejected``; a release with no record here is *awaiting activation*. ``at`` is operational only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, check_head, fold, parse_ledger
+from ragpipe.release.store import ReleaseStore
+
+HISTORY_DOMAIN = Domain("release-history-record", 1)
+KEYS = {
+    "approval": {"release_id", "by", "note", "at"},
+    "intent": {"action", "release_id", "from_generation", "generation", "previous", "by", "at"},
+    "observed": {"intent", "outcome", "release_id", "generation", "reason", "at"},
+    "rejected": {"action", "release_id", "reason", "by", "at"},
+}
+ACTIONS = ("activate", "rollback")
+OUTCOMES = ("active", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Approval:
+    release_id: str
+    by: str
+    note: str
+    at: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class TargetHistory:
+    """The reduced state of one target's history (see module docstring)."""
+
+    active: str | None = None
+    generation: int = 0
+    active_intent: str | None = None  # hash of the intent record of the current activation
+    open_intent: Record | None = None
+    stack: tuple[str, ...] = ()  # rollback stack: the active release last, the one before it below
+    ever_active: tuple[str, ...] = ()  # every release that was active here, first activation order
+    states: dict[str, str] = field(default_factory=dict)
+    approvals: dict[str, tuple[Approval, ...]] = field(default_factory=dict)
+    activations: tuple[tuple[int, str, str], ...] = ()  # (generation, release_id, action) per swap
+
+    def approved(self, release_id: str) -> bool:
+        return bool(self.approvals.get(release_id))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _need(record: Record) -> dict[str, Any]:
+    keys = KEYS.get(record.kind)
+    if keys is None:
+        raise ValueError(f"unknown record kind {record.kind!r}")
+    if set(record.payload) != keys:
+        raise ValueError(f"{record.kind} record must have exactly the keys {', '.join(sorted(keys))}")
+    return record.payload
+
+
+def _intent(state: TargetHistory, record: Record, p: dict[str, Any]) -> TargetHistory:
+    if state.open_intent is not None:
+        raise ValueError(f"intent while the intent of record {state.open_intent.seq} is unresolved")
+    if p["action"] not in ACTIONS:
+        raise ValueError(f"intent action {p['action']!r} is not one of {', '.join(ACTIONS)}")
+    if p["from_generation"] != state.generation or p["generation"] != state.generation + 1:
+        raise ValueError(
+            f"intent goes from generation {p['from_generation']!r} to {p['generation']!r}, "
+            f"but the target is at generation {state.generation}"
+        )
+    if p["previous"] != state.active:
+        raise ValueError(f"intent names previous release {p['previous']}, but the active release is {state.active}")
+    if p["action"] == "rollback" and (p["release_id"] not in state.ever_active or p["release_id"] == state.active):
+        raise ValueError(f"rollback to {p['release_id']}, which is not a previously active release of this target")
+    return replace(state, open_intent=record, states={**state.states, p["release_id"]: "activating"})
+
+
+def _observed(state: TargetHistory, record: Record, p: dict[str, Any]) -> TargetHistory:
+    intent = state.open_intent
+    if intent is None or p["intent"] != intent.seq:
+        raise ValueError(f"observed record for record {p['intent']!r}, but the open intent is {intent.seq if intent else 'none'}")
+    if (p["release_id"], p["generation"]) != (intent.payload["release_id"], intent.payload["generation"]):
+        raise ValueError("observed record names another release or generation than its intent")
+    if p["outcome"] not in OUTCOMES:
+        raise ValueError(f"outcome {p['outcome']!r} is not one of {', '.join(OUTCOMES)}")
+    release, states = p["release_id"], dict(state.states)
+    if p["outcome"] != "active":
+        states[release] = p["outcome"]
+        if state.active is not None:
+            states[state.active] = "active"
+        return replace(state, open_intent=None, states=states)
+    action = intent.payload["action"]
+    if state.active is not None:
+        states[state.active] = "rolled_back" if action == "rollback" else "superseded"
+    states[release] = "active"
+    if action == "rollback":
+        stack = state.stack[: state.stack.index(release) + 1] if release in state.stack else (*state.stack, release)
+    else:
+        stack = (*state.stack, release)
+    return replace(
+        state,
+        active=release,
+        generation=p["generation"],
+        active_intent=intent.hash,
+        open_intent=None,
+        stack=stack,
+        ever_active=state.ever_active + (() if release in state.ever_active else (release,)),
+        states=states,
+        activations=(*state.activations, (p["generation"], release, action)),
+    )
+
+
+def step(state: TargetHistory, record: Record) -> TargetHistory:
+    """One transition of the reducer (pure); raises ``ValueError`` on an illegal record."""
+    p = _need(record)
+    if record.kind == "approval":
+        approval = Approval(p["release_id"], p["by"], p["note"], p["at"], record.seq)
+        return replace(state, approvals={**state.approvals, p["release_id"]: (*state.approvals.get(p["release_id"], ()), approval)})
+    if record.kind == "intent":
+        return _intent(state, record, p)
+    if record.kind == "observed":
+        return _observed(state, record, p)
+    if state.states.get(p["release_id"]) != "active":  # rejected: a refused release never replaces the active state
+        return replace(state, states={**state.states, p["release_id"]: "rejected"})
+    return state
+
+
+def reduce_history(records: tuple[Record, ...] | list[Record], where: str) -> TargetHistory:
+    return fold(records, step, TargetHistory(), where)
+
+
+def read_history(store: ReleaseStore, target: str) -> tuple[TargetHistory, tuple[Record, ...]]:
+    """The target's verified history without writing (a torn final line is ignored, not removed);
+    an empty history when the target has none."""
+    path = store.history_path(target)
+    if not path.is_file():
+        return TargetHistory(), ()
+    read = parse_ledger(path.read_bytes(), HISTORY_DOMAIN, str(path))
+    check_head(path, read)
+    return reduce_history(read.records, str(path)), read.records
+
+
+class History:
+    """The writer's view of a target's history: the open ledger plus its reduced state. Open it
+    only under the target's lock. ``append`` checks the transition before writing anything."""
+
+    def __init__(self, store: ReleaseStore, target: str, on_append=None):
+        self.target = target
+        self.where = str(store.history_path(target))
+        self.ledger = Ledger.open(store.history_path(target), HISTORY_DOMAIN, create=True, on_append=on_append)
+        self.state = reduce_history(self.ledger.records, self.where)
+
+    def append(self, kind: str, payload: dict[str, Any]) -> Record:
+        record = HISTORY_DOMAIN.make_record(len(self.ledger.records) + 1, kind, payload, self.ledger.head)
+        try:
+            state = step(self.state, record)  # refuses before anything is written
+        except ValueError as exc:
+            raise LedgerError(f"{self.where}: record {record.seq}: {exc}") from None
+        written = self.ledger.append(kind, payload)
+        self.state = state
+        return written
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,132 @@
+"""The release manifest: what exactly goes live, named by its content ID (DESIGN.md §2, §5).
+
+A manifest binds the corpus revision, the bundle ID *and* material digest, the query plan, answer
+plan, authorization policy and gate policy IDs, the evaluation spec ID, run ID and ledger head, the
+comparison ID (None for a bootstrap decision, which has no incumbent) and the gate decision (ID,
+eligible, decisive phase). Its ID is ``content_id("release", 1, body)``: never a directory name or a
+time, so nothing operational is in it. Fields are plain values (the producers' models live in
+other packages; this one imports none of them).
+
+Publication writes ``releases/manifests/<hex>.json`` (canonical JSON ``{"manifest": body,
+"release_id": id}``) atomically without replacing; publishing the same manifest twice is a no-op.
+Reading recomputes the ID from the body and refuses a file whose ID, name or bytes disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
+
+SHA = r"^sha256:[0-9a-f]{64}$"
+RELEASE_SCHEMA = "ragpipe.release/v1"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class EvaluationRef(_Model):
+    spec_id: str = Field(pattern=SHA)
+    run_id: str = Field(min_length=1, max_length=200)
+    ledger_head: str = Field(pattern=SHA)
+
+
+class GateRef(_Model):
+    decision_id: str = Field(pattern=SHA)
+    eligible: bool
+    decisive_phase: str | None = Field(default=None, min_length=1, max_length=100)
+
+
+class ReleaseManifest(_Model):
+    """The body whose content ID is the release ID (see module docstring)."""
+
+    schema_: Literal["ragpipe.release/v1"] = Field(default=RELEASE_SCHEMA, alias="schema")
+    revision: str = Field(min_length=1, max_length=200)
+    bundle_id: str = Field(pattern=SHA)
+    material_digest: str = Field(pattern=SHA)
+    query_plan_id: str = Field(pattern=SHA)
+    answer_plan_id: str = Field(pattern=SHA)
+    authorization_policy_id: str = Field(pattern=SHA)
+    gate_policy_id: str = Field(pattern=SHA)
+    evaluation: EvaluationRef
+    comparison_id: str | None = Field(default=None, pattern=SHA)
+    gate: GateRef
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    def body(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def release_id(self) -> str:
+        return release_id_of(self)
+
+    @property
+    def bundle_hex(self) -> str:
+        return self.bundle_id.split(":", 1)[1]
+
+
+def release_id_of(manifest: ReleaseManifest) -> str:
+    return content_id("release", 1, manifest.body())
+
+
+def manifest_file_bytes(manifest: ReleaseManifest) -> bytes:
+    return canonical_bytes({"manifest": manifest.body(), "release_id": release_id_of(manifest)}) + b"\n"
+
+
+def publish_manifest(store: ReleaseStore, manifest: ReleaseManifest) -> tuple[str, bool]:
+    """Publish ``manifest`` atomically; ``(release_id, published)`` — False when it was already there
+    (after checking that the existing file holds exactly this manifest)."""
+    release_id = release_id_of(manifest)
+    path = store.manifest_path(release_id)
+    published = write_file_atomic(path, manifest_file_bytes(manifest), replace=False)
+    if not published:
+        load_manifest(store, release_id)  # the name is the content ID: what is there must verify
+    return release_id, published
+
+
+def parse_manifest_file(path: Path, data: bytes) -> tuple[str, ReleaseManifest]:
+    """``(release_id, manifest)`` of a manifest file's bytes; refuses anything that does not verify."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+        if not isinstance(obj, dict) or sorted(obj) != ["manifest", "release_id"]:
+            raise ValueError("expected exactly the keys manifest, release_id")
+        manifest = ReleaseManifest.model_validate(obj["manifest"])
+    except (UnicodeDecodeError, ValueError, ValidationError) as exc:
+        raise ReleaseError(f"{path}: not a valid release manifest: {exc}") from None
+    release_id = release_id_of(manifest)
+    if obj["release_id"] != release_id:
+        raise ReleaseError(f"{path}: release_id {obj['release_id']} does not match the manifest's content ID {release_id} (manifest edited)")
+    if path.stem != release_id.split(":", 1)[1]:
+        raise ReleaseError(f"{path}: file name is not the release ID hex {release_id.split(':', 1)[1]}")
+    if data != manifest_file_bytes(manifest):
+        raise ReleaseError(f"{path}: bytes are not the canonical rendering of its content (manifest edited)")
+    return release_id, manifest
+
+
+def load_manifest(store: ReleaseStore, release_id: str) -> ReleaseManifest:
+    """The published manifest of exactly ``release_id``, verified; a missing one is a clear error."""
+    path = store.manifest_path(check_release_id(release_id))
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ReleaseError(f"release {release_id} not found in {store.manifests}") from None
+    return parse_manifest_file(path, data)[1]
+
+
+def list_manifests(store: ReleaseStore) -> list[tuple[str, ReleaseManifest]]:
+    """Every published manifest, verified, oldest publication first (ties by ID). Order is
+    operational (file times); a damaged manifest refuses the whole listing, naming the file."""
+    if not store.manifests.is_dir():
+        return []
+    paths = [p for p in store.manifests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
+    found = [(p.stat().st_mtime_ns, *parse_manifest_file(p, p.read_bytes())) for p in paths]
+    return [(rid, m) for _, rid, m in sorted(found, key=lambda t: (t[0], t[1]))]

@@ -1,0 +1,96 @@
+"""Read-side functions for serving, the sensor and the CLI (no writes, no locks).
+
+Contracts the Dagster layer and ``query``/``answer`` build on:
+
+- ``resolve_active(ws, target)`` → ``(manifest, bundle path)`` of the release the target's pointer
+  names, after verifying it completely; a target with nothing active is a clear error.
+- ``eligible_releases(ws, target)`` → one ``Candidate`` per published release whose gate decision
+  is eligible, in publication order, with ``status``: ``ready`` (request activation), ``approval
+  missing``, or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
+  ``failed``, ``cancelled``, ``rejected``, ``activating``). The sensor requests
+  ``activate:<target>:<release_id>`` for each ``ready`` one and skips the rest with ``reason``; a
+  release that ever had an activation attempt on the target is never ``ready`` again, so an old
+  release is never re-activated automatically (rollback is a person's decision).
+- ``release_summaries(ws)`` → the ``release list`` rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragpipe.release.activation import bundle_path, verify_release
+from ragpipe.release.history import TargetHistory, read_history
+from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
+from ragpipe.release.pointer import read_pointer
+from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.release.targets import TargetsConfig, load_targets
+from ragpipe.stages.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Candidate:
+    release_id: str
+    revision: str
+    status: str
+    reason: str | None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+
+def resolve_active(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> tuple[ReleaseManifest, Path]:
+    """The active release of ``target`` (default target when None) and its bundle directory, fully
+    verified; ``ReleaseError`` when nothing is active or the release no longer verifies."""
+    store = ReleaseStore(ws)
+    name, _ = (config or load_targets()).get(target)
+    pointer = read_pointer(store, name)
+    if pointer is None:
+        raise ReleaseError(f"target {name!r} has no active release (activate one: ragpipe release activate RELEASE_ID --target {name})")
+    manifest = load_manifest(store, pointer.release_id)
+    problems = verify_release(ws, manifest)
+    if problems:
+        raise ReleaseError(f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
+    return manifest, bundle_path(ws, manifest)
+
+
+def _candidate(release_id: str, manifest: ReleaseManifest, target: str, approval_required: bool, state: TargetHistory) -> Candidate:
+    known = state.states.get(release_id)
+    if known is not None:
+        return Candidate(release_id, manifest.revision, known, f"release is {known.replace('_', ' ')} on target {target!r}")
+    if approval_required and not state.approved(release_id):
+        return Candidate(release_id, manifest.revision, "approval missing", f"target {target!r} requires an approval")
+    return Candidate(release_id, manifest.revision, "ready", None)
+
+
+def eligible_releases(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> list[Candidate]:
+    """Eligible releases and what the sensor should do with each (module docstring)."""
+    store = ReleaseStore(ws)
+    name, spec = (config or load_targets()).get(target)
+    state, _ = read_history(store, name)
+    return [_candidate(rid, m, name, spec.approval_required, state) for rid, m in list_manifests(store) if m.gate.eligible]
+
+
+def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[str, TargetHistory]:
+    """The reduced history of every declared or present target."""
+    store = ReleaseStore(ws)
+    names = sorted(set((config or load_targets()).targets) | set(store.known_targets()))
+    return {name: read_history(store, name)[0] for name in names}
+
+
+def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> list[dict[str, object]]:
+    """One row per published release (publication order): the ``release list --json`` objects."""
+    states = target_states(ws, config)
+    rows = []
+    for rid, m in list_manifests(ReleaseStore(ws)):
+        rows.append({
+            "release_id": rid,
+            "revision": m.revision,
+            "bundle_id": m.bundle_id,
+            "eligible": m.gate.eligible,
+            "decisive_phase": m.gate.decisive_phase,
+            "active_targets": [t for t, s in states.items() if s.active == rid],
+            "states": {t: s.states[rid] for t, s in states.items() if rid in s.states},
+        })
+    return rows

@@ -1,0 +1,65 @@
+"""Release targets, declared in ``ragpipe/specs/targets.yaml`` (or ``$RAGPIPE_TARGETS``).
+
+A target is a named place a release can be active in (``staging``, ``production``); each has one
+pointer. ``approval_required`` makes activation (and the sensor) wait for an approval record;
+``sensor`` says whether the activation sensor may activate releases on it automatically (off by
+default for ``production``). Configuration is operational: it never enters a release ID.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ragpipe.release.store import TARGET_NAME, ReleaseError
+
+DEFAULT_TARGETS_PATH = Path(__file__).resolve().parent.parent / "specs" / "targets.yaml"
+
+
+class TargetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    approval_required: bool
+    sensor: bool
+    description: str = ""
+
+
+class TargetsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: str = Field(alias="schema", pattern=r"^ragpipe\.targets/v1$")
+    default_target: str
+    targets: dict[str, TargetSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> TargetsConfig:
+        for name in self.targets:
+            if not TARGET_NAME.match(name):
+                raise ValueError(f"target name {name!r} must match [a-z][a-z0-9_-]{{0,62}}")
+        if self.default_target not in self.targets:
+            raise ValueError(f"default_target {self.default_target!r} is not one of the declared targets {sorted(self.targets)}")
+        return self
+
+    def get(self, target: str | None) -> tuple[str, TargetSpec]:
+        """``(name, spec)`` of ``target`` (the default target when None); unknown names refuse."""
+        name = self.default_target if target is None else target
+        if name not in self.targets:
+            raise ReleaseError(f"unknown target {name!r}: declared targets are {', '.join(sorted(self.targets))}")
+        return name, self.targets[name]
+
+
+def load_targets(path: Path | None = None) -> TargetsConfig:
+    """Load targets from ``path``, ``$RAGPIPE_TARGETS`` or the checked-in default; errors name the file."""
+    path = Path(path or os.environ.get("RAGPIPE_TARGETS") or DEFAULT_TARGETS_PATH)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ReleaseError(f"{path}: cannot read targets config: {exc}") from None
+    try:
+        return TargetsConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise ReleaseError(f"{path}: invalid targets config: {problems}") from None
