@@ -40,15 +40,25 @@ def emit_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
 
 
+class Launch(str, Enum):
+    auto = "auto"
+    in_process = "in-process"
+    queue = "queue"
+
+
 @app.command()
 def build(
     path: Annotated[Path, typer.Argument(help="BEIR JSONL(.gz) file or Markdown folder.")],
     revision: Annotated[str, typer.Option("--revision", "-r", help="Immutable revision key (partition name).")],
     fmt: Annotated[Optional[Format], typer.Option("--format", help="Input format (default: folder → markdown, file → beir).")] = None,
     default_scope: Annotated[str, typer.Option("--default-scope", help="Scope of documents that declare none.")] = "public",
+    launch: Annotated[
+        Launch, typer.Option("--launch", help="auto: the run queue when a daemon serves it, else in this process.")
+    ] = Launch.auto,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print Dagster's event stream.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
-    """Register a corpus revision and materialize its whole asset graph through Dagster."""
+    """Register a corpus revision and run the build_revision job of the `ragpipe` code location for it."""
     ws = Workspace(default_home())
     corpus_format = fmt.value if fmt else detect_format(path)
     try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
@@ -56,22 +66,34 @@ def build(
     except (CorpusError, RevisionError) as exc:
         fail(str(exc))
     if not as_json:
-        err.print(f"{'registered' if new else 'already registered'}: revision {escape(revision)} from {escape(str(path))}")
-    from ragpipe.defs.runner import BuildFailed, materialize_revision  # dagster loads only when building
+        err.print(
+            f"{'registered' if new else 'already registered'}: revision {escape(revision)} from {escape(str(path))}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    from ragpipe.build_view import BuildView, summary_table  # dagster loads only when building
+    from ragpipe.defs.launch import LaunchError
+    from ragpipe.defs.runner import BuildFailed, materialize_revision
 
+    view = None if as_json else BuildView(err)
     try:
-        summary = materialize_revision(revision, ws, on_wait=None if as_json else lambda message: err.print(escape(message)))
-    except (CorpusError, RevisionError, BuildFailed) as exc:
+        summary = materialize_revision(
+            revision,
+            ws,
+            on_wait=None if as_json else lambda message: err.print(escape(message)),
+            on_progress=view,
+            launch=launch.value.replace("-", "_"),
+            verbose=verbose,
+        )
+    except (CorpusError, RevisionError, BuildFailed, LaunchError) as exc:
         fail(str(exc))
+    finally:
+        if view:
+            view.close()
     if as_json:
         emit_json(summary.as_dict())
         return
-    table = Table(title=f"revision {revision}" + (" (up to date, nothing rebuilt)" if summary.up_to_date else ""))
-    table.add_column("field")
-    table.add_column("value", overflow="fold")
-    for key, value in summary.as_dict().items():
-        table.add_row(key, str(value))
-    out.print(table)
+    out.print(summary_table(summary.as_dict()))
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe.build_view import BuildView
+from ragpipe.defs.progress import EmbeddingProgress, StepFinished
 from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
 
 
@@ -34,7 +37,9 @@ def test_build_json_is_exactly_one_object(cli_build):
     _, _, first = cli_build
     lines = first.stdout.strip().splitlines()
     assert len(lines) == 1
+    assert first.stderr == ""  # --json: no progress, no Dagster stream, no warnings
     out = json.loads(lines[0])
+    assert out["launched"] == "in_process" and out["up_to_date"] is False
     assert {k: out[k] for k in ("revision", "documents", "excluded", "chunks", "representations", "embedded", "cache_hits")} == {
         "revision": "hb-1",
         "documents": 3,
@@ -53,6 +58,70 @@ def test_rebuild_same_revision_reports_same_bundle(cli_build):
     assert again.returncode == 0, again.stderr
     a, b = json.loads(first.stdout), json.loads(again.stdout)
     assert (b["bundle_id"], b["bundle_path"], b["embedded"], b["up_to_date"]) == (a["bundle_id"], a["bundle_path"], 0, True)
+
+
+STEP_LINE = re.compile(r"^✓ (\w+)  (\d+\.\d) s  (.+)$")
+
+
+def test_build_prints_one_line_per_step_and_the_summary_last(cli_build):
+    """Same corpus, new key: every stage runs (all texts from the embedding cache)."""
+    home, corpus, _ = cli_build
+    out = ragpipe("build", str(corpus), "--revision", "hb-lines", "--default-scope", "internal", home=home)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0] == f"registered: revision hb-lines from {corpus}"
+    run_id = re.fullmatch(r"run ([0-9a-f-]{36}) started", lines[1]).group(1)
+    steps, checks = [], []
+    for line in lines[2:]:
+        if line.startswith("✓ check "):
+            checks.append(line)
+            steps.append(line.split()[2])
+        else:
+            name, seconds, counts = STEP_LINE.fullmatch(line).groups()
+            steps.append((name, counts))
+    bundle = steps[7][1]
+    assert steps == [
+        ("source_snapshot", "3 rows, 1 excluded"),
+        ("chunks", "4 rows"),
+        "chunks_match_source",
+        ("representations", "8 rows"),
+        ("embeddings", "8 rows, 0 encoded, 8 cached"),
+        ("lexical_index", "8 rows"),
+        ("vector_index", "8 rows"),
+        ("index_bundle", bundle),
+        "bundle_verifies",
+    ]
+    assert re.fullmatch(r"bundle sha256:[0-9a-f]{12}…", bundle)
+    assert checks == ["✓ check chunks_match_source  passed", "✓ check bundle_verifies  passed"]
+    for noise in ("DEBUG", "PreviewWarning", "Warning", "Loading weights", "STEP_SUCCESS"):
+        assert noise not in out.stderr
+    table = out.stdout.splitlines()
+    assert table[-1].startswith("└") and f"│ run_id          │ {run_id}" in out.stdout
+    assert "│ launched        │ in_process" in out.stdout
+
+
+def test_build_verbose_shows_dagsters_event_stream(cli_build):
+    home, corpus, _ = cli_build
+    out = ragpipe("build", str(corpus), "--revision", "hb-verbose", "--verbose", "--json", home=home)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["revision"] == "hb-verbose"  # stdout still holds only the object
+    assert "STEP_SUCCESS" in out.stderr and 'Finished execution of step "index_bundle"' in out.stderr
+
+
+def test_embedding_progress_bar_shows_count_and_speed():
+    from io import StringIO
+
+    from rich.console import Console
+
+    console = Console(force_terminal=True, color_system=None, file=StringIO(), width=120)
+    view = BuildView(console)
+    view(EmbeddingProgress(0, 1034))
+    view(EmbeddingProgress(512, 1034))
+    shown = console.file.getvalue()
+    assert "512/1034" in shown and "texts/s" in shown and "embedding new texts" in shown
+    view(StepFinished("embeddings", True, 3.25, (("rows", 1034), ("encoded", 1034), ("cached", 0))))
+    assert view.bar is None  # the step line replaced the bar
+    assert "✓ embeddings  3.2 s  1034 rows, 1034 encoded, 0 cached" in console.file.getvalue()
 
 
 def test_new_revision_with_one_new_document_embeds_only_it(cli_build, tmp_path: Path):

@@ -52,10 +52,13 @@ def sample_build(tmp_path_factory: pytest.TempPathFactory):
     instance = DagsterInstance.local_temp(str(root / "dagster"))
     spec = load_pipeline_spec()
     summaries = {}
-    for rev, path in (("scifact-1", SAMPLE / "rev-1.jsonl"), ("scifact-2", SAMPLE / "rev-2.jsonl")):
-        register_revision(ws.registry, rev, path, "beir")
-        summaries[rev] = materialize_revision(rev, ws, instance=instance, spec=spec)
-    yield ws, instance, spec, summaries
+    # the code location builds in $RAGPIPE_HOME, like the UI's
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAGPIPE_HOME", str(ws.home))
+        for rev, path in (("scifact-1", SAMPLE / "rev-1.jsonl"), ("scifact-2", SAMPLE / "rev-2.jsonl")):
+            register_revision(ws.registry, rev, path, "beir")
+            summaries[rev] = materialize_revision(rev, ws, instance=instance, spec=spec)
+        yield ws, instance, spec, summaries
     instance.dispose()
 
 
@@ -79,6 +82,8 @@ def test_counts_and_incremental_embedding(sample_build):
     assert s2.embedded == len(new_texts) == 48
     assert s2.cache_hits == 1034 - 48
     assert s1.bundle_id != s2.bundle_id
+    # no daemon serves this instance's queue: both ran in this process
+    assert (s1.launched, s2.launched) == ("in_process", "in_process")
     for s in (s1, s2):
         assert open_bundle(Path(s.bundle_path)).bundle_id == s.bundle_id
 
@@ -137,7 +142,7 @@ def test_rerun_identical_revision_is_a_cheap_no_op(sample_build):
     ws, instance, spec, summaries = sample_build
     runs_before = len(instance.get_run_records())
     again = materialize_revision("scifact-2", ws, instance=instance, spec=spec)
-    assert again.up_to_date and again.run_id is None
+    assert again.up_to_date and again.run_id is None and again.launched is None
     assert (again.bundle_id, again.bundle_path, again.embedded) == (summaries["scifact-2"].bundle_id, summaries["scifact-2"].bundle_path, 0)
     assert len(instance.get_run_records()) == runs_before
 
@@ -194,8 +199,8 @@ def cli(*args: str, home: Path) -> subprocess.Popen:
 
 
 def error_block(stderr: str) -> str:
-    """What the CLI itself printed: from its ``error:`` line to the end (Dagster logs come before)."""
-    return stderr[stderr.rindex("\nerror: ") + 1 :]
+    """What the CLI itself printed: from its ``error:`` line to the end (progress lines come before)."""
+    return stderr[("\n" + stderr).rindex("\nerror: ") :]
 
 
 def test_a_stage_failure_is_reported_by_its_root_cause(tmp_path: Path):
@@ -235,6 +240,7 @@ def test_cli_build_prints_the_failed_checks_description(tmp_path: Path):
     proc = cli("build", str(corpus), "--revision", "hb", "--json", home=tmp_path)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1 and out == ""
+    assert err.startswith("error: ")  # --json: no progress lines, no Dagster event stream
     run_id = re.search(r"failed \(run ([0-9a-f-]{36})\)", err).group(1)
     assert error_block(err) == (
         f"error: build of revision 'hb' failed (run {run_id}):\n"

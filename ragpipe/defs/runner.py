@@ -1,4 +1,9 @@
-"""Materialize a revision through Dagster from Python or the CLI (the same job the UI runs).
+"""Materialize a revision through Dagster from Python or the CLI: a run of the UI's own job.
+
+``materialize_revision`` creates a run of ``build_revision`` from the code location
+``workspace.yaml`` defines (``ragpipe.defs.launch``) and either executes it in this process or
+submits it to the run queue when a daemon serves it; it follows the run's events (as
+``ragpipe.defs.progress`` dataclasses for ``on_progress``) and waits for the end.
 
 Concurrent builds: ``materialize_revision`` holds ``locks/build-<revision>.lock`` under
 ``$RAGPIPE_HOME`` for the whole build, so a second build of the same revision waits and then finds
@@ -7,23 +12,28 @@ so two processes never both create a fresh SQLite instance's tables.
 """
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus
 
+import ragpipe
 from ragpipe.bundle.verify import BundleVerificationError, open_bundle
 from ragpipe.corpus.registry import load_revision
-from ragpipe.defs import build_definitions
+from ragpipe.defs import launch as runs
 from ragpipe.defs.failures import failure_messages
 from ragpipe.defs.partitions import corpus_revisions
+from ragpipe.defs.progress import Progress, Tracker
 from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages.locks import file_lock
 from ragpipe.stages.steps import StageError, read_stage_record
-from ragpipe.stages.workspace import Workspace
+from ragpipe.stages.workspace import Workspace, default_home
 
 INSTANCE_LOCK = ".ragpipe-instance.lock"
+# The instance template (pools, run queue, run monitoring); see docs/operations.md.
+INSTANCE_TEMPLATE = Path(ragpipe.__file__).resolve().parents[1] / "deploy" / "dagster.yaml"
 
 
 class BuildFailed(RuntimeError):
@@ -43,18 +53,24 @@ class BuildSummary:
     cache_hits: int
     up_to_date: bool
     run_id: str | None
+    launched: str | None  # "in_process" or "queue"; None when nothing ran
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
 def dagster_instance() -> DagsterInstance:
-    """The persistent instance at ``$DAGSTER_HOME`` (default ``./var/dagster``, created if needed)."""
+    """The persistent instance at ``$DAGSTER_HOME`` (default ``./var/dagster``, created if needed).
+
+    A home without ``dagster.yaml`` gets a copy of ``deploy/dagster.yaml``: without it the instance
+    would have no pool limits and silently run stages of one partition concurrently."""
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path("var/dagster").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     # A fresh SQLite instance creates its tables when first opened and used; two processes doing
     # that at once fail with "table ... already exists". Open (and touch the event storage) one at a time.
     with file_lock(home / INSTANCE_LOCK, exclusive=True):
+        if not (home / "dagster.yaml").exists() and INSTANCE_TEMPLATE.is_file():
+            shutil.copyfile(INSTANCE_TEMPLATE, home / "dagster.yaml")
         instance = DagsterInstance.get()
         instance.get_dynamic_partitions(corpus_revisions.name)
     return instance
@@ -72,7 +88,8 @@ def _ensure_partition(instance: DagsterInstance, revision: str) -> None:
             raise
 
 
-def _summary(ws: Workspace, revision: str, run_id: str | None, up_to_date: bool) -> BuildSummary:
+def _summary(ws: Workspace, revision: str, run_id: str | None, launched: str | None) -> BuildSummary:
+    up_to_date = run_id is None
     snap = read_stage_record(ws, revision, "source_snapshot")
     reps = read_stage_record(ws, revision, "representations")
     emb = read_stage_record(ws, revision, "embeddings")
@@ -89,6 +106,7 @@ def _summary(ws: Workspace, revision: str, run_id: str | None, up_to_date: bool)
         cache_hits=0 if up_to_date else int(emb.facts.get("cache_hits") or 0),
         up_to_date=up_to_date,
         run_id=run_id,
+        launched=launched,
     )
 
 
@@ -114,21 +132,71 @@ def _is_up_to_date(instance: DagsterInstance, ws: Workspace, revision: str, spec
     return True
 
 
+def _check_matches_location(ws: Workspace, spec: PipelineSpec | None) -> PipelineSpec:
+    """The code location reads ``$RAGPIPE_HOME`` and ``$RAGPIPE_PIPELINE_SPEC``; a different
+    workspace or spec passed here would build something else than the caller asked for."""
+    if ws.home.resolve() != default_home():
+        raise ValueError(
+            f"workspace {ws.home} is not $RAGPIPE_HOME ({default_home()}): the code location builds in "
+            "$RAGPIPE_HOME, so set RAGPIPE_HOME to the workspace instead"
+        )
+    current = load_pipeline_spec()
+    if spec is not None and spec.model_dump() != current.model_dump():
+        raise ValueError(
+            "the pipeline spec passed differs from the one the code location loads "
+            "($RAGPIPE_PIPELINE_SPEC or ragpipe/specs/pipeline.yaml): set RAGPIPE_PIPELINE_SPEC instead"
+        )
+    return current
+
+
+def _run(
+    instance: DagsterInstance, revision: str, launch: str, verbose: bool, on_progress: Callable[[Progress], None] | None
+) -> tuple[str, str, DagsterRunStatus]:
+    """Create, launch and follow one run; (run ID, how it was launched, final status)."""
+    runs.reap_stale_runs(instance)
+    chosen = runs.choose_launch(instance, launch)
+    tracker = Tracker(log_lines=verbose and chosen == runs.QUEUE)  # in process, Dagster's logger prints
+
+    def on_entry(entry) -> None:
+        for item in tracker.feed(entry):
+            on_progress(item)  # type: ignore[misc]
+
+    listener = on_entry if on_progress else None
+    with runs.build_location(instance) as (context, location):
+        run_id = runs.create_run_in(instance, location, revision, runs.cli_tags(chosen), verbose)
+        if chosen == runs.QUEUE:
+            status = runs.submit_and_follow(instance, context, run_id, listener)
+        else:
+            status = runs.execute_in(instance, location, run_id, listener)
+    return run_id, chosen, status
+
+
 def materialize_revision(
     revision: str,
-    ws: Workspace,
+    ws: Workspace | None = None,
     instance: DagsterInstance | None = None,
     spec: PipelineSpec | None = None,
     on_wait: Callable[[str], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    launch: str = "auto",
+    verbose: bool = False,
 ) -> BuildSummary:
-    """Add ``revision`` as a partition and run ``build_revision`` for it in-process.
+    """Add ``revision`` as a partition and run ``build_revision`` for it; wait for the run.
+
+    ``ws`` and ``spec`` (defaults: ``$RAGPIPE_HOME``, ``$RAGPIPE_PIPELINE_SPEC``) must be what the
+    code location loads, else ``ValueError``. ``launch``: ``auto`` (queue when a daemon serves it,
+    else in process), ``in_process`` or ``queue``. ``on_progress`` receives each step, check,
+    pool wait and embedding progress as it happens; ``verbose`` turns on Dagster's event stream.
 
     A revision whose bundle is already materialized under the current specs is not rebuilt. While
     another build of the same revision runs, this one waits for it (``on_wait`` is told why) and
     then usually finds that build's bundle up to date. A failed run raises ``BuildFailed`` naming
     the root cause of each failed step and the description of each failed check.
     """
-    spec = spec or load_pipeline_spec()
+    ws = ws or Workspace(default_home())
+    spec = _check_matches_location(ws, spec)
+    if launch not in runs.LAUNCHES:
+        raise ValueError(f"launch must be one of {', '.join(runs.LAUNCHES)}, not {launch!r}")
     load_revision(ws.registry, revision)  # an unregistered or malformed key fails here, clearly
     message = f"another build of revision {revision!r} is running; waiting for it to finish"
     with file_lock(
@@ -137,12 +205,10 @@ def materialize_revision(
         instance = instance or dagster_instance()
         _ensure_partition(instance, revision)
         if _is_up_to_date(instance, ws, revision, spec):
-            return _summary(ws, revision, None, up_to_date=True)
-        defs = build_definitions(spec, home=str(ws.home))
-        job = defs.resolve_job_def("build_revision")
-        result = job.execute_in_process(partition_key=revision, instance=instance, raise_on_error=False)
-        if not result.success:
-            raise BuildFailed(
-                f"build of revision {revision!r} failed (run {result.run_id}):\n" + "\n".join(failure_messages(result.all_events))
-            )
-        return _summary(ws, revision, result.run_id, up_to_date=False)
+            return _summary(ws, revision, None, None)
+        run_id, launched, status = _run(instance, revision, launch, verbose, on_progress)
+        if status != DagsterRunStatus.SUCCESS:
+            records = instance.get_records_for_run(run_id).records
+            events = [r.event_log_entry.dagster_event for r in records if r.event_log_entry.dagster_event is not None]
+            raise BuildFailed(f"build of revision {revision!r} failed (run {run_id}):\n" + "\n".join(failure_messages(events)))
+        return _summary(ws, revision, run_id, launched)

@@ -32,19 +32,26 @@ def compute_embeddings(
     reps: list[Representation],
     cache: EmbeddingCache,
     embedder_factory: Callable[[], Embedder],
-    chunk_size: int = 2048,
+    chunk_size: int = 256,
     progress: Progress | None = None,
 ) -> tuple[np.ndarray, EmbeddingStats]:
     """Vectors for ``reps`` in their order. The embedder is built only if something misses,
     so a fully cached revision never loads the model. Misses are encoded in slices of
     ``chunk_size`` and each slice is added to the cache as soon as it is done, so a killed run
-    keeps the work it finished."""
+    keeps the work it finished.
+
+    ``progress`` gets ``"encoded 0/N new texts"`` before the model loads and
+    ``"encoded k/N new texts"`` after each slice (``ragpipe build`` draws its bar from these lines).
+    256 texts per slice is one update every second or two on a laptop CPU: a live bar without
+    measurable overhead."""
     unique = sorted({r.digest for r in reps})
     found = cache.lookup(set(unique))
     texts = {r.digest: r.text for r in reps}
     misses = [d for d in unique if d not in found]
     encode_seconds = 0.0
     if misses:
+        if progress:
+            progress(f"encoded 0/{len(misses)} new texts")
         embedder = embedder_factory()
         for start in range(0, len(misses), chunk_size):
             part = misses[start : start + chunk_size]

@@ -73,6 +73,11 @@ class SentenceTransformerEmbedder:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
+
+        # transformers draws a "Loading weights" tqdm bar on stderr for every model load; ragpipe
+        # reports its own progress (``ragpipe build``), so that bar is only noise.
+        transformers_logging.disable_progress_bar()
 
         if threads:
             torch.set_num_threads(threads)

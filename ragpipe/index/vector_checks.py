@@ -33,7 +33,8 @@ def search_path_problems(directory: Path, metric: str, row_scopes: Sequence[Sequ
         query = table.search(probe).distance_type(metric).where(scope_predicate((scope,)), prefilter=True)
         if indexed:
             query = query.nprobes(ivf_partitions(rows))
-        found = query.select(["row"]).limit(max(1, rows)).to_arrow().column("row").to_pylist()
+        # _distance selected explicitly: lance warns (on stderr, every build) when it adds it implicitly
+        found = query.select(["row", "_distance"]).limit(max(1, rows)).to_arrow().column("row").to_pylist()
         actual = sorted(found)
         wanted = [i for i, scopes in enumerate(row_scopes) if scope in scopes]
         if actual != wanted:

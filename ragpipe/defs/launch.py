@@ -1,0 +1,236 @@
+"""Runs of ``build_revision`` from the code location ``workspace.yaml`` defines, as the UI sees it.
+
+``ragpipe build`` loads the location ``ragpipe`` *in process* (same loadable target, same
+location name, same resources as the webserver's and daemon's gRPC copy), so the runs it creates
+carry ``remote_job_origin`` / ``job_code_origin`` and the same job snapshot as the UI's: they show
+in the job's Runs tab and can be re-executed from the UI. A run is then either executed here
+(``core_execute_run`` on the location's reconstructable job, exactly what ``dagster api
+execute_run`` does) or submitted to the run queue for the daemon (which resolves the location by
+name, so it runs in its own ``ragpipe`` code server).
+
+Several helpers are private Dagster APIs (pinned 1.13.27); ``test_runner.test_imports_smoke``
+resolves every one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.events.log import EventLogEntry
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.remote_representation.code_location import CodeLocation
+from dagster._core.storage.tags import PARTITION_NAME_TAG
+from dagster._core.workspace.context import BaseWorkspaceRequestContext, WorkspaceProcessContext
+from dagster._core.workspace.load import location_origins_from_yaml_paths
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster._daemon.controller import get_daemon_statuses
+from dagster._grpc.impl import core_execute_run
+from dagster._utils.interrupts import capture_interrupts
+
+import ragpipe
+
+LOCATION = "ragpipe"
+REPOSITORY = "__repository__"
+JOB = "build_revision"
+LAUNCHED_BY, LAUNCH, HOST, PID = "ragpipe/launched_by", "ragpipe/launch", "ragpipe/host", "ragpipe/pid"
+IN_PROCESS, QUEUE = "in_process", "queue"
+LAUNCHES = ("auto", IN_PROCESS, QUEUE)
+# A daemon whose last heartbeat is older than interval + tolerance (60 s) counts as stopped.
+# Dagster's default tolerance (1800 s) would send builds to a queue nobody serves for 30 minutes.
+HEARTBEAT_INTERVAL_S, HEARTBEAT_TOLERANCE_S = 30.0, 30.0
+POLL_S = 0.5
+
+OnEntry = Callable[[EventLogEntry], None]
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def workspace_yaml() -> Path:
+    """``$RAGPIPE_WORKSPACE``, else the ``workspace.yaml`` next to the ``ragpipe`` package."""
+    path = Path(os.environ.get("RAGPIPE_WORKSPACE") or Path(ragpipe.__file__).resolve().parents[1] / "workspace.yaml")
+    if not path.is_file():
+        raise LaunchError(f"{path}: workspace file not found (set RAGPIPE_WORKSPACE to the workspace.yaml that defines location {LOCATION!r})")
+    return path
+
+
+def location_origin(path: Path | None = None) -> InProcessCodeLocationOrigin:
+    """The in-process twin of the workspace file's ``ragpipe`` location (same loadable target)."""
+    path = path or workspace_yaml()
+    for origin in location_origins_from_yaml_paths([str(path)]):
+        if origin.location_name == LOCATION:
+            return InProcessCodeLocationOrigin(loadable_target_origin=origin.loadable_target_origin, location_name=LOCATION)  # type: ignore[attr-defined]
+    raise LaunchError(f"{path}: no code location named {LOCATION!r}")
+
+
+@contextmanager
+def build_location(instance: DagsterInstance) -> Iterator[tuple[BaseWorkspaceRequestContext, CodeLocation]]:
+    """The ``ragpipe`` location loaded in this process, with a request context for submissions."""
+    with WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location_origin())) as process_context:
+        request_context = process_context.create_request_context()
+        yield request_context, request_context.get_code_location(LOCATION)
+
+
+def cli_tags(launch: str) -> dict[str, str]:
+    """Tags of a run the CLI creates: who started it, how, and which process owns an in-process run."""
+    return {LAUNCHED_BY: "cli", LAUNCH: launch, HOST: socket.gethostname(), PID: str(os.getpid())}
+
+
+def run_config(verbose: bool) -> dict[str, object]:
+    """Dagster's console logger at DEBUG with ``verbose``, else silent. The run-config logger is what
+    the run uses instead of the DEBUG system logger; the event log (and the UI) keep every event."""
+    return {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
+
+
+def create_run_in(instance: DagsterInstance, location: CodeLocation, revision: str, tags: dict[str, str], verbose: bool) -> str:
+    """Create a NOT_STARTED run of ``build_revision`` for partition ``revision`` the way
+    ``dagster job launch`` does (``dagster/_cli/job.py::_create_run``), with the location's origin."""
+    repo = location.get_repository(REPOSITORY)
+    job = repo.get_full_job(JOB)
+    config = run_config(verbose)
+    plan = location.get_execution_plan(job, config, step_keys_to_execute=None, known_state=None, instance=instance)
+    run = instance.create_run(
+        job_name=JOB,
+        run_id=None,
+        run_config=config,
+        status=None,
+        tags={**job.run_tags, PARTITION_NAME_TAG: revision, **tags},
+        root_run_id=None,
+        parent_run_id=None,
+        step_keys_to_execute=plan.execution_plan_snapshot.step_keys_to_execute,
+        execution_plan_snapshot=plan.execution_plan_snapshot,
+        job_snapshot=job.job_snapshot,
+        parent_job_snapshot=job.parent_job_snapshot,
+        asset_selection=None,
+        asset_check_selection=None,
+        resolved_op_selection=None,
+        op_selection=None,
+        remote_job_origin=job.get_remote_origin(),
+        job_code_origin=job.get_python_origin(),
+        asset_graph=repo.asset_graph,
+    )
+    return run.run_id
+
+
+def execute_in(instance: DagsterInstance, location: CodeLocation, run_id: str, on_entry: OnEntry | None = None) -> DagsterRunStatus:
+    """Execute a created run in this process; ``on_entry`` sees every event the moment it is stored.
+    A load error or an interrupt is reported as the run's failure (by ``core_execute_run``)."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise LaunchError(f"run {run_id} not found")
+    if on_entry is not None:
+        instance.add_event_listener(run_id, on_entry)
+    recon = location.get_reconstructable_job(REPOSITORY, JOB)  # type: ignore[attr-defined]
+    try:
+        with capture_interrupts():
+            for _ in core_execute_run(recon, run, instance, inject_env_vars=False):
+                pass
+    except Exception:
+        pass  # core_execute_run stored the failure (with its error) before raising; the status says it
+    return final_status(instance, run_id)
+
+
+def submit_and_follow(
+    instance: DagsterInstance, context: BaseWorkspaceRequestContext, run_id: str, on_entry: OnEntry | None = None
+) -> DagsterRunStatus:
+    """Hand a created run to the run queue and follow its event log until it finishes."""
+    instance.submit_run(run_id, context)
+    return follow(instance, run_id, on_entry)
+
+
+def follow(instance: DagsterInstance, run_id: str, on_entry: OnEntry | None = None) -> DagsterRunStatus:
+    """Poll a run's event log (every 0.5 s) until the run is finished, then drain it once more."""
+    cursor = None
+    while True:
+        run = instance.get_run_by_id(run_id)
+        finished = run is None or run.is_finished
+        connection = instance.get_records_for_run(run_id, cursor=cursor)
+        cursor = connection.cursor
+        for record in connection.records:
+            if on_entry is not None:
+                on_entry(record.event_log_entry)
+        if finished and not connection.has_more:
+            return final_status(instance, run_id)
+        if not connection.records:
+            time.sleep(POLL_S)
+
+
+def final_status(instance: DagsterInstance, run_id: str) -> DagsterRunStatus:
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise LaunchError(f"run {run_id} disappeared from the instance")
+    return run.status
+
+
+def queue_is_served(instance: DagsterInstance) -> bool:
+    """True when runs submitted now would be dequeued: the instance queues runs and a
+    ``QUEUED_RUN_COORDINATOR`` daemon sent a heartbeat in the last 60 s."""
+    status = get_daemon_statuses(
+        instance,
+        ["QUEUED_RUN_COORDINATOR"],
+        heartbeat_interval_seconds=HEARTBEAT_INTERVAL_S,
+        heartbeat_tolerance_seconds=HEARTBEAT_TOLERANCE_S,
+        ignore_errors=True,
+    )["QUEUED_RUN_COORDINATOR"]
+    return bool(status.required and status.healthy)
+
+
+def choose_launch(instance: DagsterInstance, launch: str) -> str:
+    """``auto`` → ``queue`` when a daemon serves the queue, else ``in_process``; the others are forced."""
+    if launch == "auto":
+        return QUEUE if queue_is_served(instance) else IN_PROCESS
+    if launch in (IN_PROCESS, QUEUE):
+        return launch
+    raise LaunchError(f"launch must be one of {', '.join(LAUNCHES)}, not {launch!r}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def reap_stale_runs(instance: DagsterInstance) -> list[str]:
+    """Mark failed the in-process CLI runs of this host whose process is gone, and free their pool
+    slots. A SIGKILLed ``ragpipe build`` leaves its run STARTED with its slot claimed, and Dagster
+    frees slots only of finished runs; queued runs belong to the daemon and are left alone."""
+    host = socket.gethostname()
+    stale = instance.get_runs(
+        RunsFilter(
+            tags={LAUNCHED_BY: "cli", LAUNCH: IN_PROCESS, HOST: host},
+            statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
+        )
+    )
+    reaped = []
+    for run in stale:
+        pid = run.tags.get(PID, "")
+        if not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        instance.report_run_failed(run, f"ragpipe build process {pid} on {host} ended without finishing this run")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        reaped.append(run.run_id)
+    return reaped
+
+
+def create_build_run(instance: DagsterInstance, revision: str, *, tags: dict[str, str] | None = None, verbose: bool = False) -> str:
+    """A NOT_STARTED run of ``build_revision`` for ``revision`` from the workspace's location;
+    its run ID. The partition must exist."""
+    with build_location(instance) as (_, location):
+        return create_run_in(instance, location, revision, dict(tags or {}), verbose)
+
+
+def execute_build_run(instance: DagsterInstance, run_id: str, on_progress: OnEntry | None = None) -> DagsterRunStatus:
+    """Execute a run made by ``create_build_run`` in this process; its final status."""
+    with build_location(instance) as (_, location):
+        return execute_in(instance, location, run_id, on_progress)

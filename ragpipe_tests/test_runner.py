@@ -1,0 +1,210 @@
+"""`ragpipe build` creates runs of the UI's own job (same code location, origin and snapshot),
+launches them in process or through the run queue, and cleans up after killed builds."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.events import DagsterEvent
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import WorkspaceFileTarget
+from dagster._daemon.types import DaemonHeartbeat
+
+from ragpipe.defs import launch
+from ragpipe.defs.runner import materialize_revision
+from ragpipe.defs.services import start_daemon, wait_daemons
+from ragpipe.stages.workspace import Workspace
+from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+
+TEMPLATE = REPO / "deploy" / "dagster.yaml"
+
+
+def homes(root: Path) -> dict[str, str]:
+    (root / "dagster").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TEMPLATE, root / "dagster" / "dagster.yaml")
+    return {"RAGPIPE_HOME": str(root / "ragpipe"), "DAGSTER_HOME": str(root / "dagster"), "HF_HUB_OFFLINE": "1"}
+
+
+def ragpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO, timeout=900
+    )
+
+
+def ui_job_snapshot_id(instance: DagsterInstance) -> str:
+    """The job's snapshot as the webserver sees it: workspace.yaml loaded over gRPC."""
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget([str(REPO / "workspace.yaml")])) as process_context:
+        location = process_context.create_request_context().get_code_location("ragpipe")
+        return location.get_repository("__repository__").get_full_job("build_revision").identifying_job_snapshot_id
+
+
+def test_cli_run_has_workspace_origin(tmp_path: Path):
+    env = homes(tmp_path)
+    corpus = write_tree(tmp_path / "hb-src", HANDBOOK)
+    out = ragpipe("build", str(corpus), "--revision", "hb", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["launched"] == "in_process"
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        (record,) = instance.get_run_records(RunsFilter(job_name="build_revision"))
+        run = record.dagster_run
+        assert run.run_id == summary["run_id"] and run.status == DagsterRunStatus.SUCCESS
+        assert run.remote_job_origin.location_name == "ragpipe"
+        assert run.remote_job_origin.repository_origin.repository_name == "__repository__"
+        # the job's Runs tab in the UI lists runs by this stored tag (derived from remote_job_origin)
+        tagged = instance.get_run_ids(RunsFilter(job_name="build_revision", tags={".dagster/repository": "__repository__@ragpipe"}))
+        assert tagged == [run.run_id]
+        assert run.tags["dagster/partition"] == "hb"
+        assert {k: run.tags[k] for k in ("ragpipe/launched_by", "ragpipe/launch", "ragpipe/host")} == {
+            "ragpipe/launched_by": "cli",
+            "ragpipe/launch": "in_process",
+            "ragpipe/host": socket.gethostname(),
+        }
+        assert run.tags["ragpipe/pid"].isdigit()
+        pointer = run.job_code_origin.repository_origin.code_pointer
+        assert Path(pointer.python_file).resolve() == REPO / "definitions.py"
+        # the same snapshot the UI loads over gRPC: "Re-execute" shows no version warning
+        assert run.job_snapshot_id == ui_job_snapshot_id(instance)
+        # every step ran in the CLI's own process (in_process executor), none in a process of its own
+        engine = [e.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)]
+        assert [m for m in engine if m.startswith("Executing steps")] == [f"Executing steps in process (pid: {run.tags['ragpipe/pid']})"]
+
+
+def instance_with(root: Path, coordinator: str | None = None) -> DagsterInstance:
+    root.mkdir(parents=True, exist_ok=True)
+    text = TEMPLATE.read_text()
+    if coordinator:  # replace the run_coordinator block
+        head, _, rest = text.partition("run_coordinator:")
+        text = head + f"run_coordinator:\n  module: dagster._core.run_coordinator\n  class: {coordinator}\n" + rest[rest.index("run_monitoring:") :]
+    (root / "dagster.yaml").write_text(text)
+    return DagsterInstance.from_config(str(root))
+
+
+def test_launch_choice(tmp_path: Path):
+    with instance_with(tmp_path / "queued") as instance:
+        assert launch.choose_launch(instance, "auto") == "in_process"  # no daemon has ever run
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "QUEUED_RUN_COORDINATOR", "t", []))
+        assert launch.choose_launch(instance, "auto") == "queue"
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time() - 120, "QUEUED_RUN_COORDINATOR", "t", []))
+        assert launch.choose_launch(instance, "auto") == "in_process"  # stopped more than 60 s ago
+        assert launch.choose_launch(instance, "queue") == "queue"
+        assert launch.choose_launch(instance, "in_process") == "in_process"
+        with pytest.raises(launch.LaunchError, match=r"^launch must be one of auto, in_process, queue, not 'later'$"):
+            launch.choose_launch(instance, "later")
+    # an instance that does not queue runs never sends builds to a queue, whatever heartbeats say
+    with instance_with(tmp_path / "default", "DefaultRunCoordinator") as instance:
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "QUEUED_RUN_COORDINATOR", "t", []))
+        assert launch.choose_launch(instance, "auto") == "in_process"
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def started_run(instance: DagsterInstance, tags: dict[str, str]) -> str:
+    run_id = launch.create_build_run(instance, "hb", tags=tags)
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name="build_revision"), run_id=run_id)
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED
+    return run_id
+
+
+def test_stale_cli_run_is_reaped(tmp_path: Path):
+    host = socket.gethostname()
+    with instance_with(tmp_path / "dagster") as instance:
+        instance.add_dynamic_partitions("corpus_revisions", ["hb"])
+        pid = dead_pid()
+        killed = started_run(instance, launch.cli_tags("in_process") | {"ragpipe/pid": str(pid)})
+        alive = started_run(instance, launch.cli_tags("in_process"))  # this process: still running
+        queued = started_run(instance, launch.cli_tags("queue") | {"ragpipe/pid": str(pid)})  # the daemon's run
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots("ragpipe_tantivy", 1)
+        assert storage.claim_concurrency_slot("ragpipe_tantivy", killed, "lexical_index").is_claimed
+        assert launch.reap_stale_runs(instance) == [killed]
+        assert instance.get_run_by_id(killed).status == DagsterRunStatus.FAILURE
+        (failure,) = instance.all_logs(killed, of_type=DagsterEventType.RUN_FAILURE)
+        assert failure.message == f"ragpipe build process {pid} on {host} ended without finishing this run"
+        assert storage.get_concurrency_info("ragpipe_tantivy").claimed_slots == []
+        assert [instance.get_run_by_id(r).status for r in (alive, queued)] == [DagsterRunStatus.STARTED] * 2
+        assert launch.reap_stale_runs(instance) == []
+
+
+def test_materialize_refuses_a_workspace_other_than_ragpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAGPIPE_HOME", str(tmp_path / "home"))
+    with pytest.raises(ValueError) as info:
+        materialize_revision("hb", Workspace(tmp_path / "elsewhere"))
+    assert str(info.value) == (
+        f"workspace {tmp_path / 'elsewhere'} is not $RAGPIPE_HOME ({tmp_path / 'home'}): the code location builds in "
+        "$RAGPIPE_HOME, so set RAGPIPE_HOME to the workspace instead"
+    )
+    with pytest.raises(ValueError, match=r"^launch must be one of auto, in_process, queue, not 'soon'$"):
+        materialize_revision("hb", launch="soon")
+
+
+def test_queue_launch_follows_the_daemons_run(tmp_path: Path):
+    """With a daemon serving the queue, `ragpipe build` submits the run, the daemon runs it in its
+    own code server, and the CLI still prints every step line and the summary."""
+    env = homes(tmp_path)
+    corpus = write_tree(tmp_path / "hb-src", HANDBOOK)
+    daemon = start_daemon(tmp_path / "dagster", env)
+    try:
+        with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+            wait_daemons(instance, ("QUEUED_RUN_COORDINATOR",), timeout=120)
+        out = ragpipe("build", str(corpus), "--revision", "hb", env=env)
+    finally:
+        daemon.stop()
+    assert out.returncode == 0, out.stderr + daemon.log_tail()
+    lines = out.stderr.splitlines()
+    assert lines[0] == f"registered: revision hb from {corpus}"
+    run_id = lines[1].split()[1]
+    assert lines[1] == f"run {run_id} queued; waiting for the daemon to start it"
+    assert [line.split()[1] for line in lines if line.startswith("✓ ") and "check" not in line] == [
+        "source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"
+    ]
+    assert "│ launched        │ queue" in out.stdout and f"│ run_id          │ {run_id}" in out.stdout
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run.status == DagsterRunStatus.SUCCESS and run.tags["ragpipe/launch"] == "queue"
+        types = [e.dagster_event.event_type for e in instance.all_logs(run_id) if e.dagster_event]
+        # queued by the CLI, then launched by the daemon (1.13 writes no RUN_DEQUEUED event)
+        assert types.index(DagsterEventType.RUN_ENQUEUED) < types.index(DagsterEventType.RUN_STARTING) < types.index(DagsterEventType.RUN_START)
+
+
+def test_imports_smoke():
+    """Every private Dagster API the run path uses exists on the pinned version, with the
+    parameters it is called with."""
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.storage.tags import PARTITION_NAME_TAG
+    from dagster._core.workspace.load import location_origins_from_yaml_paths
+    from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+    from dagster._daemon.controller import get_daemon_statuses
+    from dagster._grpc.impl import core_execute_run
+    from dagster._utils.interrupts import capture_interrupts
+
+    assert PARTITION_NAME_TAG == "dagster/partition"
+    assert callable(capture_interrupts) and callable(InProcessWorkspaceLoadTarget)
+    assert {"loadable_target_origin", "location_name"} <= set(inspect.signature(InProcessCodeLocationOrigin).parameters)
+    assert list(inspect.signature(location_origins_from_yaml_paths).parameters) == ["yaml_paths"]
+    assert {"heartbeat_interval_seconds", "heartbeat_tolerance_seconds", "ignore_errors"} <= set(
+        inspect.signature(get_daemon_statuses).parameters
+    )
+    assert list(inspect.signature(core_execute_run).parameters)[:4] == ["recon_job", "dagster_run", "instance", "inject_env_vars"]
+    create_run = inspect.signature(DagsterInstance.create_run).parameters
+    assert {
+        "job_name", "run_id", "run_config", "status", "tags", "root_run_id", "parent_run_id", "step_keys_to_execute",
+        "execution_plan_snapshot", "job_snapshot", "parent_job_snapshot", "asset_selection", "asset_check_selection",
+        "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph",
+    } <= set(create_run)
+    origin = launch.location_origin()
+    assert (origin.location_name, Path(origin.loadable_target_origin.python_file).name) == ("ragpipe", "definitions.py")
