@@ -1,0 +1,201 @@
+"""One arm of a comparison: an evaluation run as the experiment envelope sees it.
+
+``ArmRun`` carries what a fair comparison needs and nothing about how the run was produced:
+
+* identities: ``run_id`` (the attempt), ``spec_id`` (the run's semantic spec) and ``ledger_head``
+  (the hash of its custody ledger's last record);
+* ``coordinates``: everything that must be *equal* between two arms for a paired comparison
+  (suite digest, evaluator, mode, subject scopes, depth, metric declarations, repeats, answers);
+* ``variant``: what is allowed to differ (bundle, query plan, arm label);
+* ``expected``: the cells ``(case, repeat)`` the run declared, ``cells``: its terminal cells,
+  ``skipped``: the cases it skipped with their reasons, ``tags``: each case's tags;
+* each cell's outcome (success, abstained, failure, cancelled), failure class, metric values
+  and query latency (execution data: read by the cost phase, never part of an identity).
+
+The model accepts duplicate or missing cells as data, because *detecting* them is the pairing's
+job (``pairing.check_arm``), which names the arm and the cell. ``summarize`` is the per-arm view
+every gate phase reads: aggregates exactly as issue 9's report computes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ragpipe.experiment.catalog import Direction
+
+Outcome = Literal["success", "abstained", "failure", "cancelled"]
+COMPLETED: tuple[str, ...] = ("success", "abstained")
+CellKey = tuple[str, int]  # (case ID, repeat)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class MetricDecl(_Frozen):
+    """A metric's declared semantics; ``aggregate`` says how case values combine (mean, or sum
+    for counts such as ``unauthorized_disclosures``)."""
+
+    name: str
+    direction: Direction
+    unit: str
+    k: int | None = None
+    measure: str | None = None  # how the evaluator computes it (e.g. an ir_measures measure string)
+    aggregate: Literal["mean", "sum"] = "mean"
+
+
+class Coordinates(_Frozen):
+    """What must be equal between incumbent and challenger (anything else is not a fair pair)."""
+
+    suite_digest: str
+    evaluator: str
+    mode: str
+    scopes: tuple[str, ...]
+    k: int
+    repeats: int = Field(ge=1)
+    answers: bool
+    metrics: tuple[MetricDecl, ...]
+
+    def metric(self, name: str) -> MetricDecl | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+
+class Variant(_Frozen):
+    """What an arm is allowed to differ in."""
+
+    bundle_id: str
+    plan_id: str
+    arm: str
+
+
+class CellOutcome(_Frozen):
+    """A terminal cell. ``failure_class`` names why a failed or cancelled cell failed (the
+    exception type, or ``cancelled``); completed cells carry ``metrics`` and ``latency_ms``."""
+
+    case_id: str
+    repeat: int = Field(ge=0)
+    outcome: Outcome
+    failure_class: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    latency_ms: float | None = Field(None, ge=0)
+
+    @property
+    def key(self) -> CellKey:
+        return (self.case_id, self.repeat)
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome in COMPLETED
+
+    @field_validator("failure_class")
+    @classmethod
+    def _class_only_when_failed(cls, value: str | None, info) -> str | None:
+        outcome = info.data.get("outcome")
+        if (outcome in COMPLETED) != (value is None):
+            raise ValueError("failure_class is required for failed or cancelled cells and forbidden otherwise")
+        return value
+
+
+class ArmRun(_Frozen):
+    run_id: str
+    spec_id: str
+    ledger_head: str
+    coordinates: Coordinates
+    variant: Variant
+    expected: tuple[CellKey, ...]
+    cells: tuple[CellOutcome, ...]
+    skipped: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    def ref(self) -> ArmRef:
+        return ArmRef(run_id=self.run_id, spec_id=self.spec_id, ledger_head=self.ledger_head)
+
+
+class ArmRef(_Frozen):
+    """An arm's identities as a comparison or decision records them."""
+
+    run_id: str
+    spec_id: str
+    ledger_head: str
+
+
+class Aggregate(_Frozen):
+    """A metric over an arm: ``value`` over ``n`` evaluated cases (None when ``n`` is 0)."""
+
+    value: float | None
+    n: int
+
+
+class ArmSummary(_Frozen):
+    """The per-arm view the hard, coverage and cost phases read (see ``summarize``)."""
+
+    ref: ArmRef
+    variant: Variant
+    cells: int
+    completed: int
+    failed: dict[str, int]  # failure class -> failed or cancelled cells
+    evaluated_cases: int
+    aggregates: dict[str, Aggregate]
+    latency_p95_ms: float | None
+    latency_n: int
+
+    @property
+    def failed_cells(self) -> int:
+        return sum(self.failed.values())
+
+
+def nearest_rank(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile: the smallest value with at least ``q`` of the sample at or below."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def case_means(cells: Iterable[CellOutcome]) -> dict[str, dict[str, float]]:
+    """Case ID -> metric -> mean over the case's completed cells (its repeats)."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for cell in cells:
+        if cell.completed:
+            for name, value in cell.metrics.items():
+                sums.setdefault(cell.case_id, {}).setdefault(name, []).append(value)
+    return {case: {m: math.fsum(v) / len(v) for m, v in metrics.items()} for case, metrics in sums.items()}
+
+
+def summarize(arm: ArmRun) -> ArmSummary:
+    """Counts, failures by class, aggregates and p95 latency of one (integrity-checked) arm.
+
+    As issue 9's report: a case is *evaluated* when all its cells completed; a metric's value is
+    the mean (or sum) over evaluated cases carrying it of each case's mean over its repeats;
+    latency is the nearest-rank p95 over completed cells."""
+    per_case_cells: dict[str, list[CellOutcome]] = {}
+    for cell in arm.cells:
+        per_case_cells.setdefault(cell.case_id, []).append(cell)
+    evaluated = sorted(c for c, cells in per_case_cells.items() if all(x.completed for x in cells))
+    means = case_means(arm.cells)
+    aggregates = {}
+    for decl in sorted(arm.coordinates.metrics, key=lambda m: m.name):
+        values = [means[c][decl.name] for c in evaluated if decl.name in means.get(c, {})]
+        total = math.fsum(values)
+        value = None if not values else (total if decl.aggregate == "sum" else total / len(values))
+        aggregates[decl.name] = Aggregate(value=value, n=len(values))
+    failed: dict[str, int] = {}
+    for cell in arm.cells:
+        if not cell.completed:
+            failed[str(cell.failure_class)] = failed.get(str(cell.failure_class), 0) + 1
+    latencies = [c.latency_ms for c in arm.cells if c.completed and c.latency_ms is not None]
+    return ArmSummary(
+        ref=arm.ref(),
+        variant=arm.variant,
+        cells=len(arm.cells),
+        completed=sum(1 for c in arm.cells if c.completed),
+        failed=dict(sorted(failed.items())),
+        evaluated_cases=len(evaluated),
+        aggregates=aggregates,
+        latency_p95_ms=nearest_rank(latencies, 0.95),
+        latency_n=len(latencies),
+    )

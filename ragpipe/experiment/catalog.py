@@ -1,0 +1,52 @@
+"""The metrics a gate policy may name, with the direction and range each one declares.
+
+Names are issue 9's: the ranking families ``ndcg``, ``recall``, ``mrr``, ``precision``, ``hit``
+and ``relevant_recall`` at any positive cutoff (``ndcg@10``), the safety count
+``unauthorized_disclosures`` and the answer rates. A policy naming anything else is refused at
+load (a typo must not silently disable a check); a run declaring a known metric with another
+direction is refused at decision time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["higher", "lower"]
+
+RANKING_FAMILIES = ("ndcg", "recall", "mrr", "precision", "hit", "relevant_recall")
+_RANKING = re.compile(r"^(" + "|".join(RANKING_FAMILIES) + r")@([1-9][0-9]{0,4})\Z")
+
+
+@dataclass(frozen=True)
+class KnownMetric:
+    """``lo``/``hi``: the metric's range (``hi`` None when unbounded)."""
+
+    name: str
+    direction: Direction
+    lo: float
+    hi: float | None
+
+
+NAMED: dict[str, KnownMetric] = {
+    m.name: m
+    for m in (
+        KnownMetric("unauthorized_disclosures", "lower", 0.0, None),
+        KnownMetric("answer_contract_valid_rate", "higher", 0.0, 1.0),
+        KnownMetric("abstention_rate", "lower", 0.0, 1.0),
+        KnownMetric("correct_abstention_rate", "higher", 0.0, 1.0),
+        KnownMetric("citation_precision", "higher", 0.0, 1.0),
+    )
+}
+
+KNOWN_NAMES = "ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, " + ", ".join(NAMED)
+
+
+def known_metric(name: str) -> KnownMetric | None:
+    """The catalogue entry of ``name``, or None when ragpipe defines no such metric."""
+    if name in NAMED:
+        return NAMED[name]
+    if _RANKING.match(name):
+        return KnownMetric(name, "higher", 0.0, 1.0)
+    return None

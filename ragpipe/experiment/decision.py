@@ -1,0 +1,209 @@
+"""The gate decision: ordered phases, every check recorded, the first failing phase decisive.
+
+``decide(policy, comparison, challenger)`` runs every check of every phase in the fixed order
+hard -> coverage -> target -> regression -> cost and records each with its value, operator,
+threshold and verdict (``pass``, ``fail``, or ``skipped`` for an ``if_measured`` hard bound on a
+metric the run does not measure). The decisive phase is the first phase with a failing check;
+the release is eligible only when there is none. Later phases are still evaluated and shown, but
+they never change the outcome: nothing compensates a failure (an ordered gate, not a sum).
+
+With a comparison the decision is *paired*; with ``comparison=None`` it is a *bootstrap*
+decision on the challenger alone (no incumbent): hard and coverage as usual, the target phase
+checks ``bootstrap_floors`` (direction-aware: a floor for higher-is-better metrics, a ceiling
+otherwise), regression has nothing to compare and cost checks only the absolute ceiling.
+
+Refused with ``GateError`` (no decision is made): a policy naming a metric the run does not
+declare (other than ``if_measured`` bounds), a run declaring a known metric with another
+direction, a ``ci_lower`` policy over a comparison whose interval is not at ``1 - alpha``, and a
+challenger that is not the comparison's. Checks are built in sorted metric / slice order, so the
+order of any mapping never changes a decision; the decision ID is a content ID of all of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from ragpipe.experiment.arms import ArmRef, ArmRun, ArmSummary, Coordinates, _Frozen, summarize
+from ragpipe.experiment.catalog import known_metric
+from ragpipe.experiment.comparison import ALL, Comparison
+from ragpipe.experiment.gate_policy import PHASES, GatePolicy
+from ragpipe.experiment.pairing import check_arm
+from ragpipe.kernel.ids import content_id
+
+Op = Literal[">=", "<=", ">", "<", "=="]
+Verdict = Literal["pass", "fail", "skipped"]
+_HOLDS = {">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, ">": lambda v, t: v > t, "<": lambda v, t: v < t, "==": lambda v, t: v == t}
+
+
+class GateError(ValueError):
+    """A decision cannot be made: the policy does not fit the runs (the message says why)."""
+
+
+class Check(_Frozen):
+    phase: Literal["hard", "coverage", "target", "regression", "cost"]
+    name: str
+    metric: str | None = None
+    slice: str | None = None
+    arm: Literal["incumbent", "challenger"] | None = None
+    value: float | None
+    op: Op
+    threshold: float
+    verdict: Verdict
+    reason: str | None = None
+
+
+class Decision(_Frozen):
+    schema_: Literal["ragpipe.gate_decision/v1"] = Field("ragpipe.gate_decision/v1", alias="schema")
+    mode: Literal["paired", "bootstrap"]
+    eligible: bool
+    decisive_phase: Literal["hard", "coverage", "target", "regression", "cost"] | None
+    checks: tuple[Check, ...]
+    reasons: tuple[str, ...]
+    comparison_id: str | None
+    policy_id: str
+    incumbent: ArmRef | None
+    challenger: ArmRef
+    human_apply_required: bool
+
+    @property
+    def decision_id(self) -> str:
+        return content_id("gate-decision", 1, self.model_dump(mode="json", by_alias=True))
+
+    def as_json(self) -> dict[str, object]:
+        return {"decision_id": self.decision_id, **self.model_dump(mode="json", by_alias=True)}
+
+
+def check(phase: str, name: str, value: float | None, op: Op, threshold: float, *, metric: str | None = None,
+          slice: str | None = None, arm: str | None = None, missing: str = "no value") -> Check:
+    """One check; a missing value fails (fail closed) with ``missing`` as the reason."""
+    label = " ".join(x for x in (phase, name, metric, f"on {slice}" if slice else None, f"({arm})" if arm else None) if x)
+    if value is None:
+        verdict, reason = "fail", f"{label}: {missing}"
+    elif _HOLDS[op](value, threshold):
+        verdict, reason = "pass", None
+    else:
+        verdict, reason = "fail", f"{label}: {value:.6g} is not {op} {threshold:.6g}"
+    return Check(phase=phase, name=name, metric=metric, slice=slice, arm=arm, value=value, op=op, threshold=threshold, verdict=verdict, reason=reason)
+
+
+def outcome(checks: tuple[Check, ...]) -> tuple[bool, str | None]:
+    """``(eligible, decisive phase)``: the first phase, in the fixed order, with a failing check."""
+    failing = {c.phase for c in checks if c.verdict == "fail"}
+    decisive = next((p for p in PHASES if p in failing), None)
+    return decisive is None, decisive
+
+
+def _hard(policy: GatePolicy, arm: ArmSummary, coords: Coordinates) -> list[Check]:
+    out = []
+    for name, bound in sorted(policy.hard.items()):
+        for op, threshold in ((">=", bound.min), ("<=", bound.max)):
+            if threshold is None:
+                continue
+            key = "min" if op == ">=" else "max"
+            if bound.if_measured and coords.metric(name) is None:
+                label = f"hard {key} {name}"
+                out.append(Check(phase="hard", name=key, metric=name, value=None, op=op, threshold=threshold, verdict="skipped", reason=f"{label}: not measured by this run"))
+                continue
+            out.append(check("hard", key, arm.aggregates[name].value, op, threshold, metric=name, missing="no evaluated case carries it"))
+    return out
+
+
+def _failed_rates(policy: GatePolicy, arms: dict[str, ArmSummary]) -> list[Check]:
+    return [
+        check("coverage", "failed_rate", summary.failed_cells / summary.cells if summary.cells else None, "<=", policy.coverage.max_failed_rate, arm=side, missing="the arm has no cell")
+        for side, summary in arms.items()
+    ]
+
+
+def _floor_op(metric: str) -> Op:
+    return ">=" if known_metric(metric).direction == "higher" else "<="  # type: ignore[union-attr]
+
+
+def _paired(policy: GatePolicy, c: Comparison) -> list[Check]:
+    checks = _hard(policy, c.challenger, c.coordinates)
+    checks.append(check("coverage", "paired_cells", float(len(c.certificate.cells)), "==", float(c.challenger.cells)))
+    checks += _failed_rates(policy, {"incumbent": c.incumbent, "challenger": c.challenger})
+    target = c.slices[ALL].metrics[policy.target.metric].stats
+    checks.append(check("coverage", "scored_cases", float(target.n), ">=", float(policy.coverage.min_cases), metric=policy.target.metric))
+    t = policy.target
+    checks.append(check("target", "improvement", target.mean, ">=", t.min_improvement, metric=t.metric, missing="no scored case"))
+    if t.evidence == "ci_lower":
+        checks.append(check("target", "ci_lower", target.ci_low, ">", 0.0, metric=t.metric, missing="fewer than 2 scored cases"))
+    else:
+        checks.append(check("target", "p_value", target.p_value, "<", t.alpha, metric=t.metric, missing="fewer than 2 scored cases"))
+    limits = [(ALL, policy.regression.overall)] + [(f"tag:{tag}", lim) for tag, lim in sorted(policy.regression.tags.items())]
+    for slice_name, lim in limits:
+        for metric, loss in sorted(lim.items()):
+            got = c.slices.get(slice_name)
+            mean = got.metrics[metric].stats.mean if got is not None else None
+            checks.append(check("regression", "max_loss", mean, ">=", -loss, metric=metric, slice=slice_name, missing="no scored case in this slice"))
+    checks += _cost(policy, c.challenger, c.incumbent)
+    return checks
+
+
+def _cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | None) -> list[Check]:
+    cost, out = policy.cost, []
+    p95 = challenger.latency_p95_ms
+    if incumbent is not None and cost.max_p95_latency_ratio is not None:
+        base = incumbent.latency_p95_ms
+        if base is None:
+            out.append(check("cost", "p95_latency_relative", None, "<=", 0.0, missing="the incumbent has no latency sample"))
+        else:
+            allowance = max(base * cost.max_p95_latency_ratio, base + cost.latency_slack_ms)
+            out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing="no latency sample"))
+    if cost.max_p95_latency_ms is not None:
+        out.append(check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing="no latency sample"))
+    return out
+
+
+def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
+    summary = summarize(arm)
+    checks = _hard(policy, summary, arm.coordinates)
+    checks.append(check("coverage", "terminal_cells", float(summary.cells), "==", float(len(arm.expected))))
+    checks += _failed_rates(policy, {"challenger": summary})
+    checks.append(check("coverage", "evaluated_cases", float(summary.evaluated_cases), ">=", float(policy.coverage.min_cases)))
+    for metric, floor in sorted(policy.bootstrap_floors.items()):
+        checks.append(check("target", "floor", summary.aggregates[metric].value, _floor_op(metric), floor, metric=metric, missing="no evaluated case carries it"))
+    return checks + _cost(policy, summary, None)
+
+
+def _check_fit(policy: GatePolicy, coords: Coordinates, comparison: Comparison | None) -> None:
+    for decl in coords.metrics:
+        known = known_metric(decl.name)
+        if known is not None and known.direction != decl.direction:
+            raise GateError(f"metric {decl.name!r} is declared {decl.direction!r}-is-better by the run, but ragpipe defines it {known.direction!r}-is-better")
+    optional = {name for name, bound in policy.hard.items() if bound.if_measured}
+    declared = {m.name for m in coords.metrics}
+    unknown = sorted(policy.metrics() - optional - declared)
+    if unknown:
+        raise GateError(f"the policy names metric {unknown[0]!r}, which the run does not measure (measured: {', '.join(sorted(declared))})")
+    if comparison is not None and policy.target.evidence == "ci_lower":
+        level = comparison.spec.confidence_level
+        if not math.isclose(level, 1 - policy.target.alpha, abs_tol=1e-12):
+            raise GateError(f"the comparison's interval is at {level:g}, the policy needs 1 - alpha = {1 - policy.target.alpha:g} (recompute it with that confidence level)")
+
+
+def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun | None = None) -> Decision:
+    """The decision of ``policy`` on a comparison (paired) or on ``challenger`` alone (bootstrap)."""
+    if comparison is None:
+        if challenger is None:
+            raise GateError("a bootstrap decision (no comparison) needs the challenger run")
+        check_arm(challenger, "challenger")
+        _check_fit(policy, challenger.coordinates, None)
+        checks, incumbent, challenger_ref, comparison_id = _bootstrap(policy, challenger), None, challenger.ref(), None
+    else:
+        if challenger is not None and challenger.ref() != comparison.certificate.challenger:
+            raise GateError(f"run {challenger.run_id} is not the comparison's challenger {comparison.certificate.challenger.run_id}")
+        _check_fit(policy, comparison.coordinates, comparison)
+        checks, incumbent, challenger_ref = _paired(policy, comparison), comparison.certificate.incumbent, comparison.certificate.challenger
+        comparison_id = comparison.comparison_id
+    checks_t = tuple(checks)
+    eligible, decisive = outcome(checks_t)
+    return Decision(
+        mode="bootstrap" if comparison is None else "paired", eligible=eligible, decisive_phase=decisive, checks=checks_t,
+        reasons=tuple(c.reason for c in checks_t if c.verdict == "fail" and c.reason), comparison_id=comparison_id,
+        policy_id=policy.policy_id, incumbent=incumbent, challenger=challenger_ref, human_apply_required=policy.human_apply_required,
+    )

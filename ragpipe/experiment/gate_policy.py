@@ -1,0 +1,259 @@
+"""The gate policy: an ordered, checked-in YAML file with a content ID (``docs/gates.md``).
+
+Phases, in this fixed order (the file must list them so): ``hard`` (bounds on the challenger's
+aggregates: safety and contract floors), ``coverage`` (failed-cell rate per arm, minimum cases),
+``target`` (metric, minimum improvement, and the evidence rule: CI lower bound > 0 or p < alpha),
+``regression`` (maximum allowed loss per metric, overall and per protected tag slice), ``cost``
+(p95 latency limits, read only as a tie-break after quality). ``bootstrap_floors`` are the
+absolute bounds that replace the relative target when there is no incumbent.
+
+Refused at load, with ``<file>:<line>: <key path>: <rule>``: YAML errors, duplicate keys,
+unknown phases or keys, missing phases, phases out of order, unknown metrics, non-numbers
+(booleans included), non-finite thresholds, and contradictory bounds (min above max, a bound
+outside the metric's range, an unreachable improvement, no bootstrap floor for the target).
+The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds are stored as floats so
+``0`` and ``0.0`` give one ID, and mapping order never changes it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ragpipe.experiment.arms import _Frozen
+from ragpipe.experiment.catalog import KNOWN_NAMES, known_metric
+from ragpipe.experiment.strict_yaml import StrictYamlError, load_strict
+from ragpipe.kernel.ids import content_id
+
+DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "specs" / "gate_policy.yaml"
+PHASES = ("hard", "coverage", "target", "regression", "cost")
+SCHEMA = "ragpipe.gate_policy/v1"
+
+
+class PolicyError(ValueError):
+    """A gate policy is refused; ``str(e)`` names the file, line and key path."""
+
+
+class HardBound(_Frozen):
+    min: float | None = None
+    max: float | None = None
+    if_measured: bool = False  # True: a run that does not measure the metric skips the check
+
+
+class CoveragePolicy(_Frozen):
+    max_failed_rate: float
+    min_cases: int
+
+
+class TargetPolicy(_Frozen):
+    metric: str
+    min_improvement: float
+    evidence: Literal["ci_lower", "p_value"]
+    alpha: float
+
+
+class RegressionPolicy(_Frozen):
+    overall: dict[str, float]
+    tags: dict[str, dict[str, float]]
+
+
+class CostPolicy(_Frozen):
+    max_p95_latency_ratio: float | None = None
+    latency_slack_ms: float = 0.0
+    max_p95_latency_ms: float | None = None
+
+
+class GatePolicy(_Frozen):
+    schema_: Literal["ragpipe.gate_policy/v1"] = Field(SCHEMA, alias="schema")
+    human_apply_required: bool = True
+    hard: dict[str, HardBound]
+    coverage: CoveragePolicy
+    target: TargetPolicy
+    regression: RegressionPolicy
+    cost: CostPolicy
+    bootstrap_floors: dict[str, float]
+
+    @property
+    def policy_id(self) -> str:
+        return content_id("gate-policy", 1, self.model_dump(mode="json", by_alias=True))
+
+    def metrics(self) -> set[str]:
+        """Every metric the policy names."""
+        names = set(self.hard) | {self.target.metric} | set(self.regression.overall) | set(self.bootstrap_floors)
+        return names | {m for limits in self.regression.tags.values() for m in limits}
+
+
+class _Reader:
+    """Validation helpers that raise ``PolicyError`` naming file, line and key path."""
+
+    def __init__(self, where: str, lines: dict[str, int]):
+        self.where, self.lines = where, lines
+
+    def fail(self, path: str, rule: str) -> PolicyError:
+        probe = path
+        while probe not in self.lines and probe:
+            probe = probe.rpartition(".")[0]
+        return PolicyError(f"{self.where}:{self.lines.get(probe, 1)}: {path or 'policy'}: {rule}")
+
+    def mapping(self, value: Any, path: str, keys: tuple[str, ...] | None = None, required: tuple[str, ...] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, got {type(value).__name__}")
+        if keys is not None:
+            unknown = [k for k in value if k not in keys]
+            if unknown:
+                raise self.fail(f"{path}.{unknown[0]}", f"unknown key (allowed: {', '.join(keys)})")
+        missing = [k for k in required if k not in value]
+        if missing:
+            raise self.fail(path, f"missing key {missing[0]!r}")
+        return value
+
+    def number(self, value: Any, path: str, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(path, f"must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise self.fail(path, f"threshold must be finite, got {value!r}")
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            raise self.fail(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+        if hi is not None and value > hi:
+            raise self.fail(path, f"must be <= {hi:g}, got {value!r}")
+        return float(value)
+
+    def metric(self, name: Any, path: str):
+        known = known_metric(name) if isinstance(name, str) else None
+        if known is None:
+            raise self.fail(path, f"unknown metric {name!r} (known: {KNOWN_NAMES})")
+        return known
+
+    def in_range(self, name: str, value: Any, path: str) -> float:
+        """A threshold on metric ``name``: finite and inside the metric's range."""
+        known = self.metric(name, path)
+        number = self.number(value, path)
+        if number < known.lo or (known.hi is not None and number > known.hi):
+            span = f"[{known.lo:g}, {'inf' if known.hi is None else f'{known.hi:g}'}]"
+            raise self.fail(path, f"contradictory bound: {number:g} is outside the range {span} of {name}")
+        return number
+
+    def loss(self, name: str, value: Any, path: str) -> float:
+        known = self.metric(name, path)
+        width = None if known.hi is None else known.hi - known.lo
+        number = self.number(value, path, 0.0)
+        if width is not None and number > width:
+            raise self.fail(path, f"contradictory bound: a change of {number:g} exceeds the range width {width:g} of {name}")
+        return number
+
+
+def _hard(r: _Reader, raw: Any) -> dict[str, HardBound]:
+    out = {}
+    for name, bound in r.mapping(raw, "hard").items():
+        path = f"hard.{name}"
+        r.metric(name, path)
+        spec = r.mapping(bound, path, ("min", "max", "if_measured"))
+        if "min" not in spec and "max" not in spec:
+            raise r.fail(path, "needs min or max")
+        lo = r.in_range(name, spec["min"], f"{path}.min") if "min" in spec else None
+        hi = r.in_range(name, spec["max"], f"{path}.max") if "max" in spec else None
+        if lo is not None and hi is not None and lo > hi:
+            raise r.fail(path, f"contradictory bounds: min {lo:g} > max {hi:g}")
+        flag = spec.get("if_measured", False)
+        if not isinstance(flag, bool):
+            raise r.fail(f"{path}.if_measured", f"must be true or false, got {flag!r}")
+        out[name] = HardBound(min=lo, max=hi, if_measured=flag)
+    return out
+
+
+def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
+    spec = r.mapping(raw, "coverage", ("max_failed_rate", "min_cases"), ("max_failed_rate", "min_cases"))
+    cases = spec["min_cases"]
+    if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
+        raise r.fail("coverage.min_cases", f"must be an integer >= 1, got {cases!r}")
+    return CoveragePolicy(max_failed_rate=r.number(spec["max_failed_rate"], "coverage.max_failed_rate", 0.0, 1.0), min_cases=cases)
+
+
+def _target(r: _Reader, raw: Any) -> TargetPolicy:
+    keys = ("metric", "min_improvement", "evidence", "alpha")
+    spec = r.mapping(raw, "target", keys, keys)
+    r.metric(spec["metric"], "target.metric")
+    if spec["evidence"] not in ("ci_lower", "p_value"):
+        raise r.fail("target.evidence", f"must be ci_lower or p_value, got {spec['evidence']!r}")
+    return TargetPolicy(
+        metric=spec["metric"],
+        min_improvement=r.loss(spec["metric"], spec["min_improvement"], "target.min_improvement"),
+        evidence=spec["evidence"],
+        alpha=r.number(spec["alpha"], "target.alpha", 0.0, 0.5, lo_open=True),
+    )
+
+
+def _losses(r: _Reader, raw: Any, path: str) -> dict[str, float]:
+    return {name: r.loss(name, value, f"{path}.{name}") for name, value in r.mapping(raw, path).items()}
+
+
+def _regression(r: _Reader, raw: Any) -> RegressionPolicy:
+    spec = r.mapping(raw, "regression", ("overall", "tags"), ("overall", "tags"))
+    tags = r.mapping(spec["tags"], "regression.tags")
+    return RegressionPolicy(
+        overall=_losses(r, spec["overall"], "regression.overall"),
+        tags={tag: _losses(r, limits, f"regression.tags.{tag}") for tag, limits in tags.items()},
+    )
+
+
+def _cost(r: _Reader, raw: Any) -> CostPolicy:
+    spec = r.mapping(raw, "cost", ("max_p95_latency_ratio", "latency_slack_ms", "max_p95_latency_ms"))
+    ratio, ceiling = spec.get("max_p95_latency_ratio"), spec.get("max_p95_latency_ms")
+    return CostPolicy(
+        max_p95_latency_ratio=None if ratio is None else r.number(ratio, "cost.max_p95_latency_ratio", 0.0, lo_open=True),
+        latency_slack_ms=r.number(spec.get("latency_slack_ms", 0.0), "cost.latency_slack_ms", 0.0),
+        max_p95_latency_ms=None if ceiling is None else r.number(ceiling, "cost.max_p95_latency_ms", 0.0, lo_open=True),
+    )
+
+
+def _check_phase_order(r: _Reader, doc: dict[str, Any]) -> None:
+    allowed = ("schema", "human_apply_required", *PHASES, "bootstrap_floors")
+    for key in doc:
+        if key not in allowed:
+            raise r.fail(key, f"unknown phase (phases, in order: {', '.join(PHASES)}; other keys: schema, human_apply_required, bootstrap_floors)")
+    missing = [p for p in PHASES if p not in doc]
+    if missing:
+        raise r.fail("", f"missing phase {missing[0]!r} (every phase is declared, even when empty)")
+    listed = [k for k in doc if k in PHASES]
+    if listed != list(PHASES):
+        wrong = next(k for k, p in zip(listed, PHASES) if k != p)
+        raise r.fail(wrong, f"phase out of order (phases run, and are listed, in the order {', '.join(PHASES)})")
+    if "bootstrap_floors" not in doc:
+        raise r.fail("", "missing key 'bootstrap_floors' (the absolute floors of a decision without an incumbent)")
+
+
+def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> GatePolicy:
+    """A ``GatePolicy`` from a parsed document (module docstring for what is refused)."""
+    r = _Reader(where, lines or {})
+    r.mapping(doc, "")
+    _check_phase_order(r, doc)
+    if doc.get("schema") != SCHEMA:
+        raise r.fail("schema", f"must be {SCHEMA!r}, got {doc.get('schema')!r}")
+    apply_flag = doc.get("human_apply_required", True)
+    if not isinstance(apply_flag, bool):
+        raise r.fail("human_apply_required", f"must be true or false, got {apply_flag!r}")
+    target = _target(r, doc["target"])
+    floors = {name: r.in_range(name, value, f"bootstrap_floors.{name}") for name, value in r.mapping(doc.get("bootstrap_floors"), "bootstrap_floors").items()}
+    if target.metric not in floors:
+        raise r.fail("bootstrap_floors", f"contradictory policy: no floor for the target metric {target.metric!r} (a bootstrap decision would have no target)")
+    return GatePolicy(
+        human_apply_required=apply_flag, hard=_hard(r, doc["hard"]), coverage=_coverage(r, doc["coverage"]), target=target,
+        regression=_regression(r, doc["regression"]), cost=_cost(r, doc["cost"]), bootstrap_floors=floors,
+    )
+
+
+def load_policy(path: Path | None = None) -> GatePolicy:
+    """Read and validate a policy file (default: ``ragpipe/specs/gate_policy.yaml``)."""
+    path = Path(path or DEFAULT_POLICY_PATH)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read gate policy: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        doc, lines = load_strict(text)
+    except StrictYamlError as exc:
+        raise PolicyError(f"{path}:{exc}") from None
+    return parse_policy(doc, str(path), lines)

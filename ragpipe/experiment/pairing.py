@@ -1,0 +1,177 @@
+"""Exact pairing of an incumbent and a challenger run by ``(case, repeat)``.
+
+``pair(incumbent, challenger)`` refuses, with a ``PairingError`` naming the arm and the cell or
+coordinate, in this order: the same run on both sides; arm labels that contradict the roles
+(a run labelled ``incumbent`` passed as the challenger, or the reverse); differing comparison
+coordinates (first differing field, in declaration order); an arm whose cells are not exactly
+its expected cells (a duplicate, a missing or an unexpected cell, a cell of a skipped case);
+differing skipped cases; differing expected cells; differing tags of a case.
+
+Failed and cancelled cells stay paired: a pair records both outcomes, and the certificate counts
+failures by arm and class. The certificate lists the ordered coordinates (sorted by case ID,
+then repeat) and both runs' IDs and ledger heads under their roles, so swapping the arguments
+gives a different certificate, never the same comparison with the labels exchanged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ragpipe.experiment.arms import ArmRef, ArmRun, CellKey, CellOutcome, Coordinates, _Frozen
+from ragpipe.kernel.ids import content_id
+
+ROLES = ("incumbent", "challenger")
+
+
+class PairingError(ValueError):
+    """Two runs cannot be paired exactly; the message names the arm and the cell or field."""
+
+
+def describe(key: CellKey) -> str:
+    return f"cell ({key[0]!r}, {key[1]})"
+
+
+def _label(side: str, arm: ArmRun) -> str:
+    return f"{side} run {arm.run_id}"
+
+
+def check_arm(arm: ArmRun, side: str) -> None:
+    """Refuse an arm whose cells are not exactly its expected cells (each once)."""
+    who = _label(side, arm)
+    expected_counts = Counter(arm.expected)
+    dup_expected = sorted(k for k, n in expected_counts.items() if n > 1)
+    if dup_expected:
+        raise PairingError(f"{who}: expected {describe(dup_expected[0])} is listed {expected_counts[dup_expected[0]]} times")
+    counts = Counter(c.key for c in arm.cells)
+    dups = sorted(k for k, n in counts.items() if n > 1)
+    if dups:
+        raise PairingError(f"{who}: {describe(dups[0])} appears {counts[dups[0]]} times")
+    missing = sorted(set(expected_counts) - set(counts))
+    if missing:
+        raise PairingError(f"{who}: {describe(missing[0])} is missing ({len(missing)} expected cells have no terminal outcome)")
+    extra = sorted(set(counts) - set(expected_counts))
+    if extra:
+        raise PairingError(f"{who}: {describe(extra[0])} is not an expected cell")
+    skipped_cells = sorted(k for k in expected_counts if k[0] in arm.skipped)
+    if skipped_cells:
+        raise PairingError(f"{who}: {describe(skipped_cells[0])} belongs to skipped case {skipped_cells[0][0]!r}")
+    bad_repeat = sorted(k for k in expected_counts if k[1] >= arm.coordinates.repeats)
+    if bad_repeat:
+        raise PairingError(f"{who}: {describe(bad_repeat[0])} has a repeat outside 0..{arm.coordinates.repeats - 1}")
+
+
+def _check_roles(incumbent: ArmRun, challenger: ArmRun) -> None:
+    if incumbent.run_id == challenger.run_id:
+        raise PairingError(f"incumbent and challenger are the same run {incumbent.run_id}")
+    for side, arm in (("incumbent", incumbent), ("challenger", challenger)):
+        other = "challenger" if side == "incumbent" else "incumbent"
+        if arm.variant.arm == other:
+            raise PairingError(f"{_label(side, arm)} is labelled {other!r}: the arguments are swapped")
+
+
+def _check_coordinates(incumbent: Coordinates, challenger: Coordinates) -> None:
+    for name in Coordinates.model_fields:
+        a, b = getattr(incumbent, name), getattr(challenger, name)
+        if a != b and name == "metrics":
+            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            inc, ch = (ms[i].model_dump() if i < len(ms) else "nothing" for ms in (a, b))
+            raise PairingError(f"runs differ in metrics at position {i}: incumbent {inc!r}, challenger {ch!r}")
+        if a != b:
+            raise PairingError(f"runs differ in {name}: incumbent {a!r}, challenger {b!r} (only bundle, plan and arm label may differ)")
+
+
+def _first_difference(a: dict, b: dict) -> str | None:
+    keys = sorted(set(a) | set(b))
+    return next((k for k in keys if a.get(k) != b.get(k)), None)
+
+
+def _skip_state(reason: str | None) -> str:
+    return "not skipped" if reason is None else f"skipped ({reason})"
+
+
+def _check_same_cases(incumbent: ArmRun, challenger: ArmRun) -> None:
+    case = _first_difference(incumbent.skipped, challenger.skipped)
+    if case is not None:
+        inc, ch = _skip_state(incumbent.skipped.get(case)), _skip_state(challenger.skipped.get(case))
+        raise PairingError(f"case {case!r} differs: {inc} by the incumbent, {ch} by the challenger")
+    inc_keys, ch_keys = set(incumbent.expected), set(challenger.expected)
+    if inc_keys != ch_keys:
+        key = min(inc_keys ^ ch_keys)
+        has, lacks = ("incumbent", "challenger") if key in inc_keys else ("challenger", "incumbent")
+        raise PairingError(f"{describe(key)} is expected by the {has} but not by the {lacks}")
+    cases = sorted({k[0] for k in inc_keys})
+    tagged = next((c for c in cases if tuple(sorted(incumbent.tags.get(c, ()))) != tuple(sorted(challenger.tags.get(c, ())))), None)
+    if tagged is not None:
+        raise PairingError(f"case {tagged!r} has tags {sorted(incumbent.tags.get(tagged, ()))} in the incumbent, {sorted(challenger.tags.get(tagged, ()))} in the challenger")
+
+
+class FailureCount(_Frozen):
+    side: str
+    failure_class: str
+    cells: int
+
+
+class PairingCertificate(_Frozen):
+    """What was paired: both runs under their roles, the shared coordinates' ID, every paired
+    cell in order, the skipped cases, and the failed cells counted by arm and class."""
+
+    incumbent: ArmRef
+    challenger: ArmRef
+    coordinates_id: str
+    cells: tuple[CellKey, ...]
+    skipped: tuple[tuple[str, str], ...]
+    failures: tuple[FailureCount, ...]
+    both_completed: int
+
+
+@dataclass(frozen=True)
+class Pair:
+    key: CellKey
+    incumbent: CellOutcome
+    challenger: CellOutcome
+
+
+@dataclass(frozen=True)
+class Pairing:
+    incumbent: ArmRun
+    challenger: ArmRun
+    pairs: tuple[Pair, ...]
+    certificate: PairingCertificate
+
+    @property
+    def coordinates(self) -> Coordinates:
+        return self.incumbent.coordinates
+
+    def case_tags(self, case_id: str) -> tuple[str, ...]:
+        return tuple(sorted(set(self.incumbent.tags.get(case_id, ()))))
+
+
+def coordinates_id(coordinates: Coordinates) -> str:
+    return content_id("comparison-coordinates", 1, coordinates.model_dump(mode="json"))
+
+
+def pair(incumbent: ArmRun, challenger: ArmRun) -> Pairing:
+    """Pair two runs exactly (module docstring) or raise ``PairingError``."""
+    _check_roles(incumbent, challenger)
+    _check_coordinates(incumbent.coordinates, challenger.coordinates)
+    check_arm(incumbent, "incumbent")
+    check_arm(challenger, "challenger")
+    _check_same_cases(incumbent, challenger)
+    by_inc = {c.key: c for c in incumbent.cells}
+    by_ch = {c.key: c for c in challenger.cells}
+    keys = tuple(sorted(by_inc))
+    pairs = tuple(Pair(k, by_inc[k], by_ch[k]) for k in keys)
+    failures = Counter(
+        (side, str(cell.failure_class)) for p in pairs for side, cell in (("incumbent", p.incumbent), ("challenger", p.challenger)) if not cell.completed
+    )
+    certificate = PairingCertificate(
+        incumbent=incumbent.ref(),
+        challenger=challenger.ref(),
+        coordinates_id=coordinates_id(incumbent.coordinates),
+        cells=keys,
+        skipped=tuple(sorted(incumbent.skipped.items())),
+        failures=tuple(FailureCount(side=s, failure_class=c, cells=n) for (s, c), n in sorted(failures.items(), key=lambda kv: (ROLES.index(kv[0][0]), kv[0][1]))),
+        both_completed=sum(1 for p in pairs if p.incumbent.completed and p.challenger.completed),
+    )
+    return Pairing(incumbent, challenger, pairs, certificate)
