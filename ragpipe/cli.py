@@ -101,12 +101,17 @@ def gc(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
-    """Remove stage versions and bundles that no revision's latest materialization references."""
+    """Remove stage versions and bundles that neither a revision's latest materialization nor an active
+    or previously active release references."""
+    from ragpipe.kernel.ledger import LedgerError
+    from ragpipe.release.roots import release_roots
+    from ragpipe.release.store import ReleaseError
     from ragpipe.stages.gc import GcError, collect_garbage
 
-    try:
-        report = collect_garbage(Workspace(default_home()), dry_run=dry_run)
-    except GcError as exc:
+    ws = Workspace(default_home())
+    try:  # release roots fail closed: a damaged release history stops collection before anything goes
+        report = collect_garbage(ws, extra_roots=release_roots(ws), dry_run=dry_run)
+    except (GcError, ReleaseError, LedgerError) as exc:
         fail(str(exc))
     if as_json:
         emit_json(report.as_dict())

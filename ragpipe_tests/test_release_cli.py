@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,30 @@ def test_cli_refuses_a_damaged_history(built_workspace, tmp_path: Path):
     history.write_bytes(history.read_bytes().replace(b'"by":"cli"', b'"by":"eve"', 1))
     assert refused("list", home=ws.home) == f"error: {history}: record 1: hash does not match the record's content\n"
     assert refused("rollback", home=ws.home) == f"error: {history}: record 1: hash does not match the record's content\n"
+
+
+def test_gc_keeps_released_bundles_and_stops_on_a_damaged_history(built_workspace, tmp_path: Path):
+    """`ragpipe gc`: a bundle only a release pins survives; an unreferenced one goes; a damaged
+    release history stops collection before anything is removed."""
+    bundle = bundle_of(built_workspace)
+    ws = fresh_ws(tmp_path, bundle)
+    orphan = ws.bundles / ("e" * 64)
+    shutil.copytree(bundle, orphan)
+    ok("activate", publish(ws, bundle), home=ws.home)
+
+    def gc(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
+        return subprocess.run([sys.executable, "-m", "ragpipe.cli", "gc", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+    proc = gc("--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["kind"], r["path"]) for r in json.loads(proc.stdout)["removed"]] == [("bundle", f"bundles/{'e' * 64}")]
+    assert (ws.bundles / bundle.name).is_dir() and not orphan.exists()
+
+    shutil.copytree(bundle, orphan)
+    history = ws.home / "releases" / "targets" / "staging" / "history.jsonl"
+    history.write_bytes(history.read_bytes().replace(b'"by":"cli"', b'"by":"eve"', 1))
+    proc = gc()
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == f"error: {history}: record 1: hash does not match the record's content\n"
+    assert orphan.is_dir()
