@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test ui bench query-bench clean dagster-home
+.PHONY: install demo test ui ui-check bench query-bench clean dagster-home
 
 install: $(VENV)/.installed
 
@@ -22,9 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# Install the instance template, overwriting a stale copy (new pool settings must reach it).
 dagster-home:
-	mkdir -p $(DAGSTER_HOME)
-	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml 2>/dev/null || true
+	cmp -s deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml || install -D -m 644 deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
 demo: install dagster-home
 	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1
@@ -42,6 +42,10 @@ test: install
 
 ui: install dagster-home
 	$(BIN)/dagster dev -w workspace.yaml
+
+# Starts the webserver on 127.0.0.1 (temporary homes) and checks the graph it serves through GraphQL.
+ui-check: install dagster-home
+	$(BIN)/python -m pytest -q ragpipe_tests/test_ui_graphql.py
 
 bench: install
 	$(BIN)/python -m ragpipe.benchmarks.build_bench

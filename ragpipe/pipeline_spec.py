@@ -3,18 +3,21 @@
 Each stage's *spec ID* is the domain-separated hash of (stage name, implementation version, the
 stage's own spec, and the spec IDs of its inputs). It is used as the asset's Dagster
 ``code_version``, so a change to a chunker parameter changes the IDs of ``chunks`` and everything
-downstream, while the ``execution`` section (batch sizes, threads) enters no ID at all.
+downstream, while the ``execution`` section (batch sizes, threads) and the ``dagster`` section
+(owners and tags shown in the Dagster UI) enter no ID at all.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from ragpipe.kernel.ids import SpecId, content_id
 
@@ -97,6 +100,64 @@ class ExecutionSettings(_Spec):
     index_writer_heap_mb: int = Field(128, ge=16)
 
 
+# Dagster's own rules for owners and tags (dagster/_core/utils.py is_valid_email,
+# dagster/_utils/tags.py): checked here so a bad spec fails when it is loaded, naming the file.
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Z|a-z]{2,7}\b")
+_TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")
+_TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
+
+
+def _tag_items(value: object) -> object:
+    """Tags are written as a mapping; they are kept as sorted pairs so the spec stays hashable."""
+    if not isinstance(value, Mapping):
+        return value
+    for k, v in value.items():
+        if not isinstance(k, str) or not _TAG_KEY.match(k):
+            raise ValueError(f"tag key {k!r} must match {_TAG_KEY.pattern}")
+        if not isinstance(v, str) or not _TAG_VALUE.match(v):
+            raise ValueError(f"tag {k!r}: value {v!r} must be a string matching {_TAG_VALUE.pattern}")
+    return tuple(sorted(value.items()))
+
+
+Tags = Annotated[tuple[tuple[str, str], ...], BeforeValidator(_tag_items)]
+
+
+class DagsterOwnership(_Spec):
+    """Owners (``team:<name>`` or an email) and tags Dagster shows on an asset."""
+
+    owners: tuple[str, ...] = ()
+    tags: Tags = ()
+
+    @field_validator("owners")
+    @classmethod
+    def _owners_valid(cls, owners: tuple[str, ...]) -> tuple[str, ...]:
+        for owner in owners:
+            if not (_EMAIL.fullmatch(owner) or (owner.startswith("team:") and len(owner) > 5)):
+                raise ValueError(f"owner {owner!r} must be an email address or 'team:<name>'")
+        return owners
+
+
+class DagsterSettings(DagsterOwnership):
+    """Operational: how assets appear in Dagster. Enters no ID (like ``execution``).
+
+    ``owners`` and ``tags`` apply to every asset (and ``owners`` to the build job); an entry under
+    ``assets`` adds owners and overrides or adds tags for that asset.
+    """
+
+    assets: dict[Literal[tuple(STAGE_INPUTS)], DagsterOwnership] = {}  # type: ignore[valid-type]
+
+    def __hash__(self) -> int:  # the assets dict would make the frozen model unhashable
+        return hash((self.owners, self.tags, tuple(sorted(self.assets.items()))))
+
+    def owners_for(self, stage: str) -> list[str]:
+        extra = self.assets[stage].owners if stage in self.assets else ()
+        return list(dict.fromkeys([*self.owners, *extra]))
+
+    def tags_for(self, stage: str) -> dict[str, str]:
+        extra = self.assets[stage].tags if stage in self.assets else ()
+        return dict(self.tags) | dict(extra)
+
+
 class PipelineSpec(_Spec):
     spec_schema: Literal["ragpipe.pipeline/v1"] = Field("ragpipe.pipeline/v1", alias="schema")
     snapshot: SnapshotSpec = SnapshotSpec()
@@ -106,6 +167,7 @@ class PipelineSpec(_Spec):
     lexical_index: LexicalIndexSpec = LexicalIndexSpec()
     vector_index: VectorIndexSpec = VectorIndexSpec()
     execution: ExecutionSettings = ExecutionSettings()
+    dagster: DagsterSettings = DagsterSettings()
 
     def stage_spec(self, stage: str) -> _Spec | None:
         """The semantic spec owned by ``stage`` (``None`` for stages with no parameters)."""

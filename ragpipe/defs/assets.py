@@ -1,72 +1,103 @@
 """The build-side asset graph. Each body reads its partition, delegates to ``ragpipe.stages``
-and reports a ``DataVersion`` (the artifact digest) plus small, useful metadata.
+and reports a ``DataVersion`` (the artifact digest) plus the metadata of ``ragpipe.defs.metadata``.
 
 Assets are made by ``build_assets(spec)`` so each asset's ``code_version`` is its cumulative
-semantic spec ID from the pipeline spec file. Every upstream output an asset reads is one of its
-``deps`` (so Dagster's lineage and staleness see every input), and each body reads those outputs
-through their ``latest`` pointers (``ragpipe.stages.stage_store``).
+semantic spec ID from the pipeline spec file; owners and tags come from the spec's operational
+``dagster:`` section (no ID). Every upstream output an asset reads is one of its ``deps`` (so
+Dagster's lineage and staleness see every input), and each body reads those outputs through their
+``latest`` pointers (``ragpipe.stages.stage_store``).
+
+Operation: every asset names a pool (``POOLS``; the instance template ``deploy/dagster.yaml``
+limits each to one slot per step) and has ``BackfillPolicy.multi_run(1)``: a backfill runs one run
+per revision, so a revision's folders have one writer per run.
 """
 
+import warnings
 
-from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetsDefinition, BackfillPolicy, BetaWarning, MaterializeResult, asset
 
+from ragpipe.defs.metadata import to_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.stages import steps
 
+# `backfill_policy` is a beta parameter of `@asset`; we use it deliberately (one run per revision)
+# on a pinned, tested Dagster, so its BetaWarning (printed once per process that loads the
+# definitions: CLI, webserver, daemon, each run) only adds noise. Narrow by message and category.
+warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset`", category=BetaWarning)
+
 GROUP = "build"
+ATTEMPT_TAG = "ragpipe/attempt"  # set by corpus_revision_sensor on the runs it requests
 
-
-def to_result(result: steps.StageResult) -> MaterializeResult:
-    metadata: dict[str, object] = dict(result.metadata)
-    metadata.update({k: MetadataValue.md(v) for k, v in result.markdown.items()})
-    if "bundle_path" in metadata:
-        metadata["bundle_path"] = MetadataValue.path(str(metadata["bundle_path"]))
-    return MaterializeResult(data_version=DataVersion(result.data_version), metadata=metadata)
+# Single-writer resources: stage folders, the shared embedding cache, tantivy and lancedb writers,
+# the content-addressed bundle store.
+POOLS = {
+    "source_snapshot": "ragpipe_stage_files",
+    "chunks": "ragpipe_stage_files",
+    "representations": "ragpipe_stage_files",
+    "embeddings": "ragpipe_embedding_cache",
+    "lexical_index": "ragpipe_tantivy",
+    "vector_index": "ragpipe_lancedb",
+    "index_bundle": "ragpipe_bundle_store",
+}
+BACKFILL_POLICY = BackfillPolicy.multi_run(1)
 
 
 def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
     ids = spec.spec_ids
-    common = {"partitions_def": corpus_revisions, "group_name": GROUP}
 
-    @asset(code_version=ids["source_snapshot"], kinds={"python", "parquet"}, **common)
+    def common(name: str) -> dict[str, object]:
+        return {
+            "name": name,
+            "code_version": ids[name],
+            "partitions_def": corpus_revisions,
+            "group_name": GROUP,
+            "pool": POOLS[name],
+            "backfill_policy": BACKFILL_POLICY,
+            "owners": spec.dagster.owners_for(name),
+            "tags": spec.dagster.tags_for(name),
+        }
+
+    @asset(deps=[], kinds={"python", "parquet"}, **common("source_snapshot"))
     def source_snapshot(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Normalised documents of one registered corpus revision; exclusions listed with reasons."""
-        return to_result(steps.run_source_snapshot(ragpipe.workspace, context.partition_key, spec))
+        return to_materialize_result(steps.run_source_snapshot(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["chunks"], deps=[source_snapshot], kinds={"python", "parquet"}, **common)
+    @asset(deps=[source_snapshot], kinds={"python", "parquet"}, **common("chunks"))
     def chunks(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Exact UTF-8 byte spans of the source documents."""
-        return to_result(steps.run_chunks(ragpipe.workspace, context.partition_key, spec))
+        return to_materialize_result(steps.run_chunks(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["representations"], deps=[source_snapshot, chunks], kinds={"python", "parquet"}, **common)
+    @asset(deps=[source_snapshot, chunks], kinds={"python", "parquet"}, **common("representations"))
     def representations(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Retrieval texts derived from chunks (raw, title breadcrumb); each points to one chunk."""
-        return to_result(steps.run_representations(ragpipe.workspace, context.partition_key, spec))
+        return to_materialize_result(steps.run_representations(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["embeddings"], deps=[representations], kinds={"pytorch", "parquet"}, **common)
+    @asset(deps=[representations], kinds={"pytorch", "parquet"}, **common("embeddings"))
     def embeddings(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Vectors for representations through the persistent (embedder spec, text digest) cache."""
-        return to_result(
+        return to_materialize_result(
             steps.run_embeddings(ragpipe.workspace, context.partition_key, spec, progress=context.log.info)
         )
 
-    @asset(code_version=ids["lexical_index"], deps=[source_snapshot, representations], kinds={"tantivy"}, **common)
+    @asset(deps=[source_snapshot, representations], kinds={"tantivy"}, **common("lexical_index"))
     def lexical_index(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """tantivy BM25 index over representations with ID and authorization fields."""
-        return to_result(steps.run_lexical_index(ragpipe.workspace, context.partition_key, spec))
+        return to_materialize_result(steps.run_lexical_index(ragpipe.workspace, context.partition_key, spec))
 
-    @asset(code_version=ids["vector_index"], deps=[source_snapshot, representations, embeddings], kinds={"lancedb"}, **common)
+    @asset(deps=[source_snapshot, representations, embeddings], kinds={"lancedb"}, **common("vector_index"))
     def vector_index(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """lancedb table of representation vectors with ID and authorization fields."""
-        return to_result(steps.run_vector_index(ragpipe.workspace, context.partition_key, spec))
+        return to_materialize_result(steps.run_vector_index(ragpipe.workspace, context.partition_key, spec))
 
     bundle_inputs = [source_snapshot, chunks, representations, embeddings, lexical_index, vector_index]
 
-    @asset(code_version=ids["index_bundle"], deps=bundle_inputs, kinds={"python"}, **common)
+    @asset(deps=bundle_inputs, kinds={"python"}, **common("index_bundle"))
     def index_bundle(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """The verified, content-addressed bundle, published atomically."""
-        return to_result(steps.run_index_bundle(ragpipe.workspace, context.partition_key, spec))
+        result = steps.run_index_bundle(ragpipe.workspace, context.partition_key, spec)
+        attempt = context.run.tags.get(ATTEMPT_TAG)
+        return to_materialize_result(result, {"run_attempt": int(attempt)} if attempt else None)
 
     return [*bundle_inputs, index_bundle]

@@ -17,8 +17,16 @@ from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.representations.derive import Representation, read_representations
-from ragpipe.stages.results import StageResult, md_table
-from ragpipe.stages.stage_store import StageError, StageOutput, holding_workspace_lock, publish_stage, read_output, read_outputs
+from ragpipe.stages.results import StageResult, finish, table
+from ragpipe.stages.stage_store import (
+    StageError,
+    StageOutput,
+    holding_workspace_lock,
+    publish_stage,
+    read_output,
+    read_outputs,
+    version_dir,
+)
 from ragpipe.stages.workspace import Workspace
 
 
@@ -48,9 +56,9 @@ def run_lexical_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_st
         {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["lexical_index"]},
     )
     out = publish_stage(ws, revision, "lexical_index", spec, version, write, {"documents": n_reps}, ins, on_step)
-    return StageResult(
-        out,
-        {"indexed_representations": n_reps, "tokenizer": spec.lexical_index.tokenizer, "seconds": round(time.perf_counter() - t0, 3)},
+    return finish(
+        out, t0, version_dir(ws, revision, "lexical_index", out.data_version), n_reps,
+        {"indexed_representations": n_reps, "tokenizer": spec.lexical_index.tokenizer},
     )
 
 
@@ -63,7 +71,8 @@ def run_vector_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_ste
             ws, revision, "vector_index", spec, content_id("vector-index-disabled", 1, {}), lambda tmp: None,
             {"enabled": False}, ins, on_step,
         )
-        return StageResult(out, {"enabled": "false (lexical-only pipeline)"})
+        # A lexical-only pipeline: no vector index, so zero rows.
+        return finish(out, t0, version_dir(ws, revision, "vector_index", out.data_version), 0, {"enabled": False})
     n_reps = int(ins["representations"].record.facts["representations"])
 
     def write(tmp: Path) -> None:
@@ -78,7 +87,10 @@ def run_vector_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_ste
         "vector-index", 2, {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["vector_index"]}
     )
     out = publish_stage(ws, revision, "vector_index", spec, version, write, {"enabled": True, "rows": n_reps}, ins, on_step)
-    return StageResult(out, {"rows": n_reps, "metric": spec.vector_index.metric, "seconds": round(time.perf_counter() - t0, 3)})
+    return finish(
+        out, t0, version_dir(ws, revision, "vector_index", out.data_version), n_reps,
+        {"enabled": True, "rows": n_reps, "metric": spec.vector_index.metric},
+    )
 
 
 BUNDLE_INPUTS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index"]
@@ -121,11 +133,11 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
         {"bundle_id": m.bundle_id, "bundle_path": str(bundle.path), "outcome": outcome.value}, ins,
     )
     counts = m.semantic.counts
-    return StageResult(
-        out,
+    return finish(
+        out, t0, version_dir(ws, revision, "index_bundle", out.data_version), None,
         {
             "bundle_id": m.bundle_id,
-            "bundle_path": str(bundle.path),
+            "bundle_path": Path(bundle.path),
             "publication": outcome.value,
             "files": len(m.files),
             "bundle_bytes": sum(f.size for f in m.files),
@@ -133,9 +145,8 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
             "chunks": counts.chunks,
             "representations": counts.representations,
             "vectors": counts.vectors,
-            "seconds": round(time.perf_counter() - t0, 3),
         },
-        {"specs": md_table(["stage", "spec ID"], [[k, v.spec_id] for k, v in m.semantic.specs.items()])},
+        {"specs": table([("stage", "string"), ("spec_id", "string")], [[k, str(v.spec_id)] for k, v in m.semantic.specs.items()])},
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 
 from ragpipe.chunking.chunkers import chunk_documents, make_chunker, verify_chunks
 from ragpipe.chunking.models import chunk_set_digest, read_chunks, write_chunks
@@ -25,7 +26,7 @@ from ragpipe.kernel.publish import StepHook
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.representations.derive import derive_representations, read_representations, representation_set_digest, write_representations
 from ragpipe.stages.index_steps import check_bundle, run_index_bundle, run_lexical_index, run_vector_index
-from ragpipe.stages.results import StageResult, md_table
+from ragpipe.stages.results import StageResult, finish, table
 from ragpipe.stages.stage_store import (
     StageError,
     StageRecord,
@@ -79,23 +80,21 @@ def run_source_snapshot(ws: Workspace, revision: str, spec: PipelineSpec, *, on_
     for d in documents:
         for s in d.access_scopes:
             scopes[s] = scopes.get(s, 0) + 1
-    return StageResult(
-        out,
+    return finish(
+        out, t0, version_dir(ws, revision, "source_snapshot", out.data_version), len(documents),
         {
             "documents": len(documents),
             "excluded": len(summary.excluded),
             "corpus_digest": summary.corpus_digest,
             "default_scope": record.default_scope,
-            "source": record.source_path,
-            "seconds": round(time.perf_counter() - t0, 3),
+            "source": Path(record.source_path),
         },
         {
-            "excluded_documents": md_table(
-                ["document", "location", "reason"], [[e.document_id, e.location, e.reason] for e in summary.excluded], 50
-            )
-            if summary.excluded
-            else "none",
-            "access_scopes": md_table(["scope", "documents"], sorted(map(list, scopes.items()))),
+            "excluded_documents": table(
+                [("document", "string"), ("location", "string"), ("reason", "string")],
+                [[e.document_id, e.location, e.reason] for e in summary.excluded],
+            ),
+            "access_scopes": table([("scope", "string"), ("documents", "int")], [[k, v] for k, v in sorted(scopes.items())]),
         },
     )
 
@@ -112,8 +111,8 @@ def run_chunks(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: Ste
         {"chunks": len(chunks)}, {"source_snapshot": snap}, on_step,
     )
     sizes = sorted(c.byte_end - c.byte_start for c in chunks) or [0]
-    return StageResult(
-        out,
+    return finish(
+        out, t0, version_dir(ws, revision, "chunks", out.data_version), len(chunks),
         {
             "chunks": len(chunks),
             "documents": len(documents),
@@ -121,7 +120,6 @@ def run_chunks(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: Ste
             "chunker_spec_id": spec.own_spec_ids["chunks"],
             "median_chunk_bytes": sizes[len(sizes) // 2],
             "max_chunk_bytes": sizes[-1],
-            "seconds": round(time.perf_counter() - t0, 3),
         },
     )
 
@@ -150,10 +148,10 @@ def run_representations(ws: Workspace, revision: str, spec: PipelineSpec, *, on_
         lambda tmp: write_representations(tmp / "representations.parquet", reps), {"representations": len(reps)}, ins, on_step,
     )
     kinds = {k: sum(r.kind == k for r in reps) for k in spec.representations.kinds}
-    return StageResult(
-        out,
-        {"representations": len(reps), "representation_set_digest": digest, "seconds": round(time.perf_counter() - t0, 3)},
-        {"kinds": md_table(["kind", "representations"], [[k, v] for k, v in kinds.items()])},
+    return finish(
+        out, t0, version_dir(ws, revision, "representations", out.data_version), len(reps),
+        {"representations": len(reps), "representation_set_digest": digest},
+        {"kinds": table([("kind", "string"), ("representations", "int")], [[k, v] for k, v in kinds.items()])},
     )
 
 
@@ -175,7 +173,8 @@ def run_embeddings(
             ws, revision, "embeddings", spec, content_id("embeddings-disabled", 1, {}), lambda tmp: None,
             {"enabled": False}, ins, on_step,
         )
-        return StageResult(out, {"enabled": "false (lexical-only pipeline)"})
+        # A lexical-only pipeline: no vectors, so zero rows.
+        return finish(out, t0, version_dir(ws, revision, "embeddings", out.data_version), 0, {"enabled": False})
     reps = read_representations(ins["representations"].path / "representations.parquet")
     embedder_id = spec.own_spec_ids["embeddings"]
     cache = EmbeddingCache(ws.embedding_cache, embedder_id, spec.embedder.dimensions)
@@ -190,9 +189,10 @@ def run_embeddings(
         ins, on_step,
     )
     hit_rate = stats.cache_hits / stats.unique_texts if stats.unique_texts else 1.0
-    return StageResult(
-        out,
+    return finish(
+        out, t0, version_dir(ws, revision, "embeddings", out.data_version), stats.representations,
         {
+            "enabled": True,
             "representations": stats.representations,
             "unique_texts": stats.unique_texts,
             "cache_hits": stats.cache_hits,
@@ -204,6 +204,5 @@ def run_embeddings(
             "dimensions": spec.embedder.dimensions,
             "embeddings_digest": digest,
             "encode_seconds": round(stats.encode_seconds, 3),
-            "seconds": round(time.perf_counter() - t0, 3),
         },
     )

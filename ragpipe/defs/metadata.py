@@ -1,0 +1,43 @@
+"""Stage results as the metadata a Dagster user expects.
+
+- the row count of a tabular output as ``dagster/row_count`` (the UI shows it on the asset);
+- tables as ``MetadataValue.table`` with a schema (never markdown strings), empty ones omitted;
+- ``Path`` values as ``MetadataValue.path``; numbers and text as they are (``duration_seconds``
+  is a float in seconds).
+
+F's step lines in ``ragpipe build`` read ``dagster/row_count``, ``duration_seconds``, ``excluded``,
+``encoded``, ``cache_hits``, ``bundle_id`` and ``bundle_path`` from these materializations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import DataVersion, MaterializeResult, MetadataValue, TableColumn, TableRecord, TableSchema
+
+from ragpipe.stages.results import StageResult, Table
+
+ROW_COUNT = "dagster/row_count"
+
+
+def table_value(t: Table) -> MetadataValue:
+    """A ``Table`` as a Dagster table with its schema."""
+    schema = TableSchema(columns=[TableColumn(name, kind) for name, kind in t.columns])
+    return MetadataValue.table(records=[TableRecord(data=row) for row in t.rows], schema=schema)
+
+
+def stage_metadata(result: StageResult, extra: dict[str, object] | None = None) -> dict[str, object]:
+    """The materialization metadata of ``result`` (plus ``extra`` values, given as they are)."""
+    metadata: dict[str, object] = {}
+    if result.row_count is not None:
+        metadata[ROW_COUNT] = MetadataValue.int(result.row_count)
+    for key, value in result.metadata.items():
+        metadata[key] = MetadataValue.path(str(value)) if isinstance(value, Path) else value
+    metadata.update({name: table_value(t) for name, t in result.tables.items()})
+    metadata.update(extra or {})
+    return metadata
+
+
+def to_materialize_result(result: StageResult, extra: dict[str, object] | None = None) -> MaterializeResult:
+    """The ``MaterializeResult`` of one stage: its data version and metadata."""
+    return MaterializeResult(data_version=DataVersion(result.data_version), metadata=stage_metadata(result, extra))
