@@ -1,0 +1,294 @@
+"""``ragpipe suite …`` and ``ragpipe eval …`` (typer apps ``suite_app`` and ``eval_app``).
+
+    ragpipe suite import beir DIR --split test --out SUITE.jsonl
+    ragpipe suite validate SUITE [--bundle PATH | --revision KEY] [--json]
+    ragpipe eval --suite SUITE (--bundle PATH | --revision KEY) [--mode …] [--plan FILE] [--scope S …] [--out RUNDIR] [--json]
+    ragpipe eval --resume RUNDIR [--json]
+    ragpipe eval report RUNDIR [--json]
+    ragpipe eval sql RUNDIR "SELECT … FROM cells" [--json]
+
+Every expected error prints ``error: <message>`` on stderr and exits 1; ``--json`` prints exactly
+one JSON object on stdout. ``python -m ragpipe.cli_eval`` runs both apps under one root.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+suite_app = typer.Typer(help="Import and validate evaluation suites.", no_args_is_help=True, add_completion=False)
+eval_app = typer.Typer(help="Evaluation runs with custody: run, resume, report, SQL.", add_completion=False)
+out = Console()
+err = Console(stderr=True)
+
+
+class SuiteFormat(str, Enum):
+    beir = "beir"
+
+
+class Mode(str, Enum):
+    hybrid = "hybrid"
+    lexical = "lexical"
+    vector = "vector"
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
+BundleOpt = Annotated[Optional[Path], typer.Option("--bundle", "-b", help="Bundle directory.")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")]
+SplitOpt = Annotated[Optional[list[str]], typer.Option("--split", help="BEIR qrels split(s) (repeatable; default: test).")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def emit_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+
+
+def guarded(action):
+    """Run ``action``; the errors bad input can cause become one message and exit code 1."""
+    from ragpipe.bundle.verify import BundleVerificationError
+    from ragpipe.evaluation.ledger import LedgerError
+    from ragpipe.evaluation.runner import RunError
+    from ragpipe.evaluation.suite import SuiteError
+    from ragpipe.evaluation.traces import TraceError
+    from ragpipe.retrieval.plan import PlanError
+    from ragpipe.retrieval.results import QueryError
+
+    try:
+        return action()
+    except (SuiteError, LedgerError, RunError, TraceError, PlanError, QueryError, BundleVerificationError, ValueError, OSError) as exc:
+        fail(str(exc))
+
+
+def bundle_path(bundle: Path | None, revision: str | None) -> Path:
+    """``--bundle PATH`` as given, or the bundle last built for ``--revision KEY``."""
+    from ragpipe.corpus.registry import check_revision_key
+    from ragpipe.stages.steps import StageError, read_stage_record
+    from ragpipe.stages.workspace import Workspace, default_home
+
+    if (bundle is None) == (revision is None):
+        raise ValueError("give exactly one of --bundle PATH or --revision KEY")
+    if bundle is not None:
+        return bundle
+    check_revision_key(revision)  # a key is a path segment: '../x' would leave RAGPIPE_HOME
+    try:
+        return Path(str(read_stage_record(Workspace(default_home()), revision, "index_bundle").facts["bundle_path"]))
+    except StageError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@suite_app.command("import")
+def suite_import(
+    fmt: Annotated[SuiteFormat, typer.Argument(metavar="FORMAT", help="Source format (beir).")],
+    directory: Annotated[Path, typer.Argument(help="BEIR folder: queries.jsonl and qrels/<split>.tsv.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Native suite file to write (canonical JSONL).")],
+    split: SplitOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Convert a BEIR folder's judged queries into a native suite file."""
+    from ragpipe.evaluation.suite import load_suite, write_suite
+
+    def run():
+        if not directory.is_dir():
+            raise ValueError(f"{directory}: not a BEIR folder (expected a directory)")
+        suite = load_suite(directory, split=split or ["test"])
+        write_suite(suite, out_path)
+        return {"cases": len(suite.cases), "suite_digest": suite.digest, "out": str(out_path)}
+
+    data = guarded(run)
+    if as_json:
+        emit_json(data)
+    else:
+        out.print(f"{data['cases']} cases → {escape(data['out'])} (digest {data['suite_digest']})")
+
+
+@suite_app.command("validate")
+def suite_validate(
+    suite: Annotated[Path, typer.Argument(help="Native suite file or BEIR folder.")],
+    bundle: BundleOpt = None,
+    revision: RevisionOpt = None,
+    split: SplitOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a suite's rules; with a bundle, also which cases it can evaluate (skipped cases are
+    listed with their reasons, never scored)."""
+    from ragpipe.evaluation.suite import check_against_bundle, load_suite
+
+    def run() -> dict[str, Any]:
+        loaded = load_suite(suite, split=split or ["test"])
+        data: dict[str, Any] = {"valid": True, "suite": str(suite), "cases": len(loaded.cases), "suite_digest": loaded.digest}
+        if bundle is not None or revision is not None:
+            from ragpipe.bundle.verify import open_bundle
+
+            opened = open_bundle(bundle_path(bundle, revision))
+            statuses = check_against_bundle(
+                loaded, {d.document_id for d in opened.tables.documents}, {c.chunk_id for c in opened.tables.chunks}
+            )
+            data["bundle_id"] = opened.bundle_id
+            data["evaluable"] = sum(s.evaluable for s in statuses)
+            data["skipped"] = [{"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable]
+        return data
+
+    data = guarded(run)
+    if as_json:
+        emit_json(data)
+        return
+    out.print(f"valid: {data['cases']} cases, digest {data['suite_digest']}")
+    if "bundle_id" in data:
+        out.print(f"against bundle {data['bundle_id']}: {data['evaluable']} evaluable, {len(data['skipped'])} skipped")
+        for s in data["skipped"]:
+            out.print(f"  skipped {escape(s['case_id'])}: {s['reason']}" + (f" (missing {escape(', '.join(s['missing']))})" if s["missing"] else ""))
+
+
+def parse_cutoffs(values: list[str] | None) -> dict[str, int]:
+    cutoffs = {}
+    for value in values or []:
+        family, sep, k = value.partition("=")
+        if not sep or not k.isdigit():
+            raise ValueError(f"--cutoff {value!r}: expected FAMILY=K, e.g. ndcg=20")
+        cutoffs[family] = int(k)
+    return cutoffs
+
+
+def print_result(data: dict[str, Any]) -> None:
+    cells = data["cells"]
+    out.print(
+        f"[bold]run {data['run_id']}[/] · {data['status']} · {data['evaluated']}/{data['cases']} cases evaluated, "
+        f"{len(data['skipped'])} skipped, {cells['failed']} cells failed · {escape(str(data.get('out', '')))}"
+    )
+    table = Table(title=f"spec {data['spec_id'][:19]}…")
+    for col in ("metric", "value", "direction", "unit", "k", "n"):
+        table.add_column(col)
+    for name, m in data["metrics"].items():
+        table.add_row(name, "—" if m["value"] is None else f"{m['value']:.4f}", m["direction"], m["unit"], str(m["k"] or "—"), str(m["n"]))
+    out.print(table)
+    lat = data["latency_ms"]
+    out.print(f"latency p50 {lat['p50']} ms · p95 {lat['p95']} ms · n {lat['n']} · ledger head {data['ledger_head']}")
+
+
+def _progress(as_json: bool):
+    def report(done: int, total: int, _cell) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            err.print(f"[dim]{done}/{total} cells[/]")
+
+    return None if as_json else report
+
+
+@eval_app.callback(invoke_without_command=True)
+def eval_run(
+    ctx: typer.Context,
+    suite: Annotated[Optional[Path], typer.Option("--suite", help="Native suite file or BEIR folder.")] = None,
+    bundle: BundleOpt = None,
+    revision: RevisionOpt = None,
+    mode: Annotated[Mode, typer.Option("--mode", help="Channels: hybrid, lexical or vector.")] = Mode.hybrid,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")] = None,
+    scope: Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Subject scope for cases without their own (repeatable; default: public).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder to create (default: $RAGPIPE_HOME/eval_runs/<run ID>).")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this run folder: only its missing cells run.")] = None,
+    split: SplitOpt = None,
+    k: Annotated[int, typer.Option("--k", help="Hits retrieved per case (the ranking depth).")] = 1000,
+    cutoff: Annotated[Optional[list[str]], typer.Option("--cutoff", help="Metric cutoff FAMILY=K, e.g. ndcg=20 (repeatable).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Cells per case.")] = 1,
+    answers: Annotated[bool, typer.Option("--answers", help="Also generate answers and score them.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a suite against a bundle (or resume a run); subcommands: report, sql."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ragpipe.evaluation.runner import new_run_id, resume_evaluation, run_evaluation
+
+    def run():
+        if resume is not None:
+            if suite is not None or bundle is not None or revision is not None or out_dir is not None:
+                raise ValueError("--resume takes only the run folder: the spec comes from its ledger")
+            return resume_evaluation(resume, on_progress=_progress(as_json))
+        if suite is None:
+            raise ValueError("give --suite SUITE (with --bundle or --revision), or --resume RUNDIR")
+        from ragpipe.evaluation.eval_spec import EvaluationSpec
+        from ragpipe.evaluation.suite import load_suite
+        from ragpipe.retrieval.plan import load_plan
+        from ragpipe.retrieval.service import Retriever
+        from ragpipe.stages.workspace import default_home
+
+        from ragpipe.evaluation.eval_spec import metric_specs
+
+        # everything cheap is checked before the bundle is opened
+        cutoffs = parse_cutoffs(cutoff)
+        metric_specs(cutoffs, answers)
+        run_id = new_run_id()
+        target = out_dir or default_home() / "eval_runs" / run_id
+        if target.exists():
+            raise ValueError(f"{target}: already exists (a run folder is created once; use --resume to continue it)")
+        loaded = load_suite(suite, split=split or ["test"])
+        path = bundle_path(bundle, revision)
+        qplan = load_plan(plan)
+        retriever = Retriever(path, plan=qplan)
+        spec = EvaluationSpec.build(
+            loaded, qplan, path, retriever.bundle_id, mode=mode.value, scopes=tuple(scope or ("public",)),
+            k=k, cutoffs=cutoffs, repeats=repeats, answers=answers,
+        )
+        return run_evaluation(spec, target, retriever_factory=lambda _: retriever, on_progress=_progress(as_json), run_id=run_id)
+
+    data = guarded(run).as_dict()
+    if as_json:
+        emit_json(data)
+    else:
+        print_result(data)
+
+
+@eval_app.command("report")
+def eval_report(run_dir: Annotated[Path, typer.Argument(help="Run folder.")], as_json: JsonOpt = False) -> None:
+    """Rebuild report.json and report.md from the ledger and traces (byte-identical each time)."""
+    from ragpipe.evaluation.report import REPORT_JSON, REPORT_MD
+    from ragpipe.evaluation.runner import rebuild_report
+
+    guarded(lambda: rebuild_report(run_dir))
+    sys.stdout.write((run_dir / (REPORT_JSON if as_json else REPORT_MD)).read_text(encoding="utf-8"))
+
+
+@eval_app.command("sql")
+def eval_sql(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder.")],
+    query: Annotated[str, typer.Argument(help="SQL over the views cells, hits, metrics.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Query a run with DuckDB (views: cells, hits, metrics)."""
+    import duckdb
+
+    from ragpipe.evaluation.sql import run_sql
+
+    def run():
+        try:
+            return run_sql(run_dir, query)
+        except duckdb.Error as exc:
+            raise ValueError(f"SQL error: {exc}") from None
+
+    columns, rows = guarded(run)
+    if as_json:
+        emit_json({"columns": columns, "rows": [list(r) for r in rows]})
+        return
+    sys.stdout.write("\t".join(columns) + "\n")
+    for row in rows:
+        sys.stdout.write("\t".join("" if v is None else str(v) for v in row) + "\n")
+
+
+def main() -> None:
+    root = typer.Typer(add_completion=False, no_args_is_help=True)
+    root.add_typer(suite_app, name="suite")
+    root.add_typer(eval_app, name="eval")
+    root()
+
+
+if __name__ == "__main__":
+    main()

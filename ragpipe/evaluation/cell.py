@@ -1,0 +1,79 @@
+"""One cell ``(case, repeat, arm)``: query through the real ``Retriever``, score, trace.
+
+``run_cell`` returns the ledger event that closes the cell: ``CellCompleted`` with outcome
+``success`` (or ``abstained`` when the run generates answers and the answer abstains), its
+metrics, latency and trace reference; or ``CellFailed`` (outcome ``failure``) with the error when
+the retriever or the answer step raises. The query runs with ``audit=True``: an evaluation is an
+operator's view, and the audit trace is where the per-channel hits before fusion come from.
+
+Metrics per cell: the ranking metrics of the spec on the final hits collapsed to the case's target
+level (answerable cases only: an unanswerable case has no relevant target), the safety metric
+over every hit (and, with answers, every evidence item and citation the subject was shown), and
+the answer metrics when the run generates answers. Latency is the query's wall time in ms
+(execution data: recorded and reported, never in an ID); ``answer_ms`` is the answer step's.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ragpipe.evaluation.eval_spec import SpecBody
+from ragpipe.evaluation.metrics import collapse, score_cases
+from ragpipe.evaluation.run_state import CellKey, cell_dict
+from ragpipe.evaluation.safety import answer_metrics, unauthorized_disclosures
+from ragpipe.evaluation.suite import Case
+from ragpipe.evaluation.traces import hit_table, trace_name, write_trace
+from ragpipe.retrieval.authz import Subject
+from ragpipe.retrieval.service import Retriever
+
+PRINCIPAL = "ragpipe-eval"  # recorded in traces only; the policy decides on scopes
+
+
+def subject_for(case: Case, body: SpecBody) -> Subject:
+    return Subject(PRINCIPAL, case.subject.scopes if case.subject is not None else body.scopes)
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _answer(retriever: Retriever, case: Case, subject: Subject, body: SpecBody) -> tuple[dict[str, float], list[tuple[str, tuple[str, ...]]], bool, float]:
+    started = time.perf_counter()
+    answer = retriever.answer(case.query, subject, mode=body.mode)
+    elapsed = _ms(started)
+    data = answer.as_dict()
+    shown = [(e.document_id, e.access_scopes) for e in answer.context.evidence]
+    shown += [(str(c["document_id"]), retriever.scopes[str(c["document_id"])]) for c in data["citations"]]  # type: ignore[union-attr]
+    return answer_metrics(case, data), shown, bool(data["abstained"]), elapsed
+
+
+def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey, position: int, run: Path) -> tuple[str, dict[str, Any]]:
+    """Execute one cell and write its trace; returns ``(kind, payload)`` of the closing event."""
+    cell = cell_dict(key)
+    subject = subject_for(case, body)
+    try:
+        started = time.perf_counter()
+        result = retriever.query(case.query, subject, k=body.k, mode=body.mode, audit=True)
+        latency = _ms(started)
+        targets = collapse([(str(h["document_id"]), str(h["chunk_id"])) for h in result.hits], case.target_level)
+        metrics: dict[str, float] = {}
+        if case.answerability == "answerable":
+            metrics.update(score_cases({case.id: case.judgments}, {case.id: targets}, body.ranking_metrics())[case.id])
+        shown = [(e.document_id, e.access_scopes) for e in result.evidence]
+        outcome, extra = "success", {}
+        if body.answers:
+            answered, answer_shown, abstained, extra["answer_ms"] = _answer(retriever, case, subject, body)
+            metrics.update(answered)
+            shown += answer_shown
+            outcome = "abstained" if abstained else "success"
+        metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)
+        record = {"cell": cell, "outcome": outcome, "metrics": metrics, "latency_ms": latency, **extra}
+        table = hit_table(cell, result.trace or {}, result.hits, targets)
+    except Exception as exc:  # a cell's failure is recorded and counted; the run goes on
+        return "CellFailed", {"cell": cell, "outcome": "failure", "error": f"{type(exc).__name__}: {exc}"}
+    # Outside the try: a trace that cannot be written (disk full) stops the run, resumable,
+    # instead of marking the cell failed for ever.
+    trace = write_trace(run, trace_name(position), table, record)
+    return "CellCompleted", {**record, "hits": len(result.hits), "trace": trace}

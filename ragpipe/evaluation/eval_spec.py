@@ -1,0 +1,126 @@
+"""The evaluation spec: what an evaluation run computes, and its semantic ID.
+
+``SpecBody`` holds exactly what can change a result: the suite digest, the bundle ID, the query
+plan ID (its answer plan included), the mode, the subject's scopes (the run's default; a case's
+own subject overrides it), the retrieval depth ``k``, the metric specs with their cutoffs, the
+repeats, the arm label, whether answers are generated, and the evaluator version. The spec ID is
+``content_id("evaluation-spec", 1, body)``. Never in it: the run folder, the run ID, time, host,
+thread counts, the bundle's path (a bundle is named by its ID) or the subject's principal (policy
+scope-intersection/v1 decides on scopes only).
+
+``EvaluationSpec`` is the body plus the inputs it names (suite, plan, bundle path), so one object
+is all ``run_evaluation`` needs; only ``body`` is hashed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ragpipe.corpus.models import SCOPE_PATTERN
+from ragpipe.evaluation.metrics import MetricSpec, default_metric_specs
+from ragpipe.evaluation.safety import answer_metric_specs, safety_metric_specs
+from ragpipe.evaluation.suite import Suite
+from ragpipe.kernel.ids import content_id
+from ragpipe.retrieval.plan import QueryPlan
+
+SPEC_KIND = "evaluation-spec"
+SPEC_VERSION = 1
+# Bumped whenever the runner's way of turning a case into metrics changes (DESIGN.md §2).
+EVALUATOR = "ragpipe.evaluation.runner/v1"
+DEFAULT_DEPTH = 1000  # trec_eval's customary run depth: every cutoff up to 1000 sees a full list
+MODES = ("hybrid", "lexical", "vector")
+
+
+class SpecBody(BaseModel):
+    """The hashed part of an evaluation spec (module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    spec_schema: Literal["ragpipe.evaluation_spec/v1"] = Field("ragpipe.evaluation_spec/v1", alias="schema")
+    evaluator: str = EVALUATOR
+    suite_digest: str
+    bundle_id: str
+    plan_id: str
+    mode: Literal["hybrid", "lexical", "vector"]
+    scopes: tuple[str, ...]
+    k: int = Field(ge=1, le=10_000)
+    metrics: tuple[MetricSpec, ...]
+    repeats: int = Field(1, ge=1, le=100)
+    arm: str = Field("a", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")
+    answers: bool = False
+
+    @field_validator("scopes")
+    @classmethod
+    def _sorted_scopes(cls, scopes: tuple[str, ...]) -> tuple[str, ...]:
+        if not scopes:
+            raise ValueError("at least one scope")
+        bad = [s for s in scopes if not SCOPE_PATTERN.match(s)]
+        if bad:
+            raise ValueError(f"invalid scope name {bad[0]!r}")
+        return tuple(sorted(set(scopes)))
+
+    @property
+    def spec_id(self) -> str:
+        return content_id(SPEC_KIND, SPEC_VERSION, self.as_json())
+
+    def as_json(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def ranking_metrics(self) -> tuple[MetricSpec, ...]:
+        return tuple(m for m in self.metrics if m.is_ranking)
+
+
+def metric_specs(cutoffs: Mapping[str, int] | None = None, answers: bool = False) -> tuple[MetricSpec, ...]:
+    """Ranking metrics (``cutoffs`` per family), the safety metric, and the answer metrics when
+    the run generates answers — in that fixed order."""
+    return default_metric_specs(cutoffs) + safety_metric_specs() + (answer_metric_specs() if answers else ())
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """The spec body plus the inputs it names; ``bundle_path`` is operational (never hashed)."""
+
+    body: SpecBody
+    suite: Suite
+    plan: QueryPlan
+    bundle_path: Path
+
+    @property
+    def spec_id(self) -> str:
+        return self.body.spec_id
+
+    @classmethod
+    def build(
+        cls,
+        suite: Suite,
+        plan: QueryPlan,
+        bundle_path: Path,
+        bundle_id: str,
+        *,
+        mode: str = "hybrid",
+        scopes: tuple[str, ...] = ("public",),
+        k: int = DEFAULT_DEPTH,
+        cutoffs: Mapping[str, int] | None = None,
+        repeats: int = 1,
+        arm: str = "a",
+        answers: bool = False,
+    ) -> EvaluationSpec:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} (hybrid, lexical, vector)")
+        body = SpecBody(
+            suite_digest=suite.digest,
+            bundle_id=bundle_id,
+            plan_id=plan.plan_id,
+            mode=mode,
+            scopes=tuple(scopes),
+            k=k,
+            metrics=metric_specs(cutoffs, answers),
+            repeats=repeats,
+            arm=arm,
+            answers=answers,
+        )
+        return cls(body, suite, plan, Path(bundle_path))

@@ -1,0 +1,162 @@
+"""Reports: projections of a run rebuilt from its ledger and traces, byte-identical every time.
+
+``build_report(run, records, state)`` derives everything from the verified ledger (after checking
+each referenced trace file against its digest): counts, the skipped cases with their reasons, the
+failed cells with their errors, the aggregate metrics, latency and the per-tag slices.
+
+Aggregation: a case's value of a metric is the mean over its completed cells (its repeats); the
+run's value is ``metrics.aggregate`` over the evaluated cases carrying the metric (mean, or sum
+for counts such as ``unauthorized_disclosures``), with ``n`` the number of cases averaged.
+Unanswerable cases carry no ranking metric; skipped cases and failed cells carry none at all.
+Latency: p50 / p95 by nearest rank over the completed cells' query latencies, with the count.
+``evaluated`` counts cases all of whose cells completed. Nothing operational that varies between
+rebuilds (paths, time) is in a report; ``eval --json`` adds ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ragpipe.evaluation.ledger import Record
+from ragpipe.evaluation.metrics import MetricSpec, aggregate
+from ragpipe.evaluation.run_state import COMPLETED_OUTCOMES, FAILED_OUTCOMES, RunState, cell_dict
+from ragpipe.evaluation.traces import verify_trace
+from ragpipe.kernel.publish import write_file_atomic
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (the smallest value with at least ``q`` of the sample at or below)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _per_case(state: RunState) -> dict[str, dict[str, float]]:
+    """Case ID -> metric -> mean over the case's completed cells (its repeats)."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for key, payload in state.terminal.items():
+        if payload["outcome"] in COMPLETED_OUTCOMES:
+            for name, value in payload["metrics"].items():
+                sums.setdefault(key[0], {}).setdefault(name, []).append(float(value))
+    return {case: {m: math.fsum(v) / len(v) for m, v in metrics.items()} for case, metrics in sums.items()}
+
+
+def _metric_table(per_case: Mapping[str, Mapping[str, float]], specs: Sequence[MetricSpec]) -> dict[str, dict[str, Any]]:
+    return {name: value.as_dict() for name, value in aggregate(per_case, specs).items()}
+
+
+def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[str, Any]:
+    """The report object (module docstring); refuses when a referenced trace differs."""
+    created = state.created
+    spec = created["spec"]
+    specs = [MetricSpec.model_validate(m) for m in spec["metrics"]]
+    for record in records:
+        if record.kind == "CellCompleted":
+            verify_trace(run, record.payload["trace"], f"{run / 'ledger.jsonl'}: record {record.seq}")
+    expected_cases: dict[str, int] = {}
+    for key in state.expected:
+        expected_cases[key[0]] = expected_cases.get(key[0], 0) + 1
+    done: dict[str, int] = {}
+    failed = []
+    latencies = []
+    for key in state.expected:
+        payload = state.terminal.get(key)
+        if payload is None:
+            continue
+        if payload["outcome"] in COMPLETED_OUTCOMES:
+            done[key[0]] = done.get(key[0], 0) + 1
+            latencies.append(float(payload["latency_ms"]))
+        elif payload["outcome"] in FAILED_OUTCOMES:
+            failed.append({**cell_dict(key), "outcome": payload["outcome"], "error": payload.get("error")})
+    per_case = _per_case(state)
+    evaluated = sorted(c for c, n in expected_cases.items() if done.get(c) == n)
+    tags: dict[str, list[str]] = {}
+    for case in evaluated:
+        for tag in created["tags"].get(case, ()):
+            tags.setdefault(tag, []).append(case)
+    return {
+        "schema": "ragpipe.evaluation_report/v1",
+        "run_id": state.run_id,
+        "spec_id": state.spec_id,
+        "suite_digest": spec["suite_digest"],
+        "bundle_id": spec["bundle_id"],
+        "plan_id": spec["plan_id"],
+        "mode": spec["mode"],
+        "status": state.status,
+        "cases": created["cases"],
+        "cells": {
+            "expected": len(state.expected),
+            "completed": sum(done.values()),
+            "failed": len(failed),
+            "pending": len(state.missing()),
+        },
+        "evaluated": len(evaluated),
+        "skipped": created["skipped"],
+        "failed": failed,
+        "metrics": _metric_table({c: per_case.get(c, {}) for c in evaluated}, specs),
+        "latency_ms": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95), "n": len(latencies)},
+        "tags": {tag: {"cases": len(cases), "metrics": _metric_table({c: per_case.get(c, {}) for c in cases}, specs)} for tag, cases in sorted(tags.items())},
+        "ledger_head": records[-1].hash if records else None,
+    }
+
+
+def _fmt(value: object, unit: str = "ratio") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:g}" if unit == "count" else f"{value:.4f}"
+    return str(value)
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The Markdown summary: identities, counts, the metric table, latency, per-tag table,
+    skipped cases and failed cells."""
+    lines = [f"# Evaluation run {report['run_id']}", ""]
+    for key in ("status", "spec_id", "suite_digest", "bundle_id", "plan_id", "mode", "ledger_head"):
+        lines.append(f"- {key}: `{report[key]}`")
+    cells = report["cells"]
+    lines += [
+        f"- cases: {report['cases']} · evaluated {report['evaluated']} · skipped {len(report['skipped'])} · "
+        f"cells {cells['completed']}/{cells['expected']} completed, {cells['failed']} failed, {cells['pending']} pending",
+        "",
+        "## Metrics",
+        "",
+        "| metric | value | direction | unit | k | n |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in report["metrics"].items():
+        lines.append(f"| {name} | {_fmt(m['value'], m['unit'])} | {m['direction']} | {m['unit']} | {_fmt(m['k'])} | {m['n']} |")
+    lat = report["latency_ms"]
+    lines += ["", f"Latency (query, ms): p50 {_fmt(lat['p50'])} · p95 {_fmt(lat['p95'])} · n {lat['n']}", "", "## Per tag", ""]
+    names = list(report["metrics"])
+    if report["tags"]:
+        lines += ["| tag | cases | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for tag, t in report["tags"].items():
+            lines.append(f"| {tag} | {t['cases']} | " + " | ".join(_fmt(t["metrics"][n]["value"], t["metrics"][n]["unit"]) for n in names) + " |")
+    else:
+        lines.append("No case has a tag.")
+    lines += ["", "## Skipped cases", ""]
+    lines += [f"- `{s['case_id']}`: {s['reason']}" + (f" (missing: {', '.join(s['missing'])})" if s["missing"] else "") for s in report["skipped"]] or ["None."]
+    lines += ["", "## Failed cells", ""]
+    lines += [f"- `{f['case']}` repeat {f['repeat']} arm {f['arm']}: {f['error']}" for f in report["failed"]] or ["None."]
+    return "\n".join(lines) + "\n"
+
+
+def report_bytes(report: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    as_json = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return as_json.encode("utf-8"), render_markdown(report).encode("utf-8")
+
+
+def write_reports(run: Path, report: Mapping[str, Any]) -> None:
+    """Write ``report.json`` and ``report.md`` atomically (each replaces its previous version)."""
+    as_json, as_md = report_bytes(report)
+    write_file_atomic(run / REPORT_JSON, as_json)
+    write_file_atomic(run / REPORT_MD, as_md)

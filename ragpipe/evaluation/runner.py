@@ -1,0 +1,232 @@
+"""Evaluation runs: create, execute, resume and verify (the API behind ``ragpipe eval``).
+
+    spec = EvaluationSpec.build(suite, plan, bundle_path, retriever.bundle_id, mode="hybrid")
+    result = run_evaluation(spec, Path("runs/x"), retriever_factory=lambda _: retriever)
+    result = resume_evaluation(Path("runs/x"))       # runs only the cells the ledger lacks
+    state = verify_run(Path("runs/x"))                # raises naming the record on any damage
+
+Run folder: ``ledger.jsonl`` + ``ledger.head`` (custody, ``ledger.py``), ``inputs/`` (canonical
+copies of the suite, the query plan and the spec body, each bound by an ``InputBound`` record with
+its digest), ``traces/`` (``traces.py``), ``report.json`` / ``report.md`` (``report.py``). The folder
+is published atomically holding its inputs and first records, so a run folder without its inputs
+never exists. Cells run in expected order; each is started, executed and closed by fsynced
+records before the next starts. When none is missing, ``RunCompleted`` is appended and the reports
+are written. Resume reruns a cell that was started but not closed; a closed cell is never rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ragpipe.evaluation.cell import run_cell
+from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
+from ragpipe.evaluation.ledger import LEDGER, Ledger, LedgerError, read_ledger, reduce_records
+from ragpipe.evaluation.report import build_report, write_reports
+from ragpipe.evaluation.run_state import CellKey, RunState, cell_dict
+from ragpipe.evaluation.suite import SuiteError, check_against_bundle, parse_suite_bytes, suite_bytes
+from ragpipe.evaluation.traces import TRACES, TraceError
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ids import bytes_digest
+from ragpipe.kernel.publish import PublishOutcome, publish_directory
+from ragpipe.retrieval.plan import PlanError, parse_plan
+from ragpipe.retrieval.service import Retriever
+
+RetrieverFactory = Callable[[EvaluationSpec], Retriever]
+Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, cell just closed)
+INPUTS = {"suite": "inputs/suite.jsonl", "query_plan": "inputs/query_plan.json", "spec": "inputs/spec.json"}
+
+
+class RunError(ValueError):
+    """A run cannot be created, resumed or verified; the message names the file or record."""
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    report: dict[str, Any]
+    out: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``eval --json`` object: the report plus where the run folder is."""
+        return {**self.report, "out": str(self.out)}
+
+
+def new_run_id() -> str:
+    """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, version 7, variant 10, 74 random bits."""
+    value = (time.time_ns() // 1_000_000) << 80 | secrets.randbits(80)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def default_factory(spec: EvaluationSpec) -> Retriever:
+    return Retriever(spec.bundle_path, plan=spec.plan)
+
+
+def _check_retriever(retriever: Retriever, body: SpecBody) -> None:
+    if retriever.bundle_id != body.bundle_id:
+        raise RunError(f"bundle {retriever.bundle_id} is not the spec's bundle {body.bundle_id}")
+    if retriever.plan.plan_id != body.plan_id:
+        raise RunError(f"query plan {retriever.plan.plan_id} is not the spec's plan {body.plan_id}")
+
+
+def _input_bytes(spec: EvaluationSpec) -> dict[str, bytes]:
+    plan = canonical_bytes(spec.plan.model_dump(mode="json", by_alias=True)) + b"\n"
+    return {"suite": suite_bytes(spec.suite), "query_plan": plan, "spec": canonical_bytes(spec.body.as_json()) + b"\n"}
+
+
+def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: str | None = None) -> None:
+    """Publish the run folder with its inputs and the records RunCreated + InputBound×3."""
+    body = spec.body
+    statuses = check_against_bundle(spec.suite, retriever.scopes.keys(), retriever.chunks.keys())
+    cells = [cell_dict((s.case_id, r, body.arm)) for s in statuses if s.evaluable for r in range(body.repeats)]
+    created = {
+        "run_id": run_id or new_run_id(),
+        "spec_id": spec.spec_id,
+        "spec": body.as_json(),
+        "cases": len(spec.suite.cases),
+        "cells": cells,
+        "skipped": [{"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable],
+        "tags": {c.id: list(c.tags) for c in spec.suite.cases if c.tags},
+        "bundle_path": str(Path(spec.bundle_path).resolve()),  # operational: where to reopen the bundle on resume
+    }
+    content_ids = {"suite": body.suite_digest, "query_plan": body.plan_id, "spec": spec.spec_id}
+
+    def write_data(tmp: Path) -> None:
+        (tmp / "inputs").mkdir()
+        (tmp / TRACES).mkdir()
+        with Ledger.create(tmp) as ledger:
+            ledger.append("RunCreated", created)
+            for name, data in _input_bytes(spec).items():
+                (tmp / INPUTS[name]).write_bytes(data)
+                ledger.append("InputBound", {"name": name, "path": INPUTS[name], "digest": bytes_digest(data), "content_id": content_ids[name]})
+
+    if out.exists() or out.is_symlink():
+        raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
+    if publish_directory(out, write_data, lambda tmp: None) is PublishOutcome.existing:
+        raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
+
+
+def _bound_seq(ledger_records, name: str) -> int:
+    return next(r.seq for r in ledger_records if r.kind == "InputBound" and r.payload["name"] == name)
+
+
+def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
+    """The spec rebuilt from the copied inputs, each verified against its InputBound digest and
+    its content ID, and the spec ID against RunCreated's."""
+    where = str(run / LEDGER)
+    data = {}
+    for name, path in INPUTS.items():
+        bound = state.inputs.get(name)
+        if bound is None:
+            raise RunError(f"{where}: record {len(records)}: no InputBound record for {name!r}")
+        try:
+            data[name] = (run / path).read_bytes()
+        except OSError as exc:
+            raise RunError(f"{run / path}: cannot read bound input: {exc.strerror}") from None
+        if bytes_digest(data[name]) != bound["digest"]:
+            raise RunError(f"{run / path}: differs from the digest of its InputBound record {_bound_seq(records, name)}")
+    try:
+        body = SpecBody.model_validate(json.loads(data["spec"]))
+        suite = parse_suite_bytes(data["suite"], str(run / INPUTS["suite"]))
+        plan = parse_plan(json.loads(data["query_plan"]), str(run / INPUTS["query_plan"]))
+    except (ValueError, SuiteError, PlanError) as exc:
+        raise RunError(f"{run / 'inputs'}: bound inputs do not parse: {exc}") from None
+    if body.spec_id != state.spec_id or body.as_json() != state.created["spec"]:
+        raise RunError(f"{run / INPUTS['spec']}: spec ID {body.spec_id} differs from RunCreated's {state.spec_id} (record 1)")
+    if suite.digest != body.suite_digest:
+        raise RunError(f"{run / INPUTS['suite']}: suite digest {suite.digest} differs from the spec's {body.suite_digest}")
+    if plan.plan_id != body.plan_id:
+        raise RunError(f"{run / INPUTS['query_plan']}: plan ID {plan.plan_id} differs from the spec's {body.plan_id}")
+    return EvaluationSpec(body, suite, plan, Path(state.created["bundle_path"]))
+
+
+def _execute(run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None) -> EvaluationResult:
+    state = ledger.state
+    cases = spec.suite.by_id()
+    position = {key: i for i, key in enumerate(state.expected, start=1)}
+    done = len(state.terminal)
+    for key in state.missing():
+        ledger.append("CellStarted", {"cell": cell_dict(key)})
+        kind, payload = run_cell(retriever, spec.body, cases[key[0]], key, position[key], run)
+        ledger.append(kind, payload)
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(state.expected), key)
+    final = ledger.state
+    failed = sum(1 for p in final.terminal.values() if p["outcome"] in ("failure", "cancelled"))
+    ledger.append("RunCompleted", {"cells": len(final.expected), "completed": len(final.terminal) - failed, "failed": failed})
+    report = build_report(run, ledger.records, ledger.state)
+    write_reports(run, report)
+    return EvaluationResult(report, run)
+
+
+def run_evaluation(
+    spec: EvaluationSpec,
+    out: Path,
+    *,
+    retriever_factory: RetrieverFactory | None = None,
+    on_progress: Progress | None = None,
+    run_id: str | None = None,
+) -> EvaluationResult:
+    """Create the run folder ``out`` for ``spec`` (run ID ``run_id`` or a fresh UUIDv7) and
+    execute every expected cell."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
+    retriever = (retriever_factory or default_factory)(spec)
+    _check_retriever(retriever, spec.body)
+    create_run(spec, out, retriever, run_id)
+    with Ledger.open(out) as ledger:
+        return _execute(out, ledger, spec, retriever, on_progress)
+
+
+def resume_evaluation(out: Path, *, retriever_factory: RetrieverFactory | None = None, on_progress: Progress | None = None) -> EvaluationResult:
+    """Verify ``out`` (chain, head, inputs, spec ID) and run only the missing cells. A completed
+    run is not touched (its report is rebuilt from the ledger); a failed run is refused."""
+    out = Path(out)
+    with Ledger.open(out) as ledger:
+        spec = load_inputs(out, ledger.records, ledger.state)
+        if ledger.state.status == "completed":
+            return EvaluationResult(rebuild_report(out), out)
+        if ledger.state.status == "failed":
+            raise RunError(f"{out / LEDGER}: record {len(ledger.records)}: the run failed ({ledger.state.outcome['reason']}); it cannot be resumed")
+        retriever = (retriever_factory or default_factory)(spec)
+        _check_retriever(retriever, spec.body)
+        return _execute(out, ledger, spec, retriever, on_progress)
+
+
+def verify_run(out: Path) -> RunState:
+    """Read-only verification: chain, head, transitions, inputs and every referenced trace.
+    Raises ``LedgerError`` / ``RunError`` / ``TraceError`` naming the record on damage."""
+    out = Path(out)
+    read = read_ledger(out)
+    state = reduce_records(read.records, str(out / LEDGER))
+    if state.status == "empty":
+        raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
+    load_inputs(out, read.records, state)
+    build_report(out, read.records, state)  # verifies each trace against its record's digest
+    return state
+
+
+def rebuild_report(out: Path) -> dict[str, Any]:
+    """Rebuild ``report.json`` / ``report.md`` from the verified ledger and traces (read-only on
+    the ledger: a torn tail is ignored, not truncated) and return the report."""
+    out = Path(out)
+    read = read_ledger(out)
+    state = reduce_records(read.records, str(out / LEDGER))
+    if state.status == "empty":
+        raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
+    load_inputs(out, read.records, state)
+    report = build_report(out, read.records, state)
+    write_reports(out, report)
+    return report
+
+
+__all__ = ["EvaluationResult", "RunError", "TraceError", "create_run", "new_run_id", "rebuild_report", "resume_evaluation", "run_evaluation", "verify_run"]

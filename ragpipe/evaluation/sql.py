@@ -1,0 +1,105 @@
+"""``ragpipe eval sql``: DuckDB over one run, with views ``cells``, ``hits`` and ``metrics``.
+
+The run is verified first (chain, head, transitions; each trace file against its digest), so
+SQL never reads a record or a trace the ledger does not vouch for:
+
+* ``cells`` — one row per expected cell, in expected order: ``position``, ``case_id``,
+  ``repeat``, ``arm``, ``status`` (``pending`` | ``started`` | the terminal outcome), ``starts``
+  (how many times the cell was started), ``latency_ms``, ``answer_ms``, ``hits``, ``error``,
+  ``tags``, ``trace_file``;
+* ``metrics`` — one row per completed cell and metric: ``case_id``, ``repeat``, ``arm``,
+  ``metric``, ``value``, ``direction``, ``unit``, ``k``;
+* ``hits`` — the per-cell Parquet traces the ledger references (``traces.HIT_SCHEMA``).
+
+``cells`` and ``metrics`` are projections of the ledger; ``hits`` reads the Parquet files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ragpipe.evaluation.ledger import LEDGER, LedgerError, read_ledger, reduce_records
+from ragpipe.evaluation.metrics import MetricSpec
+from ragpipe.evaluation.run_state import COMPLETED_OUTCOMES, RunState
+from ragpipe.evaluation.traces import HIT_SCHEMA, verify_trace
+
+CELLS_SCHEMA = pa.schema(
+    [
+        ("position", pa.int32()), ("case_id", pa.string()), ("repeat", pa.int32()), ("arm", pa.string()),
+        ("status", pa.string()), ("starts", pa.int32()), ("latency_ms", pa.float64()), ("answer_ms", pa.float64()),
+        ("hits", pa.int32()), ("error", pa.string()), ("tags", pa.list_(pa.string())), ("trace_file", pa.string()),
+    ]
+)
+METRICS_SCHEMA = pa.schema(
+    [
+        ("case_id", pa.string()), ("repeat", pa.int32()), ("arm", pa.string()), ("metric", pa.string()),
+        ("value", pa.float64()), ("direction", pa.string()), ("unit", pa.string()), ("k", pa.int32()),
+    ]
+)
+
+
+def _cells(state: RunState) -> pa.Table:
+    rows = []
+    tags = state.created.get("tags", {})
+    for position, key in enumerate(state.expected, start=1):
+        p = state.terminal.get(key, {})
+        status = p.get("outcome") or ("started" if state.starts.get(key) else "pending")
+        rows.append({
+            "position": position, "case_id": key[0], "repeat": key[1], "arm": key[2], "status": status,
+            "starts": state.starts.get(key, 0), "latency_ms": p.get("latency_ms"), "answer_ms": p.get("answer_ms"),
+            "hits": p.get("hits"), "error": p.get("error"), "tags": tags.get(key[0], []),
+            "trace_file": p["trace"]["file"] if "trace" in p else None,
+        })
+    return pa.Table.from_pylist(rows, schema=CELLS_SCHEMA)
+
+
+def _metrics(state: RunState) -> pa.Table:
+    specs = {m["name"]: MetricSpec.model_validate(m) for m in state.created["spec"]["metrics"]}
+    rows = []
+    for key in state.expected:
+        p = state.terminal.get(key)
+        if p is None or p["outcome"] not in COMPLETED_OUTCOMES:
+            continue
+        for name, value in p["metrics"].items():
+            spec = specs[name]
+            rows.append({"case_id": key[0], "repeat": key[1], "arm": key[2], "metric": name, "value": float(value),
+                         "direction": spec.direction, "unit": spec.unit, "k": spec.k})
+    return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
+
+
+def connect(run: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the run's three views (module docstring)."""
+    run = Path(run)
+    read = read_ledger(run)
+    state = reduce_records(read.records, str(run / LEDGER))
+    if state.status == "empty":
+        raise LedgerError(f"{run / LEDGER}: record 1: the ledger holds no record")
+    files = []
+    for record in read.records:
+        if record.kind == "CellCompleted":
+            verify_trace(run, record.payload["trace"], f"{run / LEDGER}: record {record.seq}")
+            files.append(str(run / record.payload["trace"]["file"]))
+    con = duckdb.connect()
+    con.register("cells", _cells(state))
+    con.register("metrics", _metrics(state))
+    if files:
+        con.read_parquet(files).create_view("hits")
+    else:
+        con.register("hits", HIT_SCHEMA.empty_table())
+    return con
+
+
+def run_sql(run: Path, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of ``query`` over the run's views."""
+    con = connect(run)
+    try:
+        cursor = con.execute(query)
+        if cursor.description is None:
+            return [], []
+        return [d[0] for d in cursor.description], cursor.fetchall()
+    finally:
+        con.close()
