@@ -58,12 +58,12 @@ def eval_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def cli(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m ragpipe.cli_eval ARGS`` with its own RAGPIPE_HOME."""
+    """``python -m ragpipe.cli ARGS`` with its own RAGPIPE_HOME."""
     env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
-    return subprocess.run([sys.executable, "-m", "ragpipe.cli_eval", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
 
 
 def eval_popen(*args: str, home: Path) -> subprocess.Popen:
     env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
-    return subprocess.Popen([sys.executable, "-m", "ragpipe.cli_eval", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "ragpipe.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=REPO)

@@ -1,4 +1,4 @@
-"""``ragpipe suite …`` and ``ragpipe eval …`` as a user runs them (``python -m ragpipe.cli_eval``)."""
+"""``ragpipe suite …`` and ``ragpipe eval …`` as a user runs them (``python -m ragpipe.cli``)."""
 
 from __future__ import annotations
 

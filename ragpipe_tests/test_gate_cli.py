@@ -23,7 +23,7 @@ from ragpipe_tests.gate_support import policy_doc
 
 
 def gate_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ragpipe.cli_gate", *args], capture_output=True, text=True, cwd=REPO, timeout=600,
+    return subprocess.run([sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=600,
                           env={**os.environ, "COLUMNS": "200"})
 
 

@@ -19,7 +19,7 @@ from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, p
 def release(*args: str, home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "80"}
     env.pop("RAGPIPE_TARGETS", None)
-    return subprocess.run([sys.executable, "-m", "ragpipe.cli_release", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return subprocess.run([sys.executable, "-m", "ragpipe.cli", "release", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 
 def ok(*args: str, home: Path):

@@ -1,4 +1,4 @@
-"""``ragpipe compare`` and ``ragpipe gate`` (typer commands; ``cli.py`` registers them).
+"""``ragpipe compare`` and ``ragpipe gate`` (typer commands, registered on the root app).
 
     ragpipe compare RUN_INCUMBENT RUN_CHALLENGER --out COMPARISON.json [--seed N] [--resamples N] [--confidence C] [--json]
     ragpipe gate COMPARISON.json [--policy POLICY.yaml] [--out DECISION.json] [--json]
@@ -7,34 +7,24 @@
 Exit codes: 0 on success (``gate``: the release is eligible), 3 when ``gate`` decides *not
 eligible* (the decision is still printed and written), 1 on any error (``error: <message>`` on
 stderr; nothing is written). ``--json`` prints exactly one JSON object on stdout: the comparison
-file's object plus ``out``, or the decision object. ``python -m ragpipe.cli_gate`` runs both.
+file's object plus ``out``, or the decision object.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ragpipe.cli.common import JsonOpt, emit_json, fail, out
+
 NOT_ELIGIBLE = 3
-out = Console()
-err = Console(stderr=True)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def emit_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
 
 
 def _fmt(value: float | None) -> str:
@@ -131,10 +121,3 @@ def gate(
     if not decision.eligible:
         raise typer.Exit(NOT_ELIGIBLE)
 
-
-gate_app = typer.Typer(help="Compare evaluation runs and gate a challenger.", no_args_is_help=True, add_completion=False)
-gate_app.command("compare")(compare)
-gate_app.command("gate")(gate)
-
-if __name__ == "__main__":
-    gate_app()

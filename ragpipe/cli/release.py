@@ -1,4 +1,4 @@
-"""``ragpipe release …`` (typer app ``release_app``; the lead registers it in ``ragpipe.cli``).
+"""``ragpipe release …`` (typer app ``release_app``).
 
     ragpipe release list [--json]
     ragpipe release show RELEASE_ID [--json]
@@ -9,39 +9,27 @@
 
 Every expected error prints ``error: <message>`` on stderr and exits 1; ``--json`` prints exactly
 one JSON value on stdout. Targets come from ``ragpipe/specs/targets.yaml`` (or ``$RAGPIPE_TARGETS``);
-without ``--target`` the configured default target is used. ``python -m ragpipe.cli_release`` runs
-the app on its own.
+without ``--target`` the configured default target is used.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
-from typing import Annotated, Any, NoReturn, Optional, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ragpipe.cli.common import JsonOpt, emit_json, fail, out
+
 release_app = typer.Typer(help="Release manifests, targets, approvals, activation and rollback.", no_args_is_help=True, add_completion=False)
-out = Console()
-err = Console(stderr=True)
 T = TypeVar("T")
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON value.")]
 TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target (default: the configured default target).")]
 ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE_ID", help="Exact release ID (sha256:<64 hex>).")]
 
 
-def fail(message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
-
-
-def emit_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
 
 
 def guarded(action: Callable[[], T]) -> T:
@@ -183,6 +171,3 @@ def release_rollback(
     else:
         out.print(f"rolled back {result.target} to {result.release_id} (generation {result.generation}; previous {result.previous})", soft_wrap=True)
 
-
-if __name__ == "__main__":
-    release_app(prog_name="ragpipe release")

@@ -8,51 +8,34 @@
     ragpipe eval sql RUNDIR "SELECT … FROM cells" [--json]
 
 Every expected error prints ``error: <message>`` on stderr and exits 1; ``--json`` prints exactly
-one JSON object on stdout. ``python -m ragpipe.cli_eval`` runs both apps under one root.
+one JSON object on stdout.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, err, fail, out
+
 suite_app = typer.Typer(help="Import and validate evaluation suites.", no_args_is_help=True, add_completion=False)
 eval_app = typer.Typer(help="Evaluation runs with custody: run, resume, report, SQL.", add_completion=False)
-out = Console()
-err = Console(stderr=True)
 
 
 class SuiteFormat(str, Enum):
     beir = "beir"
 
 
-class Mode(str, Enum):
-    hybrid = "hybrid"
-    lexical = "lexical"
-    vector = "vector"
 
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
-BundleOpt = Annotated[Optional[Path], typer.Option("--bundle", "-b", help="Bundle directory.")]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")]
 SplitOpt = Annotated[Optional[list[str]], typer.Option("--split", help="BEIR qrels split(s) (repeatable; default: test).")]
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def emit_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
 
 
 def guarded(action):
@@ -69,23 +52,6 @@ def guarded(action):
         return action()
     except (SuiteError, LedgerError, RunError, TraceError, PlanError, QueryError, BundleVerificationError, ValueError, OSError) as exc:
         fail(str(exc))
-
-
-def bundle_path(bundle: Path | None, revision: str | None) -> Path:
-    """``--bundle PATH`` as given, or the bundle last built for ``--revision KEY``."""
-    from ragpipe.corpus.registry import check_revision_key
-    from ragpipe.stages.steps import StageError, read_stage_record
-    from ragpipe.stages.workspace import Workspace, default_home
-
-    if (bundle is None) == (revision is None):
-        raise ValueError("give exactly one of --bundle PATH or --revision KEY")
-    if bundle is not None:
-        return bundle
-    check_revision_key(revision)  # a key is a path segment: '../x' would leave RAGPIPE_HOME
-    try:
-        return Path(str(read_stage_record(Workspace(default_home()), revision, "index_bundle").facts["bundle_path"]))
-    except StageError as exc:
-        raise ValueError(str(exc)) from None
 
 
 @suite_app.command("import")
@@ -282,13 +248,3 @@ def eval_sql(
     for row in rows:
         sys.stdout.write("\t".join("" if v is None else str(v) for v in row) + "\n")
 
-
-def main() -> None:
-    root = typer.Typer(add_completion=False, no_args_is_help=True)
-    root.add_typer(suite_app, name="suite")
-    root.add_typer(eval_app, name="eval")
-    root()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+from ragpipe.cli.app import main
+
+main()

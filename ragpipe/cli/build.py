@@ -1,0 +1,105 @@
+"""``ragpipe build`` and ``ragpipe gc``."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from ragpipe.cli.common import emit_json, err, fail, out
+from ragpipe.corpus.connectors import detect_format
+from ragpipe.corpus.normalize import CorpusError
+from ragpipe.corpus.registry import RevisionError, register_revision
+from ragpipe.stages.workspace import Workspace, default_home
+
+
+class Format(str, Enum):
+    beir = "beir"
+    markdown = "markdown"
+
+
+class Launch(str, Enum):
+    auto = "auto"
+    in_process = "in-process"
+    queue = "queue"
+
+
+def build(
+    path: Annotated[Path, typer.Argument(help="BEIR JSONL(.gz) file or Markdown folder.")],
+    revision: Annotated[str, typer.Option("--revision", "-r", help="Immutable revision key (partition name).")],
+    fmt: Annotated[Optional[Format], typer.Option("--format", help="Input format (default: folder → markdown, file → beir).")] = None,
+    default_scope: Annotated[str, typer.Option("--default-scope", help="Scope of documents that declare none.")] = "public",
+    launch: Annotated[
+        Launch, typer.Option("--launch", help="auto: the run queue when a daemon serves it, else in this process.")
+    ] = Launch.auto,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print Dagster's event stream.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
+) -> None:
+    """Register a corpus revision and run the build_revision job of the `ragpipe` code location for it."""
+    ws = Workspace(default_home())
+    corpus_format = fmt.value if fmt else detect_format(path)
+    try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
+        _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope)
+    except (CorpusError, RevisionError) as exc:
+        fail(str(exc))
+    if not as_json:
+        err.print(
+            f"{'registered' if new else 'already registered'}: revision {escape(revision)} from {escape(str(path))}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    from ragpipe.build_view import BuildView, summary_table  # dagster loads only when building
+    from ragpipe.defs.launch import LaunchError
+    from ragpipe.defs.runner import BuildFailed, materialize_revision
+
+    view = None if as_json else BuildView(err)
+    try:
+        summary = materialize_revision(
+            revision,
+            ws,
+            on_wait=None if as_json else lambda message: err.print(escape(message)),
+            on_progress=view,
+            launch=launch.value.replace("-", "_"),
+            verbose=verbose,
+        )
+    except (CorpusError, RevisionError, BuildFailed, LaunchError) as exc:
+        fail(str(exc))
+    finally:
+        if view:
+            view.close()
+    if as_json:
+        emit_json(summary.as_dict())
+        return
+    out.print(summary_table(summary.as_dict()))
+
+
+def gc(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
+) -> None:
+    """Remove stage versions and bundles that neither a revision's latest materialization nor an active
+    or previously active release references."""
+    from ragpipe.kernel.ledger import LedgerError
+    from ragpipe.release.roots import release_roots
+    from ragpipe.release.store import ReleaseError
+    from ragpipe.stages.gc import GcError, collect_garbage
+
+    ws = Workspace(default_home())
+    try:  # release roots fail closed: a damaged release history stops collection before anything goes
+        report = collect_garbage(ws, extra_roots=release_roots(ws), dry_run=dry_run)
+    except (GcError, ReleaseError, LedgerError) as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
+    for r in report.removed:
+        out.print(f"{verb} {r.kind} {escape(r.path)} ({r.bytes:,} bytes)", highlight=False, soft_wrap=True)
+    out.print(
+        f"{verb} {len(report.removed)} item(s), {report.removed_bytes:,} bytes; kept "
+        f"{report.kept_stage_versions} stage version(s) and {report.kept_bundles} bundle(s)",
+        highlight=False,
+    )

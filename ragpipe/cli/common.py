@@ -1,0 +1,61 @@
+"""What every ``ragpipe`` command shares: the two consoles, the error exit, JSON output, and the
+options that name a bundle.
+
+Every expected error prints ``error: <message>`` on stderr and exits non-zero (1 unless a command
+documents another code); ``--json`` prints exactly one JSON value on stdout and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
+BundleOpt = Annotated[Optional[Path], typer.Option("--bundle", "-b", help="Bundle directory.")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")]
+
+
+class Mode(str, Enum):
+    hybrid = "hybrid"
+    lexical = "lexical"
+    vector = "vector"
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def emit_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+
+
+def revision_bundle(revision: str) -> Path:
+    """The bundle last built for ``revision`` (its ``index_bundle`` stage record); ``ValueError``
+    naming the problem when the key is malformed or nothing was built."""
+    from ragpipe.corpus.registry import check_revision_key
+    from ragpipe.stages.steps import StageError, read_stage_record
+    from ragpipe.stages.workspace import Workspace, default_home
+
+    check_revision_key(revision)  # a key is a path segment: '../x' would leave RAGPIPE_HOME
+    try:
+        return Path(str(read_stage_record(Workspace(default_home()), revision, "index_bundle").facts["bundle_path"]))
+    except StageError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def bundle_path(bundle: Path | None, revision: str | None) -> Path:
+    """``--bundle PATH`` as given, or the bundle last built for ``--revision KEY`` (exactly one)."""
+    if (bundle is None) == (revision is None):
+        raise ValueError("give exactly one of --bundle PATH or --revision KEY")
+    return bundle if bundle is not None else revision_bundle(revision)

@@ -1,0 +1,120 @@
+"""``ragpipe query`` and ``ragpipe answer``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from ragpipe.bundle.verify import BundleVerificationError
+from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, fail, out
+from ragpipe.stages.workspace import default_home
+
+ScopeOpt = Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")]
+PrincipalOpt = Annotated[str, typer.Option("--principal", help="Who is asking (recorded in the result).")]
+PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")]
+ModeOpt = Annotated[Optional[Mode], typer.Option("--mode", help="Channels: hybrid, lexical or vector (default: the plan's).")]
+
+
+def _retriever(bundle: Path | None, revision: str | None, plan_path: Path | None):
+    from ragpipe.retrieval.plan import load_plan
+    from ragpipe.retrieval.service import Retriever
+
+    plan = load_plan(plan_path)
+    return Retriever(bundle_path(bundle, revision), plan=plan, cache_dir=default_home() / "answer_cache"), plan
+
+
+def _subject(principal: str, scopes: list[str] | None):
+    from ragpipe.retrieval.authz import DEFAULT_SCOPE, Subject
+
+    return Subject(principal=principal, scopes=tuple(scopes) if scopes else (DEFAULT_SCOPE,))
+
+
+def _or_fail(action):
+    """Run a query-side action; its expected errors become one clear message and exit code 1."""
+    from ragpipe.retrieval.authz import AuthorizationError
+    from ragpipe.retrieval.plan import PlanError
+    from ragpipe.retrieval.rerank import RerankerError
+    from ragpipe.retrieval.service import QueryError
+
+    try:
+        return action()
+    except (BundleVerificationError, PlanError, QueryError, AuthorizationError, RerankerError, ValueError) as exc:
+        fail(str(exc))
+
+
+def query(
+    text: Annotated[str, typer.Argument(help="The query.")],
+    bundle: BundleOpt = None,
+    revision: RevisionOpt = None,
+    scope: ScopeOpt = None,
+    principal: PrincipalOpt = "cli",
+    k: Annotated[int, typer.Option("--k", help="Number of hits.")] = 10,
+    mode: ModeOpt = None,
+    plan: PlanOpt = None,
+    as_json: JsonOpt = False,
+    trace: Annotated[bool, typer.Option("--trace", help="Show channel hits, fusion, collapse and authorization.")] = False,
+    audit: Annotated[
+        bool, typer.Option("--audit", help="Operator only: the trace plus counts of documents hidden from the subject.")
+    ] = False,
+) -> None:
+    """Ranked chunks for TEXT from a verified bundle, visible to the caller's scopes only."""
+    def run():
+        retriever, _ = _retriever(bundle, revision, plan)
+        return retriever.query(
+            text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace or audit, audit=audit
+        )
+
+    result = _or_fail(run)
+    data = result.as_dict()
+    if as_json:
+        emit_json(data)
+        return
+    out.print(f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…")
+    for hit in data["hits"]:
+        out.print(
+            f"\n[bold]{hit['rank']:>2}.[/] {escape(str(hit['title']))}  [dim]{escape(str(hit['document_id']))} "
+            f"[{hit['byte_start']}, {hit['byte_end']}) score {hit['score']:.5f}[/]"
+        )
+        snippet = " ".join(str(hit["text"]).split())
+        out.print("    " + escape(snippet[:240] + ("…" if len(snippet) > 240 else "")))
+    if trace or audit:
+        out.print_json(data=data["trace"])
+
+
+def answer(
+    text: Annotated[str, typer.Argument(help="The question.")],
+    bundle: BundleOpt = None,
+    revision: RevisionOpt = None,
+    scope: ScopeOpt = None,
+    principal: PrincipalOpt = "cli",
+    model: Annotated[Optional[str], typer.Option("--model", help="Answer with this litellm model instead of the plan's generator.")] = None,
+    api_base: Annotated[Optional[str], typer.Option("--api-base", help="Provider base URL for --model.")] = None,
+    mode: ModeOpt = None,
+    plan: PlanOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
+    def run():
+        retriever, qplan = _retriever(bundle, revision, plan)
+        gen_plan = qplan.answer.generator
+        if model:
+            gen_plan = gen_plan.model_copy(update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base})
+        return retriever.answer(
+            text, _subject(principal, scope), generator=retriever.make_generator(gen_plan), mode=mode.value if mode else None
+        )
+
+    data = _or_fail(run).as_dict()
+    if as_json:
+        emit_json(data)
+        return
+    out.print(f"[dim]generator: {escape(data['generator'])}[/]")
+    if data["abstained"]:
+        out.print(f"[bold yellow]abstained:[/] {escape(str(data['reason']))}")
+    else:
+        out.print(escape(str(data["answer"])))
+    for c in data["citations"]:
+        ev = next(e for e in data["evidence"] if e["label"] == c["label"])
+        out.print(f"  {escape('[' + c['label'] + ']')} {escape(str(ev['title']))} — {escape(c['document_id'])} [{ev['byte_start']}, {ev['byte_end']})")
