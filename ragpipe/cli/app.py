@@ -6,6 +6,7 @@ import typer
 
 from ragpipe.cli.build import build, gc
 from ragpipe.cli.bundle import bundle_app
+from ragpipe.cli.candidate import candidate_app, tune
 from ragpipe.cli.eval import eval_app, suite_app
 from ragpipe.cli.gate import compare, gate
 from ragpipe.cli.query import answer, query
@@ -21,6 +22,8 @@ app.add_typer(suite_app, name="suite")
 app.add_typer(eval_app, name="eval")
 app.command()(compare)
 app.command()(gate)
+app.add_typer(candidate_app, name="candidate")
+app.command()(tune)
 app.add_typer(release_app, name="release")
 
 
