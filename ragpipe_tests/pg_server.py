@@ -66,13 +66,23 @@ class PostgresServer:
             os.chown(root, pw.pw_uid, pw.pw_gid)
         server = cls(root=root, port=_free_port())
         data, sockets = root / "data", root / "sockets"
-        server._run(str(bindir / "initdb"), "-D", str(data), "-U", server.user, "--auth=trust", "--encoding=UTF8", "--no-sync")
-        server._run("mkdir", str(sockets))
-        server._run(
-            str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60",
-            "-o", f"-p {server.port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off", "start",
-        )
-        server._run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", server.user, server.database)
+        try:
+            server._run(str(bindir / "initdb"), "-D", str(data), "-U", server.user, "--auth=trust", "--encoding=UTF8", "--no-sync")
+            server._run("mkdir", str(sockets))
+            server._run(
+                str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60",
+                "-o", f"-p {server.port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off", "start",
+            )
+            server._run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", server.user, server.database)
+        except BaseException:
+            # Stop a server that did start (pg_ctl refuses quietly if none runs) and remove the folder.
+            subprocess.run(
+                (["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else [])
+                + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                capture_output=True, timeout=60,
+            )
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         return server
 
     def stop(self) -> None:
