@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from ragpipe.kernel.ids import content_id
 
@@ -20,7 +20,8 @@ class _Plan(BaseModel):
 
 class ChannelPlan(_Plan):
     # The fewest distinct units (chunks or documents, per ``collapse``) the channel ranks for a
-    # query; a query with a larger ``k`` asks for ``k`` (see DepthPolicy).
+    # query; a query with a larger ``k`` asks for ``k`` (see DepthPolicy). Under score fusion it is
+    # also the window whose scores normalise the channel, so normalisation does not vary with k.
     depth: int = Field(100, ge=1, le=10_000)
     weight: float = Field(1.0, gt=0)
 
@@ -44,9 +45,40 @@ class DepthPolicy(_Plan):
     growth: int = Field(2, ge=2, le=16)
 
 
-class FusionPlan(_Plan):
+class RrfFusionPlan(_Plan):
+    """Weighted reciprocal-rank fusion: ``F(c) = Σ_a w_a / (k + rank_a(c))`` (``fusion.py``)."""
+
     kind: Literal["weighted_rrf"] = "weighted_rrf"
     k: float = Field(60.0, gt=0)
+
+
+class ScoreFusionPlan(_Plan):
+    """Convex combination of per-channel normalised scores, coefficients ``w_a / Σ w``; each
+    channel's scores normalised per query over its first ``depth`` units (``fusion_score.py``)."""
+
+    kind: Literal["normalized_convex"]
+    normalization: Literal["min_max", "z_score"]
+
+
+FUSION_KINDS = ("weighted_rrf", "normalized_convex")
+
+
+def _fusion_kind(value: object) -> object:
+    """``kind`` selects the model; omitted, it is ``weighted_rrf`` (as before score fusion)."""
+    if isinstance(value, dict):
+        return value.get("kind", "weighted_rrf")
+    return getattr(value, "kind", None)
+
+
+# An RRF plan's dump, hence the default plan's ID, is what it was before score fusion existed.
+FusionPlan = Annotated[
+    Annotated[RrfFusionPlan, Tag("weighted_rrf")] | Annotated[ScoreFusionPlan, Tag("normalized_convex")],
+    Discriminator(
+        _fusion_kind,
+        custom_error_type="fusion_kind",
+        custom_error_message="Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'",
+    ),
+]
 
 
 class RerankerPlan(_Plan):
@@ -87,7 +119,7 @@ class QueryPlan(_Plan):
     plan_schema: Literal["ragpipe.query_plan/v1"] = Field("ragpipe.query_plan/v1", alias="schema")
     channels: dict[ChannelName, ChannelPlan] = Field(min_length=1)
     depth_policy: DepthPolicy = DepthPolicy()
-    fusion: FusionPlan = FusionPlan()
+    fusion: FusionPlan = RrfFusionPlan()
     collapse: Literal["chunk", "document"] = "chunk"
     query_embedding: QueryEmbeddingPlan = QueryEmbeddingPlan()
     reranker: RerankerPlan | None = None
@@ -114,8 +146,16 @@ def parse_plan(raw: object, where: str) -> QueryPlan:
     try:
         return QueryPlan.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        lines = [f"{'.'.join(map(str, _field_path(e['loc'])))}: {e['msg']}" for e in exc.errors()]
         raise PlanError(f"{where}: invalid query plan:\n  " + "\n  ".join(lines)) from None
+
+
+def _field_path(loc: tuple) -> tuple:
+    """The error location as the plan file spells it: pydantic puts the selected fusion kind
+    into the path of a discriminated union (``fusion.weighted_rrf.k``); the file says ``fusion.k``."""
+    if len(loc) >= 2 and loc[0] == "fusion" and loc[1] in FUSION_KINDS:
+        return (loc[0], *loc[2:])
+    return loc
 
 
 def load_plan(path: Path | None = None) -> QueryPlan:

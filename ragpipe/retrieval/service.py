@@ -32,7 +32,8 @@ from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject, issue_certificate
 from ragpipe.retrieval.channels import ChannelRanking, LexicalBackend, VectorBackend, rank_channel, recheck
 from ragpipe.retrieval.context import Evidence, build_context
-from ragpipe.retrieval.fusion import FusedHit, weighted_rrf
+from ragpipe.retrieval.fusion import FusedHit
+from ragpipe.retrieval.fusion_score import fuse
 from ragpipe.retrieval.plan import GeneratorPlan, PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
 from ragpipe.retrieval.results import AnswerResult, QueryError, QueryResult
@@ -186,7 +187,7 @@ class Retriever:
         visible_rows = sum(self._group_rows[g] for g in audience.groups)
         ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows)
         ranked, dropped = recheck(ranked, lambda document_id: self.lexical.group_of.get(document_id) in audience.admitted)
-        fused = weighted_rrf({n: r.ranked for n, r in ranked.items()}, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
+        fused = fuse(plan, {n: r.ranked for n, r in ranked.items()})
         rerank_trace, ordered = self._rerank(text, plan, fused)
         top = ordered[:k]
         evidence = [self._evidence(f, subject) for f in top]

@@ -37,6 +37,13 @@ class AuditFacts:
     lexical_statistics: dict[str, object] | None
 
 
+def _normalization_windows(plan: QueryPlan) -> dict[str, object]:
+    """Score fusion normalises each channel over its first ``depth`` units: say how many."""
+    if plan.fusion.kind == "weighted_rrf":
+        return {}
+    return {"normalization_windows": {n: c.depth for n, c in plan.channels.items()}}
+
+
 def query_trace(
     plan: QueryPlan,
     policy_id: str,
@@ -80,9 +87,9 @@ def query_trace(
             "representation_hits_read": {name: ranking.hits_read for name, ranking in ranked.items()},
         },
         "fusion": {
-            "kind": plan.fusion.kind,
-            "k": plan.fusion.k,
+            **plan.fusion.model_dump(mode="json"),  # kind and its parameters (RRF: k)
             "weights": {n: c.weight for n, c in plan.channels.items()},
+            **_normalization_windows(plan),
             "items": [
                 {"chunk_id": f.chunk_id, "document_id": f.document_id, "score": f.score,
                  "contributions": f.contributions, "channel_ranks": f.channel_ranks}
