@@ -137,14 +137,19 @@ class DagsterOwnership(_Spec):
         return owners
 
 
+# The evaluation → gate → release chain downstream of ``index_bundle`` (present when the spec has
+# an ``evaluation:`` section); their code versions come from ``ragpipe.stages.chain_ids``.
+CHAIN_ASSETS = ("evaluation_run", "gate_decision", "release_manifest")
+
+
 class DagsterSettings(DagsterOwnership):
     """Operational: how assets appear in Dagster. Enters no ID (like ``execution``).
 
-    ``owners`` and ``tags`` apply to every asset (and ``owners`` to the build job); an entry under
+    ``owners`` and ``tags`` apply to every asset (and ``owners`` to the jobs); an entry under
     ``assets`` adds owners and overrides or adds tags for that asset.
     """
 
-    assets: dict[Literal[tuple(STAGE_INPUTS)], DagsterOwnership] = {}  # type: ignore[valid-type]
+    assets: dict[Literal[tuple(STAGE_INPUTS) + CHAIN_ASSETS], DagsterOwnership] = {}  # type: ignore[valid-type]
 
     def __hash__(self) -> int:  # the assets dict would make the frozen model unhashable
         return hash((self.owners, self.tags, tuple(sorted(self.assets.items()))))
@@ -158,6 +163,35 @@ class DagsterSettings(DagsterOwnership):
         return dict(self.tags) | dict(extra)
 
 
+class EvaluationSection(_Spec):
+    """What ``evaluation_run`` evaluates each revision's bundle with, and the gate policy its
+    ``gate_decision`` applies. Relative paths are relative to the spec file (resolved at load).
+
+    Semantic: every field except the paths themselves reaches an ID through the content it names
+    (suite digest, plan ID, policy ID; see ``ragpipe.stages.chain_ids``), never the path string.
+    """
+
+    suite: Path
+    split: str = Field("test", pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # BEIR folder only
+    mode: Literal["hybrid", "lexical", "vector"] = "hybrid"
+    scopes: tuple[str, ...] = ("public",)
+    k: int = Field(1000, ge=1, le=10_000)
+    cutoffs: dict[str, int] | None = None
+    repeats: int = Field(1, ge=1, le=100)
+    answers: bool = False
+    query_plan: Path | None = None  # None: the checked-in ragpipe/specs/query_plan.yaml
+    gate_policy: Path | None = None  # None: the checked-in ragpipe/specs/gate_policy.yaml
+
+    def __hash__(self) -> int:  # cutoffs is a dict
+        return hash((self.suite, self.split, self.mode, self.scopes, self.k, tuple(sorted((self.cutoffs or {}).items())),
+                     self.repeats, self.answers, self.query_plan, self.gate_policy))
+
+    def resolved(self, base: Path) -> EvaluationSection:
+        """This section with relative paths made absolute against ``base`` (the spec's folder)."""
+        fix = {name: (base / p).resolve() for name in ("suite", "query_plan", "gate_policy") if (p := getattr(self, name)) is not None}
+        return self.model_copy(update=fix)
+
+
 class PipelineSpec(_Spec):
     spec_schema: Literal["ragpipe.pipeline/v1"] = Field("ragpipe.pipeline/v1", alias="schema")
     snapshot: SnapshotSpec = SnapshotSpec()
@@ -168,6 +202,8 @@ class PipelineSpec(_Spec):
     vector_index: VectorIndexSpec = VectorIndexSpec()
     execution: ExecutionSettings = ExecutionSettings()
     dagster: DagsterSettings = DagsterSettings()
+    # None: the build_revision job stops at index_bundle. Enters no build-stage spec ID.
+    evaluation: EvaluationSection | None = None
 
     def stage_spec(self, stage: str) -> _Spec | None:
         """The semantic spec owned by ``stage`` (``None`` for stages with no parameters)."""
@@ -236,6 +272,9 @@ def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
     except (OSError, yaml.YAMLError) as exc:
         raise PipelineSpecError(f"{path}: cannot read pipeline spec: {exc}") from exc
     try:
-        return PipelineSpec.model_validate(raw)
+        spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:
         raise PipelineSpecError(f"{path}: invalid pipeline spec:\n{exc}") from exc
+    if spec.evaluation is not None:
+        spec = spec.model_copy(update={"evaluation": spec.evaluation.resolved(path.resolve().parent)})
+    return spec

@@ -3,10 +3,13 @@
 
 from dagster import Definitions, in_process_executor
 
+from ragpipe.defs.activation import activate_release_job, activation_sensor_def
 from ragpipe.defs.assets import build_assets
+from ragpipe.defs.chain_assets import build_chain_checks
 from ragpipe.defs.checks import build_checks
 from ragpipe.defs.jobs import build_revision_job
 from ragpipe.defs.resources import RagpipeHome
+from ragpipe.defs.schedules import nightly_rebuild
 from ragpipe.defs.sensors import corpus_revision_sensor
 from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
 
@@ -17,13 +20,18 @@ def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Defin
     ``home`` empty means ``$RAGPIPE_HOME`` at run time: that is what the code location loads, and
     ``ragpipe build`` runs that location. The in-process executor is the default for every job,
     including the implicit asset job that UI materializations and backfills use (see ``jobs``).
+    With an ``evaluation:`` section the graph continues after ``index_bundle`` with the evaluation →
+    gate → release chain, and ``build_revision`` selects it too. ``activation_sensor``'s default
+    status comes from the targets config (``$RAGPIPE_TARGETS``) read here.
     """
     spec = spec or load_pipeline_spec()
+    chain_checks = build_chain_checks() if spec.evaluation is not None else []
     return Definitions(
         assets=build_assets(spec),
-        asset_checks=build_checks(),
-        jobs=[build_revision_job],
-        sensors=[corpus_revision_sensor],
+        asset_checks=[*build_checks(), *chain_checks],
+        jobs=[build_revision_job(spec), activate_release_job],
+        sensors=[corpus_revision_sensor, activation_sensor_def()],
+        schedules=[nightly_rebuild],
         resources={"ragpipe": RagpipeHome(home=home)},
         executor=in_process_executor,
     )

@@ -16,6 +16,7 @@ import warnings
 
 from dagster import AssetExecutionContext, AssetsDefinition, BackfillPolicy, BetaWarning, MaterializeResult, asset
 
+from ragpipe.defs.chain_assets import build_chain_assets
 from ragpipe.defs.metadata import to_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
@@ -45,19 +46,23 @@ BACKFILL_POLICY = BackfillPolicy.multi_run(1)
 
 
 def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
+    """The build group, plus the evaluation → gate → release chain when the spec has an
+    ``evaluation:`` section (``ragpipe.defs.chain_assets``)."""
     ids = spec.spec_ids
 
-    def common(name: str) -> dict[str, object]:
+    def shared(name: str, code_version: str, pool: str) -> dict[str, object]:
         return {
             "name": name,
-            "code_version": ids[name],
+            "code_version": code_version,
             "partitions_def": corpus_revisions,
-            "group_name": GROUP,
-            "pool": POOLS[name],
+            "pool": pool,
             "backfill_policy": BACKFILL_POLICY,
             "owners": spec.dagster.owners_for(name),
             "tags": spec.dagster.tags_for(name),
         }
+
+    def common(name: str) -> dict[str, object]:
+        return {**shared(name, ids[name], POOLS[name]), "group_name": GROUP}
 
     @asset(deps=[], kinds={"python", "parquet"}, **common("source_snapshot"))
     def source_snapshot(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
@@ -100,4 +105,5 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         attempt = context.run.tags.get(ATTEMPT_TAG)
         return to_materialize_result(result, {"run_attempt": int(attempt)} if attempt else None)
 
-    return [*bundle_inputs, index_bundle]
+    chain = build_chain_assets(spec, shared) if spec.evaluation is not None else []
+    return [*bundle_inputs, index_bundle, *chain]

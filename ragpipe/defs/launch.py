@@ -53,9 +53,25 @@ class LaunchError(RuntimeError):
     pass
 
 
+def repo_root() -> Path:
+    """The folder holding the ``ragpipe`` package (and ``workspace.yaml``, ``deploy/``).
+
+    ``ragpipe.__file__`` is None when ``ragpipe`` was imported as a namespace package: a folder
+    named ``ragpipe`` without ``__init__.py`` (say ``./ragpipe`` made by hand) shadowed the real
+    package. That is refused with what to do, instead of a TypeError."""
+    file = getattr(ragpipe, "__file__", None)
+    if file is None:
+        where = ", ".join(getattr(ragpipe, "__path__", [])) or "an unknown location"
+        raise LaunchError(
+            f"the ragpipe package was imported as a namespace package from {where} (a 'ragpipe' folder without "
+            "__init__.py shadows the installed package): run from another folder, or set RAGPIPE_WORKSPACE"
+        )
+    return Path(file).resolve().parents[1]
+
+
 def workspace_yaml() -> Path:
     """``$RAGPIPE_WORKSPACE``, else the ``workspace.yaml`` next to the ``ragpipe`` package."""
-    path = Path(os.environ.get("RAGPIPE_WORKSPACE") or Path(ragpipe.__file__).resolve().parents[1] / "workspace.yaml")
+    path = Path(os.environ.get("RAGPIPE_WORKSPACE") or repo_root() / "workspace.yaml")
     if not path.is_file():
         raise LaunchError(f"{path}: workspace file not found (set RAGPIPE_WORKSPACE to the workspace.yaml that defines location {LOCATION!r})")
     return path

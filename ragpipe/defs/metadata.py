@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dagster import DataVersion, MaterializeResult, MetadataValue, TableColumn, TableRecord, TableSchema
 
+from ragpipe.stages.chain_store import ChainResult
 from ragpipe.stages.results import StageResult, Table
 
 ROW_COUNT = "dagster/row_count"
@@ -41,3 +42,11 @@ def stage_metadata(result: StageResult, extra: dict[str, object] | None = None) 
 def to_materialize_result(result: StageResult, extra: dict[str, object] | None = None) -> MaterializeResult:
     """The ``MaterializeResult`` of one stage: its data version and metadata."""
     return MaterializeResult(data_version=DataVersion(result.data_version), metadata=stage_metadata(result, extra))
+
+
+def chain_materialize_result(result: ChainResult) -> MaterializeResult:
+    """The ``MaterializeResult`` of a chain asset: its Dagster data version (``result.data_version``,
+    which for ``evaluation_run`` is the spec ID, not the attempt's stage version) and metadata."""
+    metadata: dict[str, object] = {k: MetadataValue.path(str(v)) if isinstance(v, Path) else v for k, v in result.metadata.items()}
+    metadata.update({name: table_value(t) for name, t in result.tables.items()})
+    return MaterializeResult(data_version=DataVersion(result.data_version), metadata=metadata)

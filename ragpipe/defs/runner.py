@@ -19,7 +19,6 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus
 
-import ragpipe
 from ragpipe.bundle.verify import BundleVerificationError, open_bundle
 from ragpipe.corpus.registry import load_revision
 from ragpipe.defs import launch as runs
@@ -27,13 +26,17 @@ from ragpipe.defs.failures import failure_messages
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.progress import Progress, Tracker
 from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
+from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.locks import file_lock
 from ragpipe.stages.steps import StageError, read_stage_record
 from ragpipe.stages.workspace import Workspace, default_home
 
 INSTANCE_LOCK = ".ragpipe-instance.lock"
-# The instance template (pools, run queue, run monitoring); see docs/operations.md.
-INSTANCE_TEMPLATE = Path(ragpipe.__file__).resolve().parents[1] / "deploy" / "dagster.yaml"
+
+
+def instance_template() -> Path:
+    """The instance template (pools, run queue, run monitoring); see docs/operations.md."""
+    return runs.repo_root() / "deploy" / "dagster.yaml"
 
 
 class BuildFailed(RuntimeError):
@@ -54,6 +57,11 @@ class BuildSummary:
     up_to_date: bool
     run_id: str | None
     launched: str | None  # "in_process" or "queue"; None when nothing ran
+    # The release manifest of the evaluation → gate → release chain; None when the spec has no
+    # evaluation: section (the chain did not run).
+    release_id: str | None = None
+    eligible: bool | None = None
+    decisive_phase: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -69,8 +77,9 @@ def dagster_instance() -> DagsterInstance:
     # A fresh SQLite instance creates its tables when first opened and used; two processes doing
     # that at once fail with "table ... already exists". Open (and touch the event storage) one at a time.
     with file_lock(home / INSTANCE_LOCK, exclusive=True):
-        if not (home / "dagster.yaml").exists() and INSTANCE_TEMPLATE.is_file():
-            shutil.copyfile(INSTANCE_TEMPLATE, home / "dagster.yaml")
+        template = instance_template()
+        if not (home / "dagster.yaml").exists() and template.is_file():
+            shutil.copyfile(template, home / "dagster.yaml")
         instance = DagsterInstance.get()
         instance.get_dynamic_partitions(corpus_revisions.name)
     return instance
@@ -88,7 +97,14 @@ def _ensure_partition(instance: DagsterInstance, revision: str) -> None:
             raise
 
 
-def _summary(ws: Workspace, revision: str, run_id: str | None, launched: str | None) -> BuildSummary:
+def _release_fields(ws: Workspace, revision: str, spec: PipelineSpec) -> dict[str, object]:
+    if spec.evaluation is None:
+        return {}
+    facts = read_stage_record(ws, revision, "release_manifest").facts
+    return {"release_id": str(facts["release_id"]), "eligible": bool(facts["eligible"]), "decisive_phase": facts["decisive_phase"]}
+
+
+def _summary(ws: Workspace, revision: str, spec: PipelineSpec, run_id: str | None, launched: str | None) -> BuildSummary:
     up_to_date = run_id is None
     snap = read_stage_record(ws, revision, "source_snapshot")
     reps = read_stage_record(ws, revision, "representations")
@@ -107,23 +123,34 @@ def _summary(ws: Workspace, revision: str, run_id: str | None, launched: str | N
         up_to_date=up_to_date,
         run_id=run_id,
         launched=launched,
+        **_release_fields(ws, revision, spec),  # type: ignore[arg-type]
     )
 
 
-def _is_up_to_date(instance: DagsterInstance, ws: Workspace, revision: str, spec: PipelineSpec) -> bool:
-    """True when the instance's latest ``index_bundle`` materialization for ``revision`` has the
-    current code version and data version, and that bundle still verifies."""
-    try:
-        record = read_stage_record(ws, revision, "index_bundle", spec)
-    except StageError:
-        return False
+def _latest_matches(instance: DagsterInstance, revision: str, asset: str, code_version: str, data_version: str) -> bool:
+    """Whether the instance's latest materialization of ``asset`` for ``revision`` has these versions."""
     events = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey("index_bundle"), asset_partitions=[revision]), limit=1
+        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[revision]), limit=1
     ).records
     if not events:
         return False
     tags = events[0].asset_materialization.tags or {}
-    if tags.get("dagster/code_version") != spec.spec_ids["index_bundle"] or tags.get("dagster/data_version") != record.data_version:
+    return tags.get("dagster/code_version") == code_version and tags.get("dagster/data_version") == data_version
+
+
+def _is_up_to_date(instance: DagsterInstance, ws: Workspace, revision: str, spec: PipelineSpec) -> bool:
+    """True when the instance's latest ``index_bundle`` materialization for ``revision`` has the
+    current code version and data version, that bundle still verifies, and (with the chain) the
+    latest ``release_manifest`` has the current code version and names the published release."""
+    try:
+        record = read_stage_record(ws, revision, "index_bundle", spec)
+        if spec.evaluation is not None:
+            release = read_stage_record(ws, revision, "release_manifest")
+            if not _latest_matches(instance, revision, "release_manifest", chain_plan(spec).release_code_version, release.data_version):
+                return False
+    except StageError:
+        return False
+    if not _latest_matches(instance, revision, "index_bundle", spec.spec_ids["index_bundle"], record.data_version):
         return False
     try:
         open_bundle(Path(str(record.facts["bundle_path"])))
@@ -205,10 +232,10 @@ def materialize_revision(
         instance = instance or dagster_instance()
         _ensure_partition(instance, revision)
         if _is_up_to_date(instance, ws, revision, spec):
-            return _summary(ws, revision, None, None)
+            return _summary(ws, revision, spec, None, None)
         run_id, launched, status = _run(instance, revision, launch, verbose, on_progress)
         if status != DagsterRunStatus.SUCCESS:
             records = instance.get_records_for_run(run_id).records
             events = [r.event_log_entry.dagster_event for r in records if r.event_log_entry.dagster_event is not None]
             raise BuildFailed(f"build of revision {revision!r} failed (run {run_id}):\n" + "\n".join(failure_messages(events)))
-        return _summary(ws, revision, run_id, launched)
+        return _summary(ws, revision, spec, run_id, launched)

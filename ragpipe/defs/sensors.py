@@ -27,7 +27,7 @@ from dagster import (
 
 from ragpipe.corpus.registry import list_revisions
 from ragpipe.defs.assets import ATTEMPT_TAG
-from ragpipe.defs.jobs import build_revision_job
+from ragpipe.defs.jobs import BUILD_JOB
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
 
@@ -115,7 +115,7 @@ def build_request(revision: str, attempt: int) -> RunRequest:
 
 
 @sensor(
-    job=build_revision_job,
+    job_name=BUILD_JOB,  # the job is built per spec inside build_definitions
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.STOPPED,
     description=(

@@ -1,0 +1,151 @@
+"""Activation from Dagster: the ``activate_release`` job and the ``activation_sensor``.
+
+``activate_release`` is an op job configured with a release ID and a target; its op calls
+``ragpipe.release.activation.activate`` (manifest and full bundle verification, eligibility,
+approval where the target requires it, compare-and-swap of the target's pointer). A refusal fails
+the run with the refusal's message; nothing is activated.
+
+``activation_sensor`` reads the release store on every tick (``eligible_releases``) for each
+target whose config says ``sensor: true`` and requests ``activate_release`` for the newest
+eligible release that is *ready* there (never activated or attempted on the target, approved
+where required), with run key ``activate:<target>:<release_id>``. Everything else is skipped
+with a reason. Its cursor remembers what it requested, and a run that already carries the run key
+is never requested again, so repeated ticks never double-activate. Default status: running when
+some target in the targets config has ``sensor: true`` (``staging`` in the checked-in one), else
+stopped; ``production`` is off.
+"""
+
+
+import json
+
+from dagster import (
+    Config,
+    DefaultSensorStatus,
+    DagsterInstance,
+    OpExecutionContext,
+    RunRequest,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    in_process_executor,
+    job,
+    op,
+    sensor,
+)
+
+from ragpipe.defs.resources import RagpipeHome
+from ragpipe.release.activation import activate
+from ragpipe.release.status import Candidate, eligible_releases
+from ragpipe.release.targets import TargetsConfig, load_targets
+
+JOB = "activate_release"
+OP = "activate"
+RUN_KEY_TAG = "dagster/run_key"
+CURSOR_VERSION = 1
+
+
+class ActivateConfig(Config):
+    release_id: str
+    target: str
+
+
+@op(name=OP, pool="ragpipe_release_store", description="Activate one release on one target (verified, gated, approved where required).")
+def activate_op(context: OpExecutionContext, config: ActivateConfig, ragpipe: RagpipeHome) -> None:
+    result = activate(ragpipe.workspace, config.release_id, config.target, by=f"dagster run {context.run_id}")
+    context.log.info(f"target {result.target!r}: release {result.release_id} active at generation {result.generation}"
+                     + ("" if result.changed else " (it already was)"))
+
+
+@job(name=JOB, executor_def=in_process_executor, description="Activate a release on a target: `ragpipe release activate` as a Dagster run.")
+def activate_release_job() -> None:
+    activate_op()
+
+
+def run_key(target: str, release_id: str) -> str:
+    return f"activate:{target}:{release_id}"
+
+
+def activation_request(target: str, release_id: str) -> RunRequest:
+    return RunRequest(
+        run_key=run_key(target, release_id),
+        run_config={"ops": {OP: {"config": {"release_id": release_id, "target": target}}}},
+        tags={"ragpipe/target": target, "ragpipe/release_id": release_id},
+    )
+
+
+def load_cursor(cursor: str | None) -> dict[str, list[str]]:
+    """Release IDs requested per target (``{"v": 1, "requested": {...}}``); empty when unset."""
+    if not cursor:
+        return {}
+    state = json.loads(cursor)
+    if state.get("v") != CURSOR_VERSION:
+        raise ValueError(f"activation_sensor: unknown cursor version in {cursor!r}")
+    return {str(t): [str(r) for r in ids] for t, ids in state["requested"].items()}
+
+
+def dump_cursor(requested: dict[str, list[str]]) -> str:
+    return json.dumps({"v": CURSOR_VERSION, "requested": requested}, sort_keys=True)
+
+
+def _requested_before(instance: DagsterInstance, requested: list[str], target: str, release_id: str) -> bool:
+    if release_id in requested:
+        return True
+    return bool(instance.get_run_records(RunsFilter(tags={RUN_KEY_TAG: run_key(target, release_id)}), limit=1))
+
+
+def plan_target(instance: DagsterInstance, target: str, candidates: list[Candidate], requested: list[str]) -> tuple[str | None, list[str]]:
+    """(release to request or None, skip reasons) for one target: the newest ready candidate."""
+    reasons = [f"{target}: {c.release_id}: {c.reason}" for c in candidates if not c.ready]
+    ready = [c for c in candidates if c.ready]
+    if not candidates:
+        reasons.append(f"{target}: no eligible release")
+    if not ready:
+        return None, reasons
+    newest, older = ready[-1], ready[:-1]
+    reasons += [f"{target}: {c.release_id}: a newer eligible release ({newest.release_id}) is ready" for c in older]
+    if _requested_before(instance, requested, target, newest.release_id):
+        return None, [*reasons, f"{target}: {newest.release_id}: activation already requested (run key {run_key(target, newest.release_id)})"]
+    return newest.release_id, reasons
+
+
+def evaluate(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorResult:
+    config = load_targets()
+    requested = load_cursor(context.cursor)
+    requests, reasons = [], []
+    for target, spec in sorted(config.targets.items()):
+        if not spec.sensor:
+            reasons.append(f"{target}: the sensor is off for this target (targets config)")
+            continue
+        candidates = eligible_releases(ragpipe.workspace, target, config=config)
+        chosen, why = plan_target(context.instance, target, candidates, requested.get(target, []))
+        reasons += why
+        if chosen is not None:
+            requests.append(activation_request(target, chosen))
+            requested.setdefault(target, []).append(chosen)
+    skip = None if requests else SkipReason("; ".join(reasons))
+    return SensorResult(run_requests=requests, cursor=dump_cursor(requested), skip_reason=skip)
+
+
+def activation_sensor_def(config: TargetsConfig | None = None) -> SensorDefinition:
+    """The sensor, its default status from the targets config (``config`` or the loaded one)."""
+    config = config or load_targets()
+    running = any(t.sensor for t in config.targets.values())
+
+    @sensor(
+        name="activation_sensor",
+        job=activate_release_job,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.RUNNING if running else DefaultSensorStatus.STOPPED,
+        description=(
+            "Requests activate_release for the newest eligible release of each target with `sensor: true` in the "
+            "targets config (after approval where the target requires it); run key activate:<target>:<release_id>."
+        ),
+    )
+    def activation_sensor(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorResult:
+        """Request the activation of eligible, ready releases (module docstring)."""
+        return evaluate(context, ragpipe)
+
+    return activation_sensor
+

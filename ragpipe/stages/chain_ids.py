@@ -1,0 +1,100 @@
+"""The static side of the evaluation → gate → release chain: what the spec's ``evaluation:`` section
+names, loaded once, and the code versions of the three chain assets.
+
+Code versions (Dagster ``code_version``; DESIGN.md §2):
+
+- ``evaluation_run``: the *static* evaluation spec ID: the evaluation spec body
+  (``ragpipe.evaluation.eval_spec.SpecBody``: suite digest, query plan ID, mode, scopes, depth,
+  metric specs and cutoffs, repeats, answers, evaluator version) without the bundle ID, which is
+  only known when the bundle is built. The run's full spec ID (with the bundle) is its data version.
+- ``gate_decision``: the static evaluation spec ID, the gate policy ID and the comparison spec.
+- ``release_manifest``: the gate plan plus what a manifest binds besides the run: query plan,
+  answer plan and authorization policy IDs.
+
+Paths never enter an ID; the content they name does (suite digest, plan ID, policy ID).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.suite import Suite, load_suite
+from ragpipe.experiment.gate_policy import GatePolicy, load_policy
+from ragpipe.experiment.snapshot import answer_plan_id
+from ragpipe.experiment.statistics import ComparisonSpec
+from ragpipe.kernel.ids import content_id
+from ragpipe.pipeline_spec import EvaluationSection, PipelineSpec
+from ragpipe.retrieval.authz import ScopePolicy
+from ragpipe.retrieval.plan import QueryPlan, load_plan
+
+# A stand-in for the bundle ID in the static spec: removed again before hashing.
+_NO_BUNDLE = ""
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """The loaded inputs of the chain and the IDs derived from them."""
+
+    section: EvaluationSection
+    suite: Suite
+    plan: QueryPlan
+    policy: GatePolicy
+    comparison: ComparisonSpec = ComparisonSpec()
+
+    def evaluation_spec(self, bundle_path: Path, bundle_id: str, plan: QueryPlan | None = None) -> EvaluationSpec:
+        """The evaluation spec of one bundle (``plan``: another query plan, e.g. an incumbent's)."""
+        s = self.section
+        return EvaluationSpec.build(
+            self.suite, plan or self.plan, bundle_path, bundle_id, mode=s.mode, scopes=s.scopes, k=s.k,
+            cutoffs=s.cutoffs, repeats=s.repeats, answers=s.answers,
+        )
+
+    @cached_property
+    def evaluation_code_version(self) -> str:
+        body = self.evaluation_spec(Path("."), _NO_BUNDLE).body.as_json()
+        del body["bundle_id"]
+        return content_id("evaluation-static-spec", 1, body)
+
+    @cached_property
+    def gate_code_version(self) -> str:
+        return content_id("gate-plan", 1, {"evaluation": self.evaluation_code_version, "gate_policy": self.policy.policy_id,
+                                           "comparison": self.comparison.as_json()})
+
+    @property
+    def query_plan_id(self) -> str:
+        return self.plan.plan_id
+
+    @property
+    def answer_plan_id(self) -> str:
+        return answer_plan_id(self.plan)
+
+    @property
+    def authorization_policy_id(self) -> str:
+        return ScopePolicy().policy_id
+
+    @cached_property
+    def release_code_version(self) -> str:
+        return content_id("release-plan", 1, {
+            "gate": self.gate_code_version, "query_plan_id": self.query_plan_id, "answer_plan_id": self.answer_plan_id,
+            "authorization_policy_id": self.authorization_policy_id,
+        })
+
+    def code_versions(self) -> dict[str, str]:
+        return {"evaluation_run": self.evaluation_code_version, "gate_decision": self.gate_code_version,
+                "release_manifest": self.release_code_version}
+
+
+@lru_cache(maxsize=4)
+def _load(section: EvaluationSection) -> ChainPlan:
+    return ChainPlan(section, load_suite(section.suite, split=section.split), load_plan(section.query_plan), load_policy(section.gate_policy))
+
+
+def chain_plan(spec: PipelineSpec) -> ChainPlan:
+    """The chain of ``spec``; ``ValueError`` when the spec has no ``evaluation:`` section. A bad
+    suite, plan or policy raises its own error naming the file and line."""
+    if spec.evaluation is None:
+        raise ValueError("the pipeline spec has no evaluation: section, so there is no evaluation → gate → release chain")
+    return _load(spec.evaluation)

@@ -1,0 +1,94 @@
+"""``evaluation_run`` and its check: evaluate a revision's bundle under the spec's ``evaluation:`` section.
+
+Each materialization is an attempt with a fresh run ID (UUIDv7): ``run_evaluation`` writes the run
+folder ``$RAGPIPE_HOME/evaluations/<run id>/`` (hash-chained ledger, bound inputs, traces,
+reports; ``ragpipe.evaluation.runner``), then the revision's ``evaluation_run`` stage record points
+at it (``ragpipe.stages.chain_store``). A crash mid-run leaves an incomplete run folder that no
+record names; the next attempt starts a new one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ragpipe.evaluation.runner import new_run_id, run_evaluation, verify_run
+from ragpipe.kernel.ids import content_id
+from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.stages.chain_ids import chain_plan
+from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain
+from ragpipe.stages.results import Table, table
+from ragpipe.stages.stage_store import holding_workspace_lock, read_output
+from ragpipe.stages.workspace import Workspace
+
+STAGE = "evaluation_run"
+
+
+def attempt_version(spec_id: str, run_id: str) -> str:
+    """The stage version of one evaluation attempt (module docstring of ``chain_store``)."""
+    return content_id("evaluation-attempt", 1, {"spec_id": spec_id, "run_id": run_id})
+
+
+def metric_table(metrics: dict[str, dict[str, Any]]) -> Table | None:
+    rows = [[name, None if m["value"] is None else float(m["value"]), m["direction"], m["unit"], m["k"], int(m["n"])]
+            for name, m in metrics.items()]
+    return table([("metric", "string"), ("value", "float"), ("direction", "string"), ("unit", "string"), ("k", "int"), ("n", "int")], rows)
+
+
+def tag_table(tags: dict[str, dict[str, Any]]) -> Table | None:
+    """Per-tag slices, one row per (tag, metric)."""
+    rows = [[tag, int(t["cases"]), name, None if m["value"] is None else float(m["value"]), int(m["n"])]
+            for tag, t in tags.items() for name, m in t["metrics"].items()]
+    return table([("tag", "string"), ("cases", "int"), ("metric", "string"), ("value", "float"), ("n", "int")], rows, limit=500)
+
+
+def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:
+    cells = report["cells"]
+    return {
+        "run_id": report["run_id"], "spec_id": report["spec_id"], "ledger_head": report["ledger_head"],
+        "suite_digest": report["suite_digest"], "bundle_id": report["bundle_id"], "plan_id": report["plan_id"],
+        "mode": report["mode"], "cases": report["cases"], "evaluated": report["evaluated"],
+        "skipped": len(report["skipped"]), "failed": cells["failed"], "run_path": run_path,
+    }
+
+
+@holding_workspace_lock
+def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> ChainResult:
+    """Evaluate the revision's latest bundle (built under ``spec``) in a fresh run; publish its record."""
+    t0 = time.perf_counter()
+    chain = chain_plan(spec)
+    bundle = read_output(ws, revision, "index_bundle", spec)
+    ev = chain.evaluation_spec(Path(str(bundle.record.facts["bundle_path"])), str(bundle.record.facts["bundle_id"]))
+    run_id = new_run_id()
+    out = evaluations_dir(ws) / run_id
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = run_evaluation(ev, out, run_id=run_id).report
+    facts = {"spec_id": ev.spec_id, "run_id": run_id, "run_path": str(out), "ledger_head": report["ledger_head"],
+             "evaluated": report["evaluated"], "skipped": len(report["skipped"]), "failed": report["cells"]["failed"]}
+    record = publish_chain(ws, STAGE, revision, chain.evaluation_code_version, attempt_version(ev.spec_id, run_id),
+                           {"index_bundle": bundle}, facts)
+    metadata = {**report_metadata(report, out), "duration_seconds": round(time.perf_counter() - t0, 3)}
+    tables = {"metrics": metric_table(report["metrics"]), "tag_slices": tag_table(report["tags"]),
+              "skipped_cases": table([("case", "string"), ("reason", "string")], [[s["case_id"], s["reason"]] for s in report["skipped"]])}
+    return ChainResult(record, ev.spec_id, metadata, {k: v for k, v in tables.items() if v is not None})
+
+
+@holding_workspace_lock
+def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
+    """Verify the latest evaluation run of ``revision``: (run folder, problems). A problem is a
+    ledger, input or trace that does not verify, a run that is not completed, or a ledger head other
+    than the one the stage record took from the run."""
+    record = read_output(ws, revision, STAGE).record
+    path = Path(str(record.facts["run_path"]))
+    try:
+        state = verify_run(path)
+    except (ValueError, OSError) as exc:  # LedgerError, RunError, TraceError name the file and record
+        return str(path), [str(exc)]
+    problems = []
+    if state.status != "completed":
+        problems.append(f"{path}: the run is {state.status}, not completed ({len(state.missing())} cells without an outcome)")
+    if state.run_id != record.facts["run_id"]:
+        problems.append(f"{path}: run ID {state.run_id} is not the recorded {record.facts['run_id']}")
+    return str(path), problems
+

@@ -1,0 +1,150 @@
+"""``gate_decision``: gate this revision's evaluation run against the incumbent release.
+
+- **Challenger**: the revision's latest ``evaluation_run`` (verified and completed: ``load_arm``).
+- **Incumbent**: the release active on the default target (``ragpipe/specs/targets.yaml``). Its
+  evaluation run is found by the run ID its manifest binds (``evaluations/<run id>/``) and must
+  match the manifest's spec ID and ledger head. No active release → a *bootstrap* decision on the
+  policy's absolute floors (``decide(policy, None, challenger)``). An active release that does not
+  verify, or whose run folder is missing or differs, stops the step with an error (fail closed).
+- **Changed coordinates**: when the incumbent's run was measured under other coordinates than
+  the current evaluation spec (another suite, mode, depth, metrics …), the incumbent's bundle is
+  evaluated first under the current spec, with the query plan its run bound, in a new run
+  (``incumbent_run`` in the record); that run is the incumbent arm.
+- **Not pairable**: when exact pairing refuses (e.g. a case skipped by one side only), the decision
+  is *ineligible* with decisive phase ``coverage`` and one failing check ``coverage pairing``
+  whose reason is the pairing error; no comparison is made.
+
+The version folder holds ``decision.json`` (and ``comparison.json`` when paired); the stage and
+Dagster data version is the decision ID.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ragpipe.evaluation.runner import new_run_id, run_evaluation
+from ragpipe.experiment.arm_source import load_arm
+from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.comparison import Comparison, compare, comparison_bytes
+from ragpipe.experiment.decision import Decision, check, decide
+from ragpipe.experiment.pairing import PairingError, pair
+from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.release.manifest import ReleaseManifest
+from ragpipe.release.pointer import read_pointer
+from ragpipe.release.status import resolve_active
+from ragpipe.release.store import ReleaseStore
+from ragpipe.release.targets import TargetsConfig, load_targets
+from ragpipe.retrieval.plan import parse_plan
+from ragpipe.stages.chain_ids import ChainPlan, chain_plan
+from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
+from ragpipe.stages.results import Table, table
+from ragpipe.stages.stage_store import StageError, holding_workspace_lock
+from ragpipe.stages.workspace import Workspace
+
+STAGE = "gate_decision"
+
+
+def _incumbent_manifest(ws: Workspace, config: TargetsConfig) -> tuple[str, ReleaseManifest, Path] | None:
+    """(release ID, manifest, bundle path) of the default target's active release; None when none is."""
+    name, _ = config.get(None)
+    pointer = read_pointer(ReleaseStore(ws), name)
+    if pointer is None:
+        return None
+    manifest, bundle = resolve_active(ws, name, config=config)  # refuses a release that no longer verifies
+    return pointer.release_id, manifest, bundle
+
+
+def _incumbent_arm(ws: Workspace, chain: ChainPlan, release_id: str, manifest: ReleaseManifest, bundle: Path,
+                   challenger: ArmRun) -> tuple[ArmRun, str | None]:
+    """The incumbent arm, re-evaluated under the current spec when its coordinates differ; and the
+    new run's ID when it was."""
+    run = evaluations_dir(ws) / manifest.evaluation.run_id
+    if not run.is_dir():
+        raise StageError(f"active release {release_id}: its evaluation run {manifest.evaluation.run_id} is not in {run.parent}")
+    arm = load_arm(run)
+    bound = (arm.spec_id, arm.run_id, arm.ledger_head)
+    if bound != (manifest.evaluation.spec_id, manifest.evaluation.run_id, manifest.evaluation.ledger_head):
+        raise StageError(f"active release {release_id}: run folder {run} is not the evaluation run its manifest binds")
+    if arm.coordinates == challenger.coordinates:
+        return arm, None
+    plan = parse_plan(json.loads((run / "inputs" / "query_plan.json").read_bytes()), str(run / "inputs" / "query_plan.json"))
+    run_id = new_run_id()
+    out = evaluations_dir(ws) / run_id
+    run_evaluation(chain.evaluation_spec(bundle, manifest.bundle_id, plan), out, run_id=run_id)
+    return load_arm(out), run_id
+
+
+def not_pairable(chain: ChainPlan, incumbent: ArmRun, challenger: ArmRun, error: PairingError) -> Decision:
+    """The ineligible decision recorded when the runs cannot be paired exactly (module docstring)."""
+    failed = check("coverage", "pairing", None, "==", 1.0, missing=str(error))
+    return Decision(mode="paired", eligible=False, decisive_phase="coverage", checks=(failed,), reasons=(str(failed.reason),),
+                    comparison_id=None, policy_id=chain.policy.policy_id, incumbent=incumbent.ref(), challenger=challenger.ref(),
+                    human_apply_required=chain.policy.human_apply_required)
+
+
+def checks_table(decision: Decision) -> Table | None:
+    cols = [("phase", "string"), ("check", "string"), ("metric", "string"), ("slice", "string"), ("arm", "string"),
+            ("value", "float"), ("op", "string"), ("threshold", "float"), ("verdict", "string"), ("reason", "string")]
+    rows = [[c.phase, c.name, c.metric, c.slice, c.arm, c.value, c.op, c.threshold, c.verdict, c.reason] for c in decision.checks]
+    return table(cols, rows, limit=500)
+
+
+def deltas_table(comparison: Comparison | None) -> Table | None:
+    if comparison is None:
+        return None
+    cols = [("slice", "string"), ("metric", "string"), ("n", "int"), ("mean", "float"), ("ci_low", "float"), ("ci_high", "float"),
+            ("p_value", "float"), ("wins", "int"), ("ties", "int"), ("losses", "int")]
+    rows = [[name, metric, m.stats.n, m.stats.mean, m.stats.ci_low, m.stats.ci_high, m.stats.p_value, m.stats.wins, m.stats.ties, m.stats.losses]
+            for name, s in comparison.slices.items() for metric, m in s.metrics.items()]
+    return table(cols, rows, limit=500)
+
+
+def _write(decision: Decision, comparison: Comparison | None):
+    def write(tmp: Path) -> None:
+        write_file_atomic(tmp / "decision.json", (json.dumps(decision.as_json(), indent=2, sort_keys=True) + "\n").encode())
+        if comparison is not None:
+            write_file_atomic(tmp / "comparison.json", comparison_bytes(comparison))
+    return write
+
+
+@holding_workspace_lock
+def run_gate_decision(ws: Workspace, revision: str, spec: PipelineSpec, config: TargetsConfig | None = None) -> ChainResult:
+    """Decide whether the revision's evaluation makes its release eligible (module docstring)."""
+    t0 = time.perf_counter()
+    chain = chain_plan(spec)
+    ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
+    challenger = load_arm(Path(str(ev.record.facts["run_path"])))
+    incumbent = _incumbent_manifest(ws, config or load_targets())
+    comparison, facts = None, {"incumbent_release": None, "incumbent_run": None, "incumbent_reevaluated": None}
+    if incumbent is None:
+        decision = decide(chain.policy, None, challenger)
+    else:
+        release_id, manifest, bundle = incumbent
+        arm, reevaluated = _incumbent_arm(ws, chain, release_id, manifest, bundle, challenger)
+        facts = {"incumbent_release": release_id, "incumbent_run": arm.run_id, "incumbent_reevaluated": reevaluated}
+        try:
+            comparison = compare(pair(arm, challenger), chain.comparison)
+        except PairingError as exc:
+            decision = not_pairable(chain, arm, challenger, exc)
+        else:
+            decision = decide(chain.policy, comparison, challenger)
+    facts |= {"decision_id": decision.decision_id, "eligible": decision.eligible, "decisive_phase": decision.decisive_phase,
+              "mode": decision.mode, "comparison_id": comparison.comparison_id if comparison else None,
+              "policy_id": decision.policy_id, "challenger_run": challenger.run_id}
+    record = publish_chain(ws, STAGE, revision, chain.gate_code_version, decision.decision_id, {"evaluation_run": ev}, facts,
+                           _write(decision, comparison))
+    metadata: dict[str, Any] = {k: v for k, v in facts.items() if v is not None}
+    metadata["decisive_phase"] = decision.decisive_phase or "none"
+    metadata["reasons"] = "; ".join(decision.reasons) or "none"
+    metadata["duration_seconds"] = round(time.perf_counter() - t0, 3)
+    tables = {"checks": checks_table(decision), "deltas": deltas_table(comparison)}
+    return ChainResult(record, decision.decision_id, metadata, {k: v for k, v in tables.items() if v is not None})
+
+
+def read_decision(folder: Path) -> dict[str, Any]:
+    """The ``decision.json`` of a ``gate_decision`` version folder."""
+    return json.loads((folder / "decision.json").read_bytes())

@@ -1,0 +1,61 @@
+"""``release_manifest``: publish the release manifest of a revision's gated evaluation.
+
+Reads the revision's latest ``gate_decision``, the ``evaluation_run`` it decided on and the
+``index_bundle`` that run evaluated (refusing outputs not built from one another), verifies the
+bundle completely (``open_bundle``, for its material digest), and publishes
+``ReleaseManifest`` into the release store (``ragpipe.release.manifest.publish_manifest``:
+atomic, a no-op when the same manifest exists). Ineligible decisions are published too: the
+manifest says so, and nothing activates it. Stage and Dagster data version: the release ID.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ragpipe.bundle.verify import open_bundle
+from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
+from ragpipe.release.store import ReleaseStore
+from ragpipe.stages.chain_ids import chain_plan
+from ragpipe.stages.chain_store import ChainResult, check_built_from, publish_chain, read_chain_input
+from ragpipe.stages.gate_steps import read_decision
+from ragpipe.stages.stage_store import holding_workspace_lock, read_output
+from ragpipe.stages.workspace import Workspace
+
+STAGE = "release_manifest"
+
+
+@holding_workspace_lock
+def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> ChainResult:
+    t0 = time.perf_counter()
+    chain = chain_plan(spec)
+    gate = read_chain_input(ws, revision, "gate_decision", chain.gate_code_version, STAGE)
+    ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
+    bundle = read_output(ws, revision, "index_bundle", spec)
+    check_built_from(revision, "gate_decision", gate, "evaluation_run", ev)
+    check_built_from(revision, "evaluation_run", ev, "index_bundle", bundle)
+    decision = read_decision(gate.path)
+    opened = open_bundle(Path(str(bundle.record.facts["bundle_path"])))
+    f = ev.record.facts
+    manifest = ReleaseManifest(
+        revision=revision, bundle_id=opened.manifest.bundle_id, material_digest=opened.manifest.material_digest,
+        query_plan_id=chain.query_plan_id, answer_plan_id=chain.answer_plan_id,
+        authorization_policy_id=chain.authorization_policy_id, gate_policy_id=decision["policy_id"],
+        evaluation=EvaluationRef(spec_id=str(f["spec_id"]), run_id=str(f["run_id"]), ledger_head=str(f["ledger_head"])),
+        comparison_id=decision["comparison_id"],
+        gate=GateRef(decision_id=decision["decision_id"], eligible=decision["eligible"], decisive_phase=decision["decisive_phase"]),
+    )
+    release_id, published = publish_manifest(ReleaseStore(ws), manifest)
+    facts = {"release_id": release_id, "eligible": manifest.gate.eligible, "decisive_phase": manifest.gate.decisive_phase,
+             "bundle_id": manifest.bundle_id}
+    record = publish_chain(ws, STAGE, revision, chain.release_code_version, release_id,
+                           {"gate_decision": gate, "evaluation_run": ev, "index_bundle": bundle}, facts)
+    metadata = {
+        "release_id": release_id, "eligible": manifest.gate.eligible, "decisive_phase": manifest.gate.decisive_phase or "none",
+        "bundle_id": manifest.bundle_id, "material_digest": manifest.material_digest, "decision_id": manifest.gate.decision_id,
+        "comparison_id": manifest.comparison_id or "none (bootstrap)", "evaluation_run_id": manifest.evaluation.run_id,
+        "publication": "published" if published else "existing", "manifest_path": ReleaseStore(ws).manifest_path(release_id),
+        "duration_seconds": round(time.perf_counter() - t0, 3),
+    }
+    return ChainResult(record, release_id, metadata)

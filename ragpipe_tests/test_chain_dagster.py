@@ -1,0 +1,165 @@
+"""The evaluation → gate → release chain through Dagster, on both sample revisions.
+
+Revision 1 is built through the whole chain (bootstrap gate: no release is active), its release is
+activated on staging with the ``activate_release`` job, then revision 2 is built and gated against
+it (paired). Each sample revision is built once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+
+from ragpipe.corpus.registry import register_revision
+from ragpipe.defs import build_definitions
+from ragpipe.defs.runner import materialize_revision
+from ragpipe.evaluation.runner import verify_run
+from ragpipe.pipeline_spec import load_pipeline_spec
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.status import resolve_active
+from ragpipe.release.store import ReleaseStore
+from ragpipe.stages.chain_ids import chain_plan
+from ragpipe.stages.eval_steps import attempt_version
+from ragpipe.stages.steps import read_stage_record
+from ragpipe.stages.workspace import Workspace
+from ragpipe_tests.conftest import SAMPLE
+
+CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
+
+
+def latest(instance: DagsterInstance, asset: str, rev: str):
+    (rec,) = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[rev]), limit=1).records
+    return rec.asset_materialization
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("chain")
+    ws = Workspace(root / "ragpipe")
+    (root / "dagster").mkdir()
+    instance = DagsterInstance.local_temp(str(root / "dagster"))
+    spec = load_pipeline_spec()
+    summaries, activation = {}, None
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAGPIPE_HOME", str(ws.home))
+        defs = build_definitions()
+        for rev, path in (("scifact-1", SAMPLE / "rev-1.jsonl"), ("scifact-2", SAMPLE / "rev-2.jsonl")):
+            register_revision(ws.registry, rev, path, "beir")
+            summaries[rev] = materialize_revision(rev, ws, instance=instance, spec=spec)
+            if rev == "scifact-1":
+                config = {"ops": {"activate": {"config": {"release_id": summaries[rev].release_id, "target": "staging"}}}}
+                activation = defs.resolve_job_def("activate_release").execute_in_process(run_config=config, instance=instance)
+        yield ws, instance, spec, summaries, activation, defs
+    instance.dispose()
+
+
+def test_build_summary_carries_the_release_fields(chain):
+    ws, _, _, summaries, _, _ = chain
+    s1, s2 = summaries["scifact-1"], summaries["scifact-2"]
+    assert (s1.eligible, s1.decisive_phase) == (True, None)
+    for s in (s1, s2):
+        assert s.release_id == read_stage_record(ws, s.revision, "release_manifest").data_version
+        assert {"release_id", "eligible", "decisive_phase"} <= set(s.as_dict())
+
+
+def test_evaluation_run_materializes_per_partition_with_its_run(chain):
+    ws, instance, spec, summaries, _, _ = chain
+    plan = chain_plan(spec)
+    for rev, summary in summaries.items():
+        m = latest(instance, "evaluation_run", rev)
+        record = read_stage_record(ws, rev, "evaluation_run")
+        facts = record.facts
+        assert m.tags["dagster/code_version"] == plan.evaluation_code_version == record.spec_id
+        assert m.tags["dagster/data_version"] == facts["spec_id"]
+        assert record.data_version == attempt_version(str(facts["spec_id"]), str(facts["run_id"]))
+        assert record.inputs == {"index_bundle": summary.bundle_id}
+        md = m.metadata
+        assert (md["run_id"].value, md["ledger_head"].value) == (facts["run_id"], facts["ledger_head"])
+        # suite-stable: the 99 cases evaluable in both revisions, none skipped or failed
+        assert (md["cases"].value, md["evaluated"].value, md["skipped"].value, md["failed"].value) == (99, 99, 0, 0)
+        rows = {r.data["metric"]: r.data for r in md["metrics"].value.records}
+        assert {"ndcg@10", "recall@100", "mrr@10", "unauthorized_disclosures"} <= set(rows)
+        assert rows["ndcg@10"]["n"] == 99 and rows["unauthorized_disclosures"]["value"] == 0.0
+        state = verify_run(Path(str(facts["run_path"])))
+        assert (state.status, state.run_id) == ("completed", facts["run_id"])
+        checks = instance.all_logs(summary.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        assert ("evaluation_ledger_verifies", True) in [
+            (e.dagster_event.event_specific_data.asset_check_key.name, e.dagster_event.event_specific_data.passed) for e in checks
+        ]
+
+
+def test_gate_bootstraps_revision_1_and_pairs_revision_2_with_its_active_release(chain):
+    ws, instance, spec, summaries, activation, _ = chain
+    assert activation.success
+    r1 = summaries["scifact-1"].release_id
+    g1, g2 = read_stage_record(ws, "scifact-1", "gate_decision"), read_stage_record(ws, "scifact-2", "gate_decision")
+    assert (g1.facts["mode"], g1.facts["incumbent_release"], g1.facts["comparison_id"]) == ("bootstrap", None, None)
+    assert (g2.facts["mode"], g2.facts["incumbent_release"], g2.facts["incumbent_reevaluated"]) == ("paired", r1, None)
+    assert g2.facts["incumbent_run"] == read_stage_record(ws, "scifact-1", "evaluation_run").facts["run_id"]
+    assert g2.facts["comparison_id"] is not None
+    for rev, g in (("scifact-1", g1), ("scifact-2", g2)):
+        m = latest(instance, "gate_decision", rev)
+        assert m.tags["dagster/data_version"] == g.data_version == g.facts["decision_id"]
+        decision = json.loads((ws.stage_dir(rev, "gate_decision") / g.data_version.split(":")[1] / "decision.json").read_text())
+        phases = [r.data["phase"] for r in m.metadata["checks"].value.records]
+        assert phases == [c["phase"] for c in decision["checks"]]  # every check, in execution order
+        assert m.metadata["decisive_phase"].value == (decision["decisive_phase"] or "none")
+    deltas = {(r.data["slice"], r.data["metric"]) for r in latest(instance, "gate_decision", "scifact-2").metadata["deltas"].value.records}
+    assert ("all", "ndcg@10") in deltas
+    # revision 2 changes 27 of 300 documents: it cannot show an improvement beyond noise
+    assert (summaries["scifact-2"].eligible, summaries["scifact-2"].decisive_phase) == (False, "target")
+
+
+def test_release_manifest_binds_what_was_gated(chain):
+    ws, instance, spec, summaries, _, _ = chain
+    plan = chain_plan(spec)
+    for rev, summary in summaries.items():
+        manifest = load_manifest(ReleaseStore(ws), summary.release_id)
+        ev, gate = read_stage_record(ws, rev, "evaluation_run"), read_stage_record(ws, rev, "gate_decision")
+        assert manifest.revision == rev and manifest.bundle_id == summary.bundle_id
+        assert (manifest.evaluation.spec_id, manifest.evaluation.run_id, manifest.evaluation.ledger_head) == (
+            ev.facts["spec_id"], ev.facts["run_id"], ev.facts["ledger_head"])
+        assert (manifest.gate.decision_id, manifest.gate.eligible, manifest.comparison_id) == (
+            gate.data_version, gate.facts["eligible"], gate.facts["comparison_id"])
+        assert (manifest.query_plan_id, manifest.gate_policy_id) == (plan.query_plan_id, plan.policy.policy_id)
+        m = latest(instance, "release_manifest", rev)
+        assert m.tags["dagster/data_version"] == summary.release_id
+        assert m.tags["dagster/code_version"] == plan.release_code_version
+    active, _ = resolve_active(ws, "staging")
+    assert active.revision == "scifact-1"
+
+
+def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):
+    ws, instance, spec, summaries, _, _ = chain
+    again = materialize_revision("scifact-2", ws, instance=instance, spec=spec)
+    assert (again.up_to_date, again.run_id, again.release_id) == (True, None, summaries["scifact-2"].release_id)
+
+
+def test_the_blocking_check_fails_for_a_tampered_ledger(chain, monkeypatch: pytest.MonkeyPatch):
+    """A ledger altered after the run (one byte of record 2) fails the blocking check in the same run,
+    so gate_decision and release_manifest are not materialized."""
+    ws, instance, _, _, _, defs = chain
+    from ragpipe.stages import eval_steps
+
+    real = eval_steps.run_evaluation
+
+    def run_then_tamper(spec, out, **kw):
+        result = real(spec, out, **kw)
+        ledger = out / "ledger.jsonl"
+        data = ledger.read_bytes()
+        ledger.write_bytes(data.replace(b'"name":"suite"', b'"name":"suitf"', 1))
+        return result
+
+    monkeypatch.setattr(eval_steps, "run_evaluation", run_then_tamper)
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(partition_key="scifact-2", instance=instance, raise_on_error=False,
+                                    asset_selection=[AssetKey(a) for a in CHAIN])
+    run = Path(str(read_stage_record(ws, "scifact-2", "evaluation_run").facts["run_path"]))
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert (evaluation.check_name, evaluation.passed) == ("evaluation_ledger_verifies", False)
+    assert evaluation.description == f"evaluation run {run}: {run / 'ledger.jsonl'}: record 2: hash does not match the record's content"
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
+    assert materialized == {"evaluation_run"}
