@@ -26,13 +26,26 @@ $(VENV)/.installed: pyproject.toml
 dagster-home:
 	cmp -s deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml || install -D -m 644 deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
+# The demo walks the whole chain: revision 1 is built, evaluated and gated without an incumbent
+# (bootstrap) and activated on staging; revision 2 is gated against it and activated only if the
+# gate says it is eligible; then a rollback, the release table, and queries served by the active
+# release. `release_of` reads a revision's release ID from its (up-to-date, so instant) build.
+release_of = $$($(BIN)/ragpipe build data/scifact-sample/rev-$(1).jsonl --revision scifact-$(1) --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["release_id"])')
+
 demo: install dagster-home
 	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1
+	$(BIN)/ragpipe release activate $(call release_of,1) --target staging
 	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2
-	$(BIN)/ragpipe query "Aspirin reduces the risk of cardiovascular events" --revision scifact-2 --k 3
+	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-1 --out var/demo-eval/scifact-1-$$(date +%s)
+	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-2 --out var/demo-eval/scifact-2-$$(date +%s)
+	$(BIN)/ragpipe release activate $(call release_of,2) --target staging || echo "revision 2 stays unreleased: its gate decision is not eligible (decisive phase above)"
+	$(BIN)/ragpipe release rollback --target staging || echo "nothing to roll back: revision 2 was not activated"
+	$(BIN)/ragpipe release list
+	$(BIN)/ragpipe release current --target staging
+	$(BIN)/ragpipe query "Aspirin reduces the risk of cardiovascular events" --k 3
 	$(BIN)/ragpipe query "ALDH1 expression and breast cancer outcome" --revision scifact-2 --k 3 --mode lexical
 	$(BIN)/ragpipe query "vitamin D deficiency and tuberculosis" --revision scifact-2 --k 3 --mode vector
-	$(BIN)/ragpipe answer "Does aspirin reduce the risk of cardiovascular events?" --revision scifact-2
+	$(BIN)/ragpipe answer "Does aspirin reduce the risk of cardiovascular events?"
 
 query-bench: install
 	$(BIN)/python -m ragpipe.benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"

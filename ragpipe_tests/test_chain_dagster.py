@@ -8,6 +8,9 @@ it (paired). Each sample revision is built once for the module.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,11 +24,12 @@ from ragpipe.pipeline_spec import load_pipeline_spec
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseStore
+from ragpipe.retrieval.service import Retriever
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.eval_steps import attempt_version
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.stages.workspace import Workspace
-from ragpipe_tests.conftest import SAMPLE
+from ragpipe_tests.conftest import REPO, SAMPLE
 
 CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
 
@@ -136,6 +140,38 @@ def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):
     ws, instance, spec, summaries, _, _ = chain
     again = materialize_revision("scifact-2", ws, instance=instance, spec=spec)
     assert (again.up_to_date, again.run_id, again.release_id) == (True, None, summaries["scifact-2"].release_id)
+
+
+def test_query_serves_the_active_release_with_its_gated_plan(chain):
+    """`ragpipe query` without a bundle serves the default target's active release (revision 1's,
+    activated above) with the plan it was gated with, and says which release answered."""
+    ws, _, _, summaries, _, _ = chain
+    s1 = summaries["scifact-1"]
+    manifest = load_manifest(ReleaseStore(ws), s1.release_id)
+    env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
+    env.pop("RAGPIPE_TARGETS", None)
+
+    def ragpipe(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+
+    done = ragpipe("query", "aspirin and cardiovascular events", "--k", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["release_id"], data["bundle_id"], data["plan_id"]) == (s1.release_id, s1.bundle_id, manifest.query_plan_id)
+    assert [h["rank"] for h in data["hits"]] == [1, 2, 3]
+
+    retriever = Retriever.for_target(home=ws.home)
+    assert (retriever.release_id, retriever.bundle_id, retriever.plan.plan_id) == (s1.release_id, s1.bundle_id, manifest.query_plan_id)
+    retriever.close()
+
+    refusals = {
+        ("--target", "production"): "target 'production' has no active release (activate one: ragpipe release activate RELEASE_ID --target production)",
+        ("--plan", "ragpipe/specs/query_plan.yaml"): "--plan applies to --bundle or --revision; a release serves the plan it was gated with",
+        ("--release", s1.release_id, "--revision", "scifact-1"): "give a bundle (--bundle or --revision) or a release (--release or --target), not both",
+    }
+    for args, message in refusals.items():
+        done = ragpipe("query", "aspirin", *args)
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", f"error: {message}\n")
 
 
 def test_the_blocking_check_fails_for_a_tampered_ledger(chain, monkeypatch: pytest.MonkeyPatch):

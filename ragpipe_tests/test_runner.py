@@ -169,8 +169,10 @@ def test_queue_launch_follows_the_daemons_run(tmp_path: Path):
     assert lines[0] == f"registered: revision hb from {corpus}"
     run_id = lines[1].split()[1]
     assert lines[1] == f"run {run_id} queued; waiting for the daemon to start it"
+    # the checked-in spec has an evaluation section: the run carries the revision through the chain
     assert [line.split()[1] for line in lines if line.startswith("✓ ") and "check" not in line] == [
-        "source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"
+        "source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle",
+        "evaluation_run", "gate_decision", "release_manifest",
     ]
     assert "│ launched        │ queue" in out.stdout and f"│ run_id          │ {run_id}" in out.stdout
     with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:

@@ -16,14 +16,36 @@ ScopeOpt = Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Sc
 PrincipalOpt = Annotated[str, typer.Option("--principal", help="Who is asking (recorded in the result).")]
 PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")]
 ModeOpt = Annotated[Optional[Mode], typer.Option("--mode", help="Channels: hybrid, lexical or vector (default: the plan's).")]
+ReleaseOpt = Annotated[Optional[str], typer.Option("--release", help="Serve this exact release (verified; its gated plan).")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Serve the active release of this target.")]
 
 
-def _retriever(bundle: Path | None, revision: str | None, plan_path: Path | None):
+def _retriever(bundle: Path | None, revision: str | None, release: str | None, target: str | None, plan_path: Path | None):
+    """The retriever for the source the caller named: ``--bundle`` or ``--revision`` (with ``--plan``
+    or the default plan), else a release — ``--release ID``, the active release of ``--target``,
+    or, with none of these, the active release of the default target, served with the plan it
+    was gated with."""
     from ragpipe.retrieval.plan import load_plan
     from ragpipe.retrieval.service import Retriever
 
-    plan = load_plan(plan_path)
-    return Retriever(bundle_path(bundle, revision), plan=plan, cache_dir=default_home() / "answer_cache"), plan
+    cache = default_home() / "answer_cache"
+    if bundle is not None or revision is not None:
+        if release is not None or target is not None:
+            raise ValueError("give a bundle (--bundle or --revision) or a release (--release or --target), not both")
+        plan = load_plan(plan_path)
+        return Retriever(bundle_path(bundle, revision), plan=plan, cache_dir=cache), plan
+    if plan_path is not None:
+        raise ValueError("--plan applies to --bundle or --revision; a release serves the plan it was gated with")
+    if release is not None and target is not None:
+        raise ValueError("give --release or --target, not both")
+    retriever = Retriever.for_target(target, release_id=release, cache_dir=cache)
+    return retriever, retriever.plan
+
+
+def _with_release(data: dict, retriever) -> dict:
+    if retriever.release_id is not None:
+        data["release_id"] = retriever.release_id
+    return data
 
 
 def _subject(principal: str, scopes: list[str] | None):
@@ -42,13 +64,15 @@ def _or_fail(action):
     try:
         return action()
     except (BundleVerificationError, PlanError, QueryError, AuthorizationError, RerankerError, ValueError) as exc:
-        fail(str(exc))
+        fail(str(exc))  # ReleaseError and LedgerError are ValueErrors too
 
 
 def query(
     text: Annotated[str, typer.Argument(help="The query.")],
     bundle: BundleOpt = None,
     revision: RevisionOpt = None,
+    release: ReleaseOpt = None,
+    target: TargetOpt = None,
     scope: ScopeOpt = None,
     principal: PrincipalOpt = "cli",
     k: Annotated[int, typer.Option("--k", help="Number of hits.")] = 10,
@@ -60,19 +84,21 @@ def query(
         bool, typer.Option("--audit", help="Operator only: the trace plus counts of documents hidden from the subject.")
     ] = False,
 ) -> None:
-    """Ranked chunks for TEXT from a verified bundle, visible to the caller's scopes only."""
+    """Ranked chunks for TEXT, visible to the caller's scopes only, from a verified bundle or (by
+    default) the active release of the default target."""
     def run():
-        retriever, _ = _retriever(bundle, revision, plan)
-        return retriever.query(
+        retriever, _ = _retriever(bundle, revision, release, target, plan)
+        result = retriever.query(
             text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace or audit, audit=audit
         )
+        return result, _with_release(result.as_dict(), retriever)
 
-    result = _or_fail(run)
-    data = result.as_dict()
+    result, data = _or_fail(run)
     if as_json:
         emit_json(data)
         return
-    out.print(f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…")
+    served = f" · release {data['release_id'][:19]}…" if "release_id" in data else ""
+    out.print(f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…{served}")
     for hit in data["hits"]:
         out.print(
             f"\n[bold]{hit['rank']:>2}.[/] {escape(str(hit['title']))}  [dim]{escape(str(hit['document_id']))} "
@@ -88,6 +114,8 @@ def answer(
     text: Annotated[str, typer.Argument(help="The question.")],
     bundle: BundleOpt = None,
     revision: RevisionOpt = None,
+    release: ReleaseOpt = None,
+    target: TargetOpt = None,
     scope: ScopeOpt = None,
     principal: PrincipalOpt = "cli",
     model: Annotated[Optional[str], typer.Option("--model", help="Answer with this litellm model instead of the plan's generator.")] = None,
@@ -98,19 +126,21 @@ def answer(
 ) -> None:
     """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
     def run():
-        retriever, qplan = _retriever(bundle, revision, plan)
+        retriever, qplan = _retriever(bundle, revision, release, target, plan)
         gen_plan = qplan.answer.generator
         if model:
             gen_plan = gen_plan.model_copy(update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base})
-        return retriever.answer(
+        result = retriever.answer(
             text, _subject(principal, scope), generator=retriever.make_generator(gen_plan), mode=mode.value if mode else None
         )
+        return _with_release(result.as_dict(), retriever)
 
-    data = _or_fail(run).as_dict()
+    data = _or_fail(run)
     if as_json:
         emit_json(data)
         return
-    out.print(f"[dim]generator: {escape(data['generator'])}[/]")
+    served = f" · release {data['release_id']}" if "release_id" in data else ""
+    out.print(f"[dim]generator: {escape(data['generator'])}{served}[/]")
     if data["abstained"]:
         out.print(f"[bold yellow]abstained:[/] {escape(str(data['reason']))}")
     else:

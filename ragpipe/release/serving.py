@@ -1,0 +1,67 @@
+"""What a query is served from when the caller names no bundle: a release.
+
+``served_release(ws, target=…)`` resolves the active release of a target (the configured default
+target when None), ``served_release(ws, release_id=…)`` one exact release; either way the bundle is
+fully verified against the manifest (``status.resolve_active`` / ``activation.verify_release``) and
+the query plan is the one the release was gated with: the evaluation run's bound copy
+(``evaluations/<run id>/inputs/query_plan.json``), accepted only if its plan ID is the manifest's
+``query_plan_id``. Serving a release with another plan would answer with something that was never
+evaluated, so a missing or different plan is refused, never replaced by the default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragpipe.release.activation import bundle_path, verify_release
+from ragpipe.release.manifest import ReleaseManifest, load_manifest
+from ragpipe.release.status import resolve_active
+from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
+from ragpipe.stages.workspace import Workspace
+
+PLAN_COPY = Path("inputs") / "query_plan.json"  # ragpipe.evaluation.runner.INPUTS["query_plan"]
+
+
+@dataclass(frozen=True)
+class ServedRelease:
+    release_id: str
+    manifest: ReleaseManifest
+    bundle: Path
+    plan_path: Path  # the gated plan (JSON); load with ragpipe.retrieval.plan
+
+
+def served_release(ws: Workspace, target: str | None = None, release_id: str | None = None) -> ServedRelease:
+    """The verified release to serve; ``ReleaseError`` naming what is missing or wrong."""
+    if release_id is not None:
+        store = ReleaseStore(ws)
+        manifest = load_manifest(store, check_release_id(release_id))
+        problems = verify_release(ws, manifest)
+        if problems:
+            raise ReleaseError(f"release {release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
+        bundle = bundle_path(ws, manifest)
+    else:
+        manifest, bundle = resolve_active(ws, target)
+    return ServedRelease(manifest.release_id, manifest, bundle, gated_plan(ws, manifest))
+
+
+def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> Path:
+    """The path of the plan ``manifest`` was evaluated with, after checking its plan ID."""
+    from ragpipe.retrieval.plan import PlanError, parse_plan  # pydantic plan model: only when serving
+
+    run_id = manifest.evaluation.run_id
+    if run_id in (".", "..") or "/" in run_id or "\\" in run_id:
+        raise ReleaseError(f"release {manifest.release_id}: evaluation run ID {run_id!r} is not a folder name")
+    path = ws.home / "evaluations" / run_id / PLAN_COPY
+    try:
+        plan = parse_plan(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except FileNotFoundError:
+        raise ReleaseError(f"release {manifest.release_id}: the plan it was gated with is missing ({path})") from None
+    except (OSError, ValueError, PlanError) as exc:
+        raise ReleaseError(f"release {manifest.release_id}: cannot read the plan it was gated with: {exc}") from None
+    if plan.plan_id != manifest.query_plan_id:
+        raise ReleaseError(
+            f"release {manifest.release_id}: {path} holds plan {plan.plan_id}, not the release's {manifest.query_plan_id}"
+        )
+    return path
