@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ragpipe.evaluation.ledger import HEAD, LEDGER, Ledger, LedgerError, encode, make_record, read_ledger
 from ragpipe.evaluation.run_state import TransitionError, apply, cell_dict, initial_state, reduce
+from ragpipe.kernel.canonical import canonical_bytes
 
 CELLS = [("q1", 0, "a"), ("q1", 1, "a"), ("q2", 0, "a")]
 CREATED = {"run_id": "r", "spec_id": "sha256:" + "0" * 64, "cells": [cell_dict(c) for c in CELLS]}
@@ -129,6 +130,29 @@ def test_chain_gap_and_hash_damage_name_the_record(tmp_path):
     forged = r2.__class__(2, "InputBound", {"name": "s", "digest": "EVIL"}, r1.hash, r2.hash)
     with pytest.raises(LedgerError, match=r"record 2: hash does not match the record's content$"):
         read_ledger(_ledger_lines(tmp_path / "c", [r1, forged]))
+
+
+def test_head_rewritten_in_place_across_digit_boundaries(tmp_path):
+    """The head is rewritten in place (one write + fsync): its bytes are exactly the canonical
+    ``{hash, seq}`` line at every append, including when ``seq`` gains a digit (9 -> 10), and when
+    ``open`` repairs a head naming a torn record 10 back to record 9 (the file shrinks)."""
+    folder = tmp_path / "run"
+    ledger = write(folder, full_run()[:2])
+    for _ in range(7):
+        ledger.append("CellStarted", cell(CELLS[0]))
+    assert len(ledger.records) == 9
+    inode = (folder / HEAD).stat().st_ino
+    ledger.append("CellStarted", cell(CELLS[0]))
+    records = ledger.records
+    ledger.close()
+    assert (folder / HEAD).read_bytes() == canonical_bytes({"hash": records[9].hash, "seq": 10}) + b"\n"
+    assert (folder / HEAD).stat().st_ino == inode  # rewritten, not replaced
+    data = (folder / LEDGER).read_bytes()
+    (folder / LEDGER).write_bytes(data[: len(data) - 5])  # record 10's line torn; the head still names it
+    with Ledger.open(folder) as reopened:
+        assert len(reopened.records) == 9
+    assert (folder / HEAD).read_bytes() == canonical_bytes({"hash": records[8].hash, "seq": 9}) + b"\n"
+    assert read_ledger(folder).records == tuple(records[:9])
 
 
 def test_head_disagreements_are_refused(tmp_path):

@@ -5,11 +5,19 @@
 
 In one process, one ``Retriever`` (query embedder loaded, warmed up on ``--warmup`` claims):
 
-* ``bare``: the suite's queries as plain ``Retriever.query(text, k, mode)`` calls, timed in total;
+* ``bare``: the suite's queries as plain ``Retriever.query(text, k, mode)`` calls, timed in total,
+  under the collector setting the runner's cells run under (``runner.long_lived_heap_frozen``);
 * ``eval``: ``run_evaluation`` of the same suite (SciFact test, imported from the BEIR folder),
   timed from folder creation to the written report — audit trace, scoring through ir_measures,
-  Parquet traces, fsynced ledger appends and head rewrites included; ratio eval / bare (target
-  <= 1.15);
+  Parquet traces, fsynced ledger appends and head rewrites included; ``ratio`` eval / bare (target
+  <= 1.15). On a shared machine the load drifts between the two halves, so ``ratio_paired`` also
+  divides by ``paired_bare_query_s``: each cell's query run again as a bare call right after the
+  cell closes (timed apart, not counted in ``eval_s``; warm for the bare side, so conservative);
+* per-cell profile of that run (``profile_ms_per_cell``): the time inside ``Retriever.query``
+  (audit trace included), the trace table, the Parquet write with its fsyncs, the ledger appends
+  (fsynced, head rewritten), the metrics; ``overhead`` is the run's wall time minus its query time,
+  per cell — the evaluation's own cost, much less sensitive to machine load than the ratio, whose
+  two halves run a minute apart; ``gc`` is the garbage collector's pauses, wherever they fell;
 * bytes: ledger and traces of the run, per cell;
 * resume: a second run killed (an exception from its progress hook, after the cell's records
   are durable) at 50 % of its cells, then ``resume_evaluation``: its wall time, the cells it
@@ -22,17 +30,24 @@ hybrid figure is 0.710 / 0.952 on the same bundle).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from ragpipe.evaluation import cell as cell_module
+from ragpipe.evaluation import runner as runner_module
+from ragpipe.evaluation.cell import subject_for
 from ragpipe.evaluation.eval_spec import EvaluationSpec
-from ragpipe.evaluation.ledger import LEDGER, read_ledger
-from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
+from ragpipe.evaluation.ledger import LEDGER, Ledger, read_ledger
+from ragpipe.evaluation.runner import long_lived_heap_frozen, resume_evaluation, run_evaluation
 from ragpipe.evaluation.suite import Suite, load_suite
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.plan import load_plan
@@ -45,6 +60,53 @@ class Killed(Exception):
 
 def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# (owner, attribute, label): what the profile times inside one evaluation run
+PROFILED = (
+    (cell_module, "hit_table", "trace_table"),
+    (cell_module, "write_trace", "trace_write"),
+    (cell_module, "score_cases", "metrics"),
+    (Ledger, "append", "ledger_append"),
+    (runner_module, "build_report", "report"),
+)
+
+
+@contextmanager
+def profiled(retriever: Retriever) -> Iterator[dict[str, float]]:
+    """Accumulate wall seconds per label while the block runs (the functions in ``PROFILED`` and
+    ``retriever.query``), restoring every patched attribute afterwards."""
+    seconds: dict[str, float] = {"query": 0.0, **{label: 0.0 for _, _, label in PROFILED}}
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[label] += time.perf_counter() - started
+        return wrapper
+
+    gc_started = [0.0]
+
+    def on_gc(phase: str, _info: dict[str, int]) -> None:  # collector pauses, wherever they fall
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            seconds["gc"] = seconds.get("gc", 0.0) + time.perf_counter() - gc_started[0]
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in PROFILED]
+    gc.callbacks.append(on_gc)
+    try:
+        for owner, name, label in PROFILED:
+            setattr(owner, name, timed(label, getattr(owner, name)))
+        retriever.query = timed("query", retriever.query)  # type: ignore[method-assign]
+        yield seconds
+    finally:
+        gc.callbacks.remove(on_gc)
+        del retriever.query
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
 
 
 def main() -> None:
@@ -70,17 +132,35 @@ def main() -> None:
     for text in texts[: args.warmup]:
         retriever.query(text, Subject.default(), k=args.k, mode=args.mode)
 
+    load_at_start = os.getloadavg()
     work = args.out or Path(tempfile.mkdtemp(prefix="eval-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    for text in texts:
-        retriever.query(text, Subject.default(), k=args.k, mode=args.mode)
-    bare = time.perf_counter() - started
+    with long_lived_heap_frozen():  # the collector setting the runner's cells run under
+        started = time.perf_counter()
+        for text in texts:
+            retriever.query(text, Subject.default(), k=args.k, mode=args.mode)
+        bare = time.perf_counter() - started
 
-    started = time.perf_counter()
-    result = run_evaluation(spec, work / "run", retriever_factory=lambda _: retriever)
-    evaluation = time.perf_counter() - started
+    # Paired bare queries: after each cell closes, its query again as a bare call, timed apart and
+    # excluded from the run's time, so both sides of ``ratio_paired`` see the same machine load.
+    cases = suite.by_id()
+    bare_query = retriever.query
+    paired = [0.0]
+
+    def pair(_done: int, _total: int, key) -> None:
+        started = time.perf_counter()
+        bare_query(cases[key[0]].query, subject_for(cases[key[0]], spec.body), k=args.k, mode=args.mode)
+        paired[0] += time.perf_counter() - started
+
+    with profiled(retriever) as seconds:
+        started = time.perf_counter()
+        result = run_evaluation(spec, work / "run", retriever_factory=lambda _: retriever, on_progress=pair)
+        evaluation = time.perf_counter() - started - paired[0]
     cells = result.report["cells"]["expected"]
+    profile = {label: round(s * 1000 / cells, 2) for label, s in seconds.items()}
+    profile["overhead"] = round((evaluation - seconds["query"]) * 1000 / cells, 2)
+    # gc pauses fall inside the other figures (mostly the query), so they are not subtracted
+    profile["other"] = round(profile["overhead"] - sum(v for k, v in profile.items() if k not in ("query", "overhead", "gc")), 2)
     ledger_bytes = (work / "run" / LEDGER).stat().st_size
     trace_bytes = tree_bytes(work / "run" / "traces")
 
@@ -114,6 +194,11 @@ def main() -> None:
         "bare_query_s": round(bare, 3),
         "eval_s": round(evaluation, 3),
         "ratio": round(evaluation / bare, 3),
+        "paired_bare_query_s": round(paired[0], 3),
+        "ratio_paired": round(evaluation / paired[0], 3),
+        "bare_query_ms_per_cell": round(bare * 1000 / len(texts), 2),
+        "profile_ms_per_cell": profile,
+        "load_average": {"start": [round(x, 2) for x in load_at_start], "end": [round(x, 2) for x in os.getloadavg()]},
         "ledger_bytes_per_cell": round(ledger_bytes / cells),
         "trace_bytes_per_cell": round(trace_bytes / cells),
         "resume": {"killed_after_cells": before, "resumed_cells": after - before, "resume_s": round(resume_seconds, 3),

@@ -6,7 +6,7 @@ names), ``prev`` is the previous record's ``hash`` (``None`` for record 1) and `
 different purposes: a record of one can never verify as a record of another. Each line is exactly
 the record's RFC 8785 bytes plus ``\\n``, written with one ``write`` and fsynced before ``append``
 returns; then the head file (``{"hash": …, "seq": …}``, ``<name>.head`` beside ``<name>.jsonl``) is
-rewritten atomically. Creating the ledger file fsyncs its directory, so the file itself survives a
+rewritten in place and fsynced (``Ledger._write_head``). Creating the ledger file fsyncs its directory, so the file itself survives a
 crash.
 
 Recovery (``Ledger.open``) may drop exactly one thing: an incomplete final line — no trailing
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
-from ragpipe.kernel.publish import fsync_path, write_file_atomic
+from ragpipe.kernel.publish import fsync_path
 
 RECORD_KEYS = ("hash", "kind", "payload", "prev", "seq")
 S = TypeVar("S")
@@ -252,8 +252,25 @@ class Ledger:
         return record
 
     def _write_head(self) -> None:
+        """Rewrite the head in place with one ``pwrite`` + ``fsync``: the file is far smaller than a
+        disk sector, so a crash leaves the old or the new bytes (PostgreSQL's assumption for
+        pg_control). Temp + fsync + rename + directory fsync cost ~7 ms more per append on a busy
+        disk (two more journal commits). The length changes only when ``seq`` gains or loses a
+        digit, and a crash between data and size leaves parseable JSON (the final newline lost, or
+        one extra)."""
         last = self.records[-1]
-        write_file_atomic(head_path(self.path), canonical_bytes({"hash": last.hash, "seq": last.seq}) + b"\n")
+        data = canonical_bytes({"hash": last.hash, "seq": last.seq}) + b"\n"
+        path = head_path(self.path)
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created:
+            fsync_path(path.parent)  # the head's name must survive a crash too
 
     def close(self) -> None:
         if self._fd >= 0:
