@@ -36,12 +36,18 @@ class TextsPerSecond(ProgressColumn):
 
 
 def count_text(counts: tuple[tuple[str, object], ...]) -> str:
-    """``517 rows``, ``8 encoded, 0 cached``, ``bundle sha256:0123456789ab…``."""
+    """``517 rows``, ``8 encoded, 0 cached``, ``bundle sha256:0123456789ab…``, ``not eligible,
+    decisive phase target``."""
     parts = []
     for label, value in counts:
-        if label == "bundle":
+        if label in ("bundle", "release"):
             text = str(value)
-            parts.append(f"bundle {text[:19]}…" if len(text) > 19 else f"bundle {text}")
+            parts.append(f"{label} {text[:19]}…" if len(text) > 19 else f"{label} {text}")
+        elif label == "eligible":
+            parts.append("eligible" if value is True or value == "True" else "not eligible")
+        elif label == "decisive phase":
+            if value not in (None, "none"):
+                parts.append(f"decisive phase {value}")
         else:
             parts.append(f"{value} {label}")
     return ", ".join(parts)

@@ -16,7 +16,10 @@ first) with ``deploy/dagster.yaml`` as the instance:
    * ``submit_to_end_s`` — launch to last run end, which adds the backfill daemon's loop (it
      looks for new backfills every 30 s) and the run queue's dequeue interval: latency, not work.
 
-Both paths do the same work: revision 1 embeds every text, revision 2 only the texts revision 1
+Both paths do the same work, the build graph only: both run under a copy of the pipeline spec
+without its ``evaluation:`` section (``RAGPIPE_PIPELINE_SPEC``), so ``ragpipe build`` stops at the
+bundle like the backfill of the 7 build assets, and no activation sensor changes what a later gate
+sees. Revision 1 embeds every text, revision 2 only the texts revision 1
 did not have (whichever of the two backfill runs reaches the embeddings pool first embeds the most).
 Prints one JSON object. Run it on an otherwise idle machine.
 """
@@ -33,6 +36,8 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+import yaml
 
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs.services import (
@@ -53,17 +58,22 @@ ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical
 
 
 def fresh_homes(root: Path) -> tuple[Path, Path]:
-    """(ragpipe home, dagster home with deploy/dagster.yaml) under an emptied ``root``."""
+    """(ragpipe home, dagster home with deploy/dagster.yaml) under an emptied ``root``, plus
+    ``root/pipeline.yaml``: the checked-in spec without its evaluation section."""
     shutil.rmtree(root, ignore_errors=True)
     dagster_home = root / "dagster"
     dagster_home.mkdir(parents=True)
     shutil.copyfile(REPO / "deploy" / "dagster.yaml", dagster_home / "dagster.yaml")
+    spec = yaml.safe_load((REPO / "ragpipe" / "specs" / "pipeline.yaml").read_text(encoding="utf-8"))
+    spec.pop("evaluation", None)
+    (root / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return root / "ragpipe", dagster_home
 
 
 def cli_baseline(root: Path, revisions: dict[str, Path]) -> dict:
     ragpipe_home, dagster_home = fresh_homes(root)
-    env = {**os.environ, "RAGPIPE_HOME": str(ragpipe_home), "DAGSTER_HOME": str(dagster_home), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "RAGPIPE_HOME": str(ragpipe_home), "DAGSTER_HOME": str(dagster_home), "HF_HUB_OFFLINE": "1",
+           "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml")}
     builds = {}
     for rev, path in revisions.items():
         t0 = time.perf_counter()
@@ -84,7 +94,7 @@ def cli_baseline(root: Path, revisions: dict[str, Path]) -> dict:
 
 def ui_backfill(root: Path, revisions: dict[str, Path]) -> dict:
     ragpipe_home, dagster_home = fresh_homes(root)
-    env = {"RAGPIPE_HOME": str(ragpipe_home)}
+    env = {"RAGPIPE_HOME": str(ragpipe_home), "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml")}
     ws = Workspace(ragpipe_home)
     for rev, path in revisions.items():
         register_revision(ws.registry, rev, path, "beir")

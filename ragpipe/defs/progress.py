@@ -21,6 +21,13 @@ EMBEDDING_PROGRESS = re.compile(r"^encoded (\d+)/(\d+) new texts$")
 POOL_BLOCKED = "Step blocked by limit for pool "
 # Materialization metadata a step line shows (the keys ragpipe.defs.assets guarantees), in order.
 COUNT_KEYS = (("dagster/row_count", "rows"), ("excluded", "excluded"), ("encoded", "encoded"), ("cache_hits", "cached"), ("bundle_id", "bundle"))
+# The chain's steps have other key facts (and release_manifest also carries bundle_id, which its
+# line should not repeat), so their keys are chosen per step.
+STEP_COUNT_KEYS = {
+    "evaluation_run": (("evaluated", "evaluated"), ("skipped", "skipped"), ("failed", "failed")),
+    "gate_decision": (("eligible", "eligible"), ("decisive_phase", "decisive phase")),
+    "release_manifest": (("release_id", "release"),),
+}
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ class Tracker:
         elif kind == DagsterEventType.ENGINE_EVENT and (event.message or "").startswith(POOL_BLOCKED):
             shown.append(PoolWait(step, (event.message or "")[len(POOL_BLOCKED) :]))
         elif kind == DagsterEventType.ASSET_MATERIALIZATION:
-            self._counts[step] = counts(data.materialization.metadata)  # type: ignore[union-attr]
+            self._counts[step] = counts(data.materialization.metadata, step)  # type: ignore[union-attr]
         elif kind == DagsterEventType.ASSET_CHECK_EVALUATION:
             self._check_steps.add(step)
             key = data.asset_check_key  # type: ignore[union-attr]
@@ -110,10 +117,10 @@ class Tracker:
         return shown
 
 
-def counts(metadata: dict[str, object]) -> tuple[tuple[str, object], ...]:
+def counts(metadata: dict[str, object], step: str | None = None) -> tuple[tuple[str, object], ...]:
     """The step line's counts from a materialization's metadata; keys that are absent are skipped."""
     found = []
-    for key, label in COUNT_KEYS:
+    for key, label in STEP_COUNT_KEYS.get(step or "", COUNT_KEYS):
         if key in metadata:
             value = getattr(metadata[key], "value", metadata[key])
             found.append((label, value))
