@@ -5,12 +5,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def sigterm_stays_default():
+    """Tests that run a Dagster job with ``execute_in_process`` leave SIGTERM mapped to SIGINT's
+    handler (Dagster's ``capture_interrupts``), which is "ignore" when the suite runs in the
+    background, as CI does; later multiprocessing pools could then never terminate their workers
+    and the suite would hang. Each test starts with the disposition the session started with."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "scifact-sample"

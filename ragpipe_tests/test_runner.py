@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -210,3 +211,25 @@ def test_imports_smoke():
     } <= set(create_run)
     origin = launch.location_origin()
     assert (origin.location_name, Path(origin.loadable_target_origin.python_file).name) == ("ragpipe", "definitions.py")
+
+
+def test_executing_a_run_in_process_keeps_the_callers_sigterm(tmp_path: Path):
+    """Dagster's capture_interrupts maps SIGTERM to SIGINT's handler on exit; in a background process
+    (SIGINT ignored) that made the caller immune to SIGTERM. A child started with SIGINT ignored runs
+    a (failing: the revision is not registered) build run in process and must still die of SIGTERM."""
+    script = (
+        "import os, signal, sys\n"
+        "from dagster import DagsterInstance\n"
+        "from ragpipe.defs.launch import create_build_run, execute_build_run\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "instance = DagsterInstance.local_temp(sys.argv[1])\n"
+        "instance.add_dynamic_partitions('corpus_revisions', ['nope'])\n"
+        "execute_build_run(instance, create_build_run(instance, 'nope'))\n"
+        "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('survived', flush=True)\n"
+    )
+    env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "ragpipe")}
+    (tmp_path / "dagster").mkdir()
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dagster")], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert (done.returncode, done.stdout) == (-signal.SIGTERM, "True\n"), done.stderr[-2000:]

@@ -15,7 +15,9 @@ resolves every one of them.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -88,10 +90,20 @@ def location_origin(path: Path | None = None) -> InProcessCodeLocationOrigin:
 
 @contextmanager
 def build_location(instance: DagsterInstance) -> Iterator[tuple[BaseWorkspaceRequestContext, CodeLocation]]:
-    """The ``ragpipe`` location loaded in this process, with a request context for submissions."""
-    with WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location_origin())) as process_context:
-        request_context = process_context.create_request_context()
-        yield request_context, request_context.get_code_location(LOCATION)
+    """The ``ragpipe`` location loaded in this process, with a request context for submissions.
+
+    Loading and executing in process go through Dagster's ``capture_interrupts``, which on exit
+    maps SIGTERM to SIGINT's handler; in a process started in the background SIGINT is ignored, so
+    the caller would silently become immune to SIGTERM (and its multiprocessing pools could no
+    longer stop their workers). The caller's SIGTERM disposition is restored on the way out."""
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location_origin())) as process_context:
+            request_context = process_context.create_request_context()
+            yield request_context, request_context.get_code_location(LOCATION)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def cli_tags(launch: str) -> dict[str, str]:
@@ -144,7 +156,7 @@ def execute_in(instance: DagsterInstance, location: CodeLocation, run_id: str, o
     if on_entry is not None:
         instance.add_event_listener(run_id, on_entry)
     recon = location.get_reconstructable_job(REPOSITORY, JOB)  # type: ignore[attr-defined]
-    try:
+    try:  # the caller's SIGTERM is restored by build_location (see there)
         with capture_interrupts():
             for _ in core_execute_run(recon, run, instance, inject_env_vars=False):
                 pass
