@@ -23,7 +23,7 @@ from dagster._daemon.types import DaemonHeartbeat
 
 from ragpipe.defs import launch
 from ragpipe.defs.runner import materialize_revision
-from ragpipe.defs.services import start_daemon, wait_daemons
+from ragpipe.defs.services import open_instance, start_daemon, wait_daemons
 from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
 
@@ -158,6 +158,8 @@ def test_queue_launch_follows_the_daemons_run(tmp_path: Path):
     own code server, and the CLI still prints every step line and the summary."""
     env = homes(tmp_path)
     corpus = write_tree(tmp_path / "hb-src", HANDBOOK)
+    # the tables of the fresh SQLite home exist before the daemon and the CLI open it at once
+    open_instance(tmp_path / "dagster").dispose()
     daemon = start_daemon(tmp_path / "dagster", env)
     try:
         with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
@@ -192,11 +194,13 @@ def test_imports_smoke():
     from dagster._core.workspace.load import location_origins_from_yaml_paths
     from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
     from dagster._daemon.controller import get_daemon_statuses
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
     from dagster._grpc.impl import core_execute_run
     from dagster._utils.interrupts import capture_interrupts
 
     assert PARTITION_NAME_TAG == "dagster/partition"
     assert callable(capture_interrupts) and callable(InProcessWorkspaceLoadTarget)
+    assert list(inspect.signature(set_defs_state_storage).parameters) == ["storage"]
     assert {"loadable_target_origin", "location_name"} <= set(inspect.signature(InProcessCodeLocationOrigin).parameters)
     assert list(inspect.signature(location_origins_from_yaml_paths).parameters) == ["yaml_paths"]
     assert {"heartbeat_interval_seconds", "heartbeat_tolerance_seconds", "ignore_errors"} <= set(
@@ -233,3 +237,22 @@ def test_executing_a_run_in_process_keeps_the_callers_sigterm(tmp_path: Path):
     (tmp_path / "dagster").mkdir()
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dagster")], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert (done.returncode, done.stdout) == (-signal.SIGTERM, "True\n"), done.stderr[-2000:]
+
+
+def test_a_stale_defs_state_storage_left_by_another_instance_does_not_break_loading(tmp_path: Path, monkeypatch):
+    """`with instance:` sets Dagster's current defs-state storage; an instance entered and never
+    exited (then collected) leaves it pointing at a dead weakref, and loading the location failed
+    with "Attempted to resolve undefined DagsterInstance weakref" for every later run in the process."""
+    import gc
+
+    monkeypatch.setenv("RAGPIPE_HOME", str(tmp_path / "ragpipe"))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    stale = DagsterInstance.local_temp(str(tmp_path / "old"))
+    stale.__enter__()  # never exited: the context variable keeps its storage
+    del stale
+    gc.collect()
+    instance = DagsterInstance.local_temp(str(tmp_path / "new"))
+    instance.add_dynamic_partitions("corpus_revisions", ["nope"])
+    run_id = launch.create_build_run(instance, "nope")
+    assert instance.get_run_by_id(run_id).job_name == "build_revision"

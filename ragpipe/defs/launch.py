@@ -26,6 +26,7 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events.log import EventLogEntry
 from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.storage.defs_state.base import set_defs_state_storage
 from dagster._core.remote_representation.code_location import CodeLocation
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.workspace.context import BaseWorkspaceRequestContext, WorkspaceProcessContext
@@ -98,7 +99,12 @@ def build_location(instance: DagsterInstance) -> Iterator[tuple[BaseWorkspaceReq
     longer stop their workers). The caller's SIGTERM disposition is restored on the way out."""
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        with WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location_origin())) as process_context:
+        # Loading a location reads the *current* defs-state storage (a context variable that any
+        # `with instance:` sets and an instance left open keeps pointing at a dead weakref); make it
+        # the storage of the instance this location is loaded for.
+        with set_defs_state_storage(instance.defs_state_storage), WorkspaceProcessContext(
+            instance, InProcessWorkspaceLoadTarget(location_origin())
+        ) as process_context:
             request_context = process_context.create_request_context()
             yield request_context, request_context.get_code_location(LOCATION)
     finally:
