@@ -14,15 +14,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# SIGTERM as the session started (before any test module is imported or any fixture runs).
+SESSION_SIGTERM = signal.getsignal(signal.SIGTERM)
+
+
 @pytest.fixture(autouse=True)
-def sigterm_stays_default():
-    """Tests that run a Dagster job with ``execute_in_process`` leave SIGTERM mapped to SIGINT's
-    handler (Dagster's ``capture_interrupts``), which is "ignore" when the suite runs in the
-    background, as CI does; later multiprocessing pools could then never terminate their workers
-    and the suite would hang. Each test starts with the disposition the session started with."""
-    before = signal.getsignal(signal.SIGTERM)
+def sigterm_as_the_session_started():
+    """Running a Dagster job in process (``execute_in_process``, also inside session and module
+    fixtures) leaves SIGTERM mapped to SIGINT's handler (Dagster's ``capture_interrupts``), which
+    is "ignore" when the suite runs in the background, as CI does; a multiprocessing pool could
+    then never terminate its workers and the suite would hang. Every test body starts, and every
+    test ends, with the disposition the session started with."""
+    signal.signal(signal.SIGTERM, SESSION_SIGTERM)
     yield
-    signal.signal(signal.SIGTERM, before)
+    signal.signal(signal.SIGTERM, SESSION_SIGTERM)
+
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "scifact-sample"
