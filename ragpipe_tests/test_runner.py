@@ -225,6 +225,7 @@ def test_executing_a_run_in_process_keeps_the_callers_sigterm(tmp_path: Path):
         "import os, signal, sys\n"
         "from dagster import DagsterInstance\n"
         "from ragpipe.defs.launch import create_build_run, execute_build_run\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"  # whatever the parent passed down
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "instance = DagsterInstance.local_temp(sys.argv[1])\n"
         "instance.add_dynamic_partitions('corpus_revisions', ['nope'])\n"
