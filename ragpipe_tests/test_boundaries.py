@@ -59,8 +59,17 @@ def test_boundary_scanner_sees_imports(tmp_path: Path):
 
 
 def test_lower_layers_never_import_higher_ones():
-    """An index adapter serves retrieval; it never reaches up into it (nor into answers or Dagster)."""
-    higher = {"index": ("ragpipe.retrieval", "ragpipe.answer", "ragpipe.stages", "ragpipe.defs")}
+    """An index adapter serves retrieval; it never reaches up into it (nor into answers or Dagster).
+    The retriever answers over any bundle it is given; it never reads the release store, the stage
+    workspace, evaluations or experiments (``ragpipe.api`` joins retrieval and releases). Releases
+    never reach up into the Dagster layer or the CLI. Lazy imports inside functions count too."""
+    top = ("ragpipe.defs", "ragpipe.cli", "ragpipe.api")
+    higher = {
+        "index": ("ragpipe.retrieval", "ragpipe.answer", "ragpipe.stages", *top),
+        "retrieval": ("ragpipe.release", "ragpipe.stages", "ragpipe.evaluation", "ragpipe.experiment", *top),
+        "release": top,
+        "evaluation": ("ragpipe.experiment", "ragpipe.release", *top),
+    }
     offenders = []
     for layer, banned in higher.items():
         for path in (PACKAGE / layer).rglob("*.py"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,11 @@ from ragpipe.pipeline_spec import load_pipeline_spec
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseStore
-from ragpipe.retrieval.service import Retriever
+from ragpipe.api import Retriever
 from ragpipe.stages.chain_ids import chain_plan
-from ragpipe.stages.eval_steps import attempt_version
+from ragpipe.stages.eval_steps import attempt_version, run_evaluation_run
+from ragpipe.stages.release_steps import run_release_manifest
+from ragpipe.stages.stage_store import StageError
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import REPO, SAMPLE
@@ -134,6 +137,31 @@ def test_release_manifest_binds_what_was_gated(chain):
         assert m.tags["dagster/code_version"] == plan.release_code_version
     active, _ = resolve_active(ws, "staging")
     assert active.revision == "scifact-1"
+
+
+def test_release_manifest_follows_the_gate_it_reads_not_a_later_evaluation(chain, tmp_path: Path):
+    """A run of the same partition that evaluates again between this run's gate and its release
+    (two runs racing) does not mix in: the manifest binds the evaluation run the gate decided on.
+    Works on a copy of the workspace, so the module's state stays as built."""
+    ws, _, spec, summaries, _, _ = chain
+    copy = Workspace(tmp_path / "ragpipe")
+    shutil.copytree(ws.home, copy.home)
+    gated = read_stage_record(copy, "scifact-1", "evaluation_run")
+    later = run_evaluation_run(copy, "scifact-1", spec)
+    assert later.record.facts["run_id"] != gated.facts["run_id"]
+    release = run_release_manifest(copy, "scifact-1", spec)
+    assert (release.data_version, release.metadata["publication"]) == (summaries["scifact-1"].release_id, "existing")
+    assert release.record.inputs["evaluation_run"] == gated.data_version
+    assert load_manifest(ReleaseStore(copy), release.data_version).evaluation.run_id == gated.facts["run_id"]
+
+    folder = copy.stage_dir("scifact-1", "evaluation_run") / gated.data_version.split(":")[1]
+    shutil.rmtree(folder)
+    with pytest.raises(StageError) as refused:
+        run_release_manifest(copy, "scifact-1", spec)
+    assert str(refused.value) == (
+        f"evaluation_run {gated.data_version} of revision 'scifact-1', which gate_decision was built from, is not in "
+        f"{folder.parent}: re-materialize gate_decision"
+    )
 
 
 def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):

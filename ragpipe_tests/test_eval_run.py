@@ -15,7 +15,7 @@ from ragpipe.evaluation.runner import RunError, resume_evaluation, run_evaluatio
 from ragpipe.evaluation.suite import load_suite
 from ragpipe.evaluation.traces import TraceError
 from ragpipe.kernel.canonical import canonical_bytes
-from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.retrieval.service import Retriever
 from ragpipe_tests.eval_support import EVALUABLE, FORBIDDEN, SUITE_CASES, eval_bundle  # noqa: F401
 
@@ -120,7 +120,7 @@ def test_tampered_inputs_and_traces_are_refused(evaluated, tmp_path):
 def test_other_plan_is_refused(evaluated, tmp_path):
     spec, _, _, _ = evaluated
     plan = load_plan()
-    other = Retriever(spec.bundle_path, plan=plan.model_copy(update={"fusion": plan.fusion.model_copy(update={"k": 30.0})}))
+    other = Retriever(spec.bundle_path, plan=parse_plan({**plan.model_dump(mode="json", by_alias=True), "fusion": {"kind": "weighted_rrf", "k": 30}}, "rrf-k30"))
     with pytest.raises(RunError, match=rf"^query plan sha256:[0-9a-f]{{64}} is not the spec's plan {spec.body.plan_id}$"):
         run_evaluation(spec, tmp_path / "x", retriever_factory=lambda _: other)
     assert not (tmp_path / "x").exists()

@@ -15,7 +15,7 @@ from ragpipe.evaluation.runner import create_run, run_evaluation
 from ragpipe.evaluation.suite import Suite, load_suite
 from ragpipe.experiment.arm_source import ArmSourceError, load_arm
 from ragpipe.experiment.gate_policy import load_policy
-from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.retrieval.service import Retriever
 from ragpipe_tests.conftest import REPO
 from ragpipe_tests.eval_support import EVALUABLE, eval_bundle  # noqa: F401
@@ -29,13 +29,13 @@ def gate_cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(eval_bundle, tmp_path_factory):  # noqa: F811
-    """Real runs on the sample bundle: incumbent (default plan), challenger (RRF k=20), an A/A
+    """Real runs on the sample bundle: incumbent (default plan, z-score fusion), challenger (RRF k=20), an A/A
     rerun of the incumbent, a run of a smaller suite and a run at another depth."""
     bundle, suite_path = eval_bundle
     root = tmp_path_factory.mktemp("gate-runs")
     suite = load_suite(suite_path)
     default = load_plan()
-    k20 = default.model_copy(update={"fusion": default.fusion.model_copy(update={"k": 20.0})})
+    k20 = parse_plan({**default.model_dump(mode="json", by_alias=True), "fusion": {"kind": "weighted_rrf", "k": 20}}, "rrf-k20")
     retrievers = {"default": Retriever(bundle, plan=default), "k20": Retriever(bundle, plan=k20)}
     smaller = Suite.of(suite.cases[:-5], "smaller")
 

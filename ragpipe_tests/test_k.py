@@ -17,6 +17,7 @@ from ragpipe.index.hits import Hit
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.channels import rank_channel
 from ragpipe.retrieval.fusion import collapse, weighted_rrf
+from ragpipe.retrieval.fusion_score import fuse
 from ragpipe.retrieval.plan import DepthPolicy, load_plan
 from ragpipe.retrieval.service import Retriever
 from ragpipe_tests.conftest import build_all_stages, write_beir
@@ -152,7 +153,7 @@ def _oracle(r: Retriever, text: str, subject: Subject, k: int, mode: str) -> lis
     if "vector" in plan.channels:
         full["vector"] = r.vector.search(r.embedder().embed_query(text), 10**6, subject.scopes)
     ranked = {n: collapse(hits, plan.collapse)[: max(plan.channels[n].depth, k)] for n, hits in full.items()}
-    fused = weighted_rrf(ranked, {n: c.weight for n, c in plan.channels.items()}, plan.fusion.k, plan.collapse)
+    fused = fuse(plan, ranked)  # the checked-in plan's fusion (z-score convex since the SciFact tune)
     return [(f.chunk_id, f.score) for f in fused[:k]]
 
 

@@ -339,9 +339,9 @@ def test_racing_stage_materializations_and_a_reader(tmp_path: Path):
                 _check_output(ws, stage)
 
 
-def dagster_writer(home: str, barrier, writers_done, lock) -> tuple[bool, dict[str, str]]:
+def dagster_writer(home: str, barrier, writers_done, lock) -> tuple[bool, dict[str, str], list[str]]:
     """One real Dagster run of ``build_revision`` for 'hb' (own ephemeral instance, shared home):
-    (success, data version per asset)."""
+    (success, data version per asset, step failure messages)."""
     from dagster import DagsterInstance
 
     from ragpipe.defs import build_definitions
@@ -356,7 +356,11 @@ def dagster_writer(home: str, barrier, writers_done, lock) -> tuple[bool, dict[s
                 e.asset_key.to_user_string(): e.materialization.tags["dagster/data_version"]
                 for e in result.get_asset_materialization_events()
             }
-            return result.success, versions
+            failures = [
+                f"{e.step_key}: {e.event_specific_data.error.message.strip()}"
+                for e in result.all_events if e.is_step_failure
+            ]
+            return result.success, versions, failures
     finally:
         with lock:
             writers_done.value += 1
@@ -381,12 +385,12 @@ def test_racing_dagster_runs_of_one_partition_and_a_reader(tmp_path: Path):
     runs = [out["run-1"], out["run-2"]]
     assert errors == []
     assert reads > 0
-    assert [ok for ok, _ in runs] == [True, True]
+    assert [ok for ok, _, _ in runs] == [True, True], [f for _, _, f in runs]
     # the checked-in spec carries each run on through evaluation, gate and release manifest
-    assert [sorted(v) for _, v in runs] == [sorted([*STAGES, "evaluation_run", "gate_decision", "release_manifest"])] * 2
+    assert [sorted(v) for _, v, _ in runs] == [sorted([*STAGES, "evaluation_run", "gate_decision", "release_manifest"])] * 2
     for stage in STAGES:
-        reported = {version_name(v[stage]) for _, v in runs}
+        reported = {version_name(v[stage]) for _, v, _ in runs}
         assert [n for n in entries(ws.stage_dir("hb", stage)) if n != POINTER] == sorted(reported), stage
         assert version_name(pointer(ws, stage).data_version) in reported
         _check_output(ws, stage)
-    assert entries(ws.bundles) == sorted({version_name(v["index_bundle"]) for _, v in runs})
+    assert entries(ws.bundles) == sorted({version_name(v["index_bundle"]) for _, v, _ in runs})

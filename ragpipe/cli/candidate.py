@@ -118,7 +118,7 @@ def _print_candidate(data: dict[str, Any]) -> None:
 @candidate_app.command("new")
 def candidate_new(
     parent: Annotated[str, typer.Option("--parent", help="A built revision key, or an earlier candidate folder.")],
-    sets: Annotated[list[str], typer.Option("--set", help="ASSET.PATH=VALUE (YAML value), e.g. query_plan.fusion.k=20; repeatable within one asset.")],
+    sets: Annotated[list[str], typer.Option("--set", help="ASSET.PATH=VALUE (YAML value), e.g. query_plan.channels.vector.weight=0.7; repeatable within one asset.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Candidate folder to create (never replaced).")],
     suite: Annotated[Optional[Path], typer.Option("--suite", help="Native suite file or BEIR folder (locked; required with a revision parent).")] = None,
     split: SplitOpt = None, pipeline: PipelineOpt = None, plan: PlanOpt = None, policy: PolicyOpt = None,

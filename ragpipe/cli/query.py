@@ -26,7 +26,7 @@ def _retriever(bundle: Path | None, revision: str | None, release: str | None, t
     or, with none of these, the active release of the default target, served with the plan it
     was gated with."""
     from ragpipe.retrieval.plan import load_plan
-    from ragpipe.retrieval.service import Retriever
+    from ragpipe.api import Retriever  # imports the retrieval stack: only when a query runs
 
     cache = default_home() / "answer_cache"
     if bundle is not None or revision is not None:

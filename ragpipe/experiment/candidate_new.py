@@ -33,7 +33,7 @@ from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan, parse_plan
 from ragpipe.stages.steps import StageError, read_stage_record
 from ragpipe.stages.workspace import Workspace
 
-SET_HELP = "expected ASSET.PATH=VALUE, e.g. query_plan.fusion.k=20"
+SET_HELP = "expected ASSET.PATH=VALUE, e.g. query_plan.channels.vector.weight=0.7"
 
 
 @dataclass(frozen=True)

@@ -106,27 +106,9 @@ class Retriever:
         self._embedder = embedder
         self._plans: dict[str | None, tuple[QueryPlan, str, str]] = {}
         self._worker: ThreadPoolExecutor | None = None
-        self.release_id: str | None = None  # set by for_target: the release this retriever serves
+        self.release_id: str | None = None  # the release served (ragpipe.api.Retriever.for_target)
         if embedder is not None:
             self._check_embedder(embedder.spec)
-
-    @classmethod
-    def for_target(
-        cls, target: str | None = None, *, release_id: str | None = None, home: Path | None = None, **options
-    ) -> Retriever:
-        """A retriever over a release: the active release of ``target`` (the configured default
-        target when None), or the exact ``release_id``; its bundle fully verified against the
-        release manifest and its query plan the one the release was gated with
-        (``ragpipe.release.serving``). ``home`` defaults to ``$RAGPIPE_HOME``; ``options`` are the
-        constructor's operational options. Raises ``ragpipe.release.store.ReleaseError`` when
-        nothing is active or the release does not verify."""
-        from ragpipe.release.serving import served_release  # the release store: only when asked for
-        from ragpipe.stages.workspace import Workspace, default_home
-
-        served = served_release(Workspace(Path(home) if home else default_home()), target, release_id)
-        retriever = cls(served.bundle, plan=load_plan(served.plan_path), **options)
-        retriever.release_id = served.release_id
-        return retriever
 
     @property
     def bundle_id(self) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragpipe.stages.results import Scalar, Table
-from ragpipe.stages.stage_store import StageError, StageOutput, StageRecord, publish_output, read_output
+from ragpipe.stages.stage_store import StageError, StageOutput, StageRecord, publish_output, read_output, read_version
 from ragpipe.stages.workspace import Workspace
 
 CHAIN_UPSTREAM = {"evaluation_run": "index_bundle", "gate_decision": "evaluation_run", "release_manifest": "gate_decision"}
@@ -61,10 +61,21 @@ def read_chain_input(ws: Workspace, revision: str, stage: str, code_version: str
     return out
 
 
-def check_built_from(revision: str, stage: str, out: StageOutput, upstream: str, up: StageOutput) -> None:
-    """Refuse combining ``out`` with an ``upstream`` output it was not built from."""
-    if out.record.inputs.get(upstream) != up.data_version:
+def read_chain_upstream(ws: Workspace, revision: str, out: StageOutput, upstream: str, code_version: str) -> StageOutput:
+    """The ``upstream`` output ``out`` was built from (by version, not the latest one), refused when
+    it was built under another code version than ``code_version``.
+
+    Two runs of one partition may interleave (run A's gate, run B's evaluation, run A's release):
+    following the recorded versions keeps each chain consistent where reading every input's latest
+    output would combine one run's gate with another run's evaluation.
+    """
+    version = out.record.inputs.get(upstream)
+    if version is None:
+        raise StageError(f"{out.record.stage} for revision {revision!r} names no {upstream} input: re-materialize {out.record.stage}")
+    up = read_version(ws, revision, upstream, version, out.record.stage)
+    if up.record.spec_id != code_version:
         raise StageError(
-            f"{stage} for revision {revision!r} was built from {upstream} {out.record.inputs.get(upstream)}, but the "
-            f"latest {upstream} is {up.data_version}: re-materialize {stage} first"
+            f"{upstream} {version} for revision {revision!r} was materialized under {up.record.spec_id}, the current "
+            f"pipeline spec expects {code_version}: re-materialize {upstream} and {out.record.stage}"
         )
+    return up

@@ -1,7 +1,9 @@
 """``release_manifest``: publish the release manifest of a revision's gated evaluation.
 
-Reads the revision's latest ``gate_decision``, the ``evaluation_run`` it decided on and the
-``index_bundle`` that run evaluated (refusing outputs not built from one another), verifies the
+Reads the revision's latest ``gate_decision``, then the ``evaluation_run`` version it decided on
+and the ``index_bundle`` version that run evaluated (each by the version its downstream recorded,
+so a racing run of the same partition cannot pair this gate with another run's evaluation; each
+refused when built under other code versions than the current spec's), verifies the
 bundle completely (``open_bundle``, for its material digest), and publishes
 ``ReleaseManifest`` into the release store (``ragpipe.release.manifest.publish_manifest``:
 atomic, a no-op when the same manifest exists). Ineligible decisions are published too: the
@@ -18,9 +20,9 @@ from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.chain_ids import chain_plan
-from ragpipe.stages.chain_store import ChainResult, check_built_from, publish_chain, read_chain_input
+from ragpipe.stages.chain_store import ChainResult, publish_chain, read_chain_input, read_chain_upstream
 from ragpipe.stages.gate_steps import read_decision
-from ragpipe.stages.stage_store import holding_workspace_lock, read_output
+from ragpipe.stages.stage_store import holding_workspace_lock
 from ragpipe.stages.workspace import Workspace
 
 STAGE = "release_manifest"
@@ -31,10 +33,8 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
     t0 = time.perf_counter()
     chain = chain_plan(spec)
     gate = read_chain_input(ws, revision, "gate_decision", chain.gate_code_version, STAGE)
-    ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
-    bundle = read_output(ws, revision, "index_bundle", spec)
-    check_built_from(revision, "gate_decision", gate, "evaluation_run", ev)
-    check_built_from(revision, "evaluation_run", ev, "index_bundle", bundle)
+    ev = read_chain_upstream(ws, revision, gate, "evaluation_run", chain.evaluation_code_version)
+    bundle = read_chain_upstream(ws, revision, ev, "index_bundle", spec.spec_ids["index_bundle"])
     decision = read_decision(gate.path)
     opened = open_bundle(Path(str(bundle.record.facts["bundle_path"])))
     f = ev.record.facts

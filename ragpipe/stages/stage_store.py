@@ -126,11 +126,14 @@ def _check_folder(folder: Path, record: StageRecord) -> None:
             f"{record.stage} for revision {record.revision!r}: version folder {folder} is missing: re-materialize "
             f"{record.stage}"
         ) from None
-    own = parse_record(path, data)
-    if (own.stage, own.revision, own.data_version) != (record.stage, record.revision, record.data_version):
+    _require_identity(path, parse_record(path, data), record.stage, record.revision, record.data_version)
+
+
+def _require_identity(path: Path, own: StageRecord, stage: str, revision: str, data_version: str) -> None:
+    if (own.stage, own.revision, own.data_version) != (stage, revision, data_version):
         raise StageError(
             f"{path}: records {own.stage} {own.data_version} of revision {own.revision!r}, expected "
-            f"{record.stage} {record.data_version} of revision {record.revision!r}: the folder is corrupt; move it away"
+            f"{stage} {data_version} of revision {revision!r}: the folder is corrupt; move it away"
         )
 
 
@@ -154,6 +157,26 @@ def read_output(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | N
         )
     folder = version_dir(ws, revision, stage, record.data_version)
     _check_folder(folder, record)
+    return StageOutput(record, folder)
+
+
+def read_version(ws: Workspace, revision: str, stage: str, data_version: str, named_by: str) -> StageOutput:
+    """The output ``data_version`` of ``stage`` (latest or not), as ``named_by`` recorded it as an input.
+
+    Version folders are immutable, so an input named by version is the exact output a downstream
+    was built from, even after a later materialization moved ``latest.json`` on.
+    """
+    folder = version_dir(ws, revision, stage, data_version)
+    path = folder / STAGE_RECORD
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise StageError(
+            f"{stage} {data_version} of revision {revision!r}, which {named_by} was built from, is not in {folder.parent}: "
+            f"re-materialize {named_by}"
+        ) from None
+    record = parse_record(path, data)
+    _require_identity(path, record, stage, revision, data_version)
     return StageOutput(record, folder)
 
 
