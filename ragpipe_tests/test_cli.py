@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance
 
 from ragpipe.build_view import BuildView
 from ragpipe.defs.progress import EmbeddingProgress, StepFinished
@@ -158,6 +159,15 @@ def test_bad_corpus_exits_nonzero_and_registers_nothing(tmp_path: Path):
     assert out.stdout == ""
     assert f"{bad}:2 [id=a]: duplicate document ID (first seen on line 1)" in out.stderr.replace("\n", "")
     assert not (tmp_path / "ragpipe" / "revisions" / "bad-1.json").exists()
+
+
+def test_forced_queue_without_a_daemon_is_refused_before_any_run(tmp_path: Path):
+    corpus = write_tree(tmp_path / "handbook", HANDBOOK)
+    out = ragpipe("build", str(corpus), "--revision", "hb-q", "--launch", "queue", "--json", home=tmp_path)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert "launch queue: no dagster-daemon serves this instance's run queue" in " ".join(out.stderr.split())
+    with DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+        assert instance.get_runs() == []
 
 
 def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):

@@ -98,7 +98,13 @@ def test_launch_choice(tmp_path: Path):
         assert launch.choose_launch(instance, "auto") == "queue"
         instance.add_daemon_heartbeat(DaemonHeartbeat(time.time() - 120, "QUEUED_RUN_COORDINATOR", "t", []))
         assert launch.choose_launch(instance, "auto") == "in_process"  # stopped more than 60 s ago
-        assert launch.choose_launch(instance, "queue") == "queue"
+        with pytest.raises(launch.LaunchError) as refused:  # a forced queue nobody serves would hang
+            launch.choose_launch(instance, "queue")
+        assert str(refused.value) == (
+            "launch queue: no dagster-daemon serves this instance's run queue (it needs the QueuedRunCoordinator and a "
+            "QUEUED_RUN_COORDINATOR heartbeat in the last 60 s): start `dagster-daemon run -w workspace.yaml` with the "
+            "same DAGSTER_HOME, or build with --launch in-process"
+        )
         assert launch.choose_launch(instance, "in_process") == "in_process"
         with pytest.raises(launch.LaunchError, match=r"^launch must be one of auto, in_process, queue, not 'later'$"):
             launch.choose_launch(instance, "later")
@@ -106,6 +112,28 @@ def test_launch_choice(tmp_path: Path):
     with instance_with(tmp_path / "default", "DefaultRunCoordinator") as instance:
         instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "QUEUED_RUN_COORDINATOR", "t", []))
         assert launch.choose_launch(instance, "auto") == "in_process"
+        with pytest.raises(launch.LaunchError, match=r"^launch queue: no dagster-daemon serves"):
+            launch.choose_launch(instance, "queue")
+
+
+def test_following_a_queued_run_nobody_serves_stops_with_the_reason(tmp_path: Path):
+    """The daemon stops after the CLI submitted: the follower says so instead of waiting for ever,
+    and the run stays queued (nothing is lost; a daemon started later runs it)."""
+    with instance_with(tmp_path / "dagster") as instance:
+        instance.add_dynamic_partitions("corpus_revisions", ["hb"])
+        run_id = launch.create_build_run(instance, "hb", tags=launch.cli_tags("queue"))
+        instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_ENQUEUED.value, job_name="build_revision"), run_id=run_id)
+        assert instance.get_run_by_id(run_id).status == DagsterRunStatus.QUEUED
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time() - 120, "QUEUED_RUN_COORDINATOR", "t", []))
+        seen = []
+        with pytest.raises(launch.LaunchError) as stopped:
+            launch.follow(instance, run_id, lambda entry: seen.append(entry.dagster_event_type))
+        assert str(stopped.value) == (
+            f"run {run_id} is queued, but no dagster-daemon serves this instance's run queue (it needs the "
+            "QueuedRunCoordinator and a QUEUED_RUN_COORDINATOR heartbeat in the last 60 s): it starts when a daemon "
+            "serves the queue again (follow it in the UI), or terminate it there"
+        )
+        assert instance.get_run_by_id(run_id).status == DagsterRunStatus.QUEUED
 
 
 def dead_pid() -> int:

@@ -48,6 +48,11 @@ LAUNCHES = ("auto", IN_PROCESS, QUEUE)
 # Dagster's default tolerance (1800 s) would send builds to a queue nobody serves for 30 minutes.
 HEARTBEAT_INTERVAL_S, HEARTBEAT_TOLERANCE_S = 30.0, 30.0
 POLL_S = 0.5
+QUEUE_CHECK_S = 5.0  # how often a follower of a still-queued run asks whether a daemon serves the queue
+NO_DAEMON = (
+    "no dagster-daemon serves this instance's run queue (it needs the QueuedRunCoordinator and a "
+    "QUEUED_RUN_COORDINATOR heartbeat in the last 60 s)"
+)
 
 OnEntry = Callable[[EventLogEntry], None]
 
@@ -180,11 +185,22 @@ def submit_and_follow(
 
 
 def follow(instance: DagsterInstance, run_id: str, on_entry: OnEntry | None = None) -> DagsterRunStatus:
-    """Poll a run's event log (every 0.5 s) until the run is finished, then drain it once more."""
-    cursor = None
+    """Poll a run's event log (every 0.5 s) until the run is finished, then drain it once more.
+
+    A run still ``QUEUED`` while no daemon serves the queue (checked every 5 s) raises
+    ``LaunchError`` instead of waiting for ever; the run stays queued for a daemon to start later.
+    """
+    cursor, next_queue_check = None, 0.0
     while True:
         run = instance.get_run_by_id(run_id)
         finished = run is None or run.is_finished
+        if run is not None and run.status == DagsterRunStatus.QUEUED and time.monotonic() >= next_queue_check:
+            if not queue_is_served(instance):
+                raise LaunchError(
+                    f"run {run_id} is queued, but {NO_DAEMON}: it starts when a daemon serves the queue again "
+                    "(follow it in the UI), or terminate it there"
+                )
+            next_queue_check = time.monotonic() + QUEUE_CHECK_S
         connection = instance.get_records_for_run(run_id, cursor=cursor)
         cursor = connection.cursor
         for record in connection.records:
@@ -217,12 +233,20 @@ def queue_is_served(instance: DagsterInstance) -> bool:
 
 
 def choose_launch(instance: DagsterInstance, launch: str) -> str:
-    """``auto`` → ``queue`` when a daemon serves the queue, else ``in_process``; the others are forced."""
-    if launch == "auto":
-        return QUEUE if queue_is_served(instance) else IN_PROCESS
-    if launch in (IN_PROCESS, QUEUE):
-        return launch
-    raise LaunchError(f"launch must be one of {', '.join(LAUNCHES)}, not {launch!r}")
+    """``auto`` → ``queue`` when a daemon serves the queue, else ``in_process``; ``in_process`` is
+    forced; ``queue`` is refused (``LaunchError``, before any run exists) when no daemon serves it."""
+    if launch not in LAUNCHES:
+        raise LaunchError(f"launch must be one of {', '.join(LAUNCHES)}, not {launch!r}")
+    if launch == IN_PROCESS:
+        return IN_PROCESS
+    if queue_is_served(instance):
+        return QUEUE
+    if launch == QUEUE:
+        raise LaunchError(
+            f"launch queue: {NO_DAEMON}: start `dagster-daemon run -w workspace.yaml` with the same DAGSTER_HOME, "
+            "or build with --launch in-process"
+        )
+    return IN_PROCESS
 
 
 def _pid_alive(pid: int) -> bool:
