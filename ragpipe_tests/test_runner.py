@@ -79,6 +79,8 @@ def test_cli_run_has_workspace_origin(tmp_path: Path):
         # every step ran in the CLI's own process (in_process executor), none in a process of its own
         engine = [e.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)]
         assert [m for m in engine if m.startswith("Executing steps")] == [f"Executing steps in process (pid: {run.tags['ragpipe/pid']})"]
+        # the process that executed the run, for the reaper: the CLI itself
+        assert run.tags["ragpipe/worker"] == f"{run.run_id}@{socket.gethostname()}:{run.tags['ragpipe/pid']}"
 
 
 def instance_with(root: Path, coordinator: str | None = None) -> DagsterInstance:
@@ -142,30 +144,44 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def started_run(instance: DagsterInstance, tags: dict[str, str]) -> str:
+def started_run(instance: DagsterInstance, tags: dict[str, str], worker: tuple[str | None, str, int] | None = None) -> str:
+    """A STARTED run of ``build_revision``; ``worker`` = (run ID, or None for this run; host; pid)
+    of its ``ragpipe/worker`` tag."""
     run_id = launch.create_build_run(instance, "hb", tags=tags)
     instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name="build_revision"), run_id=run_id)
+    if worker is not None:
+        owner, host, pid = worker
+        instance.add_run_tags(run_id, {"ragpipe/worker": f"{owner or run_id}@{host}:{pid}"})
     assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED
     return run_id
 
 
-def test_stale_cli_run_is_reaped(tmp_path: Path):
+def test_runs_of_dead_workers_are_reaped(tmp_path: Path):
+    """Whoever launched it (CLI in process, the daemon for a queued build, the UI), a STARTED run
+    whose worker on this host is gone is marked failed and its pool slots freed; a run whose tag
+    was copied from another run (re-execution), a live worker, another host's worker and a run
+    without a worker are left alone."""
     host = socket.gethostname()
     with instance_with(tmp_path / "dagster") as instance:
         instance.add_dynamic_partitions("corpus_revisions", ["hb"])
         pid = dead_pid()
-        killed = started_run(instance, launch.cli_tags("in_process") | {"ragpipe/pid": str(pid)})
-        alive = started_run(instance, launch.cli_tags("in_process"))  # this process: still running
-        queued = started_run(instance, launch.cli_tags("queue") | {"ragpipe/pid": str(pid)})  # the daemon's run
+        killed = started_run(instance, launch.cli_tags("in_process"), (None, host, pid))
+        daemon = started_run(instance, launch.cli_tags("queue"), (None, host, pid))
+        ui = started_run(instance, {}, (None, host, pid))
+        copied = started_run(instance, {}, (killed, host, pid))  # a re-execution inherits its parent's tags
+        alive = started_run(instance, launch.cli_tags("in_process"), (None, host, os.getpid()))
+        elsewhere = started_run(instance, {}, (None, "other-host", pid))
+        untagged = started_run(instance, launch.cli_tags("in_process"))
         storage = instance.event_log_storage
         storage.set_concurrency_slots("ragpipe_tantivy", 1)
         assert storage.claim_concurrency_slot("ragpipe_tantivy", killed, "lexical_index").is_claimed
-        assert launch.reap_stale_runs(instance) == [killed]
-        assert instance.get_run_by_id(killed).status == DagsterRunStatus.FAILURE
-        (failure,) = instance.all_logs(killed, of_type=DagsterEventType.RUN_FAILURE)
-        assert failure.message == f"ragpipe build process {pid} on {host} ended without finishing this run"
+        assert sorted(launch.reap_stale_runs(instance)) == sorted([killed, daemon, ui])
+        for run_id in (killed, daemon, ui):
+            assert instance.get_run_by_id(run_id).status == DagsterRunStatus.FAILURE
+            (failure,) = instance.all_logs(run_id, of_type=DagsterEventType.RUN_FAILURE)
+            assert failure.message == f"process {pid} on {host}, which executed this run, ended without finishing it"
         assert storage.get_concurrency_info("ragpipe_tantivy").claimed_slots == []
-        assert [instance.get_run_by_id(r).status for r in (alive, queued)] == [DagsterRunStatus.STARTED] * 2
+        assert [instance.get_run_by_id(r).status for r in (copied, alive, elsewhere, untagged)] == [DagsterRunStatus.STARTED] * 4
         assert launch.reap_stale_runs(instance) == []
 
 

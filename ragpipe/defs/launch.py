@@ -37,6 +37,7 @@ from dagster._grpc.impl import core_execute_run
 from dagster._utils.interrupts import capture_interrupts
 
 import ragpipe
+from ragpipe.defs.resources import WORKER, parse_worker_tag, worker_tag
 
 LOCATION = "ragpipe"
 REPOSITORY = "__repository__"
@@ -118,7 +119,8 @@ def build_location(instance: DagsterInstance) -> Iterator[tuple[BaseWorkspaceReq
 
 
 def cli_tags(launch: str) -> dict[str, str]:
-    """Tags of a run the CLI creates: who started it, how, and which process owns an in-process run."""
+    """Tags of a run the CLI creates: who started it, how, and from which process (for people; the
+    reaper trusts only the ``ragpipe/worker`` tag, which names the run)."""
     return {LAUNCHED_BY: "cli", LAUNCH: launch, HOST: socket.gethostname(), PID: str(os.getpid())}
 
 
@@ -164,6 +166,9 @@ def execute_in(instance: DagsterInstance, location: CodeLocation, run_id: str, o
     run = instance.get_run_by_id(run_id)
     if run is None:
         raise LaunchError(f"run {run_id} not found")
+    # this process owns the run from now on, also if it dies before the resource tags it
+    instance.add_run_tags(run_id, worker_tag(run_id))
+    run = instance.get_run_by_id(run_id)
     if on_entry is not None:
         instance.add_event_listener(run_id, on_entry)
     recon = location.get_reconstructable_job(REPOSITORY, JOB)  # type: ignore[attr-defined]
@@ -260,22 +265,25 @@ def _pid_alive(pid: int) -> bool:
 
 
 def reap_stale_runs(instance: DagsterInstance) -> list[str]:
-    """Mark failed the in-process CLI runs of this host whose process is gone, and free their pool
-    slots. A SIGKILLed ``ragpipe build`` leaves its run STARTED with its slot claimed, and Dagster
-    frees slots only of finished runs; queued runs belong to the daemon and are left alone."""
+    """Mark failed the unfinished runs executed on this host by a process that is gone, and free
+    their pool slots; their run IDs.
+
+    A run worker killed with SIGKILL (a ``ragpipe build``, a daemon-launched worker of a queued
+    build, a UI materialization or a backfill) leaves its run STARTED with its slots claimed, and
+    Dagster frees slots only of finished runs, so every later run of those pools would wait for
+    ever. The executing process is the run's ``ragpipe/worker`` tag (``resources.worker_tag``),
+    trusted only when it names this run; queued runs have no worker yet and are left alone.
+    """
     host = socket.gethostname()
-    stale = instance.get_runs(
-        RunsFilter(
-            tags={LAUNCHED_BY: "cli", LAUNCH: IN_PROCESS, HOST: host},
-            statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
-        )
+    unfinished = instance.get_runs(
+        RunsFilter(statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])
     )
     reaped = []
-    for run in stale:
-        pid = run.tags.get(PID, "")
-        if not pid.isdigit() or _pid_alive(int(pid)):
+    for run in unfinished:
+        worker = parse_worker_tag(run.tags.get(WORKER))
+        if worker is None or worker[:2] != (run.run_id, host) or _pid_alive(worker[2]):
             continue
-        instance.report_run_failed(run, f"ragpipe build process {pid} on {host} ended without finishing this run")
+        instance.report_run_failed(run, f"process {worker[2]} on {host}, which executed this run, ended without finishing it")
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         reaped.append(run.run_id)
     return reaped
