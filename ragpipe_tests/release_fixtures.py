@@ -1,4 +1,5 @@
-"""Shared helpers of the release tests: a real small bundle placed in fresh workspaces, manifests."""
+"""Shared helpers of the release tests: a real small bundle and a real completed evaluation run of
+it placed in fresh workspaces, manifests binding both."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.runner import new_run_id, run_evaluation
+from ragpipe.evaluation.suite import Case, Suite
+from ragpipe.experiment.arm_source import load_arm
+from ragpipe.experiment.arms import ArmRun
 from ragpipe.release.manifest import ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.workspace import Workspace
@@ -22,11 +28,41 @@ def bundle_of(built_workspace) -> Path:
     return src
 
 
+def evaluation_of(bundle: Path) -> Path:
+    """A completed evaluation run of ``bundle`` (two handbook cases, default plan), made once beside
+    the session's built workspace; its folder name is its run ID."""
+    root = bundle.parents[2] / "release-evaluation"
+    if not root.is_dir():
+        from ragpipe.retrieval.service import Retriever
+
+        cases = [
+            Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
+            Case(id="keys", query="signing keys", target_level="document", judgments={"guide/intro.md": 1}),
+        ]
+        retriever = Retriever(bundle)
+        try:
+            spec = EvaluationSpec.build(Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10)
+            run_id = new_run_id()
+            run_evaluation(spec, root.with_name("release-evaluation.tmp") / run_id, run_id=run_id, retriever_factory=lambda _: retriever)
+        finally:
+            retriever.close()
+        root.with_name("release-evaluation.tmp").rename(root)
+    (run,) = root.iterdir()
+    return run
+
+
+def evaluation_arm(bundle: Path) -> ArmRun:
+    return load_arm(evaluation_of(bundle))
+
+
 def fresh_ws(root: Path, bundle: Path) -> Workspace:
-    """A new workspace under ``root`` holding a copy of ``bundle`` (same directory name)."""
+    """A new workspace under ``root`` holding a copy of ``bundle`` (same directory name) and of its
+    evaluation run (``evaluations/<run id>``)."""
     ws = Workspace(root / "home")
     ws.bundles.mkdir(parents=True)
     shutil.copytree(bundle, ws.bundles / bundle.name, symlinks=True)
+    run = evaluation_of(bundle)
+    shutil.copytree(run, ws.home / "evaluations" / run.name)
     return ws
 
 
@@ -36,12 +72,14 @@ def bundle_ids(bundle: Path) -> tuple[str, str]:
 
 
 def manifest_for(bundle: Path, revision: str = "r1", *, eligible: bool = True, phase: str | None = None,
-                 run_id: str = "run-1", material_digest: str | None = None) -> ReleaseManifest:
+                 material_digest: str | None = None) -> ReleaseManifest:
+    """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``)."""
     bundle_id, material = bundle_ids(bundle)
+    arm = evaluation_arm(bundle)
     return ReleaseManifest(
         revision=revision, bundle_id=bundle_id, material_digest=material_digest or material,
-        query_plan_id=H, answer_plan_id=H, authorization_policy_id=H, gate_policy_id=H,
-        evaluation={"spec_id": H, "run_id": run_id, "ledger_head": H},
+        query_plan_id=arm.variant.plan_id, answer_plan_id=H, authorization_policy_id=H, gate_policy_id=H,
+        evaluation={"spec_id": arm.spec_id, "run_id": arm.run_id, "ledger_head": arm.ledger_head},
         comparison_id=None, gate={"decision_id": H, "eligible": eligible, "decisive_phase": phase},
     )
 

@@ -102,8 +102,8 @@ def test_approval_missing_then_one_request_after_approval(env):
 
 def test_newest_ready_release_wins_and_older_are_skipped(env):
     ws, _, _, bundle = env
-    old = publish(ws, bundle, "r1", run_id="run-1")
-    new = publish(ws, bundle, "r2", run_id="run-2")
+    old = publish(ws, bundle, "r1")
+    new = publish(ws, bundle, "r2")
     data = tick(env, None)
     assert [k for k, _ in requests(data)] == [f"activate:staging:{new}"]
     assert load_cursor(data.cursor) == {"staging": [new]}

@@ -3,6 +3,7 @@ approvals, the sensor's candidate list and serving's resolve_active."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,11 @@ import pytest
 from ragpipe.release.activation import activate
 from ragpipe.release.approvals import approve
 from ragpipe.release.history import read_history
+from ragpipe.release.manifest import ReleaseManifest, publish_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.status import Candidate, eligible_releases, resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, publish
+from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, evaluation_arm, fresh_ws, manifest_for, publish
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +91,42 @@ def test_material_digest_and_child_checks_bind(ws, bundle: Path):
     )
     other = publish(ws, bundle, "r2")
     with pytest.raises(ReleaseError) as exc:
-        activate(ws, other, "staging", child_checks=[lambda ws, m: [f"evaluation run {m.evaluation.run_id}: ledger head differs"]])
-    assert str(exc.value) == f"release {other} failed verification; not activated:\n  evaluation run run-1: ledger head differs"
+        activate(ws, other, "staging", child_checks=[lambda ws, m: [f"answer plan {m.answer_plan_id}: not deployable"]])
+    assert str(exc.value) == f"release {other} failed verification; not activated:\n  answer plan {H}: not deployable"
     assert read_pointer(ReleaseStore(ws), "staging") is None
+
+
+def test_the_evaluation_run_a_release_binds_must_verify_and_be_its_own(ws, bundle: Path):
+    """Activation re-verifies the evidence: the run folder exists, its ledger, inputs and traces
+    verify, it is completed, and its run ID, spec ID, ledger head, bundle and plan are the manifest's."""
+    arm = evaluation_arm(bundle)
+    run = ws.home / "evaluations" / arm.run_id
+    prefix = f"evaluation run {arm.run_id}"
+
+    def refused(manifest: ReleaseManifest) -> str:
+        rid = publish_manifest(ReleaseStore(ws), manifest)[0]
+        with pytest.raises(ReleaseError) as exc:
+            activate(ws, rid, "staging")
+        assert read_pointer(ReleaseStore(ws), "staging") is None
+        return str(exc.value).removeprefix(f"release {rid} failed verification; not activated:\n  ")
+
+    base = manifest_for(bundle)
+    other_head = base.model_copy(update={"evaluation": base.evaluation.model_copy(update={"ledger_head": H})})
+    assert refused(other_head) == f"{prefix}: ledger head {arm.ledger_head} is not the release's {H}"
+    other_spec = base.model_copy(update={"evaluation": base.evaluation.model_copy(update={"spec_id": H})})
+    assert refused(other_spec) == f"{prefix}: spec ID {arm.spec_id} is not the release's {H}"
+    other_plan = base.model_copy(update={"query_plan_id": H})
+    assert refused(other_plan) == f"{prefix}: query plan {arm.variant.plan_id} is not the release's {H}"
+    escape = base.model_copy(update={"evaluation": base.evaluation.model_copy(update={"run_id": ".."})})
+    assert refused(escape).endswith("evaluation run ID '..' is not a folder name")
+
+    ledger = run / "ledger.jsonl"
+    data = ledger.read_bytes()
+    ledger.write_bytes(data.replace(b'"kind":"CellCompleted"', b'"kind":"CellCompletes"', 1))
+    assert refused(base).startswith(f"{prefix}: {ledger}: record ")
+    ledger.write_bytes(data)
+    shutil.rmtree(run)
+    assert refused(base) == f"{prefix}: {run} is missing"
 
 
 def test_approval_required_by_production(ws, bundle: Path):

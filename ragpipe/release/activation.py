@@ -2,8 +2,9 @@
 
 Order (DESIGN.md §5): resolve the exact release ID → load and verify its manifest → refuse an
 ineligible release → verify the bundle completely (``open_bundle``: files, digests, seal, payload,
-material digest) and every child ID (the bundle's ID and material digest must be the manifest's;
-``child_checks`` add more) → under the target's lock: settle an interrupted activation, record a
+material digest) and every child ID (the bundle's ID and material digest must be the manifest's,
+and the evaluation run it binds must verify and be the manifest's: ``evidence``; ``child_checks``
+add more) → under the target's lock: settle an interrupted activation, record a
 ``rejected`` record and refuse if verification failed, refuse without a required approval, compare
 the pointer's generation with the one the caller read (``ConflictError`` if it moved) → append the
 intent → swap the pointer → append the observed record. ``on_step`` is called at every point where
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.kernel.publish import StepHook
+from ragpipe.release.evidence import evaluation_problems
 from ragpipe.release.history import History, now_iso
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.pointer import Pointer, check_generation, current_generation, read_pointer, write_pointer
@@ -54,7 +56,8 @@ def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
 
 def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = ()) -> list[str]:
     """Problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
-    then the bundle's IDs against the manifest's, then each of ``child_checks``."""
+    then the bundle's IDs against the manifest's, then its evaluation evidence
+    (``evidence.evaluation_problems``), then each of ``child_checks``."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when verifying
 
     try:
@@ -66,6 +69,7 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
         problems.append(f"bundle ID {bundle.manifest.bundle_id} differs from the release's {manifest.bundle_id}")
     if bundle.manifest.material_digest != manifest.material_digest:
         problems.append(f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}")
+    problems += evaluation_problems(ws, manifest)
     for check in child_checks:
         problems += check(ws, manifest)
     return problems

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.release.activation import bundle_path, verify_release
+from ragpipe.release.evidence import evaluation_run_dir
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
@@ -50,10 +51,7 @@ def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> Path:
     """The path of the plan ``manifest`` was evaluated with, after checking its plan ID."""
     from ragpipe.retrieval.plan import PlanError, parse_plan  # pydantic plan model: only when serving
 
-    run_id = manifest.evaluation.run_id
-    if run_id in (".", "..") or "/" in run_id or "\\" in run_id:
-        raise ReleaseError(f"release {manifest.release_id}: evaluation run ID {run_id!r} is not a folder name")
-    path = ws.home / "evaluations" / run_id / PLAN_COPY
+    path = evaluation_run_dir(ws, manifest) / PLAN_COPY
     try:
         plan = parse_plan(json.loads(path.read_text(encoding="utf-8")), str(path))
     except FileNotFoundError:
