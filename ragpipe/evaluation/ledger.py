@@ -24,7 +24,8 @@ from ragpipe.kernel.ledger import Domain, LedgerError, LedgerRead, Record, encod
 
 LEDGER = "ledger.jsonl"
 HEAD = "ledger.head"
-DOMAIN = Domain("eval-ledger-record", 1)
+# A lost CellStarted only means the cell runs again on resume: it rides on the next fsync.
+DOMAIN = Domain("eval-ledger-record", 1, deferred_kinds=frozenset({"CellStarted"}))
 MISSING = "no ledger file (not an evaluation run folder)"
 
 record_hash = DOMAIN.record_hash
@@ -84,7 +85,7 @@ class Ledger(kernel.Ledger):
 
     def append(self, kind: str, payload: dict[str, Any]) -> Record:
         """Check the transition with the reducer (raising before anything is written), then append
-        durably and move the head."""
+        (durably and moving the head, except a deferred ``CellStarted``: see ``DOMAIN``)."""
         state = apply(self.state, kind, payload)
         record = super().append(kind, payload)
         self.state = state
