@@ -168,6 +168,19 @@ def test_an_unfinished_run_of_the_partition_blocks_a_request(env, tmp_path: Path
     assert requested(tick(env, blocked.cursor)) == [("a", "a#1", attempt_tags(1))]
 
 
+def test_an_unfinished_backfill_run_of_the_partition_blocks_a_request(env, tmp_path: Path):
+    """An asset backfill's runs name a partition range (one partition each), not dagster/partition."""
+    home, instance, defs = env
+    register(home, "a", write_tree(tmp_path / "hb", HANDBOOK))
+    instance.add_dynamic_partitions("corpus_revisions", ["a"])
+    range_tags = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "a", "dagster/backfill": "bf"}
+    run = instance.create_run_for_job(defs.resolve_job_def("build_revision"), tags=range_tags, status=DagsterRunStatus.STARTING)
+    blocked = tick(env, None)
+    assert (blocked.run_requests, blocked.skip_message) == ([], f"a: run {run.run_id} has not finished")
+    instance.report_run_failed(run)
+    assert requested(tick(env, blocked.cursor)) == [("a", "a#1", attempt_tags(1))]
+
+
 def test_cursor_of_another_version_is_refused():
     with pytest.raises(ValueError) as info:
         load_cursor('{"v": 2, "attempts": {}}')

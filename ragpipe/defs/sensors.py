@@ -37,6 +37,11 @@ MAX_ATTEMPTS_TAG = "ragpipe/max_attempts"
 # creates from sensor requests, and every partitioned run carries its partition.
 RUN_KEY_TAG = "dagster/run_key"
 PARTITION_TAG = "dagster/partition"
+RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+UNFINISHED = [
+    DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING,
+]
 RETRY_STATUSES = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 CURSOR_VERSION = 1
 
@@ -65,10 +70,13 @@ def succeeded(instance: DagsterInstance, revision: str) -> bool:
 
 
 def _unfinished_run(instance: DagsterInstance, revision: str) -> str | None:
-    """The newest run of the partition when it has not finished (CLI, UI, backfill or this sensor)."""
-    records = instance.get_run_records(RunsFilter(tags={PARTITION_TAG: revision}), limit=1)
-    if records and not records[0].dagster_run.is_finished:
-        return records[0].dagster_run.run_id
+    """An unfinished run of the partition (CLI, UI, this sensor: ``dagster/partition``; an asset
+    backfill, whose runs carry a partition *range* instead — one partition per run under the build
+    assets' ``BackfillPolicy.multi_run(1)``), or None."""
+    for tags in ({PARTITION_TAG: revision}, {RANGE_START_TAG: revision, RANGE_END_TAG: revision}):
+        records = instance.get_run_records(RunsFilter(tags=tags, statuses=UNFINISHED), limit=1)
+        if records:
+            return records[0].dagster_run.run_id
     return None
 
 
