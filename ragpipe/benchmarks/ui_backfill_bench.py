@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rev2", type=Path, default=SAMPLE / "rev-2.jsonl")
     args = parser.parse_args(argv)
     revisions = {"scifact-1": args.rev1.resolve(), "scifact-2": args.rev2.resolve()}
-    cli = cli_baseline(args.out / "cli", revisions)
-    ui = ui_backfill(args.out / "ui", revisions)
+    out = args.out.resolve()  # DAGSTER_HOME must be absolute
+    cli = cli_baseline(out / "cli", revisions)
+    ui = ui_backfill(out / "ui", revisions)
     print(json.dumps({
         "command": "python -m ragpipe.benchmarks.ui_backfill_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
