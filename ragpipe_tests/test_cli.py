@@ -170,6 +170,17 @@ def test_forced_queue_without_a_daemon_is_refused_before_any_run(tmp_path: Path)
         assert instance.get_runs() == []
 
 
+def test_relative_dagster_home_is_a_clear_error(tmp_path: Path):
+    corpus = write_tree(tmp_path / "handbook", HANDBOOK)
+    out = ragpipe("build", str(corpus), "--revision", "hb-rel", home=tmp_path, DAGSTER_HOME="var/rel-dagster")
+    assert (out.returncode, out.stdout) == (1, "")
+    assert " ".join(out.stderr.split()).endswith(  # after "registered: …", no traceback
+        f"error: DAGSTER_HOME 'var/rel-dagster' is not an absolute path: set it to one, e.g. DAGSTER_HOME={REPO / 'var/rel-dagster'}"
+    )
+    assert "Traceback" not in out.stderr
+    assert not (REPO / "var" / "rel-dagster").exists()
+
+
 def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):
     _, _, first = cli_build
     bundle = Path(json.loads(first.stdout)["bundle_path"])

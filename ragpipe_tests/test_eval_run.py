@@ -124,3 +124,17 @@ def test_other_plan_is_refused(evaluated, tmp_path):
     with pytest.raises(RunError, match=rf"^query plan sha256:[0-9a-f]{{64}} is not the spec's plan {spec.body.plan_id}$"):
         run_evaluation(spec, tmp_path / "x", retriever_factory=lambda _: other)
     assert not (tmp_path / "x").exists()
+
+
+def test_cells_collector_setting_is_restored():
+    """long_lived_heap_frozen changes the collector only while the cells run, also on an error."""
+    import gc
+
+    from ragpipe.evaluation.runner import long_lived_heap_frozen
+
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    with pytest.raises(RuntimeError):
+        with long_lived_heap_frozen():
+            assert gc.get_threshold()[0] >= 100_000 and gc.get_freeze_count() > 0
+            raise RuntimeError("a cell blew up")
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before

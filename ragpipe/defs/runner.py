@@ -68,11 +68,14 @@ class BuildSummary:
 
 
 def dagster_instance() -> DagsterInstance:
-    """The persistent instance at ``$DAGSTER_HOME`` (default ``./var/dagster``, created if needed).
+    """The persistent instance at ``$DAGSTER_HOME`` (default ``./var/dagster``, created if needed;
+    a relative ``$DAGSTER_HOME`` raises ``LaunchError``, as Dagster needs an absolute one).
 
     A home without ``dagster.yaml`` gets a copy of ``deploy/dagster.yaml``: without it the instance
     would have no pool limits and silently run stages of one partition concurrently."""
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path("var/dagster").resolve())))
+    if not home.is_absolute():  # Dagster refuses it deep inside with a traceback; say it first
+        raise runs.LaunchError(f"DAGSTER_HOME {str(home)!r} is not an absolute path: set it to one, e.g. DAGSTER_HOME={home.resolve()}")
     home.mkdir(parents=True, exist_ok=True)
     # A fresh SQLite instance creates its tables when first opened and used; two processes doing
     # that at once fail with "table ... already exists". Open (and touch the event storage) one at a time.

@@ -151,10 +151,11 @@ def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
 
 @contextmanager
 def long_lived_heap_frozen() -> Iterator[None]:
-    """Freeze the collector's view of the objects alive now (the retriever's tables: ~760k
-    tracked objects on SciFact) while the cells run, then thaw them. A full collection rescans
-    them all (~0.45 s each), and the cells' short-lived trace objects trigger one every few dozen
-    cells: ~7 ms a cell. Left alone when the process owner has frozen its heap already."""
+    """While the cells run: freeze the collector's view of the objects alive now (the retriever's
+    tables: ~760k tracked objects on SciFact; a full collection rescans them all, ~0.45 s each) and
+    raise the young generation's threshold to 100,000 allocations; afterwards restore both. The
+    cells' short-lived trace objects otherwise cost ~5 ms a cell in collector pauses (measured on
+    SciFact, docs/benchmarks.md). A heap the process owner froze already stays frozen."""
     thresholds = gc.get_threshold()
     # A cell allocates ~10^5 short-lived objects (its trace's hits and rows), all garbage once the
     # cell ends and none in a reference cycle: a young-generation pass every 700 allocations
