@@ -123,33 +123,6 @@ def test_damage_refuses_naming_the_record(tmp_path: Path, edit, rule: str, n: in
     assert str(exc.value) == f"{path}: record {n}: {rule}"
 
 
-def test_deferred_kinds_ride_on_the_next_fsync(tmp_path: Path):
-    """A deferred record moves no head; the head may then lag by deferred records plus one, and no
-    further; reopening makes everything durable and names the last record."""
-    domain = Domain("test-ledger-record", 1, deferred_kinds=frozenset({"Started"}))
-    path = tmp_path / "d.jsonl"
-    with Ledger.open(path, domain, create=True) as ledger:
-        first = ledger.append("Created", {})
-        ledger.append("Started", {"cell": 1})
-        assert read_head(path) == (1, first.hash)  # not moved by the deferred record
-        done = ledger.append("Done", {"cell": 1})
-        assert read_head(path) == (3, done.hash)
-    head = head_path(path)
-    head.write_bytes(canonical_bytes({"hash": first.hash, "seq": 1}))  # a crash after Done's fsync, before its head
-    assert len(read_ledger(path, domain).records) == 3  # lagging: Started (deferred), then Done
-    with pytest.raises(LedgerError) as exc:  # the same bytes under a domain without deferred kinds
-        read_ledger(path, D)
-    assert str(exc.value) == f"{path}: record 2: d.head lags 2 records behind the ledger"
-    with Ledger.open(path, domain) as ledger:
-        assert read_head(path) == (3, done.hash)  # repaired
-        ledger.append("Started", {"cell": 2})
-        assert read_head(path) == (3, done.hash)
-    head.write_bytes(canonical_bytes({"hash": first.hash, "seq": 1}))  # lagging: Started, Done, Started
-    with pytest.raises(LedgerError) as exc:  # Done moved the head once: a head before it lost records
-        read_ledger(path, domain)
-    assert str(exc.value) == f"{path}: record 2: d.head lags 3 records behind the ledger"
-
-
 def test_head_rules(tmp_path: Path):
     path = tmp_path / "l.jsonl"
     with make(path) as ledger:

@@ -24,8 +24,7 @@ from ragpipe.kernel.ledger import Domain, LedgerError, LedgerRead, Record, encod
 
 LEDGER = "ledger.jsonl"
 HEAD = "ledger.head"
-# A lost CellStarted only means the cell runs again on resume: it rides on the next fsync.
-DOMAIN = Domain("eval-ledger-record", 1, deferred_kinds=frozenset({"CellStarted"}))
+DOMAIN = Domain("eval-ledger-record", 1)
 MISSING = "no ledger file (not an evaluation run folder)"
 
 record_hash = DOMAIN.record_hash
@@ -85,7 +84,7 @@ class Ledger(kernel.Ledger):
 
     def append(self, kind: str, payload: dict[str, Any]) -> Record:
         """Check the transition with the reducer (raising before anything is written), then append
-        (durably and moving the head, except a deferred ``CellStarted``: see ``DOMAIN``)."""
+        durably and move the head."""
         state = apply(self.state, kind, payload)
         record = super().append(kind, payload)
         self.state = state

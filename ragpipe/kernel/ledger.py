@@ -9,21 +9,14 @@ returns; then the head file (``{"hash": …, "seq": …}``, ``<name>.head`` besi
 rewritten in place and fsynced (``Ledger._write_head``). Creating the ledger file fsyncs its directory, so the file itself survives a
 crash.
 
-*Deferred kinds* (``Domain.deferred_kinds``) are records whose loss in a crash changes nothing a
-reader relies on (an evaluation's ``CellStarted``: without it the cell simply runs again). They are
-written without their own fsync and without moving the head; the next append of another kind
-fsyncs the file, which makes both durable, then moves the head — group commit, one fsync pair
-instead of two.
-
 Recovery (``Ledger.open``) may drop exactly one thing: an incomplete final line — no trailing
 newline, or bytes at the very end that are not a JSON value (a torn write is a prefix of a record;
 canonical JSON escapes newlines, so no proper prefix holds one, and no proper prefix of an object
 parses). Everything else refuses with ``"<file>: record <n>: <rule>"``: an unparsable or
 non-canonical line before the end, a final line that parses but carries trailing bytes, a bad hash,
-a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag
-behind by one record plus the deferred records before it (a crash between the ledger fsync and the
-head rewrite) and may name the record whose torn line was dropped; a head further behind, or ahead,
-means complete records were lost or rewritten, which is refused.
+a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag one
+record behind (a crash between the ledger fsync and the head rewrite) and may name the record whose
+torn line was dropped; a head further ahead means complete records were lost, which is refused.
 
 This module is the superset of ``ragpipe.evaluation.ledger``: with domain ``eval-ledger-record``
 v1 and the file ``ledger.jsonl`` it reads and writes byte-identical ledgers. One writer at a time:
@@ -78,7 +71,6 @@ class Domain:
 
     tag: str
     version: int = 1
-    deferred_kinds: frozenset[str] = frozenset()  # appended without their own fsync (module docstring)
 
     def record_hash(self, seq: int, kind: str, payload: dict[str, Any], prev: str | None) -> str:
         return content_id(self.tag, self.version, {"seq": seq, "kind": kind, "payload": payload, "prev": prev})
@@ -158,25 +150,20 @@ def read_head(path: Path) -> tuple[int, str] | None:
         raise LedgerError(f"{head}: record ?: head file is not {{hash, seq}} JSON") from None
 
 
-def _may_lag(records: tuple[Record, ...], domain: Domain) -> bool:
-    """Records after the head that one interrupted append can explain: deferred ones, then one more."""
-    return all(r.kind in domain.deferred_kinds for r in records[:-1])
-
-
-def check_head(path: Path, read: LedgerRead, domain: Domain) -> None:
+def check_head(path: Path, read: LedgerRead) -> None:
     """Refuse when the head file says complete records are missing or differ (module docstring)."""
     head = read_head(path)
     n = len(read.records)
     name = head_path(path).name
     if head is None:
-        if not _may_lag(read.records, domain):
+        if n > 1:
             raise LedgerError(f"{path}: record {n}: {name} is missing")
         return
     seq, digest = head
     if 1 <= seq <= n:
         if read.records[seq - 1].hash != digest:
             raise LedgerError(f"{path}: record {seq}: hash differs from the one {name} names")
-        if not _may_lag(read.records[seq:], domain):
+        if seq < n - 1:
             raise LedgerError(f"{path}: record {seq + 1}: {name} lags {n - seq} records behind the ledger")
         return
     if seq == n + 1 and read.dropped_bytes:
@@ -189,7 +176,7 @@ def read_ledger(path: Path, domain: Domain, missing: str = "no ledger file") -> 
     if not path.is_file():
         raise LedgerError(f"{path}: record 1: {missing}")
     read = parse_ledger(path.read_bytes(), domain, str(path))
-    check_head(path, read, domain)
+    check_head(path, read)
     return read
 
 
@@ -243,8 +230,7 @@ class Ledger:
                 os.fsync(fh.fileno())
         ledger = cls(path, domain, read.records, on_append)
         if ledger.records and read_head(path) != (ledger.records[-1].seq, ledger.records[-1].hash):
-            os.fsync(ledger._fd)  # deferred records may not be durable yet: never name them before
-            ledger._write_head()  # repairs a head that lagged
+            ledger._write_head()  # repairs a head that lagged one record
         return ledger
 
     @property
@@ -252,17 +238,15 @@ class Ledger:
         return self.records[-1].hash if self.records else None
 
     def append(self, kind: str, payload: dict[str, Any]) -> Record:
-        """Append one record durably (fsynced) and move the head; returns the record. A deferred
-        kind is only written: the next other append makes it durable (module docstring)."""
+        """Append one record durably (fsynced) and move the head; returns the record."""
         record = self.domain.make_record(len(self.records) + 1, kind, payload, self.head)
         data = encode(record)  # raises on a non-canonical payload before anything is written
         written = os.write(self._fd, data)
         if written != len(data):
             raise OSError(f"{self.path}: short write of record {record.seq}")
+        os.fsync(self._fd)
         self.records.append(record)
-        if kind not in self.domain.deferred_kinds:
-            os.fsync(self._fd)
-            self._write_head()
+        self._write_head()
         if self.on_append is not None:
             self.on_append(kind)
         return record

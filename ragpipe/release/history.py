@@ -156,7 +156,7 @@ def read_history(store: ReleaseStore, target: str) -> tuple[TargetHistory, tuple
     if not path.is_file():
         return TargetHistory(), ()
     read = parse_ledger(path.read_bytes(), HISTORY_DOMAIN, str(path))
-    check_head(path, read, HISTORY_DOMAIN)
+    check_head(path, read)
     return reduce_history(read.records, str(path)), read.records
 
 
