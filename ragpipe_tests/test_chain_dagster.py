@@ -154,6 +154,14 @@ def test_release_manifest_follows_the_gate_it_reads_not_a_later_evaluation(chain
     assert release.record.inputs["evaluation_run"] == gated.data_version
     assert load_manifest(ReleaseStore(copy), release.data_version).evaluation.run_id == gated.facts["run_id"]
 
+    gate = read_stage_record(copy, "scifact-1", "gate_decision")
+    decision_file = copy.stage_dir("scifact-1", "gate_decision") / gate.data_version.split(":")[1] / "decision.json"
+    original = decision_file.read_bytes()
+    decision_file.write_bytes(original.replace(b'"reasons": []', b'"reasons": ["forged"]', 1))
+    with pytest.raises(StageError, match=rf"^gate_decision {gate.data_version} of revision 'scifact-1': decision.json hashes to sha256:"):
+        run_release_manifest(copy, "scifact-1", spec)
+    decision_file.write_bytes(original)
+
     folder = copy.stage_dir("scifact-1", "evaluation_run") / gated.data_version.split(":")[1]
     shutil.rmtree(folder)
     with pytest.raises(StageError) as refused:

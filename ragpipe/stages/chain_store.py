@@ -72,7 +72,14 @@ def read_chain_upstream(ws: Workspace, revision: str, out: StageOutput, upstream
     version = out.record.inputs.get(upstream)
     if version is None:
         raise StageError(f"{out.record.stage} for revision {revision!r} names no {upstream} input: re-materialize {out.record.stage}")
-    up = read_version(ws, revision, upstream, version, out.record.stage)
+    try:
+        latest = read_output(ws, revision, upstream)
+    except StageError:
+        latest = None
+    # The folder's own stage.json is written once; re-publishing the same version under another
+    # spec (same content, e.g. a bundle whose ID a spec change did not move) updates only the
+    # pointer, so the pointer's record is the current one when it names this version.
+    up = latest if latest is not None and latest.data_version == version else read_version(ws, revision, upstream, version, out.record.stage)
     if up.record.spec_id != code_version:
         raise StageError(
             f"{upstream} {version} for revision {revision!r} was materialized under {up.record.spec_id}, the current "

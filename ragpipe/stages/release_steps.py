@@ -16,16 +16,37 @@ import time
 from pathlib import Path
 
 from ragpipe.bundle.verify import open_bundle
+from ragpipe.experiment.decision import Decision
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.chain_store import ChainResult, publish_chain, read_chain_input, read_chain_upstream
 from ragpipe.stages.gate_steps import read_decision
-from ragpipe.stages.stage_store import holding_workspace_lock
+from ragpipe.stages.stage_store import StageError, holding_workspace_lock
 from ragpipe.stages.workspace import Workspace
 
 STAGE = "release_manifest"
+
+
+def _check_links(revision: str, gate_version: str, decision: dict, ev_facts: dict, bundle_version: str, opened_id: str) -> None:
+    """Refuse a chain whose links do not hold: the decision file must hash to the gate's version,
+    decide on exactly the evaluation run read, and that run's bundle must be the bundle opened."""
+    body = {k: v for k, v in decision.items() if k != "decision_id"}
+    try:
+        recomputed = Decision.model_validate(body).decision_id
+    except ValueError as exc:
+        raise StageError(f"gate_decision {gate_version} of revision {revision!r}: decision.json is not a decision ({exc})") from None
+    if not recomputed == decision.get("decision_id") == gate_version:
+        raise StageError(f"gate_decision {gate_version} of revision {revision!r}: decision.json hashes to {recomputed}")
+    run = {"run_id": ev_facts["run_id"], "spec_id": ev_facts["spec_id"], "ledger_head": ev_facts["ledger_head"]}
+    if decision["challenger"] != run:
+        raise StageError(
+            f"gate_decision {gate_version} of revision {revision!r} decided on evaluation run {decision['challenger']['run_id']}, "
+            f"not on {run['run_id']}: re-materialize gate_decision"
+        )
+    if opened_id != bundle_version:
+        raise StageError(f"index_bundle {bundle_version} of revision {revision!r}: its folder holds bundle {opened_id}")
 
 
 @holding_workspace_lock
@@ -38,6 +59,7 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
     decision = read_decision(gate.path)
     opened = open_bundle(Path(str(bundle.record.facts["bundle_path"])))
     f = ev.record.facts
+    _check_links(revision, gate.data_version, decision, f, bundle.data_version, opened.manifest.bundle_id)
     manifest = ReleaseManifest(
         revision=revision, bundle_id=opened.manifest.bundle_id, material_digest=opened.manifest.material_digest,
         query_plan_id=chain.query_plan_id, answer_plan_id=chain.answer_plan_id,
