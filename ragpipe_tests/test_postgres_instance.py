@@ -190,7 +190,7 @@ def test_cli_builds_go_through_the_queue(stack: Stack, builds):
         assert started.dagster_event.pid != int(run.tags["ragpipe/pid"])
         # the run worker (not the CLI) recorded itself as the process the reaper watches
         assert run.tags["ragpipe/worker"].startswith(f"{run.run_id}@")
-        assert run.tags["ragpipe/worker"].rsplit(":", 1)[1] == str(started.dagster_event.pid)
+        assert run.tags["ragpipe/worker"].rsplit(":", 2)[1] == str(started.dagster_event.pid)
         assert DagsterEventType.STEP_FAILURE not in kinds
     # The job's Runs tab filters on this storage-only tag, which Dagster adds to runs with a remote origin.
     tagged = inst.get_run_records(RunsFilter(tags={".dagster/repository": "__repository__@ragpipe", "ragpipe/launched_by": "cli"}))

@@ -21,7 +21,7 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 from dagster._daemon.types import DaemonHeartbeat
 
-from ragpipe.defs import launch
+from ragpipe.defs import launch, resources
 from ragpipe.defs.runner import materialize_revision
 from ragpipe.defs.services import open_instance, start_daemon, wait_daemons
 from ragpipe.stages.workspace import Workspace
@@ -80,7 +80,8 @@ def test_cli_run_has_workspace_origin(tmp_path: Path):
         engine = [e.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)]
         assert [m for m in engine if m.startswith("Executing steps")] == [f"Executing steps in process (pid: {run.tags['ragpipe/pid']})"]
         # the process that executed the run, for the reaper: the CLI itself
-        assert run.tags["ragpipe/worker"] == f"{run.run_id}@{socket.gethostname()}:{run.tags['ragpipe/pid']}"
+        pid = int(run.tags["ragpipe/pid"])
+        assert resources.parse_worker_tag(run.tags["ragpipe/worker"])[:3] == (run.run_id, resources.machine_id(), pid)
 
 
 def instance_with(root: Path, coordinator: str | None = None) -> DagsterInstance:
@@ -144,45 +145,58 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def started_run(instance: DagsterInstance, tags: dict[str, str], worker: tuple[str | None, str, int] | None = None) -> str:
-    """A STARTED run of ``build_revision``; ``worker`` = (run ID, or None for this run; host; pid)
-    of its ``ragpipe/worker`` tag."""
+def started_run(instance: DagsterInstance, tags: dict[str, str], worker: str | None = None) -> str:
+    """A STARTED run of ``build_revision`` whose ``ragpipe/worker`` tag is ``worker`` with
+    ``{run}`` replaced by its run ID (no tag: None)."""
     run_id = launch.create_build_run(instance, "hb", tags=tags)
     instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name="build_revision"), run_id=run_id)
     if worker is not None:
-        owner, host, pid = worker
-        instance.add_run_tags(run_id, {"ragpipe/worker": f"{owner or run_id}@{host}:{pid}"})
+        instance.add_run_tags(run_id, {"ragpipe/worker": worker.replace("{run}", run_id)})
     assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED
     return run_id
 
 
 def test_runs_of_dead_workers_are_reaped(tmp_path: Path):
     """Whoever launched it (CLI in process, the daemon for a queued build, the UI), a STARTED run
-    whose worker on this host is gone is marked failed and its pool slots freed; a run whose tag
-    was copied from another run (re-execution), a live worker, another host's worker and a run
-    without a worker are left alone."""
+    whose worker on this machine is gone — or whose PID now belongs to another process — is marked
+    failed and its pool slots freed; a run whose tag was copied from another run (re-execution), a
+    live worker, a worker on another machine (even one with this host name) and a run without a
+    worker or with a malformed tag are left alone."""
+    machine, me = resources.machine_id(), os.getpid()
+    assert machine.count("/") == 2  # host name, boot ID, PID namespace (procfs is there)
     host = socket.gethostname()
+    mine = resources.process_start(me)
     with instance_with(tmp_path / "dagster") as instance:
         instance.add_dynamic_partitions("corpus_revisions", ["hb"])
         pid = dead_pid()
-        killed = started_run(instance, launch.cli_tags("in_process"), (None, host, pid))
-        daemon = started_run(instance, launch.cli_tags("queue"), (None, host, pid))
-        ui = started_run(instance, {}, (None, host, pid))
-        copied = started_run(instance, {}, (killed, host, pid))  # a re-execution inherits its parent's tags
-        alive = started_run(instance, launch.cli_tags("in_process"), (None, host, os.getpid()))
-        elsewhere = started_run(instance, {}, (None, "other-host", pid))
+        killed = started_run(instance, launch.cli_tags("in_process"), f"{{run}}@{machine}:{pid}:12345")
+        daemon = started_run(instance, launch.cli_tags("queue"), f"{{run}}@{machine}:{pid}:12345")
+        ui = started_run(instance, {}, f"{{run}}@{machine}:{pid}:-")
+        reused = started_run(instance, {}, f"{{run}}@{machine}:{me}:1")  # this PID, another process's start
+        copied = started_run(instance, {}, f"{killed}@{machine}:{pid}:12345")  # inherited from its parent
+        alive = started_run(instance, launch.cli_tags("in_process"), f"{{run}}@{machine}:{me}:{mine}")
+        twin = started_run(instance, {}, f"{{run}}@{host}/another-boot/1:{pid}:12345")  # same host name
+        malformed = started_run(instance, {}, f"{{run}}@{machine}:²:1")
         untagged = started_run(instance, launch.cli_tags("in_process"))
         storage = instance.event_log_storage
         storage.set_concurrency_slots("ragpipe_tantivy", 1)
         assert storage.claim_concurrency_slot("ragpipe_tantivy", killed, "lexical_index").is_claimed
-        assert sorted(launch.reap_stale_runs(instance)) == sorted([killed, daemon, ui])
-        for run_id in (killed, daemon, ui):
+        assert sorted(launch.reap_stale_runs(instance)) == sorted([killed, daemon, ui, reused])
+        for run_id, gone in ((killed, pid), (daemon, pid), (ui, pid), (reused, me)):
             assert instance.get_run_by_id(run_id).status == DagsterRunStatus.FAILURE
             (failure,) = instance.all_logs(run_id, of_type=DagsterEventType.RUN_FAILURE)
-            assert failure.message == f"process {pid} on {host}, which executed this run, ended without finishing it"
+            assert failure.message == f"process {gone} on {host}, which executed this run, ended without finishing it"
         assert storage.get_concurrency_info("ragpipe_tantivy").claimed_slots == []
-        assert [instance.get_run_by_id(r).status for r in (copied, alive, elsewhere, untagged)] == [DagsterRunStatus.STARTED] * 4
+        kept = (copied, alive, twin, malformed, untagged)
+        assert [instance.get_run_by_id(r).status for r in kept] == [DagsterRunStatus.STARTED] * len(kept)
         assert launch.reap_stale_runs(instance) == []
+
+
+def test_worker_tags_parse_strictly():
+    assert resources.parse_worker_tag("r@h/b/4:12:99") == ("r", "h/b/4", 12, "99")
+    assert resources.parse_worker_tag("r@h:with:colons/b/4:12:99") == ("r", "h:with:colons/b/4", 12, "99")
+    for bad in (None, "", "r", "@h:1:2", "r@h:1", "r@:1:2", "r@h:x:2", "r@h:²:2", "r@h:1:", "r@h:12345678901:2"):
+        assert resources.parse_worker_tag(bad) is None, bad
 
 
 def test_materialize_refuses_a_workspace_other_than_ragpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -37,7 +37,7 @@ from dagster._grpc.impl import core_execute_run
 from dagster._utils.interrupts import capture_interrupts
 
 import ragpipe
-from ragpipe.defs.resources import WORKER, parse_worker_tag, worker_tag
+from ragpipe.defs.resources import WORKER, machine_id, parse_worker_tag, process_start, worker_tag
 
 LOCATION = "ragpipe"
 REPOSITORY = "__repository__"
@@ -254,36 +254,54 @@ def choose_launch(instance: DagsterInstance, launch: str) -> str:
     return IN_PROCESS
 
 
-def _pid_alive(pid: int) -> bool:
+def _worker_gone(pid: int, start: str) -> bool:
+    """True when the process ``pid`` that started at ``start`` no longer exists (a reused PID is
+    another process). Without a recorded start time only the PID can be checked."""
+    now = process_start(pid)
+    if now is None:
+        return not _pid_exists(pid)
+    return start != "-" and now != start
+
+
+def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
         return True
+    except (OverflowError, ValueError):  # no process can have this PID
+        return False
     return True
 
 
 def reap_stale_runs(instance: DagsterInstance) -> list[str]:
-    """Mark failed the unfinished runs executed on this host by a process that is gone, and free
-    their pool slots; their run IDs.
+    """Mark failed the unfinished runs executed on this machine by a process that is gone, and
+    free their pool slots; their run IDs.
 
     A run worker killed with SIGKILL (a ``ragpipe build``, a daemon-launched worker of a queued
     build, a UI materialization or a backfill) leaves its run STARTED with its slots claimed, and
     Dagster frees slots only of finished runs, so every later run of those pools would wait for
-    ever. The executing process is the run's ``ragpipe/worker`` tag (``resources.worker_tag``),
-    trusted only when it names this run; queued runs have no worker yet and are left alone.
+    ever. The executing process is the run's ``ragpipe/worker`` tag (``resources.worker_tag``:
+    machine = host name, boot ID and PID namespace; PID and its start time), trusted only when it
+    names this run and this machine; queued runs have no worker yet and are left alone. A run is
+    re-read just before it is failed, so one that finished meanwhile keeps its status.
     """
-    host = socket.gethostname()
+    machine = machine_id()
     unfinished = instance.get_runs(
-        RunsFilter(statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])
+        RunsFilter(statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+                             DagsterRunStatus.CANCELING])
     )
     reaped = []
     for run in unfinished:
         worker = parse_worker_tag(run.tags.get(WORKER))
-        if worker is None or worker[:2] != (run.run_id, host) or _pid_alive(worker[2]):
+        if worker is None or worker[:2] != (run.run_id, machine) or not _worker_gone(worker[2], worker[3]):
             continue
-        instance.report_run_failed(run, f"process {worker[2]} on {host}, which executed this run, ended without finishing it")
+        current = instance.get_run_by_id(run.run_id)
+        if current is None or current.is_finished:
+            continue
+        host = machine.split("/", 1)[0]
+        instance.report_run_failed(current, f"process {worker[2]} on {host}, which executed this run, ended without finishing it")
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         reaped.append(run.run_id)
     return reaped
