@@ -139,6 +139,37 @@ def test_following_a_queued_run_nobody_serves_stops_with_the_reason(tmp_path: Pa
         assert instance.get_run_by_id(run_id).status == DagsterRunStatus.QUEUED
 
 
+def test_following_a_served_queued_run_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """While a daemon serves the queue, a queued run is waited for (not refused) until it ends."""
+    import threading
+
+    with instance_with(tmp_path / "dagster") as instance:
+        instance.add_dynamic_partitions("corpus_revisions", ["hb"])
+        run_id = launch.create_build_run(instance, "hb", tags=launch.cli_tags("queue"))
+        instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_ENQUEUED.value, job_name="build_revision"), run_id=run_id)
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "QUEUED_RUN_COORDINATOR", "t", []))
+        asked = threading.Event()
+        served = launch.queue_is_served
+        monkeypatch.setattr(launch, "QUEUE_CHECK_S", 0.0)
+
+        def counting(inst):
+            asked.set()
+            return served(inst)
+
+        monkeypatch.setattr(launch, "queue_is_served", counting)
+
+        def daemon_runs_it() -> None:  # the daemon's part, once the follower has checked the queue
+            asked.wait(60)
+            for kind in (DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS):
+                instance.report_dagster_event(DagsterEvent(kind.value, job_name="build_revision"), run_id=run_id)
+
+        worker = threading.Thread(target=daemon_runs_it)
+        worker.start()
+        status = launch.follow(instance, run_id)
+        worker.join()
+        assert (asked.is_set(), status) == (True, DagsterRunStatus.SUCCESS)
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
