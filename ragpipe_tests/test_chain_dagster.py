@@ -21,6 +21,7 @@ from ragpipe.corpus.registry import register_revision
 from ragpipe.defs import build_definitions
 from ragpipe.defs.runner import materialize_revision
 from ragpipe.evaluation.runner import verify_run
+from ragpipe.experiment.decision import Decision
 from ragpipe.pipeline_spec import load_pipeline_spec
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.status import resolve_active
@@ -29,7 +30,7 @@ from ragpipe.api import Retriever
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.eval_steps import attempt_version, run_evaluation_run
 from ragpipe.stages.release_steps import run_release_manifest
-from ragpipe.stages.stage_store import StageError
+from ragpipe.stages.stage_store import StageError, publish_output
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import REPO, SAMPLE
@@ -161,6 +162,20 @@ def test_release_manifest_follows_the_gate_it_reads_not_a_later_evaluation(chain
     with pytest.raises(StageError, match=rf"^gate_decision {gate.data_version} of revision 'scifact-1': decision.json hashes to sha256:"):
         run_release_manifest(copy, "scifact-1", spec)
     decision_file.write_bytes(original)
+
+    # A forgery with a recomputed digest: a decision about another run, published as a new gate
+    # version whose ID is that decision's ID. The hash holds; the link to the evaluation does not.
+    body = {k: v for k, v in json.loads(original).items() if k != "decision_id"}
+    body["challenger"] = {**body["challenger"], "run_id": "forged-run"}
+    forged_id = Decision.model_validate(body).decision_id
+    forged = gate.model_copy(update={"data_version": forged_id})
+    publish_output(copy, forged, lambda tmp: (tmp / "decision.json").write_text(json.dumps({**body, "decision_id": forged_id})))
+    with pytest.raises(StageError) as refused:
+        run_release_manifest(copy, "scifact-1", spec)
+    assert str(refused.value) == (
+        f"gate_decision {forged_id} of revision 'scifact-1' decided on evaluation run forged-run, "
+        f"not on {gated.facts['run_id']}: re-materialize gate_decision"
+    )
 
     folder = copy.stage_dir("scifact-1", "evaluation_run") / gated.data_version.split(":")[1]
     shutil.rmtree(folder)
