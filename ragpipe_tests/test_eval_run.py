@@ -37,7 +37,8 @@ def test_run_folder_and_ledger(evaluated):
     assert (out / "inputs" / "spec.json").read_bytes() == canonical_bytes(spec.body.as_json()) + b"\n"
     records = read_ledger(out).records
     kinds = [r.kind for r in records]
-    assert kinds == ["RunCreated"] + ["InputBound"] * 3 + ["CellStarted", "CellCompleted"] * EVALUABLE + ["RunCompleted"]
+    assert kinds == ["RunCreated"] + ["InputBound"] * 4 + ["CellStarted", "CellCompleted"] * EVALUABLE + ["RunCompleted"]
+    assert [r.payload["name"] for r in records[1:5]] == ["suite", "query_plan", "spec", "bundle"]
     assert json.loads((out / HEAD).read_bytes()) == {"hash": records[-1].hash, "seq": len(records)}
     assert len(list((out / "traces").iterdir())) == EVALUABLE
     state = verify_run(out)

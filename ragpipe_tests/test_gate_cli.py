@@ -144,9 +144,10 @@ def test_a_tampered_run_is_refused_by_its_custody(runs, tmp_path):
     shutil.copytree(runs["inc"], copy)
     ledger = copy / "ledger.jsonl"
     lines = ledger.read_bytes().splitlines(keepends=True)
-    lines[5] = lines[5].replace(b'"outcome":"success"', b'"outcome":"abstained"')
+    assert b'"outcome":"success"' in lines[6]  # record 7: the first CellCompleted (after RunCreated, InputBound x4, CellStarted)
+    lines[6] = lines[6].replace(b'"outcome":"success"', b'"outcome":"abstained"')
     ledger.write_bytes(b"".join(lines))
-    with pytest.raises(ArmSourceError, match=f"^{ledger}: record 6: hash does not match the record's content$"):
+    with pytest.raises(ArmSourceError, match=f"^{ledger}: record 7: hash does not match the record's content$"):
         load_arm(copy)
 
 

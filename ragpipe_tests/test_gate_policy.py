@@ -112,7 +112,8 @@ MALFORMED = [
     ("wrong schema", edit("schema: ragpipe.gate_policy/v1", "schema: ragpipe.gate_policy/v2"),
      "1: schema: must be 'ragpipe.gate_policy/v1', got 'ragpipe.gate_policy/v2'"),
     ("unknown cost key", edit("  latency_slack_ms: 5.0\n", "  latency_slack: 5.0\n"),
-     "19: cost.latency_slack: unknown key (allowed: max_p95_latency_ratio, latency_slack_ms, max_p95_latency_ms)"),
+     "19: cost.latency_slack: unknown key (allowed: max_p95_latency_ratio, latency_slack_ms, max_p95_latency_ms, "
+     "max_build_vectors_ratio, max_build_vectors, max_bundle_bytes_ratio, max_bundle_bytes)"),
     ("invalid YAML", edit("  min_cases: 10\n", "  min_cases: [10\n"), "9: invalid YAML: expected ',' or ']', but got ':'"),
     ("not a mapping", "- hard\n- target\n", "1: policy: must be a mapping, got list"),
     ("unknown metric in a protected slice", edit("tags: {}", "tags: {rare: {ndcg@0: 0.1}}"),

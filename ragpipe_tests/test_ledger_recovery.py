@@ -43,8 +43,8 @@ def test_cut_at_every_byte_offset(small_run, tmp_path):
     data = (run / LEDGER).read_bytes()
     full = read_ledger(run)
     n = len(full.records)
-    assert [r.kind for r in full.records][:5] == ["RunCreated", "InputBound", "InputBound", "InputBound", "CellStarted"]
-    assert n == 1 + 3 + 2 * 4 + 1
+    assert [r.kind for r in full.records][:6] == ["RunCreated", "InputBound", "InputBound", "InputBound", "InputBound", "CellStarted"]
+    assert n == 1 + 4 + 2 * 4 + 1
     last_start = record_starts(data)[-1]
     folder = tmp_path / "cut"
     folder.mkdir()
@@ -98,15 +98,15 @@ def test_open_truncates_only_the_torn_tail_and_resume_finishes(small_run, tmp_pa
     data = (copy / LEDGER).read_bytes()
     records = read_ledger(copy).records
     # cut the run back to just after cell 2 was started, with half of cell 2's CellCompleted line
-    keep = sum(len(encode(r)) for r in records[:7])
-    torn = encode(records[7])[:40]
-    assert records[6].kind == "CellStarted" and records[7].kind == "CellCompleted"
+    keep = sum(len(encode(r)) for r in records[:8])
+    torn = encode(records[8])[:40]
+    assert records[7].kind == "CellStarted" and records[8].kind == "CellCompleted"
     (copy / LEDGER).write_bytes(data[:keep] + torn)
-    (copy / HEAD).write_bytes(canonical_bytes({"hash": records[6].hash, "seq": 7}) + b"\n")
+    (copy / HEAD).write_bytes(canonical_bytes({"hash": records[7].hash, "seq": 8}) + b"\n")
     for name in ("report.json", "report.md"):
         (copy / name).unlink()
     with Ledger.open(copy) as ledger:
-        assert len(ledger.records) == 7 and (copy / LEDGER).read_bytes() == data[:keep]
+        assert len(ledger.records) == 8 and (copy / LEDGER).read_bytes() == data[:keep]
     result = resume_evaluation(copy, retriever_factory=lambda _: retriever)
     again = reduce_records(read_ledger(copy).records)
     assert again.status == "completed" and again.starts[again.expected[1]] == 2

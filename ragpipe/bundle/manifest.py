@@ -76,6 +76,12 @@ class BundleManifest(_Model):
     def files(self) -> list[FileEntry]:
         return self.material.files
 
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of every file the manifest lists (the manifest itself aside): what serving and
+        storing the bundle costs. Bound by the material digest, like the sizes it sums."""
+        return sum(f.size for f in self.material.files)
+
 
 def bundle_id_of(semantic: BundleSemantic) -> BundleId:
     return BundleId(content_id("bundle", 2, semantic.model_dump(mode="json")))

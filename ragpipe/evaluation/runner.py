@@ -7,7 +7,9 @@
 
 Run folder: ``ledger.jsonl`` + ``ledger.head`` (custody, ``ledger.py``), ``inputs/`` (canonical
 copies of the suite, the query plan and the spec body, each bound by an ``InputBound`` record with
-its digest), ``traces/`` (``traces.py``), ``report.json`` / ``report.md`` (``report.py``). The folder
+its digest), ``traces/`` (``traces.py``), ``report.json`` / ``report.md`` (``report.py``). A fourth
+``InputBound`` record, ``bundle``, binds the evaluated bundle without copying it: its material
+digest, its ID and its build figures (``bundle_binding``), which the gate's cost phase reads. The folder
 is published atomically holding its inputs and first records, so a run folder without its inputs
 never exists. Cells run in expected order; each is started, executed and closed by fsynced
 records before the next starts. When none is missing, ``RunCompleted`` is appended and the reports
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragpipe.bundle.manifest import BundleManifest
 from ragpipe.evaluation.cell import run_cell
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
 from ragpipe.evaluation.ledger import LEDGER, Ledger, LedgerError, read_ledger, reduce_records
@@ -42,6 +45,8 @@ from ragpipe.retrieval.service import Retriever
 RetrieverFactory = Callable[[EvaluationSpec], Retriever]
 Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, cell just closed)
 INPUTS = {"suite": "inputs/suite.jsonl", "query_plan": "inputs/query_plan.json", "spec": "inputs/spec.json"}
+BUNDLE_INPUT = "bundle"  # the InputBound record of the evaluated bundle (nothing copied: see bundle_binding)
+BUILD_FIGURES = ("vectors", "payload_bytes")
 
 
 class RunError(ValueError):
@@ -83,8 +88,20 @@ def _input_bytes(spec: EvaluationSpec) -> dict[str, bytes]:
     return {"suite": suite_bytes(spec.suite), "query_plan": plan, "spec": canonical_bytes(spec.body.as_json()) + b"\n"}
 
 
+def bundle_binding(manifest: BundleManifest) -> dict[str, Any]:
+    """The ``InputBound`` payload of the evaluated bundle: ``digest`` its material digest (the
+    exact bytes evaluated), ``content_id`` its bundle ID, and the deterministic figures of its
+    build cost taken from the verified manifest — ``vectors`` (the embedded representations: a
+    cold build's dominant cost) and ``payload_bytes`` (every listed file: serving and storage).
+    Facts about the bundle, never about the attempt, and outside the spec ID (the bundle ID binds
+    the vector count, the material digest the sizes)."""
+    return {"name": BUNDLE_INPUT, "digest": manifest.material_digest, "content_id": manifest.bundle_id,
+            "vectors": manifest.semantic.counts.vectors, "payload_bytes": manifest.payload_bytes}
+
+
 def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: str | None = None) -> None:
-    """Publish the run folder with its inputs and the records RunCreated + InputBound×3."""
+    """Publish the run folder with its inputs and the records RunCreated + InputBound×4 (the
+    three copied inputs, then the bundle)."""
     body = spec.body
     statuses = check_against_bundle(spec.suite, retriever.scopes.keys(), retriever.chunks.keys())
     cells = [cell_dict((s.case_id, r, body.arm)) for s in statuses if s.evaluable for r in range(body.repeats)]
@@ -108,6 +125,7 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
             for name, data in _input_bytes(spec).items():
                 (tmp / INPUTS[name]).write_bytes(data)
                 ledger.append("InputBound", {"name": name, "path": INPUTS[name], "digest": bytes_digest(data), "content_id": content_ids[name]})
+            ledger.append("InputBound", bundle_binding(retriever.bundle.manifest))
 
     if out.exists() or out.is_symlink():
         raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
@@ -146,7 +164,22 @@ def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
         raise RunError(f"{run / INPUTS['suite']}: suite digest {suite.digest} differs from the spec's {body.suite_digest}")
     if plan.plan_id != body.plan_id:
         raise RunError(f"{run / INPUTS['query_plan']}: plan ID {plan.plan_id} differs from the spec's {body.plan_id}")
+    _check_bundle_binding(where, records, state.inputs.get(BUNDLE_INPUT), body)
     return EvaluationSpec(body, suite, plan, Path(state.created["bundle_path"]))
+
+
+def _check_bundle_binding(where: str, records, bound: Any, body: SpecBody) -> None:
+    """The bundle's InputBound record, when the run has one (runs made before it existed do not):
+    the spec's bundle, and each build figure an integer >= 0."""
+    if bound is None:
+        return
+    seq = _bound_seq(records, BUNDLE_INPUT)
+    if bound.get("content_id") != body.bundle_id:
+        raise RunError(f"{where}: record {seq}: InputBound {BUNDLE_INPUT!r} names bundle {bound.get('content_id')}, not the spec's bundle {body.bundle_id}")
+    for key in BUILD_FIGURES:
+        value = bound.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RunError(f"{where}: record {seq}: InputBound {BUNDLE_INPUT!r}: {key} must be an integer >= 0, got {value!r}")
 
 
 @contextmanager
@@ -259,4 +292,4 @@ def rebuild_report(out: Path) -> dict[str, Any]:
     return report
 
 
-__all__ = ["EvaluationResult", "RunError", "TraceError", "create_run", "new_run_id", "rebuild_report", "resume_evaluation", "run_evaluation", "verify_run"]
+__all__ = ["BUNDLE_INPUT", "EvaluationResult", "RunError", "TraceError", "bundle_binding", "create_run", "new_run_id", "rebuild_report", "resume_evaluation", "run_evaluation", "verify_run"]

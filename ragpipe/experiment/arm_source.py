@@ -12,7 +12,10 @@ cell terminal). It then reads only the verified ledger state:
 * ``expected`` from ``RunCreated.cells``, ``skipped`` and ``tags`` from ``RunCreated``;
 * cells from the terminal records (``CellCompleted`` / ``CellFailed``): outcome, metrics,
   ``latency_ms``; a failed cell's class is the exception type that prefixes its ``error``
-  (``"TimeoutError: …"``), a cancelled cell's class is ``cancelled``.
+  (``"TimeoutError: …"``), a cancelled cell's class is ``cancelled``;
+* ``build`` from the ``bundle`` InputBound record (``runner.bundle_binding``: material digest,
+  vectors, payload bytes), already checked by ``verify_run`` against the spec's bundle; ``None``
+  for a run made before runs recorded it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 
 from ragpipe.evaluation.eval_spec import SpecBody
 from ragpipe.evaluation.ledger import LEDGER, read_ledger
-from ragpipe.evaluation.runner import verify_run
-from ragpipe.experiment.arms import ArmRun, CellOutcome, Coordinates, MetricDecl, Variant
+from ragpipe.evaluation.runner import BUNDLE_INPUT, verify_run
+from ragpipe.experiment.arms import ArmRun, BuildCost, CellOutcome, Coordinates, MetricDecl, Variant
 
 
 class ArmSourceError(ValueError):
@@ -57,6 +60,12 @@ def _coordinates(body: SpecBody) -> Coordinates:
                        repeats=body.repeats, answers=body.answers, metrics=metrics)
 
 
+def _build(bound: Any) -> BuildCost | None:
+    if bound is None:
+        return None
+    return BuildCost(material_digest=bound["digest"], vectors=bound["vectors"], payload_bytes=bound["payload_bytes"])
+
+
 def load_arm(run: Path) -> ArmRun:
     """The verified, completed run folder ``run`` as an ``ArmRun`` (module docstring)."""
     run = Path(run)
@@ -80,4 +89,5 @@ def load_arm(run: Path) -> ArmRun:
         cells=tuple(_cell(case, repeat, dict(state.terminal[(case, repeat, arm)])) for case, repeat, arm in state.expected),
         skipped={s["case_id"]: s["reason"] for s in state.created.get("skipped", ())},
         tags={case: tuple(tags) for case, tags in state.created.get("tags", {}).items()},
+        build=_build(state.inputs.get(BUNDLE_INPUT)),
     )

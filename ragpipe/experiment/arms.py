@@ -10,7 +10,9 @@
 * ``expected``: the cells ``(case, repeat)`` the run declared, ``cells``: its terminal cells,
   ``skipped``: the cases it skipped with their reasons, ``tags``: each case's tags;
 * each cell's outcome (success, abstained, failure, cancelled), failure class, metric values
-  and query latency (execution data: read by the cost phase, never part of an identity).
+  and query latency (execution data: read by the cost phase, never part of an identity);
+* ``build``: the build-cost figures of the evaluated bundle (``BuildCost``), when the run
+  recorded them (runs made before they were recorded have none).
 
 The model accepts duplicate or missing cells as data, because *detecting* them is the pairing's
 job (``pairing.check_arm``), which names the arm and the cell. ``summarize`` is the per-arm view
@@ -23,7 +25,7 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from ragpipe.experiment.catalog import Direction
 
@@ -100,6 +102,18 @@ class CellOutcome(_Frozen):
         return value
 
 
+class BuildCost(_Frozen):
+    """What building and serving the arm's bundle costs, as deterministic figures of the bundle
+    (never wall-clock): ``vectors`` embedded (a cold build's dominant cost: one encode per
+    representation) and ``payload_bytes`` of its files (serving and storage), with the
+    ``material_digest`` of the bytes they describe. The run records them from the verified
+    manifest when it binds the bundle."""
+
+    material_digest: str
+    vectors: int = Field(ge=0)
+    payload_bytes: int = Field(ge=0)
+
+
 class ArmRun(_Frozen):
     run_id: str
     spec_id: str
@@ -110,6 +124,7 @@ class ArmRun(_Frozen):
     cells: tuple[CellOutcome, ...]
     skipped: dict[str, str] = Field(default_factory=dict)
     tags: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    build: BuildCost | None = None
 
     def ref(self) -> ArmRef:
         return ArmRef(run_id=self.run_id, spec_id=self.spec_id, ledger_head=self.ledger_head)
@@ -142,10 +157,20 @@ class ArmSummary(_Frozen):
     aggregates: dict[str, Aggregate]
     latency_p95_ms: float | None
     latency_n: int
+    build: BuildCost | None = None  # None: the run recorded no build figures
 
     @property
     def failed_cells(self) -> int:
         return sum(self.failed.values())
+
+    @model_serializer(mode="wrap")
+    def _without_absent_build(self, handler):
+        """No ``build`` key when there are no figures, so a comparison of runs made before they
+        were recorded keeps the content (and ID) it was written with."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("build") is None:
+            data.pop("build", None)
+        return data
 
 
 def nearest_rank(values: Iterable[float], q: float) -> float | None:
@@ -167,7 +192,7 @@ def case_means(cells: Iterable[CellOutcome]) -> dict[str, dict[str, float]]:
 
 
 def summarize(arm: ArmRun) -> ArmSummary:
-    """Counts, failures by class, aggregates and p95 latency of one (integrity-checked) arm.
+    """Counts, failures by class, aggregates, p95 latency and build figures of one (integrity-checked) arm.
 
     As issue 9's report: a case is *evaluated* when all its cells completed; a metric's value is
     the mean (or sum) over evaluated cases carrying it of each case's mean over its repeats;
@@ -198,4 +223,5 @@ def summarize(arm: ArmRun) -> ArmSummary:
         aggregates=aggregates,
         latency_p95_ms=nearest_rank(latencies, 0.95),
         latency_n=len(latencies),
+        build=arm.build,
     )

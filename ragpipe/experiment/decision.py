@@ -10,7 +10,12 @@ they never change the outcome: nothing compensates a failure (an ordered gate, n
 With a comparison the decision is *paired*; with ``comparison=None`` it is a *bootstrap*
 decision on the challenger alone (no incumbent): hard and coverage as usual, the target phase
 checks ``bootstrap_floors`` (direction-aware: a floor for higher-is-better metrics, a ceiling
-otherwise), regression has nothing to compare and cost checks only the absolute ceiling.
+otherwise), regression has nothing to compare and cost checks only the absolute ceilings.
+
+The cost phase checks, in this order: p95 latency (relative, absolute), then the build cost of
+the arm's bundle (``arms.BuildCost``, recorded by the run when it bound the bundle): vectors
+(relative, absolute), then payload bytes (relative, absolute). A run without the figure fails
+the check (``no value``, fail closed), exactly as a run without a latency sample does.
 
 Refused with ``GateError`` (no decision is made): a policy naming a metric the run does not
 declare (other than ``if_measured`` bounds), a run declaring a known metric with another
@@ -156,6 +161,29 @@ def _cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | No
             out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing="no latency sample"))
     if cost.max_p95_latency_ms is not None:
         out.append(check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing="no latency sample"))
+    return out + _build_cost(policy, challenger, incumbent)
+
+
+BUILD_FIGURES = (  # (check name prefix, BuildCost field, policy ratio, policy ceiling), in check order
+    ("build_vectors", "vectors", "max_build_vectors_ratio", "max_build_vectors"),
+    ("bundle_bytes", "payload_bytes", "max_bundle_bytes_ratio", "max_bundle_bytes"),
+)
+
+
+def _build_cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | None) -> list[Check]:
+    """Challenger figure <= incumbent figure x ratio (paired only), and <= the absolute ceiling."""
+    out = []
+    for name, figure, ratio_key, ceiling_key in BUILD_FIGURES:
+        ratio, ceiling = getattr(policy.cost, ratio_key), getattr(policy.cost, ceiling_key)
+        value = None if challenger.build is None else float(getattr(challenger.build, figure))
+        if incumbent is not None and ratio is not None:
+            if incumbent.build is None:
+                out.append(check("cost", f"{name}_relative", None, "<=", 0.0, missing="the incumbent run records no build figures"))
+            else:
+                allowance = getattr(incumbent.build, figure) * ratio
+                out.append(check("cost", f"{name}_relative", value, "<=", allowance, missing="the challenger run records no build figures"))
+        if ceiling is not None:
+            out.append(check("cost", f"{name}_absolute", value, "<=", ceiling, missing="the challenger run records no build figures"))
     return out
 
 

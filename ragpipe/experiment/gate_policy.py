@@ -4,15 +4,17 @@ Phases, in this fixed order (the file must list them so): ``hard`` (bounds on th
 aggregates: safety and contract floors), ``coverage`` (failed-cell rate per arm, minimum cases),
 ``target`` (metric, minimum improvement, and the evidence rule: CI lower bound > 0 or p < alpha),
 ``regression`` (maximum allowed loss per metric, overall and per protected tag slice), ``cost``
-(p95 latency limits, read only as a tie-break after quality). ``bootstrap_floors`` are the
-absolute bounds that replace the relative target when there is no incumbent.
+(p95 latency and build-cost limits, read only as a tie-break after quality). ``bootstrap_floors``
+are the absolute bounds that replace the relative target when there is no incumbent.
 
 Refused at load, with ``<file>:<line>: <key path>: <rule>``: YAML errors, duplicate keys,
 unknown phases or keys, missing phases, phases out of order, unknown metrics, non-numbers
 (booleans included), non-finite thresholds, and contradictory bounds (min above max, a bound
-outside the metric's range, an unreachable improvement, no bootstrap floor for the target).
-The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds are stored as floats so
-``0`` and ``0.0`` give one ID, and mapping order never changes it.
+outside the metric's range, an unreachable improvement, no bootstrap floor for the target, a
+build-cost ratio below 1). The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds
+are stored as floats so ``0`` and ``0.0`` give one ID, and mapping order never changes it. A
+build-cost bound that is left out or ``null`` is not in the ID at all, so a policy written before
+those bounds existed keeps its ID.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from ragpipe.experiment.arms import _Frozen
 from ragpipe.experiment.catalog import KNOWN_NAMES, known_metric
@@ -60,10 +62,34 @@ class RegressionPolicy(_Frozen):
     tags: dict[str, dict[str, float]]
 
 
+BUILD_BOUNDS = ("max_build_vectors_ratio", "max_build_vectors", "max_bundle_bytes_ratio", "max_bundle_bytes")
+COST_KEYS = ("max_p95_latency_ratio", "latency_slack_ms", "max_p95_latency_ms", *BUILD_BOUNDS)
+
+
 class CostPolicy(_Frozen):
+    """Latency: challenger p95 <= max(incumbent p95 x ratio, incumbent p95 + slack), and an
+    absolute ceiling. Build cost (the bundle's figures, ``arms.BuildCost``): challenger vectors
+    <= incumbent vectors x ratio, challenger payload bytes <= incumbent bytes x ratio, and
+    absolute ceilings on each. ``None``: no such bound."""
+
     max_p95_latency_ratio: float | None = None
     latency_slack_ms: float = 0.0
     max_p95_latency_ms: float | None = None
+    max_build_vectors_ratio: float | None = None
+    max_build_vectors: float | None = None
+    max_bundle_bytes_ratio: float | None = None
+    max_bundle_bytes: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_build_bounds(self, handler):
+        """Unset build-cost bounds are left out of the dump (hence the policy ID): a policy that
+        does not bound build cost has the ID it had before these bounds existed."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in BUILD_BOUNDS:
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data
 
 
 class GatePolicy(_Frozen):
@@ -199,13 +225,38 @@ def _regression(r: _Reader, raw: Any) -> RegressionPolicy:
     )
 
 
+def _build_ratio(r: _Reader, value: Any, path: str) -> float | None:
+    """A build-cost ratio: > 0, and not below 1 — a challenger on the incumbent's own bundle (a
+    query-plan change) has ratio 1, so a smaller one would refuse every such challenger."""
+    if value is None:
+        return None
+    ratio = r.number(value, path, 0.0, lo_open=True)
+    if ratio < 1.0:
+        raise r.fail(path, f"contradictory bound: a ratio of {ratio:g} is below 1, so a challenger on the incumbent's own bundle could never pass")
+    return ratio
+
+
+def _build_ceiling(r: _Reader, value: Any, path: str) -> float | None:
+    """An absolute build-cost ceiling: a whole count (vectors or bytes) > 0."""
+    if value is None:
+        return None
+    ceiling = r.number(value, path, 0.0, lo_open=True)
+    if not ceiling.is_integer():
+        raise r.fail(path, f"must be a whole number (a count), got {value!r}")
+    return ceiling
+
+
 def _cost(r: _Reader, raw: Any) -> CostPolicy:
-    spec = r.mapping(raw, "cost", ("max_p95_latency_ratio", "latency_slack_ms", "max_p95_latency_ms"))
+    spec = r.mapping(raw, "cost", COST_KEYS)
     ratio, ceiling = spec.get("max_p95_latency_ratio"), spec.get("max_p95_latency_ms")
     return CostPolicy(
         max_p95_latency_ratio=None if ratio is None else r.number(ratio, "cost.max_p95_latency_ratio", 0.0, lo_open=True),
         latency_slack_ms=r.number(spec.get("latency_slack_ms", 0.0), "cost.latency_slack_ms", 0.0),
         max_p95_latency_ms=None if ceiling is None else r.number(ceiling, "cost.max_p95_latency_ms", 0.0, lo_open=True),
+        max_build_vectors_ratio=_build_ratio(r, spec.get("max_build_vectors_ratio"), "cost.max_build_vectors_ratio"),
+        max_build_vectors=_build_ceiling(r, spec.get("max_build_vectors"), "cost.max_build_vectors"),
+        max_bundle_bytes_ratio=_build_ratio(r, spec.get("max_bundle_bytes_ratio"), "cost.max_bundle_bytes_ratio"),
+        max_bundle_bytes=_build_ceiling(r, spec.get("max_bundle_bytes"), "cost.max_bundle_bytes"),
     )
 
 
