@@ -27,9 +27,11 @@ dagster-home:
 	cmp -s deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml || install -D -m 644 deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
 # The demo walks the whole chain: revision 1 is built, evaluated and gated without an incumbent
-# (bootstrap) and activated on staging; revision 2 is gated against it and activated only if the
-# gate says it is eligible; then a rollback, the release table, and queries served by the active
-# release. `release_of` reads a revision's release ID from its (up-to-date, so instant) build.
+# (bootstrap) and activated on staging; revision 2, which repairs 24 abstracts revision 1 holds
+# truncated, is gated against it and activated only if the gate says it is eligible; then staging is
+# rolled back to revision 1 (as after an incident: no rebuild), the release table and the pointer are
+# shown, and queries are served by the active release. `release_of` reads a revision's release ID
+# from its (up-to-date, so instant) build.
 release_of = $$($(BIN)/ragpipe build data/scifact-sample/rev-$(1).jsonl --revision scifact-$(1) --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["release_id"])')
 
 demo: install dagster-home
@@ -38,8 +40,8 @@ demo: install dagster-home
 	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2
 	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-1 --out var/demo-eval/scifact-1-$$(date +%s)
 	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-2 --out var/demo-eval/scifact-2-$$(date +%s)
-	$(BIN)/ragpipe release activate $(call release_of,2) --target staging || echo "revision 2 stays unreleased: its gate decision is not eligible (decisive phase above)"
-	$(BIN)/ragpipe release rollback --target staging || echo "nothing to roll back: revision 2 was not activated"
+	$(BIN)/ragpipe release activate $(call release_of,2) --target staging || echo "revision 2 was not activated: the error above names the gate's decisive phase"
+	$(BIN)/ragpipe release rollback --target staging || echo "nothing was rolled back: see the error above"
 	$(BIN)/ragpipe release list
 	$(BIN)/ragpipe release current --target staging
 	$(BIN)/ragpipe query "Aspirin reduces the risk of cardiovascular events" --k 3

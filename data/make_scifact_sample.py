@@ -1,8 +1,11 @@
 """Regenerate data/scifact-sample from ../shared/datasets/scifact (deterministic, seed fixed).
 
-Revision 1: 300 SciFact abstracts — the judged documents of 100 test claims plus distractors.
-Revision 2: revision 1 with 9 documents edited (wording and figure corrections, appended notes,
-one retitled), 9 removed and 9 added (including the judged documents of 4 further claims).
+Revision 1: 300 SciFact abstracts — the judged documents of 100 test claims plus distractors —
+ingested with a defect: 24 judged abstracts were cut after their first sentence.
+Revision 2: revision 1 with those 24 abstracts repaired (full text), 9 documents edited (wording and
+figure corrections, appended notes, one retitled), 9 removed and 9 added (including the judged
+documents of 4 further claims). The repair is what a corpus refresh is for: the gate measures
+whether revision 2 answers the stable suite better than revision 1 (see README, "make demo").
 Judgments are written per revision; a removed document's judgments are dropped with it.
 
     python data/make_scifact_sample.py [--source ../shared/datasets/scifact]
@@ -15,10 +18,12 @@ import csv
 import gzip
 import json
 import random
+import re
 from pathlib import Path
 
 HERE = Path(__file__).parent / "scifact-sample"
 SEED = 20261129
+REPAIRED = 24  # judged abstracts truncated in revision 1 and repaired in revision 2
 
 EDITS = [
     ("replace", " significantly ", " substantially "),
@@ -57,6 +62,12 @@ def edit(doc: dict, rule: tuple[str, str, str]) -> dict:
         else:
             doc["text"] = doc["text"].replace(old, new, 1)
     return doc
+
+
+def first_sentence(doc: dict) -> dict:
+    """``doc`` with its text cut after the first sentence (". " followed by a capital letter)."""
+    match = re.search(r"\. (?=[A-Z])", doc["text"])
+    return dict(doc, text=doc["text"][: match.start() + 1]) if match else doc
 
 
 def write_corpus(path: Path, docs: list[dict]) -> None:
@@ -101,6 +112,12 @@ def main() -> None:
         rev2[doc_id] = edit(rev2[doc_id], rule)
     for doc_id in added:
         rev2[doc_id] = corpus[doc_id]
+    # Drawn from a generator of its own so every choice above stays what it was before the repair
+    # existed: revision 2 is byte-identical; only revision 1's copies of these abstracts change.
+    truncatable = sorted(judged1 - removed - set(edited) - set().union(*(qrels[q] for q in q2_extra)), key=int)
+    repaired = sorted(random.Random(SEED + 1).sample(truncatable, REPAIRED), key=int)
+    for doc_id in repaired:
+        rev1[doc_id] = first_sentence(rev1[doc_id])
 
     HERE.mkdir(exist_ok=True)
     (HERE / "qrels").mkdir(exist_ok=True)
@@ -117,6 +134,7 @@ def main() -> None:
         "edited": sorted(edited, key=int),
         "removed": sorted(removed, key=int),
         "added": sorted(added, key=int),
+        "repaired": repaired,
     }
     (HERE / "changes.json").write_text(json.dumps(changes, indent=2) + "\n", encoding="utf-8")
     print(f"rev-1: {len(rev1)} documents; rev-2: {len(rev2)} documents; {changes}")

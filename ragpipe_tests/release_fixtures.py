@@ -13,8 +13,10 @@ from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.evaluation.suite import Case, Suite
 from ragpipe.experiment.arm_source import load_arm
-from ragpipe.experiment.arms import ArmRun
-from ragpipe.release.manifest import ReleaseManifest, publish_manifest
+from ragpipe.experiment.arms import ArmRef, ArmRun
+from ragpipe.experiment.decision import Decision
+from ragpipe.release.gate_evidence import publish_gate_evidence
+from ragpipe.release.manifest import GateRef, ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import REPO
@@ -71,21 +73,48 @@ def bundle_ids(bundle: Path) -> tuple[str, str]:
     return m["bundle_id"], m["material_digest"]
 
 
+def decision_for(manifest: ReleaseManifest) -> Decision:
+    """A bootstrap gate decision saying what ``manifest`` says (eligibility, phase, policy, run).
+    Its checks are not those of a real gate: the release tests exercise what activation does with
+    a decision, the gate tests how one is made."""
+    ev = manifest.evaluation
+    return Decision(
+        mode="bootstrap", eligible=manifest.gate.eligible, decisive_phase=manifest.gate.decisive_phase, checks=(),
+        reasons=() if manifest.gate.eligible else (f"{manifest.gate.decisive_phase}: fixture",),
+        comparison_id=None, policy_id=manifest.gate_policy_id, incumbent=None,
+        challenger=ArmRef(run_id=ev.run_id, spec_id=ev.spec_id, ledger_head=ev.ledger_head), human_apply_required=True,
+    )
+
+
+def with_decision(manifest: ReleaseManifest) -> ReleaseManifest:
+    """``manifest`` naming the ID of ``decision_for(manifest)``."""
+    gate = GateRef(decision_id=decision_for(manifest).decision_id, eligible=manifest.gate.eligible,
+                   decisive_phase=manifest.gate.decisive_phase)
+    return manifest.model_copy(update={"gate": gate})
+
+
 def manifest_for(bundle: Path, revision: str = "r1", *, eligible: bool = True, phase: str | None = None,
                  material_digest: str | None = None) -> ReleaseManifest:
-    """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``)."""
+    """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``) and the decision
+    of ``decision_for`` (``publish_release`` keeps that decision in the store)."""
     bundle_id, material = bundle_ids(bundle)
     arm = evaluation_arm(bundle)
-    return ReleaseManifest(
+    return with_decision(ReleaseManifest(
         revision=revision, bundle_id=bundle_id, material_digest=material_digest or material,
         query_plan_id=arm.variant.plan_id, answer_plan_id=H, authorization_policy_id=H, gate_policy_id=H,
         evaluation={"spec_id": arm.spec_id, "run_id": arm.run_id, "ledger_head": arm.ledger_head},
         comparison_id=None, gate={"decision_id": H, "eligible": eligible, "decisive_phase": phase},
-    )
+    ))
+
+
+def publish_release(ws: Workspace, manifest: ReleaseManifest) -> str:
+    """Publish ``manifest`` as ``release_manifest`` does: its decision first, then the manifest."""
+    publish_gate_evidence(ReleaseStore(ws), decision_for(manifest).as_json(), None)
+    return publish_manifest(ReleaseStore(ws), manifest)[0]
 
 
 def publish(ws: Workspace, bundle: Path, revision: str = "r1", **kw) -> str:
-    return publish_manifest(ReleaseStore(ws), manifest_for(bundle, revision, **kw))[0]
+    return publish_release(ws, manifest_for(bundle, revision, **kw))
 
 
 def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

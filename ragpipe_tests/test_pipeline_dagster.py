@@ -72,15 +72,16 @@ def expected_representation_digests(path: Path, spec: PipelineSpec) -> set[str]:
 def test_counts_and_incremental_embedding(sample_build):
     ws, _, spec, summaries = sample_build
     s1, s2 = summaries["scifact-1"], summaries["scifact-2"]
-    assert (s1.documents, s1.excluded, s1.chunks, s1.representations) == (300, 0, 517, 1034)
-    assert (s1.embedded, s1.cache_hits) == (1034, 0)
+    assert (s1.documents, s1.excluded, s1.chunks, s1.representations) == (300, 0, 492, 984)
+    assert (s1.embedded, s1.cache_hits) == (984, 0)
     assert (s2.documents, s2.chunks, s2.representations) == (300, 517, 1034)
     new_texts = expected_representation_digests(SAMPLE / "rev-2.jsonl", spec) - expected_representation_digests(
         SAMPLE / "rev-1.jsonl", spec
     )
-    # revision 2 encodes exactly the representations whose text is new: 9 edited + 9 added documents
-    assert s2.embedded == len(new_texts) == 48
-    assert s2.cache_hits == 1034 - 48
+    # revision 2 encodes exactly the representations whose text is new: 24 repaired, 9 edited and 9
+    # added documents (data/scifact-sample/changes.json)
+    assert s2.embedded == len(new_texts) == 146
+    assert s2.cache_hits == 1034 - 146
     assert s1.bundle_id != s2.bundle_id
     # no daemon serves this instance's queue: both ran in this process
     assert (s1.launched, s2.launched) == ("in_process", "in_process")
@@ -263,7 +264,7 @@ def test_two_cli_builds_of_one_revision_at_once(tmp_path: Path):
     assert (built["up_to_date"], waited["up_to_date"]) == (False, True)
     assert built["run_id"] is not None and waited["run_id"] is None
     assert (waited["bundle_id"], waited["bundle_path"]) == (built["bundle_id"], built["bundle_path"])
-    assert (built["documents"], built["chunks"], built["representations"]) == (300, 517, 1034)
+    assert (built["documents"], built["chunks"], built["representations"]) == (300, 492, 984)
     open_bundle(Path(built["bundle_path"]))
 
 

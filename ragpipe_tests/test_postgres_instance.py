@@ -3,8 +3,9 @@
 One module-scoped stack: a throw-away PostgreSQL server (``pg_server.py``), ``$DAGSTER_HOME`` holding
 exactly ``deploy/dagster-postgres.yaml``, ``dagster-daemon`` and ``dagster-webserver`` loading
 ``workspace.yaml``. ``ragpipe build`` of both sample revisions goes through the queued run
-coordinator; then a two-revision asset backfill is launched through GraphQL. Assertions read the
-instance API, the webserver's GraphQL API and the Postgres tables themselves.
+coordinator, through the evaluation → gate → release chain; then a two-revision asset backfill of
+the whole graph is launched through GraphQL, as from the UI. Assertions read the instance API, the
+webserver's GraphQL API and the Postgres tables themselves.
 
 Under CI (``$CI`` set) a missing PostgreSQL fails the module; elsewhere it is skipped with the reason.
 """
@@ -43,12 +44,15 @@ from ragpipe.defs.services import (
     wait_daemons,
 )
 from ragpipe.pipeline_spec import load_pipeline_spec
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import REPO, SAMPLE
 from ragpipe_tests.pg_server import PostgresServer, PostgresUnavailable
 
 ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
+CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
 REVISIONS = {"scifact-1": SAMPLE / "rev-1.jsonl", "scifact-2": SAMPLE / "rev-2.jsonl"}
 
 
@@ -79,15 +83,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     home = root / "dagster"
     home.mkdir()
     shutil.copyfile(REPO / "deploy" / "dagster-postgres.yaml", home / "dagster.yaml")
-    # This test is about operating the build on Postgres: the spec without its `evaluation:`
-    # section stops build_revision at the bundle (the chain after it has its own tests), so the
-    # run, event and partition rows below are exactly the build's.
+    # The checked-in spec, its suite path made absolute (the copy lives elsewhere). No target's
+    # activation sensor runs, so nothing is activated behind the test's back: every gate is a
+    # bootstrap and the runs in the tables below are exactly the builds' and the backfill's.
     spec = yaml.safe_load((REPO / "ragpipe" / "specs" / "pipeline.yaml").read_text(encoding="utf-8"))
-    del spec["evaluation"]
+    spec["evaluation"]["suite"] = str(REPO / "data" / "scifact-sample" / "suite-stable.jsonl")
     (root / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    targets = yaml.safe_load((REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8"))
+    for target in targets["targets"].values():
+        target["sensor"] = False
+    (root / "targets.yaml").write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
     env = {
         "RAGPIPE_HOME": str(root / "ragpipe"),
         "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
+        "RAGPIPE_TARGETS": str(root / "targets.yaml"),
         "DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(pg.port), "DAGSTER_PG_DB": pg.database,
         "DAGSTER_PG_USERNAME": pg.user, "DAGSTER_PG_PASSWORD": "",  # the test server trusts local connections
     }
@@ -130,8 +139,9 @@ def builds(stack: Stack) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def backfill(stack: Stack, builds: dict[str, dict]) -> dict:
-    """A UI-style asset backfill of all 7 build assets × both revisions, launched and followed through GraphQL."""
-    backfill_id = launch_backfill(stack.web.url, list(REVISIONS), ASSETS)
+    """A UI-style asset backfill of all 10 assets (build and chain) × both revisions, launched and
+    followed through GraphQL."""
+    backfill_id = launch_backfill(stack.web.url, list(REVISIONS), ASSETS + CHAIN)
     return wait_backfill(stack.web.url, backfill_id, timeout=900)
 
 
@@ -171,7 +181,9 @@ def test_instance_storage_is_postgres(stack: Stack, builds):
 def test_cli_builds_go_through_the_queue(stack: Stack, builds):
     inst = stack.instance
     assert [s["launched"] for s in builds.values()] == ["queue", "queue"]
-    assert builds["scifact-1"]["embedded"] == 1034 and builds["scifact-2"]["embedded"] == 48
+    assert builds["scifact-1"]["embedded"] == 984 and builds["scifact-2"]["embedded"] == 146
+    # Through the chain; with no active release both gates are bootstraps, and both pass.
+    assert [(s["eligible"], s["decisive_phase"], s["release_id"] is not None) for s in builds.values()] == [(True, None, True)] * 2
     for rev, summary in builds.items():
         run = inst.get_run_by_id(summary["run_id"])
         assert (run.job_name, run.status) == ("build_revision", DagsterRunStatus.SUCCESS)
@@ -242,6 +254,16 @@ def test_asset_backfill_of_both_revisions(stack: Stack, builds, backfill):
             ]
         (_, last_bundle) = materializations(stack.instance, "index_bundle", rev)
         assert last_bundle.asset_materialization.tags["dagster/data_version"] == summary["bundle_id"]
+        # The chain ran in the same run: a new evaluation run (an attempt of the same spec), gated
+        # (bootstrap: nothing is active) and released — a new release binding the new run.
+        (_, ev), (_, gate), (_, release) = (materializations(stack.instance, a, rev) for a in CHAIN)
+        assert {ev.run_id, gate.run_id, release.run_id} == {by_partition[rev]}
+        run_id = ev.asset_materialization.metadata["run_id"].value
+        manifest = load_manifest(ReleaseStore(stack.ws), release.asset_materialization.tags["dagster/data_version"])
+        assert (manifest.revision, manifest.bundle_id, manifest.evaluation.run_id) == (rev, summary["bundle_id"], run_id)
+        assert run_id != load_manifest(ReleaseStore(stack.ws), summary["release_id"]).evaluation.run_id
+        assert manifest.gate.decision_id == gate.asset_materialization.tags["dagster/data_version"]
+        assert (manifest.gate.eligible, manifest.comparison_id) == (True, None)
 
 
 def test_rows_in_postgres(stack: Stack, builds, backfill):
@@ -254,10 +276,10 @@ def test_rows_in_postgres(stack: Stack, builds, backfill):
         cur.execute(
             "select asset_key, partition, count(*) from event_logs where dagster_event_type = 'ASSET_MATERIALIZATION' "
             "and asset_key = any(%s) group by asset_key, partition order by asset_key, partition",
-            ([json.dumps([a]) for a in ASSETS],),
+            ([json.dumps([a]) for a in ASSETS + CHAIN],),
         )
         assert cur.fetchall() == [
-            (json.dumps([a]), rev, 2) for a in sorted(ASSETS) for rev in sorted(REVISIONS)
+            (json.dumps([a]), rev, 2) for a in sorted(ASSETS + CHAIN) for rev in sorted(REVISIONS)
         ]
         cur.execute("select partitions_def_name, partition from dynamic_partitions order by partition")
         assert cur.fetchall() == [("corpus_revisions", rev) for rev in sorted(REVISIONS)]

@@ -11,11 +11,11 @@ import pytest
 from ragpipe.release.activation import activate
 from ragpipe.release.approvals import approve
 from ragpipe.release.history import read_history
-from ragpipe.release.manifest import ReleaseManifest, publish_manifest
+from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.status import Candidate, eligible_releases, resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, evaluation_arm, fresh_ws, manifest_for, publish
+from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, evaluation_arm, fresh_ws, manifest_for, publish, publish_release, with_decision
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,14 @@ def test_activation_records_intent_and_observed(ws, bundle: Path):
 
 
 def test_ineligible_release_is_never_activated(ws, bundle: Path):
-    rid = publish(ws, bundle, eligible=False, phase="target_improvement")
+    rid = publish(ws, bundle, eligible=False, phase="target")
+    decision = load_manifest(ReleaseStore(ws), rid).gate.decision_id
     with pytest.raises(ReleaseError) as exc:
         activate(ws, rid, "staging")
-    assert str(exc.value) == f"release {rid} is not eligible for activation (gate decision {H}: decisive phase target_improvement)"
+    assert str(exc.value) == f"release {rid} is not eligible for activation (gate decision {decision}: decisive phase target)"
     with pytest.raises(ReleaseError) as exc:
         approve(ws, rid, "production", by="alice")
-    assert str(exc.value).endswith("decisive phase target_improvement); it cannot be approved")
+    assert str(exc.value).endswith("decisive phase target); it cannot be approved")
     assert read_pointer(ReleaseStore(ws), "staging") is None
     assert eligible_releases(ws, "staging") == []
 
@@ -87,7 +88,9 @@ def test_material_digest_and_child_checks_bind(ws, bundle: Path):
         activate(ws, rid, "staging")
     assert str(exc.value) == (
         f"release {rid} failed verification; not activated:\n"
-        f"  bundle {bundle_ids(bundle)[0]}: material digest {actual} differs from the release's {H}"
+        f"  bundle {bundle_ids(bundle)[0]}: material digest {actual} differs from the release's {H}\n"
+        # the evaluation run recorded the digest of the bytes it evaluated: not the release's either
+        f"  evaluation run {evaluation_arm(bundle).run_id}: evaluated bundle bytes {actual} is not the release's {H}"
     )
     other = publish(ws, bundle, "r2")
     with pytest.raises(ReleaseError) as exc:
@@ -104,7 +107,7 @@ def test_the_evaluation_run_a_release_binds_must_verify_and_be_its_own(ws, bundl
     prefix = f"evaluation run {arm.run_id}"
 
     def refused(manifest: ReleaseManifest) -> str:
-        rid = publish_manifest(ReleaseStore(ws), manifest)[0]
+        rid = publish_release(ws, with_decision(manifest))
         with pytest.raises(ReleaseError) as exc:
             activate(ws, rid, "staging")
         assert read_pointer(ReleaseStore(ws), "staging") is None

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.store import ReleaseStore
 from ragpipe_tests.conftest import REPO
 from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, publish
 
@@ -44,6 +46,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
     assert ok("current", "--json", home=home) == {"target": "staging", "release_id": None, "generation": 0, "previous": None}
     a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
     bad = publish(ws, bundle, "r3", eligible=False, phase="regression")
+    bad_decision = load_manifest(ReleaseStore(ws), bad).gate.decision_id
     bundle_id = bundle_ids(bundle)[0]
 
     assert ok("activate", a, "--json", home=home) == {"target": "staging", "release_id": a, "generation": 1, "previous": None, "changed": True}
@@ -61,7 +64,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
     assert [r["states"] for r in rows] == [{"staging": "superseded"}, {"staging": "active"}, {}]
 
     assert refused("activate", bad, home=home) == (
-        f"error: release {bad} is not eligible for activation (gate decision {H}: decisive phase regression)\n"
+        f"error: release {bad} is not eligible for activation (gate decision {bad_decision}: decisive phase regression)\n"
     )
     assert refused("activate", a, "--target", "production", home=home) == (
         f"error: release {a} needs an approval for target 'production' before activation "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ragpipe.kernel.publish import StepHook
 from ragpipe.release.evidence import evaluation_problems
+from ragpipe.release.gate_evidence import gate_problems
 from ragpipe.release.history import History, now_iso
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.pointer import Pointer, check_generation, current_generation, read_pointer, write_pointer
@@ -57,7 +58,8 @@ def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
 def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = ()) -> list[str]:
     """Problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
-    (``evidence.evaluation_problems``), then each of ``child_checks``."""
+    (``evidence.evaluation_problems``) and gate decision (``gate_evidence.gate_problems``), then
+    each of ``child_checks``."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when verifying
 
     try:
@@ -70,6 +72,7 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
     if bundle.manifest.material_digest != manifest.material_digest:
         problems.append(f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}")
     problems += evaluation_problems(ws, manifest)
+    problems += gate_problems(ReleaseStore(ws), manifest)
     for check in child_checks:
         problems += check(ws, manifest)
     return problems

@@ -3,13 +3,12 @@
 A manifest binds an evaluation run (spec ID, run ID, ledger head). The run folder
 ``$RAGPIPE_HOME/evaluations/<run id>/`` is the custody record (never garbage-collected): its
 ledger, bound inputs and every trace must verify, the run must be completed, and its identities
-must be the manifest's — the run ID, spec ID and final ledger head, the bundle it evaluated and the
-query plan it bound. A release whose evidence is missing, damaged or belongs to another release is
+must be the manifest's — the run ID, spec ID and final ledger head, the bundle it evaluated (and,
+when the run recorded it, the material digest of those bytes) and the query plan it bound. A release whose evidence is missing, damaged or belongs to another release is
 refused like a bundle that does not verify.
 
-Not checked here: the gate decision and comparison the manifest names live in the stage store,
-which ``ragpipe gc`` may collect once the release exists; their IDs are bound by the manifest's own
-content ID, and the decision's eligibility is what activation reads from the manifest.
+The gate decision and comparison the manifest names are checked by ``gate_evidence`` (the release
+store keeps copies, because ``ragpipe gc`` may collect the stage folder they were made in).
 """
 
 from __future__ import annotations
@@ -51,4 +50,6 @@ def evaluation_problems(ws: Workspace, manifest: ReleaseManifest) -> list[str]:
         "evaluated bundle": (arm.variant.bundle_id, manifest.bundle_id),
         "query plan": (arm.variant.plan_id, manifest.query_plan_id),
     }
+    if arm.build is not None:  # runs made before runs bound build figures have no digest to compare
+        bound["evaluated bundle bytes"] = (arm.build.material_digest, manifest.material_digest)
     return [f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want]

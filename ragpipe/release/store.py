@@ -2,6 +2,7 @@
 
 ```
 releases/manifests/<release id hex>.json     immutable release manifests, named by content ID
+releases/decisions/<decision id hex>.json    the gate decision (and comparison) a manifest binds
 releases/targets/<target>/pointer.json       the target's pointer (replaced atomically, CAS)
 releases/targets/<target>/history.jsonl      the target's hash-chained history ledger
 releases/targets/<target>/history.head       its head

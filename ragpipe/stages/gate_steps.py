@@ -9,7 +9,9 @@
 - **Changed coordinates**: when the incumbent's run was measured under other coordinates than
   the current evaluation spec (another suite, mode, depth, metrics …), the incumbent's bundle is
   evaluated first under the current spec, with the query plan its run bound, in a new run
-  (``incumbent_run`` in the record); that run is the incumbent arm.
+  (``incumbent_run`` in the record); that run is the incumbent arm. The same happens when the
+  incumbent's run records no build figures (made before runs bound them) and the policy bounds
+  build cost relative to the incumbent.
 - **Not pairable**: when exact pairing refuses (e.g. a case skipped by one side only), the decision
   is *ineligible* with decisive phase ``coverage`` and one failing check ``coverage pairing``
   whose reason is the pairing error; no comparison is made.
@@ -69,7 +71,11 @@ def _incumbent_arm(ws: Workspace, chain: ChainPlan, release_id: str, manifest: R
     bound = (arm.spec_id, arm.run_id, arm.ledger_head)
     if bound != (manifest.evaluation.spec_id, manifest.evaluation.run_id, manifest.evaluation.ledger_head):
         raise StageError(f"active release {release_id}: run folder {run} is not the evaluation run its manifest binds")
-    if arm.coordinates == challenger.coordinates:
+    cost = chain.policy.cost
+    needs_build = cost.max_build_vectors_ratio is not None or cost.max_bundle_bytes_ratio is not None
+    # A run recorded before runs bound their bundle's build figures cannot answer a relative build
+    # bound: measure the incumbent again rather than fail every challenger on a missing figure.
+    if arm.coordinates == challenger.coordinates and (arm.build is not None or not needs_build):
         return arm, None
     plan = parse_plan(json.loads((run / "inputs" / "query_plan.json").read_bytes()), str(run / "inputs" / "query_plan.json"))
     run_id = new_run_id()
@@ -148,3 +154,8 @@ def run_gate_decision(ws: Workspace, revision: str, spec: PipelineSpec, config: 
 def read_decision(folder: Path) -> dict[str, Any]:
     """The ``decision.json`` of a ``gate_decision`` version folder."""
     return json.loads((folder / "decision.json").read_bytes())
+
+
+def read_comparison(folder: Path) -> dict[str, Any]:
+    """The ``comparison.json`` of a paired ``gate_decision`` version folder."""
+    return json.loads((folder / "comparison.json").read_bytes())

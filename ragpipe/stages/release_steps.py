@@ -6,7 +6,8 @@ so a racing run of the same partition cannot pair this gate with another run's e
 refused when built under other code versions than the current spec's), verifies the
 bundle completely (``open_bundle``, for its material digest), and publishes
 ``ReleaseManifest`` into the release store (``ragpipe.release.manifest.publish_manifest``:
-atomic, a no-op when the same manifest exists). Ineligible decisions are published too: the
+atomic, a no-op when the same manifest exists), after keeping the gate decision and its comparison
+beside it (``ragpipe.release.gate_evidence``). Ineligible decisions are published too: the
 manifest says so, and nothing activates it. Stage and Dagster data version: the release ID.
 """
 
@@ -18,11 +19,12 @@ from pathlib import Path
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.experiment.decision import Decision
 from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
-from ragpipe.release.store import ReleaseStore
+from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.chain_store import ChainResult, publish_chain, read_chain_input, read_chain_upstream
-from ragpipe.stages.gate_steps import read_decision
+from ragpipe.stages.gate_steps import read_comparison, read_decision
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock
 from ragpipe.stages.workspace import Workspace
 
@@ -68,7 +70,15 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
         comparison_id=decision["comparison_id"],
         gate=GateRef(decision_id=decision["decision_id"], eligible=decision["eligible"], decisive_phase=decision["decisive_phase"]),
     )
-    release_id, published = publish_manifest(ReleaseStore(ws), manifest)
+    store = ReleaseStore(ws)
+    # The decision and comparison go into the release store first: gc may collect the stage folder,
+    # and activation re-reads them (``gate_evidence.gate_problems``).
+    comparison = read_comparison(gate.path) if decision["comparison_id"] is not None else None
+    try:
+        publish_gate_evidence(store, decision, comparison)
+    except ReleaseError as exc:
+        raise StageError(f"gate_decision {gate.data_version} of revision {revision!r}: {exc}") from None
+    release_id, published = publish_manifest(store, manifest)
     facts = {"release_id": release_id, "eligible": manifest.gate.eligible, "decisive_phase": manifest.gate.decisive_phase,
              "bundle_id": manifest.bundle_id}
     record = publish_chain(ws, STAGE, revision, chain.release_code_version, release_id,
