@@ -13,10 +13,11 @@ from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.evaluation.suite import Case, Suite
 from ragpipe.experiment.arm_source import load_arm
-from ragpipe.experiment.arms import ArmRef, ArmRun
-from ragpipe.experiment.decision import Decision
+from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.decision import Decision, decide
+from ragpipe.experiment.gate_policy import GatePolicy, load_policy, parse_policy, policy_document
 from ragpipe.release.gate_evidence import publish_gate_evidence
-from ragpipe.release.manifest import GateRef, ReleaseManifest, publish_manifest
+from ragpipe.release.manifest import ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import REPO
@@ -35,22 +36,28 @@ def evaluation_of(bundle: Path) -> Path:
     the session's built workspace; its folder name is its run ID."""
     root = bundle.parents[2] / "release-evaluation"
     if not root.is_dir():
-        from ragpipe.retrieval.service import Retriever
-
-        cases = [
-            Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
-            Case(id="keys", query="signing keys", target_level="document", judgments={"guide/intro.md": 1}),
-        ]
-        retriever = Retriever(bundle)
-        try:
-            spec = EvaluationSpec.build(Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10)
-            run_id = new_run_id()
-            run_evaluation(spec, root.with_name("release-evaluation.tmp") / run_id, run_id=run_id, retriever_factory=lambda _: retriever)
-        finally:
-            retriever.close()
+        new_evaluation_run(bundle, root.with_name("release-evaluation.tmp"))
         root.with_name("release-evaluation.tmp").rename(root)
     (run,) = root.iterdir()
     return run
+
+
+def new_evaluation_run(bundle: Path, folder: Path) -> str:
+    """Evaluate ``bundle`` on two handbook cases (default plan) into ``folder/<run id>``; the run ID."""
+    from ragpipe.retrieval.service import Retriever
+
+    cases = [
+        Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
+        Case(id="keys", query="signing keys", target_level="document", judgments={"guide/intro.md": 1}),
+    ]
+    retriever = Retriever(bundle)
+    try:
+        spec = EvaluationSpec.build(Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10)
+        run_id = new_run_id()
+        run_evaluation(spec, folder / run_id, run_id=run_id, retriever_factory=lambda _: retriever)
+    finally:
+        retriever.close()
+    return run_id
 
 
 def evaluation_arm(bundle: Path) -> ArmRun:
@@ -73,48 +80,62 @@ def bundle_ids(bundle: Path) -> tuple[str, str]:
     return m["bundle_id"], m["material_digest"]
 
 
-def decision_for(manifest: ReleaseManifest) -> Decision:
-    """A bootstrap gate decision saying what ``manifest`` says (eligibility, phase, policy, run).
-    Its checks are not those of a real gate: the release tests exercise what activation does with
-    a decision, the gate tests how one is made."""
-    ev = manifest.evaluation
-    return Decision(
-        mode="bootstrap", eligible=manifest.gate.eligible, decisive_phase=manifest.gate.decisive_phase, checks=(),
-        reasons=() if manifest.gate.eligible else (f"{manifest.gate.decisive_phase}: fixture",),
-        comparison_id=None, policy_id=manifest.gate_policy_id, incumbent=None,
-        challenger=ArmRef(run_id=ev.run_id, spec_id=ev.spec_id, ledger_head=ev.ledger_head), human_apply_required=True,
-    )
+# Bootstrap policies that decide the fixture run (two cases, one relevant document each) with
+# each outcome: eligible, or ineligible on one phase. Everything else is the default policy.
+PHASE_EDITS: dict[str | None, dict] = {
+    None: {},
+    "hard": {"hard": {"ndcg@10": {"max": 0.001}}},
+    "coverage": {"coverage": {"min_cases": 100}},
+    "target": {"bootstrap_floors": {"precision@10": 0.9}},  # one relevant document: precision@10 <= 0.1
+    "cost": {"cost": {"max_p95_latency_ms": 0.000001}},
+}
 
 
-def with_decision(manifest: ReleaseManifest) -> ReleaseManifest:
-    """``manifest`` naming the ID of ``decision_for(manifest)``."""
-    gate = GateRef(decision_id=decision_for(manifest).decision_id, eligible=manifest.gate.eligible,
-                   decisive_phase=manifest.gate.decisive_phase)
-    return manifest.model_copy(update={"gate": gate})
+def fixture_policy(phase: str | None) -> GatePolicy:
+    doc = policy_document(load_policy())
+    doc["coverage"]["min_cases"] = 1
+    doc["bootstrap_floors"] = {"ndcg@10": 0.01, "recall@100": 0.01}
+    for section, edits in PHASE_EDITS[phase].items():
+        doc[section] = {**doc[section], **edits}
+    return parse_policy(doc, f"fixture policy {phase}")
+
+
+def gate_of(bundle: Path, phase: str | None) -> tuple[GatePolicy, Decision]:
+    """The real bootstrap decision on ``bundle``'s evaluation run that is eligible (``phase``
+    None) or ineligible with decisive phase ``phase``, and its policy."""
+    policy = fixture_policy(phase)
+    decision = decide(policy, None, evaluation_arm(bundle))
+    assert (decision.eligible, decision.decisive_phase) == (phase is None, phase), decision.reasons
+    return policy, decision
 
 
 def manifest_for(bundle: Path, revision: str = "r1", *, eligible: bool = True, phase: str | None = None,
                  material_digest: str | None = None) -> ReleaseManifest:
-    """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``) and the decision
-    of ``decision_for`` (``publish_release`` keeps that decision in the store)."""
+    """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``) and the real
+    decision ``gate_of`` makes on it (``publish`` keeps that decision in the store)."""
+    assert eligible == (phase is None), "an ineligible fixture release names its decisive phase"
     bundle_id, material = bundle_ids(bundle)
     arm = evaluation_arm(bundle)
-    return with_decision(ReleaseManifest(
+    policy, decision = gate_of(bundle, phase)
+    return ReleaseManifest(
         revision=revision, bundle_id=bundle_id, material_digest=material_digest or material,
-        query_plan_id=arm.variant.plan_id, answer_plan_id=H, authorization_policy_id=H, gate_policy_id=H,
+        query_plan_id=arm.variant.plan_id, answer_plan_id=H, authorization_policy_id=H, gate_policy_id=policy.policy_id,
         evaluation={"spec_id": arm.spec_id, "run_id": arm.run_id, "ledger_head": arm.ledger_head},
-        comparison_id=None, gate={"decision_id": H, "eligible": eligible, "decisive_phase": phase},
-    ))
+        comparison_id=None, gate={"decision_id": decision.decision_id, "eligible": eligible, "decisive_phase": phase},
+    )
 
 
-def publish_release(ws: Workspace, manifest: ReleaseManifest) -> str:
-    """Publish ``manifest`` as ``release_manifest`` does: its decision first, then the manifest."""
-    publish_gate_evidence(ReleaseStore(ws), decision_for(manifest).as_json(), None)
-    return publish_manifest(ReleaseStore(ws), manifest)[0]
+def keep_decision(ws: Workspace, bundle: Path, phase: str | None = None) -> Path:
+    """Keep ``gate_of(bundle, phase)``'s decision and policy in ``ws``'s release store."""
+    policy, decision = gate_of(bundle, phase)
+    return publish_gate_evidence(ReleaseStore(ws), decision.as_json(), None, policy)
 
 
 def publish(ws: Workspace, bundle: Path, revision: str = "r1", **kw) -> str:
-    return publish_release(ws, manifest_for(bundle, revision, **kw))
+    """Publish a manifest as ``release_manifest`` does: its decision first, then the manifest."""
+    manifest = manifest_for(bundle, revision, **kw)
+    keep_decision(ws, bundle, manifest.gate.decisive_phase)
+    return publish_manifest(ReleaseStore(ws), manifest)[0]
 
 
 def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

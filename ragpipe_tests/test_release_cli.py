@@ -45,7 +45,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
     assert ok("list", home=home) == "no releases\n"
     assert ok("current", "--json", home=home) == {"target": "staging", "release_id": None, "generation": 0, "previous": None}
     a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
-    bad = publish(ws, bundle, "r3", eligible=False, phase="regression")
+    bad = publish(ws, bundle, "r3", eligible=False, phase="coverage")
     bad_decision = load_manifest(ReleaseStore(ws), bad).gate.decision_id
     bundle_id = bundle_ids(bundle)[0]
 
@@ -59,12 +59,12 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
     assert [{k: r[k] for k in ("release_id", "revision", "bundle_id", "eligible", "decisive_phase", "active_targets")} for r in rows] == [
         {"release_id": a, "revision": "r1", "bundle_id": bundle_id, "eligible": True, "decisive_phase": None, "active_targets": []},
         {"release_id": b, "revision": "r2", "bundle_id": bundle_id, "eligible": True, "decisive_phase": None, "active_targets": ["staging"]},
-        {"release_id": bad, "revision": "r3", "bundle_id": bundle_id, "eligible": False, "decisive_phase": "regression", "active_targets": []},
+        {"release_id": bad, "revision": "r3", "bundle_id": bundle_id, "eligible": False, "decisive_phase": "coverage", "active_targets": []},
     ]
     assert [r["states"] for r in rows] == [{"staging": "superseded"}, {"staging": "active"}, {}]
 
     assert refused("activate", bad, home=home) == (
-        f"error: release {bad} is not eligible for activation (gate decision {bad_decision}: decisive phase regression)\n"
+        f"error: release {bad} is not eligible for activation (gate decision {bad_decision}: decisive phase coverage)\n"
     )
     assert refused("activate", a, "--target", "production", home=home) == (
         f"error: release {a} needs an approval for target 'production' before activation "

@@ -296,6 +296,15 @@ def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> G
     )
 
 
+def policy_document(policy: GatePolicy) -> dict[str, Any]:
+    """``policy`` as a document ``parse_policy`` reads back to the same policy (same ID): its
+    JSON form without the bounds that are not set (``null`` is how a file leaves a bound out)."""
+    def present(value: Any) -> Any:
+        return {k: present(v) for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+
+    return present(policy.model_dump(mode="json", by_alias=True))
+
+
 def load_policy(path: Path | None = None) -> GatePolicy:
     """Read and validate a policy file (default: ``ragpipe/specs/gate_policy.yaml``)."""
     path = Path(path or DEFAULT_POLICY_PATH)

@@ -27,7 +27,6 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field
-from scipy import stats
 
 from ragpipe.experiment.arms import _Frozen
 
@@ -96,6 +95,8 @@ def paired_stats(deltas: Sequence[float], spec: ComparisonSpec, slice_name: str,
     if n < 2:
         return DeltaStats(ci_low=None, ci_high=None, p_value=None, **shape)
     what = f"slice {slice_name!r}, metric {metric!r}"
+    from scipy import stats  # ~0.6 s to import: only when statistics are computed, not when read
+
     data = np.asarray(deltas, dtype=np.float64)
     if all(d == deltas[0] for d in deltas):
         low = high = float(deltas[0])

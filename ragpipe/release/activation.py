@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.kernel.publish import StepHook
-from ragpipe.release.evidence import evaluation_problems
+from ragpipe.release.evidence import evaluation_evidence, load_run
 from ragpipe.release.gate_evidence import gate_problems
 from ragpipe.release.history import History, now_iso
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
@@ -58,8 +58,8 @@ def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
 def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = ()) -> list[str]:
     """Problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
-    (``evidence.evaluation_problems``) and gate decision (``gate_evidence.gate_problems``), then
-    each of ``child_checks``."""
+    (``evidence.evaluation_evidence``) and gate decision, made again from its runs
+    (``gate_evidence.gate_problems``), then each of ``child_checks``."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when verifying
 
     try:
@@ -71,8 +71,11 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
         problems.append(f"bundle ID {bundle.manifest.bundle_id} differs from the release's {manifest.bundle_id}")
     if bundle.manifest.material_digest != manifest.material_digest:
         problems.append(f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}")
-    problems += evaluation_problems(ws, manifest)
-    problems += gate_problems(ReleaseStore(ws), manifest)
+    arm, found = evaluation_evidence(ws, manifest)
+    problems += found
+    # The decision is made again from a run that verifies but is not the release's too: the
+    # decision's own links then name the mismatch.
+    problems += gate_problems(ReleaseStore(ws), manifest, arm, lambda run_id: load_run(ws, run_id))
     for check in child_checks:
         problems += check(ws, manifest)
     return problems

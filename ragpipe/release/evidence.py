@@ -16,33 +16,50 @@ from __future__ import annotations
 from pathlib import Path
 
 from ragpipe.experiment.arm_source import ArmSourceError, load_arm
+from ragpipe.experiment.arms import ArmRun
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.store import ReleaseError
 from ragpipe.stages.workspace import Workspace
 
 
-def evaluation_run_dir(ws: Workspace, manifest: ReleaseManifest) -> Path:
-    """``evaluations/<run id>`` of the run ``manifest`` binds; ``ReleaseError`` for a run ID that is
-    not a plain folder name (a manifest is input: it must not point outside the folder)."""
-    run_id = manifest.evaluation.run_id
-    if run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
-        raise ReleaseError(f"release {manifest.release_id}: evaluation run ID {run_id!r} is not a folder name")
+def run_dir(ws: Workspace, run_id: str) -> Path:
+    """``evaluations/<run id>``; ``ReleaseError`` for a run ID that is not a plain folder name (run
+    IDs come from manifests and decisions, which are input: they must not point outside)."""
+    if not isinstance(run_id, str) or run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
+        raise ReleaseError(f"evaluation run ID {run_id!r} is not a folder name")
     return ws.home / "evaluations" / run_id
 
 
-def evaluation_problems(ws: Workspace, manifest: ReleaseManifest) -> list[str]:
-    """Why the evaluation run ``manifest`` binds does not vouch for it (empty: it does)."""
+def evaluation_run_dir(ws: Workspace, manifest: ReleaseManifest) -> Path:
+    """The folder of the run ``manifest`` binds (``run_dir``)."""
+    try:
+        return run_dir(ws, manifest.evaluation.run_id)
+    except ReleaseError as exc:
+        raise ReleaseError(f"release {manifest.release_id}: {exc}") from None
+
+
+def load_run(ws: Workspace, run_id: str) -> ArmRun:
+    """The completed run ``evaluations/<run_id>``, verified (``load_arm``); ``ValueError`` why not."""
+    run = run_dir(ws, run_id)
+    if not run.is_dir():
+        raise ReleaseError(f"{run} is missing")
+    return load_arm(run)
+
+
+def evaluation_evidence(ws: Workspace, manifest: ReleaseManifest) -> tuple[ArmRun | None, list[str]]:
+    """The evaluation run ``manifest`` binds, verified, and why it does not vouch for the release
+    (``(arm, [])``: it does; ``(None, problems)`` when it cannot be read at all)."""
     try:
         run = evaluation_run_dir(ws, manifest)
     except ReleaseError as exc:
-        return [str(exc)]
+        return None, [str(exc)]
     where = f"evaluation run {manifest.evaluation.run_id}"
     if not run.is_dir():
-        return [f"{where}: {run} is missing"]
+        return None, [f"{where}: {run} is missing"]
     try:
         arm = load_arm(run)  # verifies ledger, inputs and traces; refuses a run that is not completed
     except ArmSourceError as exc:
-        return [f"{where}: {exc}"]
+        return None, [f"{where}: {exc}"]
     bound = {
         "run ID": (arm.run_id, manifest.evaluation.run_id),
         "spec ID": (arm.spec_id, manifest.evaluation.spec_id),
@@ -52,4 +69,5 @@ def evaluation_problems(ws: Workspace, manifest: ReleaseManifest) -> list[str]:
     }
     if arm.build is not None:  # runs made before runs bound build figures have no digest to compare
         bound["evaluated bundle bytes"] = (arm.build.material_digest, manifest.material_digest)
-    return [f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want]
+    problems = [f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want]
+    return arm, problems

@@ -1,131 +1,179 @@
-"""The gate decision and comparison a release names, kept with the release and checked before use.
+"""The gate decision a release names, kept with the release and re-made before it is used.
 
-A manifest binds a gate decision ID and (paired gates) a comparison ID. Their documents live first
-in the ``gate_decision`` stage folder, which ``ragpipe gc`` may collect; so ``release_manifest``
-copies them here before publishing the manifest, and activation, rollback and serving read them
-from here:
+A manifest binds a gate decision ID, a gate policy ID and (paired gates) a comparison ID. Their
+documents are made in the ``gate_decision`` stage folder, which ``ragpipe gc`` may collect; so
+``release_manifest`` keeps them here before publishing the manifest:
 
 ```
 releases/decisions/<decision id hex>.json   {"comparison": <comparison.json object> | null,
-                                             "decision": <decision.json object>}
+                                             "decision": <decision.json object>,
+                                             "policy": <the gate policy, as a policy document>}
 ```
 
 The file is canonical JSON, named by the decision's content ID, written once (temp, fsync,
-rename, fsync dir) and never replaced. ``gate_problems`` recomputes both content IDs from the
-documents and requires every link the manifest states to hold: the decision's ID, eligibility,
-decisive phase, policy and comparison are the manifest's, it decided on the manifest's evaluation
-run, and the comparison's arms are the decision's. What it cannot do is recompute the comparison's
-statistics: that needs the incumbent's run, which may be gone; the IDs make an edit detectable.
+rename, fsync dir) and never replaced. ``gate_problems`` (run by activation, rollback and serving)
+parses the three documents strictly (each must be exactly the canonical form of what it parses
+to; the policy passes the policy file's rules), recomputes their IDs, requires the manifest's
+links to hold (decision ID, eligibility, decisive phase, policy, comparison, challenger run) and
+then **makes the decision again**: ``gating.gate_runs`` on the evaluation runs it names — the
+challenger's (already verified by ``evidence``) and, for a paired decision, the incumbent's
+``evaluations/<run id>/`` (never collected) — under the kept policy and the comparison's own
+spec. The recomputed comparison and decision must have the kept IDs, so neither an edited
+statistic, a check, an eligibility flag nor a run that does not exist can make a release eligible.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from ragpipe.experiment.comparison import Comparison
-from ragpipe.experiment.decision import Decision
+from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.decision import Decision, GateError
+from ragpipe.experiment.gate_policy import PHASES, GatePolicy, PolicyError, parse_policy, policy_document
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
-Model = TypeVar("Model", Decision, Comparison)
+Model = TypeVar("Model", bound=BaseModel)
+RunLoader = Callable[[str], ArmRun]  # run ID -> the verified, completed run (raises ValueError otherwise)
+
+
+class EvidenceError(ValueError):
+    """The kept documents are not what they claim to be."""
 
 
 def evidence_path(store: ReleaseStore, decision_id: str) -> Path:
     return store.root / "decisions" / f"{check_release_id(decision_id).split(':', 1)[1]}.json"
 
 
-def _without(obj: dict, key: str) -> dict:
-    return {k: v for k, v in obj.items() if k != key}
-
-
-def _parse(obj: object, model: type[Model], id_key: str, what: str) -> tuple[str, Model]:
-    """``(recomputed ID, document)`` of a file object holding a ``model`` body plus its ID under
-    ``id_key``; ``ValueError`` when it is not one or the ID is not the body's content ID."""
+def _strict(obj: object, model: type[Model], id_key: str, what: str) -> tuple[str, Model]:
+    """``(ID, document)`` of an object that must be exactly a ``model`` body plus its content ID
+    under ``id_key`` — no coerced value, no extra or missing key."""
     if not isinstance(obj, dict):
-        raise ValueError(f"the {what} is not a JSON object")
+        raise EvidenceError(f"the {what} is not a JSON object")
+    body = {k: v for k, v in obj.items() if k != id_key}
     try:
-        parsed = model.model_validate(_without(obj, id_key))
+        parsed = model.model_validate(body)
     except ValidationError as exc:
-        raise ValueError(f"not a {what}: {exc.error_count()} problems, first: {exc.errors()[0]['msg']}") from None
+        raise EvidenceError(f"not a {what}: {exc.error_count()} problems, first: {exc.errors()[0]['msg']}") from None
     recomputed = getattr(parsed, id_key)
     if obj.get(id_key) != recomputed:
-        raise ValueError(f"{id_key} {obj.get(id_key)} is not its content ID {recomputed}")
+        raise EvidenceError(f"{id_key} {obj.get(id_key)} is not its content ID {recomputed}")
+    if canonical_bytes(body) != canonical_bytes(parsed.model_dump(mode="json", by_alias=True)):  # bytes: 1 == True in Python
+        raise EvidenceError(f"the {what} is not in its canonical form (a value was changed in type or format)")
     return recomputed, parsed
 
 
-def parse_decision(obj: object) -> tuple[str, Decision]:
-    return _parse(obj, Decision, "decision_id", "gate decision")
+def _policy(doc: object) -> GatePolicy:
+    if isinstance(doc, dict):  # canonical JSON sorts keys; a policy document lists its phases in order
+        order = ["schema", "human_apply_required", *PHASES, "bootstrap_floors"]
+        doc = {**{k: doc[k] for k in order if k in doc}, **{k: v for k, v in doc.items() if k not in order}}
+    try:
+        policy = parse_policy(doc, "the kept gate policy")
+    except (PolicyError, AttributeError, KeyError, TypeError) as exc:
+        raise EvidenceError(f"not a gate policy: {exc}") from None
+    if canonical_bytes(doc) != canonical_bytes(policy_document(policy)):
+        raise EvidenceError("the gate policy is not in its canonical form (a value was changed in type or format)")
+    return policy
 
 
-def parse_comparison(obj: object) -> tuple[str, Comparison]:
-    return _parse(obj, Comparison, "comparison_id", "comparison")
+def _parse(obj: object) -> tuple[Decision, Any, GatePolicy]:
+    """The kept file's decision, comparison (or None) and policy, each checked alone and linked."""
+    from ragpipe.experiment.comparison import Comparison  # scipy: only when a comparison is read
+
+    if not isinstance(obj, dict) or sorted(obj) != ["comparison", "decision", "policy"]:
+        raise EvidenceError("expected exactly the keys comparison, decision, policy")
+    _, decision = _strict(obj["decision"], Decision, "decision_id", "gate decision")
+    comparison = _strict(obj["comparison"], Comparison, "comparison_id", "comparison")[1] if obj["comparison"] is not None else None
+    policy = _policy(obj["policy"])
+    if policy.policy_id != decision.policy_id:
+        raise EvidenceError(f"the kept policy is {policy.policy_id}, the decision's {decision.policy_id}")
+    if (comparison.comparison_id if comparison else None) != decision.comparison_id:
+        raise EvidenceError(f"the decision names comparison {decision.comparison_id}, the file holds "
+                            f"{comparison.comparison_id if comparison else 'none'}")
+    return decision, comparison, policy
 
 
-def _links(decision: Decision, comparison: Comparison | None) -> list[str]:
-    if (decision.comparison_id is None) != (comparison is None):
-        return [f"decision names comparison {decision.comparison_id}, the file holds {'one' if comparison else 'none'}"]
-    if comparison is None:
-        return []
-    problems = []
-    if comparison.comparison_id != decision.comparison_id:
-        problems.append(f"comparison {comparison.comparison_id} is not the decision's {decision.comparison_id}")
-    if comparison.challenger.ref != decision.challenger:
-        problems.append(f"comparison's challenger run {comparison.challenger.ref.run_id} is not the decision's {decision.challenger.run_id}")
-    if comparison.incumbent.ref != decision.incumbent:
-        problems.append(f"comparison's incumbent run {comparison.incumbent.ref.run_id} is not the decision's "
-                        f"{decision.incumbent.run_id if decision.incumbent else None}")
-    return problems
+def evidence_bytes(decision: dict, comparison: dict | None, policy: GatePolicy) -> bytes:
+    """The canonical kept file of a decision, its comparison and its policy, after checking them."""
+    obj = {"comparison": comparison, "decision": decision, "policy": policy_document(policy)}
+    _parse(obj)
+    return canonical_bytes(obj) + b"\n"
 
 
-def evidence_bytes(decision: dict, comparison: dict | None) -> bytes:
-    """The canonical file of a decision and its comparison, after checking both IDs and their links."""
-    _, parsed = parse_decision(decision)
-    compared = parse_comparison(comparison)[1] if comparison is not None else None
-    problems = _links(parsed, compared)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return canonical_bytes({"comparison": comparison, "decision": decision}) + b"\n"
-
-
-def publish_gate_evidence(store: ReleaseStore, decision: dict, comparison: dict | None) -> Path:
-    """Keep ``decision`` (and its ``comparison``) in the release store; a no-op when the same file
-    exists. ``ReleaseError`` for documents that do not verify or a file that holds other bytes."""
+def publish_gate_evidence(store: ReleaseStore, decision: dict, comparison: dict | None, policy: GatePolicy) -> Path:
+    """Keep ``decision`` (with its ``comparison`` and ``policy``) in the release store; a no-op when
+    the same file exists. ``ReleaseError`` for documents that do not verify or a file that holds
+    other bytes."""
     decision_id = decision.get("decision_id") if isinstance(decision, dict) else None
     try:
-        data = evidence_bytes(decision, comparison)
-    except ValueError as exc:
-        raise ReleaseError(f"gate decision {decision_id}: {exc}") from None
-    path = evidence_path(store, str(decision_id))
-    if not write_file_atomic(path, data, replace=False) and path.read_bytes() != data:
-        raise ReleaseError(f"{path}: holds other bytes than gate decision {decision_id} (edited)")
+        data = evidence_bytes(decision, comparison, policy)
+        path = evidence_path(store, str(decision_id))
+        if not write_file_atomic(path, data, replace=False) and path.read_bytes() != data:
+            raise EvidenceError(f"{path}: holds other bytes (edited)")
+    except (EvidenceError, ReleaseError, OSError) as exc:
+        raise ReleaseError(f"gate decision {decision_id}: cannot keep it: {exc}") from None
     return path
 
 
-def gate_problems(store: ReleaseStore, manifest: ReleaseManifest) -> list[str]:
-    """Why the gate decision ``manifest`` binds does not vouch for it (empty: it does)."""
-    where = f"gate decision {manifest.gate.decision_id}"
-    path = evidence_path(store, manifest.gate.decision_id)
+def read_gate_evidence(store: ReleaseStore, decision_id: str) -> tuple[Decision, Any, GatePolicy]:
+    """The kept decision, comparison and policy of ``decision_id``; ``EvidenceError`` naming the file."""
+    path = evidence_path(store, decision_id)
     try:
-        obj = json.loads(path.read_bytes())
-        if not isinstance(obj, dict) or sorted(obj) != ["comparison", "decision"]:
-            raise ValueError("expected exactly the keys comparison, decision")
-        decision_id, decision = parse_decision(obj["decision"])
-        comparison = parse_comparison(obj["comparison"])[1] if obj["comparison"] is not None else None
-        if path.read_bytes() != evidence_bytes(obj["decision"], obj["comparison"]):
-            raise ValueError("its bytes are not the canonical rendering of its content (edited)")
+        data = path.read_bytes()
+        obj = json.loads(data)
+        decision, comparison, policy = _parse(obj)
+        if data != canonical_bytes(obj) + b"\n":
+            raise EvidenceError("its bytes are not the canonical rendering of its content (edited)")
     except FileNotFoundError:
-        return [f"{where}: {path} is missing"]
-    except (UnicodeDecodeError, ValueError) as exc:
-        return [f"{where}: {path}: {exc}"]
+        raise EvidenceError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise EvidenceError(f"{path}: {exc}") from None
+    return decision, comparison, policy
+
+
+def _remade(decision: Decision, comparison: Any, policy: GatePolicy, challenger: ArmRun, load_run: RunLoader) -> list[str]:
+    """Problems found by making the decision again from the runs it names (module docstring)."""
+    from ragpipe.experiment.gating import gate_runs
+
+    incumbent = None
+    if decision.incumbent is not None:
+        try:
+            incumbent = load_run(decision.incumbent.run_id)
+        except ValueError as exc:
+            return [f"its incumbent run {decision.incumbent.run_id}: {exc}"]
+        if incumbent.ref() != decision.incumbent:
+            return [f"its incumbent run {decision.incumbent.run_id} has ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"]
+    try:
+        again, compared = gate_runs(policy, challenger, incumbent, comparison.spec if comparison is not None else None)
+    except (GateError, ValueError) as exc:
+        return [f"it cannot be made again from its runs: {exc}"]
+    problems = []
+    if compared is not None and comparison is not None and compared.comparison_id != comparison.comparison_id:
+        problems.append(f"the comparison of its runs is {compared.comparison_id}, not the kept {comparison.comparison_id} (statistics differ)")
+    if again.decision_id != decision.decision_id:
+        problems.append(f"made again from its runs and policy it is {again.decision_id} "
+                        f"(eligible {again.eligible}, decisive phase {again.decisive_phase}), not the kept one")
+    return problems
+
+
+def gate_problems(store: ReleaseStore, manifest: ReleaseManifest, challenger: ArmRun | None, load_run: RunLoader) -> list[str]:
+    """Why the gate decision ``manifest`` binds does not vouch for it (empty: it does).
+    ``challenger``: the manifest's evaluation run, already verified (None when it is not: the
+    decision is then checked but not made again)."""
+    where = f"gate decision {manifest.gate.decision_id}"
+    try:
+        decision, comparison, policy = read_gate_evidence(store, manifest.gate.decision_id)
+    except EvidenceError as exc:
+        return [f"{where}: {exc}"]
     run = manifest.evaluation
     bound = {
-        "ID": (decision_id, manifest.gate.decision_id),
+        "ID": (decision.decision_id, manifest.gate.decision_id),
         "eligibility": (decision.eligible, manifest.gate.eligible),
         "decisive phase": (decision.decisive_phase, manifest.gate.decisive_phase),
         "gate policy": (decision.policy_id, manifest.gate_policy_id),
@@ -134,4 +182,6 @@ def gate_problems(store: ReleaseStore, manifest: ReleaseManifest) -> list[str]:
                            (run.run_id, run.spec_id, run.ledger_head)),
     }
     problems = [f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want]
-    return problems + [f"{where}: {p}" for p in _links(decision, comparison)]
+    if problems or challenger is None:
+        return problems
+    return [f"{where}: {p}" for p in _remade(decision, comparison, policy, challenger, load_run)]

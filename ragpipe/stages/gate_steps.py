@@ -30,9 +30,9 @@ from typing import Any
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.arms import ArmRun
-from ragpipe.experiment.comparison import Comparison, compare, comparison_bytes
-from ragpipe.experiment.decision import Decision, check, decide
-from ragpipe.experiment.pairing import PairingError, pair
+from ragpipe.experiment.comparison import Comparison, comparison_bytes
+from ragpipe.experiment.decision import Decision
+from ragpipe.experiment.gating import gate_runs
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.release.manifest import ReleaseManifest
@@ -84,14 +84,6 @@ def _incumbent_arm(ws: Workspace, chain: ChainPlan, release_id: str, manifest: R
     return load_arm(out), run_id
 
 
-def not_pairable(chain: ChainPlan, incumbent: ArmRun, challenger: ArmRun, error: PairingError) -> Decision:
-    """The ineligible decision recorded when the runs cannot be paired exactly (module docstring)."""
-    failed = check("coverage", "pairing", None, "==", 1.0, missing=str(error))
-    return Decision(mode="paired", eligible=False, decisive_phase="coverage", checks=(failed,), reasons=(str(failed.reason),),
-                    comparison_id=None, policy_id=chain.policy.policy_id, incumbent=incumbent.ref(), challenger=challenger.ref(),
-                    human_apply_required=chain.policy.human_apply_required)
-
-
 def checks_table(decision: Decision) -> Table | None:
     cols = [("phase", "string"), ("check", "string"), ("metric", "string"), ("slice", "string"), ("arm", "string"),
             ("value", "float"), ("op", "string"), ("threshold", "float"), ("verdict", "string"), ("reason", "string")]
@@ -126,18 +118,12 @@ def run_gate_decision(ws: Workspace, revision: str, spec: PipelineSpec, config: 
     challenger = load_arm(Path(str(ev.record.facts["run_path"])))
     incumbent = _incumbent_manifest(ws, config or load_targets())
     comparison, facts = None, {"incumbent_release": None, "incumbent_run": None, "incumbent_reevaluated": None}
-    if incumbent is None:
-        decision = decide(chain.policy, None, challenger)
-    else:
+    arm = None
+    if incumbent is not None:
         release_id, manifest, bundle = incumbent
         arm, reevaluated = _incumbent_arm(ws, chain, release_id, manifest, bundle, challenger)
         facts = {"incumbent_release": release_id, "incumbent_run": arm.run_id, "incumbent_reevaluated": reevaluated}
-        try:
-            comparison = compare(pair(arm, challenger), chain.comparison)
-        except PairingError as exc:
-            decision = not_pairable(chain, arm, challenger, exc)
-        else:
-            decision = decide(chain.policy, comparison, challenger)
+    decision, comparison = gate_runs(chain.policy, challenger, arm, chain.comparison)
     facts |= {"decision_id": decision.decision_id, "eligible": decision.eligible, "decisive_phase": decision.decisive_phase,
               "mode": decision.mode, "comparison_id": comparison.comparison_id if comparison else None,
               "policy_id": decision.policy_id, "challenger_run": challenger.run_id}

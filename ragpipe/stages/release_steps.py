@@ -71,11 +71,11 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
         gate=GateRef(decision_id=decision["decision_id"], eligible=decision["eligible"], decisive_phase=decision["decisive_phase"]),
     )
     store = ReleaseStore(ws)
-    # The decision and comparison go into the release store first: gc may collect the stage folder,
-    # and activation re-reads them (``gate_evidence.gate_problems``).
+    # The decision, comparison and policy go into the release store first: gc may collect the stage
+    # folder, and activation makes the decision again from them (``gate_evidence.gate_problems``).
     comparison = read_comparison(gate.path) if decision["comparison_id"] is not None else None
     try:
-        publish_gate_evidence(store, decision, comparison)
+        publish_gate_evidence(store, decision, comparison, chain.policy)
     except ReleaseError as exc:
         raise StageError(f"gate_decision {gate.data_version} of revision {revision!r}: {exc}") from None
     release_id, published = publish_manifest(store, manifest)

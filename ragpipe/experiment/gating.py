@@ -1,0 +1,39 @@
+"""The chain's gate as one function of its inputs, so a decision can be made and re-made alike.
+
+``gate_runs(policy, challenger, incumbent, spec)`` is what ``gate_decision`` computes — a
+bootstrap decision without an incumbent; otherwise exact pairing, the comparison under ``spec``
+and the policy's decision on it, or the ineligible ``not_pairable`` decision when pairing refuses.
+Everything it reads is content-bound (verified runs, a policy and a comparison spec with content
+IDs) and everything it computes is seeded, so activation can recompute a release's decision from
+the runs it names and compare IDs (``ragpipe.release.gate_evidence``).
+"""
+
+from __future__ import annotations
+
+from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.comparison import Comparison, compare
+from ragpipe.experiment.decision import Decision, check, decide
+from ragpipe.experiment.gate_policy import GatePolicy
+from ragpipe.experiment.pairing import PairingError, pair
+from ragpipe.experiment.statistics import ComparisonSpec
+
+
+def not_pairable(policy: GatePolicy, incumbent: ArmRun, challenger: ArmRun, error: PairingError) -> Decision:
+    """The ineligible decision recorded when the runs cannot be paired exactly: decisive phase
+    ``coverage``, one failing check ``coverage pairing`` whose reason is the pairing error."""
+    failed = check("coverage", "pairing", None, "==", 1.0, missing=str(error))
+    return Decision(mode="paired", eligible=False, decisive_phase="coverage", checks=(failed,), reasons=(str(failed.reason),),
+                    comparison_id=None, policy_id=policy.policy_id, incumbent=incumbent.ref(), challenger=challenger.ref(),
+                    human_apply_required=policy.human_apply_required)
+
+
+def gate_runs(policy: GatePolicy, challenger: ArmRun, incumbent: ArmRun | None,
+              spec: ComparisonSpec | None) -> tuple[Decision, Comparison | None]:
+    """The decision (and, when the runs pair, the comparison) of ``policy`` on these runs."""
+    if incumbent is None:
+        return decide(policy, None, challenger), None
+    try:
+        comparison = compare(pair(incumbent, challenger), spec)
+    except PairingError as exc:
+        return not_pairable(policy, incumbent, challenger, exc), None
+    return decide(policy, comparison, challenger), comparison
