@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from ragpipe.experiment.arm_source import load_arm
+from ragpipe.experiment.comparison import Comparison
+from ragpipe.experiment.decision import decide
 from ragpipe.experiment.gate_policy import policy_document
 from ragpipe.experiment.gating import gate_runs
 from ragpipe.experiment.statistics import ComparisonSpec
@@ -107,6 +109,11 @@ def test_edits_of_the_kept_file_are_refused(ws, bundle: Path):
     assert refusal(ws, rid).startswith(f"{where}: {path}: 'utf-8' codec can't decode byte 0xff")
 
     kept = json.loads(original)
+    kept["policy"]["regression"]["overall"]["recall@100"] = 10**400  # beyond any float
+    path.write_bytes(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    assert refusal(ws, rid).startswith(f"{where}: {path}: not a gate policy: ")
+
+    kept = json.loads(original)
     kept["policy"]["coverage"]["min_cases"] = 0
     path.write_bytes(canonical_bytes(kept) + b"\n")
     assert refusal(ws, rid) == f"{where}: {path}: not a gate policy: the kept gate policy:1: coverage.min_cases: must be an integer >= 1, got 0"
@@ -160,15 +167,42 @@ def test_a_paired_decision_is_made_again_from_both_runs(ws, bundle: Path):
     forged = manifest.model_copy(update={"comparison_id": forged_c["comparison_id"],
                                          "gate": GateRef(decision_id=forged_d["decision_id"], eligible=False, decisive_phase="target")})
     assert problems(ws, forged) == [
-        f"gate decision {forged_d['decision_id']}: the comparison of its runs is {comparison.comparison_id}, "
-        f"not the kept {forged_c['comparison_id']} (statistics differ)",
-        f"gate decision {forged_d['decision_id']}: made again from its runs and policy it is {decision.decision_id} "
-        "(eligible False, decisive phase target), not the kept one",
+        f"gate decision {forged_d['decision_id']}: the comparison of its runs differs from the kept {forged_c['comparison_id']} "
+        "at slices.all.metrics.ndcg@10.stats.ci_high (statistics differ)"
     ]
 
+    def variant(edit) -> ReleaseManifest:
+        """``manifest`` over a kept comparison changed by ``edit`` (IDs recomputed, as a forger would)."""
+        c = comparison.as_json()
+        edit(c)
+        c = redo_id(c, "comparison_id", "comparison")
+        d = decide(policy, Comparison.model_validate({k: v for k, v in c.items() if k != "comparison_id"}), challenger).as_json()
+        keep(ws, d, policy, c)
+        return manifest.model_copy(update={"comparison_id": c["comparison_id"],
+                                           "gate": GateRef(decision_id=d["decision_id"], eligible=False, decisive_phase="target")})
+
+    def nudge(factor: float):
+        def edit(c: dict) -> None:  # identical runs: every delta is 0, so a float that is not
+            c["challenger"]["latency_p95_ms"] *= factor
+        return edit
+
+    # Another scipy may move a bootstrap bound in its last bits: floats equal to 1e-9 are equal.
+    assert problems(ws, variant(nudge(1 + 1e-12))) == []
+    assert problems(ws, variant(nudge(1 + 1e-6)))[0].endswith("at challenger.latency_p95_ms (statistics differ)")
+
+    def reseed(c: dict) -> None:
+        c["spec"]["seed"] = 12345
+    (message,) = problems(ws, variant(reseed))
+    assert message.endswith(f"its comparison uses {ComparisonSpec(seed=12345).as_json()}, not the chain's comparison spec {ComparisonSpec().as_json()}")
+
     # The incumbent run the decision names must exist and be the one it names.
-    shutil.rmtree(ws.home / "evaluations" / incumbent_id)
-    assert problems(ws, manifest) == [f"{where}: its incumbent run {incumbent_id}: {ws.home / 'evaluations' / incumbent_id} is missing"]
+    other = ws.home / "evaluations" / incumbent_id
+    shutil.move(other, other.with_name("moved"))
+    shutil.copytree(ws.home / "evaluations" / challenger.run_id, other)  # another run in its folder
+    assert problems(ws, manifest) == [f"{where}: its incumbent run {incumbent_id}: the folder holds run {challenger.run_id} "
+                                      f"with ledger head {challenger.ledger_head}, not the decision's {incumbent.ledger_head}"]
+    shutil.rmtree(other)
+    assert problems(ws, manifest) == [f"{where}: its incumbent run {incumbent_id}: {other} is missing"]
 
 
 def test_a_manifest_that_misstates_its_decision_is_refused(ws, bundle: Path):

@@ -55,11 +55,16 @@ def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
     return ws.bundles / manifest.bundle_hex
 
 
-def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = ()) -> list[str]:
+def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *,
+                   remake_decision: bool = True) -> list[str]:
     """Problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
-    (``evidence.evaluation_evidence``) and gate decision, made again from its runs
-    (``gate_evidence.gate_problems``), then each of ``child_checks``."""
+    (``evidence.evaluation_evidence``) and gate decision (``gate_evidence.gate_problems``: made
+    again from its runs unless ``remake_decision`` is False), then each of ``child_checks``.
+
+    Activation and rollback — the only ways a pointer moves — make the decision again (seconds:
+    a paired comparison is recomputed, with its bootstrap); serving an already active release
+    checks the kept documents and their links only, so starting a query process stays cheap."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when verifying
 
     try:
@@ -75,7 +80,7 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
     problems += found
     # The decision is made again from a run that verifies but is not the release's too: the
     # decision's own links then name the mismatch.
-    problems += gate_problems(ReleaseStore(ws), manifest, arm, lambda run_id: load_run(ws, run_id))
+    problems += gate_problems(ReleaseStore(ws), manifest, arm if remake_decision else None, lambda run_id: load_run(ws, run_id))
     for check in child_checks:
         problems += check(ws, manifest)
     return problems

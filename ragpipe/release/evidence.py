@@ -27,6 +27,8 @@ def run_dir(ws: Workspace, run_id: str) -> Path:
     IDs come from manifests and decisions, which are input: they must not point outside)."""
     if not isinstance(run_id, str) or run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
         raise ReleaseError(f"evaluation run ID {run_id!r} is not a folder name")
+    if len(run_id.encode("utf-8", "surrogatepass")) > 200:  # run IDs are UUIDs; a long one would fail in the file system
+        raise ReleaseError(f"evaluation run ID {run_id[:40]!r}… is longer than 200 bytes")
     return ws.home / "evaluations" / run_id
 
 

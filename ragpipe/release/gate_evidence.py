@@ -25,6 +25,7 @@ statistic, a check, an eligibility flag nor a run that does not exist can make a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ragpipe.experiment.arms import ArmRun
-from ragpipe.experiment.decision import Decision, GateError
+from ragpipe.experiment.decision import Decision, GateError, decide
 from ragpipe.experiment.gate_policy import PHASES, GatePolicy, PolicyError, parse_policy, policy_document
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import write_file_atomic
@@ -75,7 +76,7 @@ def _policy(doc: object) -> GatePolicy:
         doc = {**{k: doc[k] for k in order if k in doc}, **{k: v for k, v in doc.items() if k not in order}}
     try:
         policy = parse_policy(doc, "the kept gate policy")
-    except (PolicyError, AttributeError, KeyError, TypeError) as exc:
+    except (PolicyError, AttributeError, KeyError, TypeError, ArithmeticError) as exc:
         raise EvidenceError(f"not a gate policy: {exc}") from None
     if canonical_bytes(doc) != canonical_bytes(policy_document(policy)):
         raise EvidenceError("the gate policy is not in its canonical form (a value was changed in type or format)")
@@ -132,40 +133,67 @@ def read_gate_evidence(store: ReleaseStore, decision_id: str) -> tuple[Decision,
             raise EvidenceError("its bytes are not the canonical rendering of its content (edited)")
     except FileNotFoundError:
         raise EvidenceError(f"{path} is missing") from None
-    except (OSError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError, ArithmeticError) as exc:
         raise EvidenceError(f"{path}: {exc}") from None
     return decision, comparison, policy
+
+
+def _differs(made: Any, kept: Any, path: str = "") -> str | None:
+    """The first path where a recomputed comparison differs from the kept one; floats agree to
+    1e-9 (relative): a bootstrap interval may move in its last bits between scipy releases with
+    the same seed, and verification must not fail every paired release after an upgrade."""
+    if isinstance(made, dict) and isinstance(kept, dict):
+        if sorted(made) != sorted(kept):
+            return path or "(top)"
+        return next((d for k in sorted(made) if (d := _differs(made[k], kept[k], f"{path}.{k}" if path else k))), None)
+    if isinstance(made, list) and isinstance(kept, list):
+        if len(made) != len(kept):
+            return path
+        return next((d for i, (a, b) in enumerate(zip(made, kept)) if (d := _differs(a, b, f"{path}[{i}]"))), None)
+    if isinstance(made, float) and isinstance(kept, float | int) and not isinstance(kept, bool):
+        return None if math.isclose(made, kept, rel_tol=1e-9, abs_tol=1e-12) else path
+    return None if type(made) is type(kept) and made == kept else path
 
 
 def _remade(decision: Decision, comparison: Any, policy: GatePolicy, challenger: ArmRun, load_run: RunLoader) -> list[str]:
     """Problems found by making the decision again from the runs it names (module docstring)."""
     from ragpipe.experiment.gating import gate_runs
+    from ragpipe.experiment.statistics import ComparisonSpec
 
+    if comparison is not None and comparison.spec != ComparisonSpec():
+        # The chain compares with the default spec; another seed or resample count is a way to shop
+        # for an interval (or to make verification take hours), never a setting of a release.
+        return [f"its comparison uses {comparison.spec.as_json()}, not the chain's comparison spec {ComparisonSpec().as_json()}"]
     incumbent = None
     if decision.incumbent is not None:
         try:
             incumbent = load_run(decision.incumbent.run_id)
-        except ValueError as exc:
+        except (OSError, ValueError) as exc:
             return [f"its incumbent run {decision.incumbent.run_id}: {exc}"]
         if incumbent.ref() != decision.incumbent:
-            return [f"its incumbent run {decision.incumbent.run_id} has ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"]
+            return [f"its incumbent run {decision.incumbent.run_id}: the folder holds run {incumbent.run_id} "
+                    f"with ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"]
     try:
-        again, compared = gate_runs(policy, challenger, incumbent, comparison.spec if comparison is not None else None)
-    except (GateError, ValueError) as exc:
+        again, compared = gate_runs(policy, challenger, incumbent, ComparisonSpec())
+        if comparison is not None:
+            if compared is None:
+                return [f"made again from its runs it is {again.decision_id} (not pairable: {'; '.join(again.reasons)}), not the kept one"]
+            where = _differs(compared.body(), comparison.body())
+            if where is not None:
+                return [f"the comparison of its runs differs from the kept {comparison.comparison_id} at {where} (statistics differ)"]
+            again = decide(policy, comparison, challenger)  # the kept comparison: exact, whatever scipy computes
+    except (GateError, ValueError, ArithmeticError) as exc:
         return [f"it cannot be made again from its runs: {exc}"]
-    problems = []
-    if compared is not None and comparison is not None and compared.comparison_id != comparison.comparison_id:
-        problems.append(f"the comparison of its runs is {compared.comparison_id}, not the kept {comparison.comparison_id} (statistics differ)")
     if again.decision_id != decision.decision_id:
-        problems.append(f"made again from its runs and policy it is {again.decision_id} "
-                        f"(eligible {again.eligible}, decisive phase {again.decisive_phase}), not the kept one")
-    return problems
+        return [f"made again from its runs and policy it is {again.decision_id} "
+                f"(eligible {again.eligible}, decisive phase {again.decisive_phase}), not the kept one"]
+    return []
 
 
 def gate_problems(store: ReleaseStore, manifest: ReleaseManifest, challenger: ArmRun | None, load_run: RunLoader) -> list[str]:
     """Why the gate decision ``manifest`` binds does not vouch for it (empty: it does).
-    ``challenger``: the manifest's evaluation run, already verified (None when it is not: the
-    decision is then checked but not made again)."""
+    ``challenger``: the manifest's evaluation run, already verified; None when it is not, or when
+    the caller only serves the release: the decision is then checked but not made again."""
     where = f"gate decision {manifest.gate.decision_id}"
     try:
         decision, comparison, policy = read_gate_evidence(store, manifest.gate.decision_id)

@@ -38,7 +38,7 @@ def served_release(ws: Workspace, target: str | None = None, release_id: str | N
     if release_id is not None:
         store = ReleaseStore(ws)
         manifest = load_manifest(store, check_release_id(release_id))
-        problems = verify_release(ws, manifest)
+        problems = verify_release(ws, manifest, remake_decision=False)  # served by choice: eligible or not
         if problems:
             raise ReleaseError(f"release {release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
         bundle = bundle_path(ws, manifest)

@@ -49,7 +49,7 @@ def resolve_active(ws: Workspace, target: str | None = None, *, config: TargetsC
     if pointer is None:
         raise ReleaseError(f"target {name!r} has no active release (activate one: ragpipe release activate RELEASE_ID --target {name})")
     manifest = load_manifest(store, pointer.release_id)
-    problems = verify_release(ws, manifest)
+    problems = verify_release(ws, manifest, remake_decision=False)  # activation made it again
     if problems:
         raise ReleaseError(f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
     return manifest, bundle_path(ws, manifest)
