@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.evaluation.suite import Case, Suite
@@ -98,6 +101,31 @@ def fixture_policy(phase: str | None) -> GatePolicy:
     for section, edits in PHASE_EDITS[phase].items():
         doc[section] = {**doc[section], **edits}
     return parse_policy(doc, f"fixture policy {phase}")
+
+
+def fixture_targets(folder: Path, text: str | None = None) -> Path:
+    """A targets file in ``folder`` (``text``, or the checked-in targets) whose every target also
+    accepts the fixture policies, written beside it as policy files."""
+    doc = yaml.safe_load(text if text is not None else (REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8"))
+    names = []
+    for phase in PHASE_EDITS:
+        name = f"policy-{phase or 'eligible'}.yaml"
+        (folder / name).write_text(yaml.safe_dump(policy_document(fixture_policy(phase)), sort_keys=False), encoding="utf-8")
+        names.append(name)
+    for target in doc["targets"].values():
+        target["gate_policies"] = ["default", *names]
+    path = folder / "targets.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def accepting_fixture_policies(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``$RAGPIPE_TARGETS``: the checked-in targets, also accepting the fixture policies (the
+    release tests gate a two-case run, which the default policy's 20-case minimum refuses)."""
+    path = fixture_targets(tmp_path_factory.mktemp("targets"))
+    monkeypatch.setenv("RAGPIPE_TARGETS", str(path))
+    return path
 
 
 def gate_of(bundle: Path, phase: str | None) -> tuple[GatePolicy, Decision]:

@@ -18,7 +18,7 @@ from ragpipe.release.approvals import approve
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import load_targets
-from ragpipe_tests.release_fixtures import bundle_of, fresh_ws, publish
+from ragpipe_tests.release_fixtures import bundle_of, fixture_targets, fresh_ws, publish
 
 TARGETS = """schema: ragpipe.targets/v1
 default_target: staging
@@ -31,8 +31,7 @@ targets:
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built_workspace):
     ws = fresh_ws(tmp_path, bundle_of(built_workspace))
-    targets = tmp_path / "targets.yaml"
-    targets.write_text(TARGETS.replace("SENSOR", "true"))
+    targets = fixture_targets(tmp_path, TARGETS.replace("SENSOR", "true"))
     monkeypatch.setenv("RAGPIPE_HOME", str(ws.home))
     monkeypatch.setenv("RAGPIPE_TARGETS", str(targets))
     (tmp_path / "dagster").mkdir()

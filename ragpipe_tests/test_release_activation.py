@@ -8,14 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe.experiment.gate_policy import load_policy
 from ragpipe.release.activation import activate
 from ragpipe.release.approvals import approve
 from ragpipe.release.history import read_history
 from ragpipe.release.manifest import ReleaseManifest, load_manifest, publish_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.status import Candidate, eligible_releases, resolve_active
+from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, evaluation_arm, fresh_ws, keep_decision, manifest_for, publish
+from ragpipe.release.targets import DEFAULT_TARGETS_PATH, load_targets
+from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, evaluation_arm, fixture_policy, fresh_ws, keep_decision, manifest_for, publish
+
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +181,32 @@ def test_resolve_active(ws, bundle: Path):
     activate(ws, rid)
     manifest, path = resolve_active(ws)
     assert (manifest.release_id, path) == (rid, ws.bundles / bundle.name)
+
+
+def test_a_target_activates_only_releases_gated_under_a_policy_it_accepts(ws, bundle: Path, tmp_path: Path):
+    """The lenient-policy forgery: a real eligible decision, made under a policy the target does not
+    list, is refused before anything is verified; the sensor skips it with the same reason;
+    rollback to a release that was active under an earlier configuration still works."""
+    store = ReleaseStore(ws)
+    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    lenient = fixture_policy(None).policy_id
+    default = load_policy().policy_id
+    checked_in = load_targets(DEFAULT_TARGETS_PATH)
+    refusal = (f"was gated under policy {lenient}, which target 'staging' does not accept "
+               f"(it accepts default = {default}: gate_policies in the targets config)")
+    with pytest.raises(ReleaseError) as exc:
+        activate(ws, a, "staging", config=checked_in)
+    assert str(exc.value) == f"release {a} {refusal}"
+    assert read_pointer(store, "staging") is None and read_history(store, "staging")[1] == ()  # nothing written
+    assert eligible_releases(ws, "staging", config=checked_in) == [Candidate(a, "r1", "policy not accepted", refusal),
+                                                                   Candidate(b, "r2", "policy not accepted", refusal)]
+    activate(ws, a, "staging")  # $RAGPIPE_TARGETS accepts the fixture policies
+    activate(ws, b, "staging")
+    assert rollback(ws, "staging", config=checked_in).release_id == a  # it was accepted when it was active
+
+    bad = tmp_path / "targets.yaml"
+    bad.write_text("schema: ragpipe.targets/v1\ndefault_target: staging\n"
+                   "targets:\n  staging: {approval_required: false, sensor: false, gate_policies: [missing.yaml]}\n")
+    with pytest.raises(ReleaseError) as exc:
+        activate(ws, a, "staging", config=load_targets(bad))
+    assert str(exc.value).startswith(f"{bad}: target 'staging': gate policy 'missing.yaml': {tmp_path / 'missing.yaml'}: cannot read gate policy")

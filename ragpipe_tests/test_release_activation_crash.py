@@ -69,6 +69,10 @@ def check_after_crash(ws, step: str, old: str, new: str, new_generation: int, be
     assert recover_target(ws, "staging") is None  # settled once, agrees from then on
 
 
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
+
+
 @pytest.fixture(scope="module")
 def bundle(built_workspace) -> Path:
     return bundle_of(built_workspace)

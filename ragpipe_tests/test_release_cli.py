@@ -16,11 +16,13 @@ from ragpipe.release.store import ReleaseStore
 from ragpipe_tests.conftest import REPO
 from ragpipe_tests.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, publish
 
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
+
 
 
 def release(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "80"}
-    env.pop("RAGPIPE_TARGETS", None)
+    env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "80"}  # $RAGPIPE_TARGETS: accepting_fixture_policies
     return subprocess.run([sys.executable, "-m", "ragpipe.cli", "release", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 

@@ -27,6 +27,9 @@ from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe_tests.release_fixtures import H, bundle_of, evaluation_arm, fixture_policy, fresh_ws, gate_of, manifest_for, new_evaluation_run, publish
 
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
+
 
 @pytest.fixture(scope="module")
 def bundle(built_workspace) -> Path:
@@ -218,8 +221,14 @@ def test_a_manifest_that_misstates_its_decision_is_refused(ws, bundle: Path):
     claims_eligible = release(gate=GateRef(decision_id=decision, eligible=True, decisive_phase=None))
     assert refusal(ws, claims_eligible) == (f"{where}: eligibility False is not the release's True\n"
                                             f"  {where}: decisive phase target is not the release's None")
-    other_policy = release(gate_policy_id=H, gate=GateRef(decision_id=decision, eligible=True, decisive_phase=None))
-    assert refusal(ws, other_policy).endswith(f"{where}: gate policy {base.gate_policy_id} is not the release's {H}")
+    # A policy the target does not accept is refused before anything is verified; the kept
+    # decision's own link to the policy is checked as well.
+    other_policy = base.model_copy(update={"gate_policy_id": H, "gate": GateRef(decision_id=decision, eligible=True, decisive_phase=None)})
+    rid = publish_manifest(store, other_policy)[0]
+    with pytest.raises(ReleaseError) as exc:
+        activate(ws, rid, "staging")
+    assert str(exc.value).startswith(f"release {rid} was gated under policy {H}, which target 'staging' does not accept (it accepts default = sha256:")
+    assert problems(ws, other_policy)[-1] == f"{where}: gate policy {base.gate_policy_id} is not the release's {H}"
 
 
 def test_publication_refuses_what_does_not_verify(ws, bundle: Path):

@@ -18,6 +18,9 @@ from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import REPO
 from ragpipe_tests.release_fixtures import bundle_of, fresh_ws, publish
 
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
+
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 
 

@@ -16,6 +16,9 @@ from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.stages.gc import collect_garbage
 from ragpipe_tests.release_fixtures import bundle_ids, bundle_of, fresh_ws, publish
 
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
+
 
 @pytest.fixture(scope="module")
 def bundle(built_workspace) -> Path:

@@ -86,6 +86,15 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
     return problems
 
 
+def unaccepted_policy(config: TargetsConfig, target: str, manifest: ReleaseManifest) -> str | None:
+    """Why ``target`` does not accept the gate policy ``manifest`` was gated under (None: it does)."""
+    accepted = config.accepted_policies(target)
+    if manifest.gate_policy_id in accepted:
+        return None
+    return (f"was gated under policy {manifest.gate_policy_id}, which target {target!r} does not accept "
+            f"(it accepts {', '.join(f'{v} = {k}' for k, v in accepted.items())}: gate_policies in the targets config)")
+
+
 def refusal(release_id: str, problems: list[str]) -> str:
     return f"release {release_id} failed verification; not activated:\n  " + "\n  ".join(problems)
 
@@ -129,13 +138,17 @@ def activate(
     """
     step = on_step or _noop
     store = ReleaseStore(ws)
-    name, spec = (config or load_targets()).get(target)
+    config = config or load_targets()
+    name, spec = config.get(target)
     manifest = load_manifest(store, release_id)
     if not manifest.gate.eligible:
         raise ReleaseError(
             f"release {release_id} is not eligible for activation "
             f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
         )
+    policy_refusal = unaccepted_policy(config, name, manifest)
+    if policy_refusal:
+        raise ReleaseError(f"release {release_id} {policy_refusal}")
     if expected_generation is None:
         expected_generation = current_generation(store, name)
     problems = verify_release(ws, manifest, child_checks)  # slow: outside the lock

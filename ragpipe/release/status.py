@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragpipe.release.activation import bundle_path, verify_release
+from ragpipe.release.activation import bundle_path, unaccepted_policy, verify_release
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
 from ragpipe.release.pointer import read_pointer
@@ -55,10 +55,14 @@ def resolve_active(ws: Workspace, target: str | None = None, *, config: TargetsC
     return manifest, bundle_path(ws, manifest)
 
 
-def _candidate(release_id: str, manifest: ReleaseManifest, target: str, approval_required: bool, state: TargetHistory) -> Candidate:
+def _candidate(release_id: str, manifest: ReleaseManifest, target: str, config: TargetsConfig, state: TargetHistory) -> Candidate:
     known = state.states.get(release_id)
     if known is not None:
         return Candidate(release_id, manifest.revision, known, f"release is {known.replace('_', ' ')} on target {target!r}")
+    policy_refusal = unaccepted_policy(config, target, manifest)
+    if policy_refusal:
+        return Candidate(release_id, manifest.revision, "policy not accepted", policy_refusal)
+    approval_required = config.targets[target].approval_required
     if approval_required and not state.approved(release_id):
         return Candidate(release_id, manifest.revision, "approval missing", f"target {target!r} requires an approval")
     return Candidate(release_id, manifest.revision, "ready", None)
@@ -67,9 +71,10 @@ def _candidate(release_id: str, manifest: ReleaseManifest, target: str, approval
 def eligible_releases(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> list[Candidate]:
     """Eligible releases and what the sensor should do with each (module docstring)."""
     store = ReleaseStore(ws)
-    name, spec = (config or load_targets()).get(target)
+    config = config or load_targets()
+    name, _ = config.get(target)
     state, _ = read_history(store, name)
-    return [_candidate(rid, m, name, spec.approval_required, state) for rid, m in list_manifests(store) if m.gate.eligible]
+    return [_candidate(rid, m, name, config, state) for rid, m in list_manifests(store) if m.gate.eligible]
 
 
 def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[str, TargetHistory]:

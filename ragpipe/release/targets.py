@@ -3,7 +3,11 @@
 A target is a named place a release can be active in (``staging``, ``production``); each has one
 pointer. ``approval_required`` makes activation (and the sensor) wait for an approval record;
 ``sensor`` says whether the activation sensor may activate releases on it automatically (off by
-default for ``production``). Configuration is operational: it never enters a release ID.
+default for ``production``). ``gate_policies`` lists the gate policies a release must have been
+gated under to be activated there — policy files, relative to the targets file, or ``default``
+(``ragpipe/specs/gate_policy.yaml``, also what a target without the key accepts): a release store
+can hold decisions made under any policy, and the target, not the release, says which count.
+Configuration is operational: it never enters a release ID.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import os
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from ragpipe.experiment.gate_policy import PolicyError, load_policy
 from ragpipe.release.store import TARGET_NAME, ReleaseError
 
 DEFAULT_TARGETS_PATH = Path(__file__).resolve().parent.parent / "specs" / "targets.yaml"
@@ -25,6 +30,7 @@ class TargetSpec(BaseModel):
     approval_required: bool
     sensor: bool
     description: str = ""
+    gate_policies: tuple[str, ...] = Field(("default",), min_length=1)
 
 
 class TargetsConfig(BaseModel):
@@ -33,6 +39,7 @@ class TargetsConfig(BaseModel):
     schema_: str = Field(alias="schema", pattern=r"^ragpipe\.targets/v1$")
     default_target: str
     targets: dict[str, TargetSpec] = Field(min_length=1)
+    _source: Path = PrivateAttr(DEFAULT_TARGETS_PATH)
 
     @model_validator(mode="after")
     def _names(self) -> TargetsConfig:
@@ -50,6 +57,17 @@ class TargetsConfig(BaseModel):
             raise ReleaseError(f"unknown target {name!r}: declared targets are {', '.join(sorted(self.targets))}")
         return name, self.targets[name]
 
+    def accepted_policies(self, target: str) -> dict[str, str]:
+        """``{policy ID: where it was declared}`` of the gate policies ``target`` accepts."""
+        accepted = {}
+        for entry in self.targets[target].gate_policies:
+            path = None if entry == "default" else self._source.parent / entry
+            try:
+                accepted[load_policy(path).policy_id] = entry
+            except PolicyError as exc:
+                raise ReleaseError(f"{self._source}: target {target!r}: gate policy {entry!r}: {exc}") from None
+        return accepted
+
 
 def load_targets(path: Path | None = None) -> TargetsConfig:
     """Load targets from ``path``, ``$RAGPIPE_TARGETS`` or the checked-in default; errors name the file."""
@@ -59,7 +77,9 @@ def load_targets(path: Path | None = None) -> TargetsConfig:
     except (OSError, yaml.YAMLError) as exc:
         raise ReleaseError(f"{path}: cannot read targets config: {exc}") from None
     try:
-        return TargetsConfig.model_validate(raw)
+        config = TargetsConfig.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors())
         raise ReleaseError(f"{path}: invalid targets config: {problems}") from None
+    config._source = path
+    return config
