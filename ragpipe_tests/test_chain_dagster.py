@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from ragpipe.evaluation.runner import verify_run
 from ragpipe.experiment.decision import Decision
 from ragpipe.pipeline_spec import load_pipeline_spec
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.publish import FILE_STEPS
 from ragpipe.release.activation import activate
 from ragpipe.experiment.gate_policy import policy_document
 from ragpipe.release.evidence import load_run
@@ -273,6 +275,59 @@ def test_releases_keep_their_gate_decision_and_comparison(chain, tmp_path: Path)
                                   f"  gate decision {r1.gate.decision_id}: {kept1} is missing")
     kept1.write_bytes(kept1_bytes)
     assert activate(copy, r1.release_id, "staging").changed is False  # verifies again; already active
+
+
+KILL_RELEASE = """
+import os, signal, sys
+from pathlib import Path
+from ragpipe.pipeline_spec import load_pipeline_spec
+from ragpipe.release import gate_evidence, manifest
+from ragpipe.stages import release_steps
+from ragpipe.stages.workspace import Workspace
+
+home, at = sys.argv[1], sys.argv[2]
+def kill(step):
+    if step == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+def hooked(real, prefix):
+    return lambda path, data, **kw: real(path, data, **kw, on_step=lambda s: kill(prefix + s))
+gate_evidence.write_file_atomic = hooked(gate_evidence.write_file_atomic, "evidence:")
+manifest.write_file_atomic = hooked(manifest.write_file_atomic, "manifest:")
+release_steps.run_release_manifest(Workspace(Path(home)), "scifact-2", load_pipeline_spec())
+raise SystemExit("never killed at " + at)
+"""
+KILL_STEPS = [f"{what}:{step}" for what in ("evidence", "manifest") for step in FILE_STEPS]
+
+
+@pytest.mark.parametrize("at", KILL_STEPS)
+def test_release_manifest_killed_at_each_step_publishes_nothing_partial(chain, tmp_path: Path, at: str):
+    """SIGKILL at each step of the two publications (the kept decision, then the manifest): no
+    manifest ever exists without its kept decision, readers see the old state or the new one, and
+    a rerun publishes exactly the release an uninterrupted run published. On a copy."""
+    ws, _, _, summaries, _, _ = chain
+    copy = Workspace(tmp_path / "ragpipe")
+    shutil.copytree(ws.home, copy.home)
+    store = ReleaseStore(copy)
+    release = summaries["scifact-2"].release_id
+    decision = load_manifest(store, release).gate.decision_id
+    store.manifest_path(release).unlink()
+    evidence_path(store, decision).unlink()
+    proc = subprocess.run([sys.executable, "-c", KILL_RELEASE, str(copy.home), at], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "RAGPIPE_HOME": str(copy.home)}, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    manifest_there = store.manifest_path(release).exists()
+    assert manifest_there == (at in ("manifest:file_renamed", "manifest:file_parent_fsynced"))
+    assert evidence_path(store, decision).exists() == (manifest_there or at != "evidence:file_temp_written")
+    if manifest_there:  # published whole: it verifies, and so does its kept decision
+        manifest = load_manifest(store, release)
+        assert gate_problems(store, manifest, None, lambda run_id: load_run(copy, run_id)) == []
+    again = run_release_manifest(copy, "scifact-2", load_pipeline_spec())
+    assert again.data_version == release
+    assert problems_of(copy, load_manifest(store, release)) == []
+
+
+def problems_of(ws: Workspace, manifest) -> list[str]:
+    return gate_problems(ReleaseStore(ws), manifest, load_run(ws, manifest.evaluation.run_id), lambda run_id: load_run(ws, run_id))
 
 
 def test_an_incumbent_run_without_build_figures_is_measured_again(chain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

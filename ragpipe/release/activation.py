@@ -86,9 +86,9 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
     return problems
 
 
-def unaccepted_policy(config: TargetsConfig, target: str, manifest: ReleaseManifest) -> str | None:
-    """Why ``target`` does not accept the gate policy ``manifest`` was gated under (None: it does)."""
-    accepted = config.accepted_policies(target)
+def unaccepted_policy(accepted: dict[str, str], target: str, manifest: ReleaseManifest) -> str | None:
+    """Why ``target``, accepting ``accepted`` (``TargetsConfig.accepted_policies``), does not accept
+    the gate policy ``manifest`` was gated under (None: it does)."""
     if manifest.gate_policy_id in accepted:
         return None
     return (f"was gated under policy {manifest.gate_policy_id}, which target {target!r} does not accept "
@@ -146,7 +146,7 @@ def activate(
             f"release {release_id} is not eligible for activation "
             f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
         )
-    policy_refusal = unaccepted_policy(config, name, manifest)
+    policy_refusal = unaccepted_policy(config.accepted_policies(name), name, manifest)
     if policy_refusal:
         raise ReleaseError(f"release {release_id} {policy_refusal}")
     if expected_generation is None:

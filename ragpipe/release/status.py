@@ -55,11 +55,12 @@ def resolve_active(ws: Workspace, target: str | None = None, *, config: TargetsC
     return manifest, bundle_path(ws, manifest)
 
 
-def _candidate(release_id: str, manifest: ReleaseManifest, target: str, config: TargetsConfig, state: TargetHistory) -> Candidate:
+def _candidate(release_id: str, manifest: ReleaseManifest, target: str, config: TargetsConfig, accepted: dict[str, str],
+               state: TargetHistory) -> Candidate:
     known = state.states.get(release_id)
     if known is not None:
         return Candidate(release_id, manifest.revision, known, f"release is {known.replace('_', ' ')} on target {target!r}")
-    policy_refusal = unaccepted_policy(config, target, manifest)
+    policy_refusal = unaccepted_policy(accepted, target, manifest)
     if policy_refusal:
         return Candidate(release_id, manifest.revision, "policy not accepted", policy_refusal)
     approval_required = config.targets[target].approval_required
@@ -74,7 +75,8 @@ def eligible_releases(ws: Workspace, target: str | None = None, *, config: Targe
     config = config or load_targets()
     name, _ = config.get(target)
     state, _ = read_history(store, name)
-    return [_candidate(rid, m, name, config, state) for rid, m in list_manifests(store) if m.gate.eligible]
+    accepted = config.accepted_policies(name)  # read the policy files once, not per release
+    return [_candidate(rid, m, name, config, accepted, state) for rid, m in list_manifests(store) if m.gate.eligible]
 
 
 def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[str, TargetHistory]:
