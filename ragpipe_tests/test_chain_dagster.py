@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from ragpipe.corpus.registry import register_revision
@@ -53,37 +52,16 @@ def latest(instance: DagsterInstance, asset: str, rev: str):
     return rec.asset_materialization
 
 
-def time_free_chain_config(root: Path) -> tuple[Path, Path]:
-    """The checked-in pipeline spec and targets, gating with the checked-in policy minus its one
-    wall-clock check (relative p95 latency, which flips under a loaded machine): the outcomes the
-    tests assert then follow from the data alone. Returns (pipeline spec, targets) paths."""
-    policy = root / "gate_policy.yaml"
-    text = (REPO / "ragpipe" / "specs" / "gate_policy.yaml").read_text(encoding="utf-8")
-    policy.write_text(text.replace("max_p95_latency_ratio: 1.5 ", "max_p95_latency_ratio: null"), encoding="utf-8")
-    spec = yaml.safe_load((REPO / "ragpipe" / "specs" / "pipeline.yaml").read_text(encoding="utf-8"))
-    spec["evaluation"] |= {"suite": str(SAMPLE / "suite-stable.jsonl"), "gate_policy": str(policy)}
-    (root / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    targets = yaml.safe_load((REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8"))
-    for target in targets["targets"].values():
-        target["gate_policies"] = [str(policy)]
-    (root / "targets.yaml").write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
-    return root / "pipeline.yaml", root / "targets.yaml"
-
-
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("chain")
     ws = Workspace(root / "ragpipe")
     (root / "dagster").mkdir()
     instance = DagsterInstance.local_temp(str(root / "dagster"))
-    spec_path, targets_path = time_free_chain_config(root)
-    spec = load_pipeline_spec(spec_path)
-    assert spec.evaluation is not None and chain_plan(spec).policy.cost.max_p95_latency_ratio is None
+    spec = load_pipeline_spec()
     summaries, activation = {}, None
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAGPIPE_HOME", str(ws.home))
-        env.setenv("RAGPIPE_PIPELINE_SPEC", str(spec_path))
-        env.setenv("RAGPIPE_TARGETS", str(targets_path))
         defs = build_definitions()
         for rev, path in (("scifact-1", SAMPLE / "rev-1.jsonl"), ("scifact-2", SAMPLE / "rev-2.jsonl")):
             register_revision(ws.registry, rev, path, "beir")
@@ -150,15 +128,17 @@ def test_gate_bootstraps_revision_1_and_pairs_revision_2_with_its_active_release
     assert ("all", "ndcg@10") in deltas
     # Revision 2 repairs 24 judged abstracts revision 1 holds cut after their first sentence
     # (data/scifact-sample/changes.json): paired with revision 1 on the stable suite, its nDCG@10
-    # improves beyond noise: eligible on the target phase and every later one (the module gates
-    # without the wall-clock latency check: time_free_chain_config).
+    # improves beyond noise, so every quality phase passes. The checked-in policy's one wall-clock
+    # check (p95 latency against the incumbent's, measured earlier) decides the rest; the module
+    # runs the checked-in spec, so it reads that verdict rather than asserting a speed.
     decision = json.loads((ws.stage_dir("scifact-2", "gate_decision") / g2.data_version.split(":")[1] / "decision.json").read_text())
     target = {c["name"]: c for c in decision["checks"] if c["phase"] == "target"}
     assert target["improvement"]["value"] > 0.02 and target["ci_lower"]["value"] > 0
     verdicts = {(c["phase"], c["name"], c["metric"]): c["verdict"] for c in decision["checks"]}
+    latency = verdicts.pop(("cost", "p95_latency_relative", None))
     assert set(verdicts.values()) <= {"pass", "skipped"}
-    assert ("cost", "p95_latency_relative", None) not in verdicts
-    assert (summaries["scifact-2"].eligible, summaries["scifact-2"].decisive_phase) == (True, None)
+    assert (summaries["scifact-2"].eligible, summaries["scifact-2"].decisive_phase) == (
+        (True, None) if latency == "pass" else (False, "cost"))
 
 
 def test_release_manifest_binds_what_was_gated(chain):
@@ -351,7 +331,6 @@ def test_an_incumbent_run_without_build_figures_is_measured_again(chain, tmp_pat
     decision = json.loads((copy.stage_dir("scifact-2", "gate_decision") / gate.data_version.split(":")[1] / "decision.json").read_text())
     build = {c["name"]: c["verdict"] for c in decision["checks"] if c["name"].startswith(("build_", "bundle_"))}
     assert build == {"build_vectors_relative": "pass", "bundle_bytes_relative": "pass"}
-    assert decision["eligible"] is True
 
 
 def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):
