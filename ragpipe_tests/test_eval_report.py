@@ -12,6 +12,7 @@ from ragpipe.evaluation.ledger import Ledger
 from ragpipe.evaluation.report import build_report, percentile, render_markdown, report_bytes
 from ragpipe.evaluation.run_state import cell_dict
 from ragpipe.evaluation.traces import hit_table, write_trace
+from ragpipe.retrieval.results import Rankings
 
 
 def test_percentile_is_nearest_rank():
@@ -37,7 +38,7 @@ def _run(tmp_path):
     for i, (key, ndcg, latency) in enumerate([(cells[0], 0.5, 10.0), (cells[1], 0.25, 30.0)], start=1):
         ledger.append("CellStarted", {"cell": cell_dict(key)})
         record = {"cell": cell_dict(key), "outcome": "success", "metrics": {"ndcg@10": ndcg, "unauthorized_disclosures": 1}, "latency_ms": latency}
-        trace_table = hit_table(cell_dict(key), {"channels": {}, "fusion": {"items": []}}, [], [])
+        trace_table = hit_table(cell_dict(key), Rankings({}, []), [], [])
         ledger.append("CellCompleted", {**record, "hits": 0, "trace": write_trace(run, f"traces/cell-{i:06d}.parquet", trace_table, record)})
     ledger.append("CellStarted", {"cell": cell_dict(cells[2])})
     ledger.append("CellFailed", {"cell": cell_dict(cells[2]), "outcome": "failure", "error": "QueryError: boom"})

@@ -16,7 +16,7 @@ from ragpipe.evaluation.suite import load_suite
 from ragpipe.evaluation.traces import TraceError
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.retrieval.plan import load_plan, parse_plan
-from ragpipe.retrieval.service import Retriever
+from ragpipe.retrieval.service import MODES, Retriever
 from ragpipe_tests.eval_support import EVALUABLE, FORBIDDEN, SUITE_CASES, eval_bundle  # noqa: F401
 
 
@@ -139,3 +139,22 @@ def test_cells_collector_setting_is_restored():
             assert gc.get_threshold()[0] >= 100_000 and gc.get_freeze_count() > 0
             raise RuntimeError("a cell blew up")
     assert (gc.get_threshold(), gc.get_freeze_count()) == before
+
+
+@pytest.mark.parametrize("mode,k", [("hybrid", 50), ("hybrid", 5), ("lexical", 30), ("vector", 1)])
+def test_rankings_are_what_the_audit_trace_shows(evaluated, mode, k):
+    """``query(rankings=True)`` hands over the objects the audit trace renders: same channel hits,
+    same fused items (cut at max(k, 20)), and the trace table built from them."""
+    spec, _, _, retriever = evaluated
+    for case in spec.suite.cases[:5]:
+        audited = retriever.query(case.query, k=k, mode=mode, audit=True, rankings=True)
+        plain = retriever.query(case.query, k=k, mode=mode, rankings=True)
+        assert plain.trace is None and plain.rankings == audited.rankings and plain.hits == audited.hits
+        channels = {n: [{"rank": r.rank, "representation_id": r.hit.representation_id, "chunk_id": r.hit.chunk_id,
+                         "document_id": r.hit.document_id, "score": r.hit.score} for r in ranked]
+                    for n, ranked in plain.rankings.channels.items()}
+        assert channels == audited.trace["channels"] and set(channels) == set(MODES[mode])
+        fused = [{"chunk_id": f.chunk_id, "document_id": f.document_id, "score": f.score, "contributions": f.contributions,
+                  "channel_ranks": f.channel_ranks} for f in plain.rankings.fused]
+        assert fused == audited.trace["fusion"]["items"] and len(fused) <= max(k, 20)
+        assert retriever.query(case.query, k=k, mode=mode).rankings is None

@@ -167,3 +167,38 @@ def test_aggregate_counts_only_cases_with_values():
     assert aggregate(per_case, specs)["ndcg@10"].as_dict() == {"value": 0.75, "direction": "higher", "unit": "ratio", "k": 10, "n": 2}
     with pytest.raises(ValueError, match="metric 'ndcg@10' has a non-finite case value"):
         aggregate({"a": {"ndcg@10": math.nan}}, specs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_scoring_only_the_top_max_cutoff_changes_nothing(data):
+    """score_cases hands ir_measures only the top max-cutoff (100) targets: on rankings deeper
+    than that, every value equals trec_eval's on the whole ranking."""
+    n = data.draw(st.integers(101, 400))
+    ranking = [f"t{i}" for i in data.draw(st.permutations(range(n)))]
+    judged = data.draw(st.dictionaries(st.sampled_from([*ranking, "missing"]), st.integers(0, 3), min_size=1, max_size=40))
+    judged[ranking[data.draw(st.integers(0, n - 1))]] = data.draw(st.integers(1, 3))
+    got = score_cases({"q": judged}, {"q": ranking}, SPECS)
+    assert got == {"q": pytest.approx(reference({"q": judged}, {"q": ranking})["q"], abs=1e-12)}
+
+
+def test_a_measure_without_cutoff_reads_the_whole_ranking():
+    ranking = [f"t{i}" for i in range(500)]
+    judged = {"t0": 1, "t499": 1}
+    spec = MetricSpec(name="map", measure="AP", direction="higher", unit="ratio", k=None, range=(0.0, 1.0))
+    want = pytrec_eval.RelevanceEvaluator({"q": judged}, {"map"}).evaluate({"q": {t: float(500 - i) for i, t in enumerate(ranking)}})["q"]["map"]
+    assert score_cases({"q": judged}, {"q": ranking}, [spec, *SPECS])["q"]["map"] == pytest.approx(want, abs=1e-12) == (1 + 2 / 500) / 2
+
+
+@pytest.mark.parametrize("measure", ["nDCG(judged_only=True)@10", "P(judged_only=True)@10"])
+def test_a_measure_that_drops_unjudged_targets_first_reads_the_whole_ranking(measure):
+    """``judged_only`` removes unjudged targets *before* the cutoff: ranks 1-10 unjudged but one,
+    the relevant target at 11 — cutting the ranking at the cutoff would score 0."""
+    import ir_measures
+
+    ranking = [f"u{i}" for i in range(10)] + ["rel"]
+    judged = {"rel": 1, "u0": 0}
+    spec = MetricSpec(name="x", measure=measure, direction="higher", unit="ratio", k=10, range=(0.0, 1.0))
+    run = {"q": {t: float(len(ranking) - i) for i, t in enumerate(ranking)}}
+    want = ir_measures.calc_aggregate([ir_measures.parse_measure(measure)], {"q": judged}, run)[ir_measures.parse_measure(measure)]
+    assert want > 0 and score_cases({"q": judged}, {"q": ranking}, [spec])["q"]["x"] == pytest.approx(want, abs=1e-12)

@@ -6,18 +6,17 @@
 In one process, one ``Retriever`` (query embedder loaded, warmed up on ``--warmup`` claims):
 
 * ``bare``: the suite's queries as plain ``Retriever.query(text, k, mode)`` calls, timed in total,
-  under the collector setting the runner's cells run under (``runner.long_lived_heap_frozen``);
+  under the collector setting the runner's cells run under (``runner.long_lived_heap_frozen``),
+  once before and once after the evaluation run;
 * ``eval``: ``run_evaluation`` of the same suite (SciFact test, imported from the BEIR folder),
-  timed from folder creation to the written report — audit trace, scoring through ir_measures,
-  Parquet traces, fsynced ledger appends and head rewrites included; ``ratio`` eval / bare (target
-  <= 1.15). On a shared machine the load drifts between the two halves, so ``ratio_paired`` also
-  divides by ``paired_bare_query_s``: each cell's query run again as a bare call right after the
-  cell closes (timed apart, not counted in ``eval_s``; warm for the bare side, so conservative);
+  timed from folder creation to the written report — kept rankings, scoring through ir_measures,
+  Parquet traces, fsynced ledger appends and head rewrites included; ``ratio`` eval / the mean of
+  the two bare runs (target <= 1.15) — a drift in machine load shows as a spread between them;
 * per-cell profile of that run (``profile_ms_per_cell``): the time inside ``Retriever.query``
-  (audit trace included), the trace table, the Parquet write with its fsyncs, the ledger appends
-  (fsynced, head rewritten), the metrics; ``overhead`` is the run's wall time minus its query time,
-  per cell — the evaluation's own cost, much less sensitive to machine load than the ratio, whose
-  two halves run a minute apart; ``gc`` is the garbage collector's pauses, wherever they fell;
+  (rankings kept for the trace), the trace table, the Parquet write with its fsyncs, the ledger
+  appends (fsynced, head rewritten), the metrics; ``overhead`` is the run's wall time minus its
+  query time, per cell — the evaluation's own cost; ``other`` what those figures do not explain;
+  ``gc`` is the garbage collector's pauses, wherever they fell;
 * bytes: ledger and traces of the run, per cell;
 * resume: a second run killed (an exception from its progress hook, after the cell's records
   are durable) at 50 % of its cells, then ``resume_evaluation``: its wall time, the cells it
@@ -44,7 +43,6 @@ from typing import Any
 
 from ragpipe.evaluation import cell as cell_module
 from ragpipe.evaluation import runner as runner_module
-from ragpipe.evaluation.cell import subject_for
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.ledger import LEDGER, Ledger, read_ledger
 from ragpipe.evaluation.runner import long_lived_heap_frozen, resume_evaluation, run_evaluation
@@ -135,30 +133,27 @@ def main() -> None:
     load_at_start = os.getloadavg()
     work = args.out or Path(tempfile.mkdtemp(prefix="eval-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    with long_lived_heap_frozen():  # the collector setting the runner's cells run under
-        started = time.perf_counter()
-        for text in texts:
-            retriever.query(text, Subject.default(), k=args.k, mode=args.mode)
-        bare = time.perf_counter() - started
 
-    # Paired bare queries: after each cell closes, its query again as a bare call, timed apart and
-    # excluded from the run's time, so both sides of ``ratio_paired`` see the same machine load.
-    cases = suite.by_id()
-    bare_query = retriever.query
-    paired = [0.0]
+    def bare_run() -> float:
+        with long_lived_heap_frozen():  # the collector setting the runner's cells run under
+            started = time.perf_counter()
+            for text in texts:
+                retriever.query(text, Subject.default(), k=args.k, mode=args.mode)
+            return time.perf_counter() - started
 
-    def pair(_done: int, _total: int, key) -> None:
-        started = time.perf_counter()
-        bare_query(cases[key[0]].query, subject_for(cases[key[0]], spec.body), k=args.k, mode=args.mode)
-        paired[0] += time.perf_counter() - started
-
+    # Bare queries before and after the run: their mean is the ratio's denominator, so a drift in
+    # machine load during the benchmark shows as a spread between the two, not as a bias.
+    bare_before = bare_run()
     with profiled(retriever) as seconds:
         started = time.perf_counter()
-        result = run_evaluation(spec, work / "run", retriever_factory=lambda _: retriever, on_progress=pair)
-        evaluation = time.perf_counter() - started - paired[0]
+        result = run_evaluation(spec, work / "run", retriever_factory=lambda _: retriever)
+        evaluation = time.perf_counter() - started
+    bare_after = bare_run()
+    bare = (bare_before + bare_after) / 2
     cells = result.report["cells"]["expected"]
     profile = {label: round(s * 1000 / cells, 2) for label, s in seconds.items()}
     profile["overhead"] = round((evaluation - seconds["query"]) * 1000 / cells, 2)
+    # gc pauses fall inside the other figures (mostly the query), so they are not subtracted
     # gc pauses fall inside the other figures (mostly the query), so they are not subtracted
     profile["other"] = round(profile["overhead"] - sum(v for k, v in profile.items() if k not in ("query", "overhead", "gc")), 2)
     ledger_bytes = (work / "run" / LEDGER).stat().st_size
@@ -191,11 +186,9 @@ def main() -> None:
         "k": args.k,
         "cases": len(suite.cases),
         "cells": cells,
-        "bare_query_s": round(bare, 3),
+        "bare_query_s": {"before": round(bare_before, 3), "after": round(bare_after, 3)},
         "eval_s": round(evaluation, 3),
         "ratio": round(evaluation / bare, 3),
-        "paired_bare_query_s": round(paired[0], 3),
-        "ratio_paired": round(evaluation / paired[0], 3),
         "bare_query_ms_per_cell": round(bare * 1000 / len(texts), 2),
         "profile_ms_per_cell": profile,
         "load_average": {"start": [round(x, 2) for x in load_at_start], "end": [round(x, 2) for x in os.getloadavg()]},

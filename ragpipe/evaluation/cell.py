@@ -3,8 +3,9 @@
 ``run_cell`` returns the ledger event that closes the cell: ``CellCompleted`` with outcome
 ``success`` (or ``abstained`` when the run generates answers and the answer abstains), its
 metrics, latency and trace reference; or ``CellFailed`` (outcome ``failure``) with the error when
-the retriever or the answer step raises. The query runs with ``audit=True``: an evaluation is an
-operator's view, and the audit trace is where the per-channel hits before fusion come from.
+the retriever or the answer step raises. The query keeps its rankings (``rankings=True``): the per-channel hits before
+fusion and the fused list — what the audit trace shows as dicts — go into the cell's trace table
+straight from the retriever's own objects.
 
 Metrics per cell: the ranking metrics of the spec on the final hits collapsed to the case's target
 level (answerable cases only: an unanswerable case has no relevant target), the safety metric
@@ -55,7 +56,7 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey, pos
     subject = subject_for(case, body)
     try:
         started = time.perf_counter()
-        result = retriever.query(case.query, subject, k=body.k, mode=body.mode, audit=True)
+        result = retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
         latency = _ms(started)
         targets = collapse([(str(h["document_id"]), str(h["chunk_id"])) for h in result.hits], case.target_level)
         metrics: dict[str, float] = {}
@@ -70,7 +71,9 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey, pos
             outcome = "abstained" if abstained else "success"
         metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)
         record = {"cell": cell, "outcome": outcome, "metrics": metrics, "latency_ms": latency, **extra}
-        table = hit_table(cell, result.trace or {}, result.hits, targets)
+        if result.rankings is None:
+            raise RuntimeError("the retriever returned no rankings for a query that asked for them")
+        table = hit_table(cell, result.rankings, result.hits, targets)
     except Exception as exc:  # a cell's failure is recorded and counted; the run goes on
         return "CellFailed", {"cell": cell, "outcome": "failure", "error": f"{type(exc).__name__}: {exc}"}
     # Outside the try: a trace that cannot be written (disk full) stops the run, resumable,

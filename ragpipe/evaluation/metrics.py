@@ -22,7 +22,7 @@ Contract:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -100,6 +100,28 @@ def _measures(specs: Sequence[MetricSpec]) -> dict[str, object]:
     return out
 
 
+# Measures whose value at cutoff k reads only the ranking's top k, and the parameters that keep
+# it so (``judged_only``, for one, drops unjudged targets *before* the cutoff: not here).
+_PREFIX_MEASURES = frozenset({"nDCG", "R", "P", "RR", "Success"})
+_PREFIX_PARAMS = frozenset({"cutoff", "rel", "gains", "dcg"})
+
+
+def _scored_depth(measures: Iterable[object]) -> int | None:
+    """How deep a ranking can matter: the largest cutoff when every measure is a cutoff measure
+    of ``_PREFIX_MEASURES`` with only ``_PREFIX_PARAMS``, else None (the whole ranking). Handing
+    ``ir_measures`` only that prefix changes no value and costs a third of the time at k = 1000
+    (docs/benchmarks.md)."""
+    cutoffs = []
+    for m in measures:
+        params = dict(getattr(m, "params", {}))
+        if getattr(m, "NAME", None) not in _PREFIX_MEASURES or not set(params) <= _PREFIX_PARAMS:
+            return None
+        cutoffs.append(params.get("cutoff"))
+    if not cutoffs or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in cutoffs):
+        return None
+    return max(cutoffs)
+
+
 def score_cases(
     judged: Mapping[str, Mapping[str, int]],
     ranked: Mapping[str, Sequence[str]],
@@ -119,13 +141,15 @@ def score_cases(
         if not any(g >= 1 for g in grades.values()):
             raise ValueError(f"case {case_id!r} has no judgment of grade >= 1")
         qrels[case_id] = {t: int(g) for t, g in grades.items()}
+    measures = _measures(specs)
+    depth = _scored_depth(measures.values())
     run: dict[str, dict[str, float]] = {}
     for case_id, ranking in ranked.items():
         if len(set(ranking)) != len(ranking):
             dup = next(t for i, t in enumerate(ranking) if t in ranking[:i])
             raise ValueError(f"ranking of case {case_id!r} lists {dup!r} twice (collapse it first)")
-        run[case_id] = {t: float(len(ranking) - i) for i, t in enumerate(ranking)}
-    measures = _measures(specs)
+        top = ranking[:depth] if depth is not None else ranking
+        run[case_id] = {t: float(len(top) - i) for i, t in enumerate(top)}
     names = {str(m): [n for n, mm in measures.items() if mm == m] for m in measures.values()}
     out: dict[str, dict[str, float]] = {c: {} for c in judged}
     nonempty = {c: r for c, r in run.items() if r}

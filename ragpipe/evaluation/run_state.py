@@ -37,6 +37,7 @@ class RunState:
     spec_id: str | None = None
     created: Mapping[str, Any] = field(default_factory=dict)
     expected: tuple[CellKey, ...] = ()
+    expected_set: frozenset[CellKey] = frozenset()  # ``expected`` as a set: one look-up per event, not a set per event
     inputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     starts: Mapping[CellKey, int] = field(default_factory=dict)
     terminal: Mapping[CellKey, Mapping[str, Any]] = field(default_factory=dict)
@@ -83,7 +84,7 @@ def _created(state: RunState, payload: Mapping[str, Any]) -> RunState:
     expected = tuple(cell_key(c) for c in cells)
     if len(set(expected)) != len(expected):
         raise TransitionError("RunCreated lists a cell twice")
-    return replace(state, status="created", run_id=run_id, spec_id=spec_id, created=dict(payload), expected=expected)
+    return replace(state, status="created", run_id=run_id, spec_id=spec_id, created=dict(payload), expected=expected, expected_set=frozenset(expected))
 
 
 def _bound(state: RunState, payload: Mapping[str, Any]) -> RunState:
@@ -101,7 +102,7 @@ def _open_cell(state: RunState, payload: Mapping[str, Any], kind: str) -> CellKe
     if state.status not in ("created", "running"):
         raise TransitionError(f"{kind} needs a created, non-terminal run")
     key = cell_key(payload.get("cell"))
-    if key not in set(state.expected):
+    if key not in state.expected_set:
         raise TransitionError(f"{kind}: {describe(key)} is not an expected cell of this run")
     if key in state.terminal:
         raise TransitionError(f"{kind}: {describe(key)} is already terminal")

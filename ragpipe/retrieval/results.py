@@ -7,10 +7,22 @@ from dataclasses import dataclass, field
 from ragpipe.answer.validate import ValidatedAnswer
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.context import Context, Evidence
+from ragpipe.retrieval.fusion import FusedHit, RankedHit
 
 
 class QueryError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class Rankings:
+    """A query's rankings as the retriever holds them (``query(..., rankings=True)``): each
+    channel's collapsed hits before fusion and the fused list, cut like the trace's
+    (``trace.fused_shown``). The audit trace's ``channels`` and ``fusion.items`` are these, as
+    dicts; an evaluation reads them here, without building thousands of dicts per query."""
+
+    channels: dict[str, list[RankedHit]]
+    fused: list[FusedHit]
 
 
 @dataclass
@@ -22,6 +34,7 @@ class QueryResult:
     hits: list[dict[str, object]]
     trace: dict[str, object] | None = None
     evidence: list[Evidence] = field(default_factory=list)
+    rankings: Rankings | None = None  # never serialised: ``trace`` is the public view
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {

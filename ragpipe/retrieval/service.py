@@ -36,8 +36,8 @@ from ragpipe.retrieval.fusion import FusedHit
 from ragpipe.retrieval.fusion_score import fuse
 from ragpipe.retrieval.plan import GeneratorPlan, PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
-from ragpipe.retrieval.results import AnswerResult, QueryError, QueryResult
-from ragpipe.retrieval.trace import AuditFacts, query_trace
+from ragpipe.retrieval.results import AnswerResult, QueryError, QueryResult, Rankings
+from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
 
 T = TypeVar("T")
 MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("vector",)}
@@ -170,12 +170,15 @@ class Retriever:
         return plan, mode
 
     def query(
-        self, text: str, subject: Subject | None = None, k: int = 10, mode: str | None = None, trace: bool = False, audit: bool = False
+        self, text: str, subject: Subject | None = None, k: int = 10, mode: str | None = None, trace: bool = False, audit: bool = False,
+        rankings: bool = False,
     ) -> QueryResult:
         """The top ``k`` chunks (or documents, per the plan's ``collapse``) visible to ``subject``:
         exactly ``min(k, matching units)`` hits. ``trace`` adds the subject view of the trace.
         ``audit`` (operator-only, implies ``trace``) adds figures about documents the subject may
-        not see; never set it for a query run on a subject's behalf."""
+        not see; never set it for a query run on a subject's behalf. ``rankings`` keeps the
+        channel rankings and the fused list as objects (``QueryResult.rankings``): what the
+        trace's ``channels`` and ``fusion.items`` show, at no cost."""
         if self._closed:
             raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -206,6 +209,8 @@ class Retriever:
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
         result = QueryResult(plan_id, self.bundle_id, mode, subject, hits, evidence=evidence)
+        if rankings:
+            result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
         if trace or audit:
             facts = None
             if audit:

@@ -37,6 +37,11 @@ class AuditFacts:
     lexical_statistics: dict[str, object] | None
 
 
+def fused_shown(k: int) -> int:
+    """How many fused items a trace lists: the first ``max(k, 20)``."""
+    return max(k, 20)
+
+
 def _normalization_windows(plan: QueryPlan) -> dict[str, object]:
     """Score fusion normalises each channel over its first ``depth`` units: say how many."""
     if plan.fusion.kind == "weighted_rrf":
@@ -93,7 +98,7 @@ def query_trace(
             "items": [
                 {"chunk_id": f.chunk_id, "document_id": f.document_id, "score": f.score,
                  "contributions": f.contributions, "channel_ranks": f.channel_ranks}
-                for f in fused[: max(k, 20)]
+                for f in fused[: fused_shown(k)]
             ],
         },
         "authorization": authorization,
