@@ -154,7 +154,6 @@ def main() -> None:
     profile = {label: round(s * 1000 / cells, 2) for label, s in seconds.items()}
     profile["overhead"] = round((evaluation - seconds["query"]) * 1000 / cells, 2)
     # gc pauses fall inside the other figures (mostly the query), so they are not subtracted
-    # gc pauses fall inside the other figures (mostly the query), so they are not subtracted
     profile["other"] = round(profile["overhead"] - sum(v for k, v in profile.items() if k not in ("query", "overhead", "gc")), 2)
     ledger_bytes = (work / "run" / LEDGER).stat().st_size
     trace_bytes = tree_bytes(work / "run" / "traces")

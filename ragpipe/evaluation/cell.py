@@ -3,9 +3,9 @@
 ``run_cell`` returns the ledger event that closes the cell: ``CellCompleted`` with outcome
 ``success`` (or ``abstained`` when the run generates answers and the answer abstains), its
 metrics, latency and trace reference; or ``CellFailed`` (outcome ``failure``) with the error when
-the retriever or the answer step raises. The query keeps its rankings (``rankings=True``): the per-channel hits before
-fusion and the fused list — what the audit trace shows as dicts — go into the cell's trace table
-straight from the retriever's own objects.
+the retriever or the answer step raises. The query keeps its rankings (``rankings=True``): the
+per-channel hits before fusion and the fused list — what the audit trace shows as dicts — go into
+the cell's trace table straight from the retriever's own objects.
 
 Metrics per cell: the ranking metrics of the spec on the final hits collapsed to the case's target
 level (answerable cases only: an unanswerable case has no relevant target), the safety metric

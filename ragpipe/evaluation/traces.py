@@ -19,8 +19,8 @@ record, so a crash leaves at worst an unreferenced file that the rerun replaces.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
