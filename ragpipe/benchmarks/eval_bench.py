@@ -48,7 +48,7 @@ from ragpipe.evaluation.ledger import LEDGER, Ledger, read_ledger
 from ragpipe.evaluation.runner import long_lived_heap_frozen, resume_evaluation, run_evaluation
 from ragpipe.evaluation.suite import Suite, load_suite
 from ragpipe.retrieval.authz import Subject
-from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.plan import QueryPlan, load_plan
 from ragpipe.retrieval.service import Retriever
 
 
@@ -107,17 +107,21 @@ def profiled(retriever: Retriever) -> Iterator[dict[str, float]]:
             setattr(owner, name, fn)
 
 
-def main() -> None:
+def scifact_arguments(warmup: int) -> argparse.ArgumentParser:
+    """The options every evaluation benchmark takes (``--warmup`` defaults to ``warmup``)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", type=Path, required=True)
     ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
     ap.add_argument("--mode", default="hybrid")
     ap.add_argument("--k", type=int, default=1000)
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--out", type=Path, default=None, help="where to put the run folders (default: a temp dir, removed)")
+    ap.add_argument("--warmup", type=int, default=warmup)
     ap.add_argument("--limit", type=int, default=None, help="first N cases only (a quick run)")
-    args = ap.parse_args()
+    return ap
 
+
+def scifact_evaluation(args: argparse.Namespace) -> tuple[Suite, QueryPlan, Retriever, EvaluationSpec]:
+    """The SciFact test suite (first ``--limit`` cases), the default plan, a ``Retriever`` on
+    ``--bundle`` with its query embedder loaded, and the evaluation spec of ``--mode`` / ``--k``."""
     suite = load_suite(args.scifact, split="test")
     if args.limit:
         suite = Suite.of(suite.cases[: args.limit], suite.source)
@@ -126,6 +130,14 @@ def main() -> None:
     if retriever.vector is not None:
         retriever.embedder()
     spec = EvaluationSpec.build(suite, plan, args.bundle, retriever.bundle_id, mode=args.mode, k=args.k)
+    return suite, plan, retriever, spec
+
+
+def main() -> None:
+    ap = scifact_arguments(warmup=30)
+    ap.add_argument("--out", type=Path, default=None, help="where to put the run folders (default: a temp dir, removed)")
+    args = ap.parse_args()
+    suite, plan, retriever, spec = scifact_evaluation(args)
     texts = [c.query for c in suite.cases]
     for text in texts[: args.warmup]:
         retriever.query(text, Subject.default(), k=args.k, mode=args.mode)

@@ -41,7 +41,7 @@ import numpy as np
 from scipy.stats import permutation_test
 
 from ragpipe.benchmarks.plan_cache import CachedQueryEmbedder, Collected, Rankings, load_or_collect
-from ragpipe.evaluation.metrics import aggregate, collapse, default_metric_specs, score_cases
+from ragpipe.evaluation.metrics import collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case, load_suite
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.fusion import FusedHit

@@ -7,6 +7,8 @@ For each mode (lexical, vector, hybrid) of the default query plan, in one proces
 
 * latency: p50/p95 of ``Retriever.query(k=10)`` over the SciFact test claims after a warm-up
   (query embedding and hydration included);
+* vector components: the query embedding alone, the lancedb search alone and the two in sequence
+  (``vector_components``), p50 — the floor of a vector or hybrid query on this machine;
 * throughput: the same claims shared out to 1, 2 and 4 threads (``--threads``) querying one
   ``Retriever`` at once; queries per second of wall time, and a check that every threaded result
   equals the single-threaded one;
@@ -49,6 +51,34 @@ def latency(retriever: Retriever, texts: list[str], mode: str) -> dict[str, floa
         retriever.query(text, Subject.default(), k=10, mode=mode)
         samples.append((time.perf_counter() - t0) * 1000)
     return {"p50_ms": round(statistics.median(samples), 2), "p95_ms": round(percentile(samples, 0.95), 2), "mean_ms": round(statistics.fmean(samples), 2)}
+
+
+def vector_components(retriever: Retriever, texts: list[str]) -> dict[str, object]:
+    """The vector channel's two native steps, p50 in ms: the query embedding alone (back to back),
+    the lancedb search alone (pre-embedded vectors, back to back, the first request of a
+    ``k = 10`` query: ``request_multiple × max(depth, 10)`` rows, public scope), and the two one
+    after the other, as a vector query runs them. The last minus the sum of the first two is what
+    handing the cores from onnxruntime's threads to lancedb's costs (docs/benchmarks.md)."""
+    plan = retriever.plan
+    rows = plan.depth_policy.request_multiple * max(plan.channels["vector"].depth, 10)
+    embedder, searcher, scopes = retriever.embedder(), retriever.vector, Subject.default().scopes
+    if searcher is None:
+        raise ValueError(f"bundle {retriever.bundle_id} has no vector index")
+
+    def p50(step, items) -> float:
+        samples = []
+        for item in items:
+            t0 = time.perf_counter()
+            step(item)
+            samples.append((time.perf_counter() - t0) * 1000)
+        return round(statistics.median(samples), 2)
+
+    vectors = [embedder.embed_query(t) for t in texts]
+    embed = p50(embedder.embed_query, texts)
+    search = p50(lambda v: searcher.search(v, rows, scopes), vectors)
+    both = p50(lambda t: searcher.search(embedder.embed_query(t), rows, scopes), texts)
+    return {"rows": rows, "embed_p50_ms": embed, "search_p50_ms": search, "embed_then_search_p50_ms": both,
+            "hand_over_ms": round(both - embed - search, 2)}
 
 
 def throughput(retriever: Retriever, texts: list[str], mode: str, threads: int, expected: list[list[str]]) -> dict[str, object]:
@@ -118,6 +148,7 @@ def main() -> None:
         for mode in modes:
             retriever.query(text, Subject.default(), k=10, mode=mode)
     latencies = {mode: latency(retriever, claims, mode) for mode in modes}
+    components = vector_components(retriever, claims) if retriever.vector is not None else None
     throughputs: dict[str, dict[str, object]] = {}
     for mode in modes:
         expected = [[h["chunk_id"] for h in retriever.query(t, Subject.default(), k=10, mode=mode).hits] for t in claims]
@@ -135,6 +166,7 @@ def main() -> None:
                 "channel_workers": retriever.channel_workers,
                 "query_embedding_runtime": retriever.plan.query_embedding.runtime,
                 "latency": latencies,
+                "vector_components": components,
                 "throughput": throughputs,
                 "quality": qualities,
             },

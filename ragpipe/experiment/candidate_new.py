@@ -29,7 +29,7 @@ from ragpipe.experiment.snapshot import ASSETS, LOCKED, PLAN_ASSETS, STAGE_SECTI
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
 from ragpipe.pipeline_spec import PipelineSpec, PipelineSpecError, load_pipeline_spec
-from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan, parse_plan
+from ragpipe.retrieval.plan import PlanError, load_plan, parse_plan
 from ragpipe.stages.steps import StageError, read_stage_record
 from ragpipe.stages.workspace import Workspace
 

@@ -1,0 +1,130 @@
+"""What a cell's custody costs on its own: the evaluation overhead, taken apart in one process.
+
+    python -m ragpipe.benchmarks.custody_floor --bundle PATH [--scifact ../shared/datasets/scifact]
+        [--mode hybrid] [--k 1000] [--warmup 20] [--limit N]
+
+For each SciFact test claim, in rotating order (so a drift in machine speed falls on every variant
+alike), under the collector setting the runner's cells run under (``long_lived_heap_frozen``):
+
+* ``bare`` — ``Retriever.query(text, k, mode)``, what the evaluation benchmark divides by;
+* ``rankings`` — the same query keeping its rankings (``rankings=True``), which the trace needs;
+* ``durable`` — what issue 9 requires of every cell before the next starts, and nothing else: a
+  fsynced ``CellStarted`` append (head rewritten), the query with its rankings kept, a fsynced
+  ``CellCompleted`` append of a real record's size;
+* ``durable+trace`` — plus the required trace: the hits collapsed to the case's target level, the
+  trace table (per-channel hits, fused, final, collapsed) and its atomic Parquet write;
+* ``cell`` — the runner's own cell (``run_cell``: the above plus metrics through ir_measures and the
+  safety metric) between the two appends.
+
+Appends go through the kernel ledger with the evaluation run's hash domain — the code path of
+``evaluation.ledger.Ledger.append`` without its state-machine check (a few microseconds). Prints
+one JSON object: milliseconds per claim and each variant's ratio to ``bare``. The ratio of
+``durable+trace`` is the least any run keeping the issue's traces can reach on this machine
+(docs/benchmarks.md, "Custody floor").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ragpipe.benchmarks.eval_bench import scifact_arguments, scifact_evaluation
+from ragpipe.evaluation.cell import run_cell
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.ledger import DOMAIN
+from ragpipe.evaluation.metrics import collapse
+from ragpipe.evaluation.runner import long_lived_heap_frozen
+from ragpipe.evaluation.suite import Case
+from ragpipe.evaluation.traces import TRACES, hit_table, trace_name, write_trace
+from ragpipe.kernel.ledger import Ledger
+from ragpipe.retrieval.authz import Subject
+from ragpipe.retrieval.service import Retriever
+
+Variant = Callable[[Case, int], None]
+
+
+def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledger) -> dict[str, Variant]:
+    """The five variants of the module docstring, each a function of (case, position)."""
+    body = spec.body
+    subject = Subject.default()
+
+    def closing(case: Case, trace: dict[str, object]) -> dict[str, object]:
+        # a CellCompleted payload of the real record's shape and size
+        metrics = {m.name: 0.123456789 for m in body.ranking_metrics()} | {"unauthorized_disclosures": 0}
+        cell = {"case": case.id, "repeat": 0, "arm": body.arm}
+        return {"cell": cell, "outcome": "success", "metrics": metrics, "latency_ms": 40.123, "hits": body.k, "trace": trace}
+
+    def bare(case: Case, _position: int) -> None:
+        retriever.query(case.query, subject, k=body.k, mode=body.mode)
+
+    def kept(case: Case, _position: int) -> None:
+        retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
+
+    def durable(case: Case, position: int, keep_trace: bool = False) -> None:
+        cell = {"case": case.id, "repeat": 0, "arm": body.arm}
+        ledger.append("CellStarted", {"cell": cell})
+        result = retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
+        trace: dict[str, object] = {"file": trace_name(position), "digest": "sha256:" + "0" * 64, "rows": 4806, "bytes": 170000}
+        if keep_trace:
+            if result.rankings is None:
+                raise RuntimeError("the retriever returned no rankings")
+            targets = collapse([(str(h["document_id"]), str(h["chunk_id"])) for h in result.hits], case.target_level)
+            table = hit_table(cell, result.rankings, result.hits, targets)
+            trace = write_trace(run, trace_name(position), table, closing(case, trace))
+        ledger.append("CellCompleted", closing(case, trace))
+
+    def with_trace(case: Case, position: int) -> None:
+        durable(case, position, keep_trace=True)
+
+    def cell(case: Case, position: int) -> None:
+        key = (case.id, 0, body.arm)
+        ledger.append("CellStarted", {"cell": {"case": case.id, "repeat": 0, "arm": body.arm}})
+        _kind, payload = run_cell(retriever, body, case, key, position, run)
+        ledger.append("CellCompleted", payload)
+
+    return {"bare": bare, "rankings": kept, "durable": durable, "durable+trace": with_trace, "cell": cell}
+
+
+def main() -> None:
+    args = scifact_arguments(warmup=20).parse_args()
+    suite, _plan, retriever, spec = scifact_evaluation(args)
+    work = Path(tempfile.mkdtemp(prefix="custody-floor-"))
+    (work / TRACES).mkdir()
+    ledger = Ledger.create(work / "ledger.jsonl", DOMAIN)
+    run = variants(retriever, spec, work, ledger)
+    names = list(run)
+    for case in suite.cases[: args.warmup]:
+        run["bare"](case, 0)
+    seconds = dict.fromkeys(names, 0.0)
+    load_at_start = os.getloadavg()
+    with long_lived_heap_frozen():
+        for i, case in enumerate(suite.cases):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                started = time.perf_counter()
+                run[name](case, i + 1)
+                seconds[name] += time.perf_counter() - started
+    ledger.close()
+    retriever.close()
+    shutil.rmtree(work)
+    n = len(suite.cases)
+    print(json.dumps({
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
+        "bundle_id": retriever.bundle_id,
+        "mode": args.mode,
+        "k": args.k,
+        "cases": n,
+        "ms_per_case": {name: round(s * 1000 / n, 2) for name, s in seconds.items()},
+        "ratio_to_bare": {name: round(s / seconds["bare"], 3) for name, s in seconds.items()},
+        "load_average": {"start": [round(x, 2) for x in load_at_start], "end": [round(x, 2) for x in os.getloadavg()]},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
