@@ -13,6 +13,7 @@ from ragpipe.answer.litellm_generator import LiteLLMGenerator
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.retrieval.authz import AuthorizationError, CertifiedItem, ScopePolicy, Subject, issue_certificate
 from ragpipe.retrieval.context import Context, Evidence, render_payload
+from ragpipe.retrieval.fusion import FusedHit
 from ragpipe.retrieval.plan import GeneratorPlan
 from ragpipe.retrieval.service import Retriever
 from ragpipe_tests.conftest import SCOPED_DOCS, SECRET_IDS
@@ -34,6 +35,36 @@ def retrievers(scoped_bundles):
     r_full = Retriever(full)
     r_public = Retriever(public, embedder=r_full.embedder())
     return r_full, r_public
+
+
+def _fused(chunk, document_id: str | None = None) -> FusedHit:
+    """What fusion hands to hydration for ``chunk``, naming ``document_id`` (default: its own)."""
+    return FusedHit(chunk.chunk_id, chunk.chunk_id, document_id or chunk.document_id, "rep", 1.0, {}, {})
+
+
+def test_hydration_rechecks_every_hit_whatever_the_index_claimed(retrievers):
+    """Hydration is the last check before text leaves the bundle: it reads the chunk's document
+    and that document's scopes from the verified tables, whatever a (misbehaving) index row said,
+    and refuses on the first hit the subject may not see — also after a hit of the same query
+    whose scope set it allowed (the verdict is kept per scope set, per query)."""
+    full, _ = retrievers
+    chunk_of = {c.document_id: c for c in full.chunks.values()}
+    public, secret = chunk_of["pub-aspirin"], chunk_of["sec-aspirin"]
+    nurse = Subject("nurse", ("public",))
+    verdicts: dict[tuple[str, ...], bool] = {}
+    shown = full._evidence(_fused(public), nurse, verdicts)
+    assert (shown.chunk_id, shown.document_id, shown.text, shown.access_scopes) == (public.chunk_id, "pub-aspirin", public.text, ("public",))
+    assert verdicts == {("public",): True}
+    with pytest.raises(AuthorizationError) as hidden:
+        full._evidence(_fused(secret), nurse, verdicts)
+    assert str(hidden.value) == f"chunk {secret.chunk_id} is not visible to nurse"
+    # an index row that files the secret chunk under a public document is refused too
+    with pytest.raises(AuthorizationError) as misfiled:
+        full._evidence(_fused(secret, "pub-aspirin"), nurse, {})
+    assert str(misfiled.value) == f"index row names document pub-aspirin for chunk {secret.chunk_id} of document sec-aspirin"
+    # one immutable Evidence per chunk serves every query and subject allowed to see it
+    assert full._evidence(_fused(public), Subject("admin", ("public", "secret")), {}) is shown
+    assert full._evidence(_fused(secret), Subject("admin", ("secret",)), {}).access_scopes == ("secret",)
 
 
 def test_unauthorized_documents_would_rank_first(retrievers):

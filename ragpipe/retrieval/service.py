@@ -105,6 +105,7 @@ class Retriever:
         self._rerank_lock = threading.Lock()  # likewise for rerankers
         self._embedder = embedder
         self._plans: dict[str | None, tuple[QueryPlan, str, str]] = {}
+        self._hydrated: dict[str, Evidence] = {}  # chunk ID -> its Evidence (see _evidence)
         self._worker: ThreadPoolExecutor | None = None
         self.release_id: str | None = None  # the release served (ragpipe.api.Retriever.for_target)
         if embedder is not None:
@@ -194,7 +195,8 @@ class Retriever:
         fused = fuse(plan, {n: r.ranked for n, r in ranked.items()})
         rerank_trace, ordered = self._rerank(text, plan, fused)
         top = ordered[:k]
-        evidence = [self._evidence(f, subject) for f in top]
+        verdicts: dict[tuple[str, ...], bool] = {}  # the policy's verdict per scope set, this query
+        evidence = [self._evidence(f, subject, verdicts) for f in top]
         hits = [
             {
                 "rank": i,
@@ -291,25 +293,37 @@ class Retriever:
             return {"used": False}, fused
         return rerank_fused(self.reranker, plan.reranker, text, fused, lambda cid: self.chunks[cid].text, self._rerank_lock)
 
-    def _evidence(self, f: FusedHit, subject: Subject) -> Evidence:
+    def _evidence(self, f: FusedHit, subject: Subject, verdicts: dict[tuple[str, ...], bool]) -> Evidence:
         """Hydrate a hit from the verified chunk table (source authority: the bundle's chunk text,
         never a representation), re-checking that the chunk belongs to the hit's document and that
-        its document is visible to ``subject`` — whatever an index row claimed."""
+        its document is visible to ``subject`` — whatever an index row claimed. ``verdicts`` holds
+        the policy's verdict per scope set for this query (a k = 1000 query asks about a handful of
+        scope sets a thousand times)."""
         chunk = self.chunks[f.chunk_id]
         if chunk.document_id != f.document_id:
             raise AuthorizationError(f"index row names document {f.document_id} for chunk {f.chunk_id} of document {chunk.document_id}")
-        if not self.policy.allows(subject, self.scopes[chunk.document_id]):
+        scopes = self.scopes[chunk.document_id]
+        allowed = verdicts.get(scopes)
+        if allowed is None:
+            allowed = verdicts[scopes] = self.policy.allows(subject, scopes)
+        if not allowed:
             raise AuthorizationError(f"chunk {f.chunk_id} is not visible to {subject.principal}")
-        return Evidence(
-            label="",
-            chunk_id=chunk.chunk_id,
-            document_id=chunk.document_id,
-            title=self.titles[chunk.document_id],
-            text=chunk.text,
-            byte_start=chunk.byte_start,
-            byte_end=chunk.byte_end,
-            access_scopes=self.scopes[chunk.document_id],
-        )
+        evidence = self._hydrated.get(chunk.chunk_id)
+        if evidence is None:
+            # Evidence is immutable and depends on the verified chunk and document only, so one
+            # object per chunk serves every query (a dict insert is atomic: racing threads at worst
+            # build the same value twice).
+            evidence = self._hydrated.setdefault(chunk.chunk_id, Evidence(
+                label="",
+                chunk_id=chunk.chunk_id,
+                document_id=chunk.document_id,
+                title=self.titles[chunk.document_id],
+                text=chunk.text,
+                byte_start=chunk.byte_start,
+                byte_end=chunk.byte_end,
+                access_scopes=scopes,
+            ))
+        return evidence
 
     def make_generator(self, plan: GeneratorPlan) -> Generator:
         if plan.kind == "extractive":
