@@ -65,6 +65,13 @@ def test_hydration_rechecks_every_hit_whatever_the_index_claimed(retrievers):
     # one immutable Evidence per chunk serves every query and subject allowed to see it
     assert full._evidence(_fused(public), Subject("admin", ("public", "secret")), {}) is shown
     assert full._evidence(_fused(secret), Subject("admin", ("secret",)), {}).access_scopes == ("secret",)
+    # once the secret chunk's Evidence is cached, the nurse is still refused, both ways
+    with pytest.raises(AuthorizationError) as again:
+        full._evidence(_fused(secret), nurse, {})
+    assert str(again.value) == f"chunk {secret.chunk_id} is not visible to nurse"
+    with pytest.raises(AuthorizationError) as misfiled_again:
+        full._evidence(_fused(secret, "pub-aspirin"), nurse, {})
+    assert str(misfiled_again.value) == str(misfiled.value)
 
 
 def test_unauthorized_documents_would_rank_first(retrievers):
