@@ -3,8 +3,8 @@
     python -m ragpipe.benchmarks.custody_floor --bundle PATH [--scifact ../shared/datasets/scifact]
         [--mode hybrid] [--k 1000] [--warmup 20] [--limit N]
 
-For each SciFact test claim, in rotating order (so a drift in machine speed falls on every variant
-alike), under the collector setting the runner's cells run under (``long_lived_heap_frozen``):
+For each SciFact test claim, in a seeded random order (so a drift in machine speed, and the
+collector and writeback work one variant leaves behind, fall on every variant alike), under the collector setting the runner's cells run under (``long_lived_heap_frozen``):
 
 * ``bare`` — ``Retriever.query(text, k, mode)``, what the evaluation benchmark divides by;
 * ``rankings`` — the same query keeping its rankings (``rankings=True``), which the trace needs;
@@ -19,8 +19,9 @@ alike), under the collector setting the runner's cells run under (``long_lived_h
 Appends go through the kernel ledger with the evaluation run's hash domain — the code path of
 ``evaluation.ledger.Ledger.append`` without its state-machine check (a few microseconds). Prints
 one JSON object: milliseconds per claim and each variant's ratio to ``bare``. The ratio of
-``durable+trace`` is the least any run keeping the issue's traces can reach on this machine
-(docs/benchmarks.md, "Custody floor").
+``durable+trace`` is the least a run keeping traces in today's format can reach on this machine
+(docs/benchmarks.md, "Custody floor"). Each variant writes its own trace files, so none replaces
+another's (the runner never replaces a trace).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import shutil
 import tempfile
 import time
@@ -39,6 +41,7 @@ from ragpipe.evaluation.cell import run_cell
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.ledger import DOMAIN
 from ragpipe.evaluation.metrics import collapse
+from ragpipe.evaluation.run_state import cell_dict
 from ragpipe.evaluation.runner import long_lived_heap_frozen
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.traces import TRACES, hit_table, trace_name, write_trace
@@ -57,8 +60,7 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
     def closing(case: Case, trace: dict[str, object]) -> dict[str, object]:
         # a CellCompleted payload of the real record's shape and size
         metrics = {m.name: 0.123456789 for m in body.ranking_metrics()} | {"unauthorized_disclosures": 0}
-        cell = {"case": case.id, "repeat": 0, "arm": body.arm}
-        return {"cell": cell, "outcome": "success", "metrics": metrics, "latency_ms": 40.123, "hits": body.k, "trace": trace}
+        return {"cell": cell_dict((case.id, 0, body.arm)), "outcome": "success", "metrics": metrics, "latency_ms": 40.123, "hits": body.k, "trace": trace}
 
     def bare(case: Case, _position: int) -> None:
         retriever.query(case.query, subject, k=body.k, mode=body.mode)
@@ -67,7 +69,7 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
         retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
 
     def durable(case: Case, position: int, keep_trace: bool = False) -> None:
-        cell = {"case": case.id, "repeat": 0, "arm": body.arm}
+        cell = cell_dict((case.id, 0, body.arm))
         ledger.append("CellStarted", {"cell": cell})
         result = retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
         trace: dict[str, object] = {"file": trace_name(position), "digest": "sha256:" + "0" * 64, "rows": 4806, "bytes": 170000}
@@ -76,7 +78,7 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
                 raise RuntimeError("the retriever returned no rankings")
             targets = collapse([(str(h["document_id"]), str(h["chunk_id"])) for h in result.hits], case.target_level)
             table = hit_table(cell, result.rankings, result.hits, targets)
-            trace = write_trace(run, trace_name(position), table, closing(case, trace))
+            trace = write_trace(run, f"{TRACES}/durable-{position:06d}.parquet", table, closing(case, trace))
         ledger.append("CellCompleted", closing(case, trace))
 
     def with_trace(case: Case, position: int) -> None:
@@ -84,8 +86,8 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
 
     def cell(case: Case, position: int) -> None:
         key = (case.id, 0, body.arm)
-        ledger.append("CellStarted", {"cell": {"case": case.id, "repeat": 0, "arm": body.arm}})
-        _kind, payload = run_cell(retriever, body, case, key, position, run)
+        ledger.append("CellStarted", {"cell": cell_dict(key)})
+        _kind, payload = run_cell(retriever, body, case, key, position, run)  # traces/cell-<position>
         ledger.append("CellCompleted", payload)
 
     return {"bare": bare, "rankings": kept, "durable": durable, "durable+trace": with_trace, "cell": cell}
@@ -104,8 +106,9 @@ def main() -> None:
     seconds = dict.fromkeys(names, 0.0)
     load_at_start = os.getloadavg()
     with long_lived_heap_frozen():
+        order = random.Random(0)
         for i, case in enumerate(suite.cases):
-            for name in names[i % len(names):] + names[: i % len(names)]:
+            for name in order.sample(names, len(names)):
                 started = time.perf_counter()
                 run[name](case, i + 1)
                 seconds[name] += time.perf_counter() - started
