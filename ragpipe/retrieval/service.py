@@ -277,11 +277,13 @@ class Retriever:
         return worker
 
     def close(self) -> None:
-        """Stop the worker threads, the vector searcher's event loops and the audience views.
-        Call once no query is in flight; every later query is refused."""
+        """Stop the worker threads, the vector searcher's event loops and the audience views, and
+        drop the hydrated ``Evidence`` cache. Call once no query is in flight; every later query is
+        refused."""
         with self._lock:
             self._closed = True
             worker, self._worker = self._worker, None
+            self._hydrated.clear()
         if worker is not None:
             worker.shutdown()
         if self.vector is not None:
