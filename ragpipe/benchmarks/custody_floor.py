@@ -1,7 +1,7 @@
 """What a cell's custody costs on its own: the evaluation overhead, taken apart in one process.
 
     python -m ragpipe.benchmarks.custody_floor --bundle PATH [--scifact ../shared/datasets/scifact]
-        [--mode hybrid] [--k 1000] [--warmup 20] [--limit N]
+        [--mode hybrid] [--k 1000] [--warmup 20] [--limit N] [--file-bytes 167000]
 
 For each SciFact test claim, in a seeded random order (so a drift in machine speed, and the
 collector and writeback work one variant leaves behind, fall on every variant alike), under the collector setting the runner's cells run under (``long_lived_heap_frozen``):
@@ -11,7 +11,10 @@ collector and writeback work one variant leaves behind, fall on every variant al
 * ``durable`` — what issue 9 requires of every cell before the next starts, and nothing else: a
   fsynced ``CellStarted`` append (head rewritten), the query with its rankings kept, a fsynced
   ``CellCompleted`` append of a real record's size;
-* ``durable+trace`` — plus the required trace: the hits collapsed to the case's target level, the
+* ``durable+file`` — plus publishing ``--file-bytes`` of incompressible bytes (a trace's size) as
+  a new file, as a trace is published (``write_file_atomic``: write, fsync, rename, folder
+  fsync), nothing built or encoded: what one durable file per cell costs whatever its format;
+* ``durable+trace`` — plus the required trace instead: the hits collapsed to the case's target level, the
   trace table (per-channel hits, fused, final, collapsed) and its atomic Parquet write;
 * ``cell`` — the runner's own cell (``run_cell``: the above plus metrics through ir_measures and the
   safety metric) between the two appends.
@@ -19,7 +22,8 @@ collector and writeback work one variant leaves behind, fall on every variant al
 Appends go through the kernel ledger with the evaluation run's hash domain — the code path of
 ``evaluation.ledger.Ledger.append`` without its state-machine check (a few microseconds). Prints
 one JSON object: milliseconds per claim and each variant's ratio to ``bare``. The ratio of
-``durable+trace`` is the least a run keeping traces in today's format can reach on this machine
+``durable+trace`` is the least a run keeping traces in today's format can reach on this machine,
+that of ``durable+file`` the least any format published as one file per cell can reach
 (docs/benchmarks.md, "Custody floor"). Each variant writes its own trace files, so none replaces
 another's (the runner never replaces a trace).
 """
@@ -45,15 +49,17 @@ from ragpipe.evaluation.run_state import cell_dict
 from ragpipe.evaluation.runner import long_lived_heap_frozen
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.traces import TRACES, hit_table, trace_name, write_trace
+from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.ledger import Ledger
+from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.service import Retriever
 
 Variant = Callable[[Case, int], None]
 
 
-def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledger) -> dict[str, Variant]:
-    """The five variants of the module docstring, each a function of (case, position)."""
+def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledger, file_bytes: int) -> dict[str, Variant]:
+    """The six variants of the module docstring, each a function of (case, position)."""
     body = spec.body
     subject = Subject.default()
 
@@ -84,22 +90,34 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
     def with_trace(case: Case, position: int) -> None:
         durable(case, position, keep_trace=True)
 
+    payload = os.urandom(file_bytes)  # incompressible, so the page cache and the disk see every byte
+
+    def with_file(case: Case, position: int) -> None:
+        cell = cell_dict((case.id, 0, body.arm))
+        ledger.append("CellStarted", {"cell": cell})
+        retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
+        name = f"{TRACES}/file-{position:06d}.parquet"
+        write_file_atomic(run / name, payload)
+        ledger.append("CellCompleted", closing(case, {"file": name, "digest": bytes_digest(payload), "rows": 4806, "bytes": file_bytes}))
+
     def cell(case: Case, position: int) -> None:
         key = (case.id, 0, body.arm)
         ledger.append("CellStarted", {"cell": cell_dict(key)})
         _kind, payload = run_cell(retriever, body, case, key, position, run)  # traces/cell-<position>
         ledger.append("CellCompleted", payload)
 
-    return {"bare": bare, "rankings": kept, "durable": durable, "durable+trace": with_trace, "cell": cell}
+    return {"bare": bare, "rankings": kept, "durable": durable, "durable+file": with_file, "durable+trace": with_trace, "cell": cell}
 
 
 def main() -> None:
-    args = scifact_arguments(warmup=20).parse_args()
+    ap = scifact_arguments(warmup=20)
+    ap.add_argument("--file-bytes", type=int, default=167_000, help="size of the durable+file variant's file (a SciFact trace at k = 1000: ~167 KB)")
+    args = ap.parse_args()
     suite, _plan, retriever, spec = scifact_evaluation(args)
     work = Path(tempfile.mkdtemp(prefix="custody-floor-"))
     (work / TRACES).mkdir()
     ledger = Ledger.create(work / "ledger.jsonl", DOMAIN)
-    run = variants(retriever, spec, work, ledger)
+    run = variants(retriever, spec, work, ledger, args.file_bytes)
     names = list(run)
     for case in suite.cases[: args.warmup]:
         run["bare"](case, 0)
@@ -123,6 +141,7 @@ def main() -> None:
         "mode": args.mode,
         "k": args.k,
         "cases": n,
+        "file_bytes": args.file_bytes,
         "ms_per_case": {name: round(s * 1000 / n, 2) for name, s in seconds.items()},
         "ratio_to_bare": {name: round(s / seconds["bare"], 3) for name, s in seconds.items()},
         "load_average": {"start": [round(x, 2) for x in load_at_start], "end": [round(x, 2) for x in os.getloadavg()]},
