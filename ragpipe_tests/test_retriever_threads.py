@@ -142,10 +142,13 @@ def _record_error(errors: list[BaseException], work) -> None:
 
 def test_close_drops_the_evidence_cache_and_refuses_later_queries(scoped_bundles):
     retriever = Retriever(scoped_bundles[0])
-    hits = retriever.query("aspirin stroke", SUBJECTS[2], k=3, mode="lexical").hits
-    assert len(hits) == 3 and set(retriever._hydrated) >= {h["chunk_id"] for h in hits}
-    retriever.close()
+    try:
+        hits = retriever.query("aspirin stroke", SUBJECTS[2], k=3, mode="lexical").hits
+        assert len(hits) == 3 and set(retriever._hydrated) >= {h["chunk_id"] for h in hits}
+    finally:
+        retriever.close()
     assert retriever._hydrated == {}
     with pytest.raises(QueryError) as refused:
         retriever.query("aspirin stroke", SUBJECTS[2], k=3, mode="lexical")
     assert str(refused.value) == f"this Retriever of bundle {retriever.bundle_id} is closed"
+    assert retriever._hydrated == {}  # a refused query hydrates nothing

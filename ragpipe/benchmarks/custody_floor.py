@@ -1,9 +1,11 @@
 """What a cell's custody costs on its own: the evaluation overhead, taken apart in one process.
 
     python -m ragpipe.benchmarks.custody_floor --bundle PATH [--scifact ../shared/datasets/scifact]
-        [--mode hybrid] [--k 1000] [--warmup 20] [--limit N] [--file-bytes 167000]
+        [--mode hybrid] [--k 1000] [--warmup 300] [--limit N] [--file-bytes 167000]
 
-For each SciFact test claim, in a seeded random order (so a drift in machine speed, and the
+After a warm-up of bare queries (``--warmup``, default every test claim: the retriever builds each
+hit's evidence once, so no variant pays for that when it happens to run first on a claim), for each
+SciFact test claim, in a seeded random order (so a drift in machine speed, and the
 collector and writeback work one variant leaves behind, fall on every variant alike), under the collector setting the runner's cells run under (``long_lived_heap_frozen``):
 
 * ``bare`` — ``Retriever.query(text, k, mode)``, what the evaluation benchmark divides by;
@@ -11,9 +13,10 @@ collector and writeback work one variant leaves behind, fall on every variant al
 * ``durable`` — what issue 9 requires of every cell before the next starts, and nothing else: a
   fsynced ``CellStarted`` append (head rewritten), the query with its rankings kept, a fsynced
   ``CellCompleted`` append of a real record's size;
-* ``durable+file`` — plus publishing ``--file-bytes`` of incompressible bytes (a trace's size) as
-  a new file, as a trace is published (``write_file_atomic``: write, fsync, rename, folder
-  fsync), nothing built or encoded: what one durable file per cell costs whatever its format;
+* ``durable+file`` — plus publishing ``--file-bytes`` of random bytes (a trace's size; different
+  bytes for every claim) as a new file, as a trace is published (``write_file_atomic``: write,
+  fsync, rename, folder fsync), nothing built or encoded: what custody costs with one durable
+  file per cell, whatever the file's format;
 * ``durable+trace`` — plus the required trace instead: the hits collapsed to the case's target level, the
   trace table (per-channel hits, fused, final, collapsed) and its atomic Parquet write;
 * ``cell`` — the runner's own cell (``run_cell``: the above plus metrics through ir_measures and the
@@ -23,8 +26,8 @@ Appends go through the kernel ledger with the evaluation run's hash domain — t
 ``evaluation.ledger.Ledger.append`` without its state-machine check (a few microseconds). Prints
 one JSON object: milliseconds per claim and each variant's ratio to ``bare``. The ratio of
 ``durable+trace`` is the least a run keeping traces in today's format can reach on this machine,
-that of ``durable+file`` the least any format published as one file per cell can reach
-(docs/benchmarks.md, "Custody floor"). Each variant writes its own trace files, so none replaces
+that of ``durable+file`` the custody cost of one durable file per cell before anything is built
+or encoded (no metrics, no reducer; docs/benchmarks.md, "Custody floor"). Each variant writes its own trace files, so none replaces
 another's (the runner never replaces a trace).
 """
 
@@ -37,7 +40,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ragpipe.benchmarks.eval_bench import scifact_arguments, scifact_evaluation
@@ -58,8 +61,9 @@ from ragpipe.retrieval.service import Retriever
 Variant = Callable[[Case, int], None]
 
 
-def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledger, file_bytes: int) -> dict[str, Variant]:
-    """The six variants of the module docstring, each a function of (case, position)."""
+def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledger, payloads: Sequence[bytes]) -> dict[str, Variant]:
+    """The six variants of the module docstring, each a function of (case, position);
+    ``durable+file`` publishes ``payloads[position]``."""
     body = spec.body
     subject = Subject.default()
 
@@ -90,15 +94,13 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
     def with_trace(case: Case, position: int) -> None:
         durable(case, position, keep_trace=True)
 
-    payload = os.urandom(file_bytes)  # incompressible, so the page cache and the disk see every byte
-
     def with_file(case: Case, position: int) -> None:
         cell = cell_dict((case.id, 0, body.arm))
         ledger.append("CellStarted", {"cell": cell})
         retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
-        name = f"{TRACES}/file-{position:06d}.parquet"
+        name, payload = f"{TRACES}/file-{position:06d}.parquet", payloads[position]
         write_file_atomic(run / name, payload)
-        ledger.append("CellCompleted", closing(case, {"file": name, "digest": bytes_digest(payload), "rows": 4806, "bytes": file_bytes}))
+        ledger.append("CellCompleted", closing(case, {"file": name, "digest": bytes_digest(payload), "rows": 4806, "bytes": len(payload)}))
 
     def cell(case: Case, position: int) -> None:
         key = (case.id, 0, body.arm)
@@ -110,14 +112,16 @@ def variants(retriever: Retriever, spec: EvaluationSpec, run: Path, ledger: Ledg
 
 
 def main() -> None:
-    ap = scifact_arguments(warmup=20)
+    ap = scifact_arguments(warmup=300)
     ap.add_argument("--file-bytes", type=int, default=167_000, help="size of the durable+file variant's file (a SciFact trace at k = 1000: ~167 KB)")
     args = ap.parse_args()
     suite, _plan, retriever, spec = scifact_evaluation(args)
     work = Path(tempfile.mkdtemp(prefix="custody-floor-"))
     (work / TRACES).mkdir()
     ledger = Ledger.create(work / "ledger.jsonl", DOMAIN)
-    run = variants(retriever, spec, work, ledger, args.file_bytes)
+    # one payload per claim, made before timing: no two files share bytes, and no variant pays for them
+    payloads = [os.urandom(args.file_bytes) for _ in range(len(suite.cases) + 1)]
+    run = variants(retriever, spec, work, ledger, payloads)
     names = list(run)
     for case in suite.cases[: args.warmup]:
         run["bare"](case, 0)

@@ -278,8 +278,8 @@ class Retriever:
 
     def close(self) -> None:
         """Stop the worker threads, the vector searcher's event loops and the audience views, and
-        drop the hydrated ``Evidence`` cache. Call once no query is in flight; every later query is
-        refused."""
+        drop the hydrated ``Evidence`` cache. Call once no query is in flight (one still running
+        may put entries back: harmless, they are immutable); every later query is refused."""
         with self._lock:
             self._closed = True
             worker, self._worker = self._worker, None
