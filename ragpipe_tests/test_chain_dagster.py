@@ -28,6 +28,7 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import FILE_STEPS
 from ragpipe.release.activation import activate
 from ragpipe.experiment.gate_policy import policy_document
+from ragpipe.release import evidence
 from ragpipe.release.evidence import load_run
 from ragpipe.release.gate_evidence import evidence_path, gate_problems
 from ragpipe.release.manifest import load_manifest
@@ -36,7 +37,6 @@ from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.api import Retriever
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.eval_steps import attempt_version, run_evaluation_run
-from ragpipe.stages import gate_steps
 from ragpipe.stages.gate_steps import run_gate_decision
 from ragpipe.stages.release_steps import run_release_manifest
 from ragpipe.stages.stage_store import StageError, publish_output
@@ -318,13 +318,14 @@ def test_an_incumbent_run_without_build_figures_is_measured_again(chain, tmp_pat
     copy = Workspace(tmp_path / "ragpipe")
     shutil.copytree(ws.home, copy.home)
     old_run = load_manifest(ReleaseStore(copy), summaries["scifact-1"].release_id).evaluation.run_id
-    real = gate_steps.load_arm
+    real = evidence.load_arm
 
     def load_arm(path: Path):
         arm = real(path)
         return arm.model_copy(update={"build": None}) if arm.run_id == old_run else arm
 
-    monkeypatch.setattr(gate_steps, "load_arm", load_arm)
+    # the incumbent arm is the reading of the release's own verification (release.evidence)
+    monkeypatch.setattr(evidence, "load_arm", load_arm)
     gate = run_gate_decision(copy, "scifact-2", spec)
     facts = gate.record.facts
     assert facts["incumbent_run"] != old_run and facts["incumbent_reevaluated"] == facts["incumbent_run"]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.publish import StepHook
 from ragpipe.release.evidence import evaluation_evidence, load_run
 from ragpipe.release.gate_evidence import gate_problems
@@ -57,7 +58,14 @@ def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
 
 def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *,
                    remake_decision: bool = True) -> list[str]:
-    """Problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
+    """Problems that forbid serving ``manifest`` (empty: it verifies); ``verified_release``."""
+    return verified_release(ws, manifest, child_checks, remake_decision=remake_decision)[1]
+
+
+def verified_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *,
+                     remake_decision: bool = True) -> tuple[ArmRun | None, list[str]]:
+    """The release's evaluation run as verified here (None when it could not be read, or the
+    bundle failed first) and the problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
     (``evidence.evaluation_evidence``) and gate decision (``gate_evidence.gate_problems``: made
     again from its runs unless ``remake_decision`` is False), then each of ``child_checks``.
@@ -70,7 +78,7 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
     try:
         bundle = open_bundle(bundle_path(ws, manifest))
     except BundleVerificationError as exc:
-        return [f"bundle {manifest.bundle_id}: {p}" for p in exc.problems]
+        return None, [f"bundle {manifest.bundle_id}: {p}" for p in exc.problems]
     problems = []
     if bundle.manifest.bundle_id != manifest.bundle_id:
         problems.append(f"bundle ID {bundle.manifest.bundle_id} differs from the release's {manifest.bundle_id}")
@@ -83,7 +91,7 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
     problems += gate_problems(ReleaseStore(ws), manifest, arm if remake_decision else None, lambda run_id: load_run(ws, run_id))
     for check in child_checks:
         problems += check(ws, manifest)
-    return problems
+    return arm, problems
 
 
 def unaccepted_policy(accepted: dict[str, str], target: str, manifest: ReleaseManifest) -> str | None:

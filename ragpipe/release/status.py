@@ -4,6 +4,7 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
 
 - ``resolve_active(ws, target)`` → ``(manifest, bundle path)`` of the release the target's pointer
   names, after verifying it completely; a target with nothing active is a clear error.
+  ``resolve_active_run`` adds the release's evaluation run as that verification read it.
 - ``eligible_releases(ws, target)`` → one ``Candidate`` per published release whose gate decision
   is eligible, in publication order, with ``status``: ``ready`` (request activation), ``approval
   missing``, or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
@@ -19,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragpipe.release.activation import bundle_path, unaccepted_policy, verify_release
+from ragpipe.experiment.arms import ArmRun
+from ragpipe.release.activation import bundle_path, unaccepted_policy, verified_release
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
 from ragpipe.release.pointer import read_pointer
@@ -43,16 +45,23 @@ class Candidate:
 def resolve_active(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> tuple[ReleaseManifest, Path]:
     """The active release of ``target`` (default target when None) and its bundle directory, fully
     verified; ``ReleaseError`` when nothing is active or the release no longer verifies."""
+    manifest, bundle, _ = resolve_active_run(ws, target, config=config)
+    return manifest, bundle
+
+
+def resolve_active_run(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> tuple[ReleaseManifest, Path, ArmRun]:
+    """``resolve_active`` and the release's evaluation run, as its verification read it (what a
+    gate compares a challenger with: no second read of the run)."""
     store = ReleaseStore(ws)
     name, _ = (config or load_targets()).get(target)
     pointer = read_pointer(store, name)
     if pointer is None:
         raise ReleaseError(f"target {name!r} has no active release (activate one: ragpipe release activate RELEASE_ID --target {name})")
     manifest = load_manifest(store, pointer.release_id)
-    problems = verify_release(ws, manifest, remake_decision=False)  # activation made it again
-    if problems:
+    arm, problems = verified_release(ws, manifest, remake_decision=False)  # activation made it again
+    if problems or arm is None:
         raise ReleaseError(f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
-    return manifest, bundle_path(ws, manifest)
+    return manifest, bundle_path(ws, manifest), arm
 
 
 def _candidate(release_id: str, manifest: ReleaseManifest, target: str, config: TargetsConfig, accepted: dict[str, str],

@@ -3,7 +3,8 @@
 - **Challenger**: the revision's latest ``evaluation_run`` (verified and completed: ``load_arm``).
 - **Incumbent**: the release active on the default target (``ragpipe/specs/targets.yaml``). Its
   evaluation run is found by the run ID its manifest binds (``evaluations/<run id>/``) and must
-  match the manifest's spec ID and ledger head. No active release → a *bootstrap* decision on the
+  match the manifest's spec ID and ledger head; it is read once, by the release's verification
+  (``release.status.resolve_active_run``), and that reading is the incumbent arm. No active release → a *bootstrap* decision on the
   policy's absolute floors (``decide(policy, None, challenger)``). An active release that does not
   verify, or whose run folder is missing or differs, stops the step with an error (fail closed).
 - **Changed coordinates**: when the incumbent's run was measured under other coordinates than
@@ -37,46 +38,39 @@ from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.pipeline_spec import PipelineSpec
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.pointer import read_pointer
-from ragpipe.release.status import resolve_active
+from ragpipe.release.status import resolve_active_run
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 from ragpipe.retrieval.plan import parse_plan
 from ragpipe.stages.chain_ids import ChainPlan, chain_plan
 from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
-from ragpipe.stages.stage_store import StageError, holding_workspace_lock
+from ragpipe.stages.stage_store import holding_workspace_lock
 from ragpipe.stages.workspace import Workspace
 
 STAGE = "gate_decision"
 
 
-def _incumbent_manifest(ws: Workspace, config: TargetsConfig) -> tuple[str, ReleaseManifest, Path] | None:
-    """(release ID, manifest, bundle path) of the default target's active release; None when none is."""
+def _incumbent(ws: Workspace, config: TargetsConfig) -> tuple[ReleaseManifest, Path, ArmRun] | None:
+    """The default target's active release — manifest, bundle path and its evaluation run, all as
+    one verification read them; None when nothing is active."""
     name, _ = config.get(None)
-    pointer = read_pointer(ReleaseStore(ws), name)
-    if pointer is None:
+    if read_pointer(ReleaseStore(ws), name) is None:
         return None
-    manifest, bundle = resolve_active(ws, name, config=config)  # refuses a release that no longer verifies
-    return pointer.release_id, manifest, bundle
+    return resolve_active_run(ws, name, config=config)  # refuses a release that no longer verifies
 
 
-def _incumbent_arm(ws: Workspace, chain: ChainPlan, release_id: str, manifest: ReleaseManifest, bundle: Path,
+def _incumbent_arm(ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, bundle: Path, arm: ArmRun,
                    challenger: ArmRun) -> tuple[ArmRun, str | None]:
-    """The incumbent arm, re-evaluated under the current spec when its coordinates differ; and the
-    new run's ID when it was."""
-    run = evaluations_dir(ws) / manifest.evaluation.run_id
-    if not run.is_dir():
-        raise StageError(f"active release {release_id}: its evaluation run {manifest.evaluation.run_id} is not in {run.parent}")
-    arm = load_arm(run)
-    bound = (arm.spec_id, arm.run_id, arm.ledger_head)
-    if bound != (manifest.evaluation.spec_id, manifest.evaluation.run_id, manifest.evaluation.ledger_head):
-        raise StageError(f"active release {release_id}: run folder {run} is not the evaluation run its manifest binds")
+    """The incumbent arm — the release's verified run ``arm`` — re-evaluated under the current spec
+    when its coordinates differ; and the new run's ID when it was."""
     cost = chain.policy.cost
     needs_build = cost.max_build_vectors_ratio is not None or cost.max_bundle_bytes_ratio is not None
     # A run recorded before runs bound their bundle's build figures cannot answer a relative build
     # bound: measure the incumbent again rather than fail every challenger on a missing figure.
     if arm.coordinates == challenger.coordinates and (arm.build is not None or not needs_build):
         return arm, None
+    run = evaluations_dir(ws) / manifest.evaluation.run_id
     plan = parse_plan(json.loads((run / "inputs" / "query_plan.json").read_bytes()), str(run / "inputs" / "query_plan.json"))
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
@@ -116,13 +110,13 @@ def run_gate_decision(ws: Workspace, revision: str, spec: PipelineSpec, config: 
     chain = chain_plan(spec)
     ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
     challenger = load_arm(Path(str(ev.record.facts["run_path"])))
-    incumbent = _incumbent_manifest(ws, config or load_targets())
+    incumbent = _incumbent(ws, config or load_targets())
     comparison, facts = None, {"incumbent_release": None, "incumbent_run": None, "incumbent_reevaluated": None}
     arm = None
     if incumbent is not None:
-        release_id, manifest, bundle = incumbent
-        arm, reevaluated = _incumbent_arm(ws, chain, release_id, manifest, bundle, challenger)
-        facts = {"incumbent_release": release_id, "incumbent_run": arm.run_id, "incumbent_reevaluated": reevaluated}
+        manifest, bundle, verified = incumbent
+        arm, reevaluated = _incumbent_arm(ws, chain, manifest, bundle, verified, challenger)
+        facts = {"incumbent_release": manifest.release_id, "incumbent_run": arm.run_id, "incumbent_reevaluated": reevaluated}
     decision, comparison = gate_runs(chain.policy, challenger, arm, chain.comparison)
     facts |= {"decision_id": decision.decision_id, "eligible": decision.eligible, "decisive_phase": decision.decisive_phase,
               "mode": decision.mode, "comparison_id": comparison.comparison_id if comparison else None,
