@@ -26,14 +26,15 @@ from ragpipe.experiment.decision import Decision
 from ragpipe.pipeline_spec import load_pipeline_spec
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import FILE_STEPS
+from ragpipe.release import evidence
 from ragpipe.release.activation import activate
 from ragpipe.experiment.gate_policy import policy_document
-from ragpipe.release import evidence
 from ragpipe.release.evidence import load_run
 from ragpipe.release.gate_evidence import evidence_path, gate_problems
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.release.targets import load_targets
 from ragpipe.api import Retriever
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.eval_steps import attempt_version, run_evaluation_run
@@ -329,9 +330,37 @@ def test_an_incumbent_run_without_build_figures_is_measured_again(chain, tmp_pat
     gate = run_gate_decision(copy, "scifact-2", spec)
     facts = gate.record.facts
     assert facts["incumbent_run"] != old_run and facts["incumbent_reevaluated"] == facts["incumbent_run"]
+    assert facts["incumbent_release"] == summaries["scifact-1"].release_id
     decision = json.loads((copy.stage_dir("scifact-2", "gate_decision") / gate.data_version.split(":")[1] / "decision.json").read_text())
     build = {c["name"]: c["verdict"] for c in decision["checks"] if c["name"].startswith(("build_", "bundle_"))}
     assert build == {"build_vectors_relative": "pass", "bundle_bytes_relative": "pass"}
+
+
+def test_a_missing_or_tampered_incumbent_run_stops_the_gate(chain, tmp_path: Path):
+    """The incumbent arm is the active release's run as its verification read it: with the run
+    folder gone, or one trace changed, gate_decision fails closed naming the release and the run
+    (each on a copy of the workspace)."""
+    ws, _, spec, summaries, _, _ = chain
+    release = summaries["scifact-1"].release_id
+    target, _ = load_targets().get(None)
+    for damage in ("missing", "tampered"):
+        copy = Workspace(tmp_path / damage / "ragpipe")
+        shutil.copytree(ws.home, copy.home)
+        run_id = load_manifest(ReleaseStore(copy), release).evaluation.run_id
+        run = copy.home / "evaluations" / run_id
+        if damage == "missing":
+            shutil.rmtree(run)
+        else:
+            trace = sorted((run / "traces").iterdir())[0]
+            trace.write_bytes(trace.read_bytes() + b"\0")
+        with pytest.raises(ReleaseError) as refused:
+            run_gate_decision(copy, "scifact-2", spec)
+        first, second = str(refused.value).split("\n")
+        assert first == f"target {target!r}: active release {release} failed verification; refusing to serve it:"
+        if damage == "missing":
+            assert second == f"  evaluation run {run_id}: {run} is missing"
+        else:
+            assert second.startswith(f"  evaluation run {run_id}: ") and second.endswith(f"{trace} does not match the digest in the ledger")
 
 
 def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):

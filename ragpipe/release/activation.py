@@ -64,8 +64,8 @@ def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seque
 
 def verified_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *,
                      remake_decision: bool = True) -> tuple[ArmRun | None, list[str]]:
-    """The release's evaluation run as verified here (None when it could not be read, or the
-    bundle failed first) and the problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
+    """The release's evaluation run as verified here — None unless the release verifies — and the
+    problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
     (``evidence.evaluation_evidence``) and gate decision (``gate_evidence.gate_problems``: made
     again from its runs unless ``remake_decision`` is False), then each of ``child_checks``.
@@ -91,7 +91,7 @@ def verified_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seq
     problems += gate_problems(ReleaseStore(ws), manifest, arm if remake_decision else None, lambda run_id: load_run(ws, run_id))
     for check in child_checks:
         problems += check(ws, manifest)
-    return arm, problems
+    return (arm if not problems else None), problems  # a run that loaded but vouches for nothing is no arm
 
 
 def unaccepted_policy(accepted: dict[str, str], target: str, manifest: ReleaseManifest) -> str | None:

@@ -45,7 +45,7 @@ from ragpipe.retrieval.plan import parse_plan
 from ragpipe.stages.chain_ids import ChainPlan, chain_plan
 from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
-from ragpipe.stages.stage_store import holding_workspace_lock
+from ragpipe.stages.stage_store import StageError, holding_workspace_lock
 from ragpipe.stages.workspace import Workspace
 
 STAGE = "gate_decision"
@@ -70,8 +70,10 @@ def _incumbent_arm(ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, b
     # bound: measure the incumbent again rather than fail every challenger on a missing figure.
     if arm.coordinates == challenger.coordinates and (arm.build is not None or not needs_build):
         return arm, None
-    run = evaluations_dir(ws) / manifest.evaluation.run_id
-    plan = parse_plan(json.loads((run / "inputs" / "query_plan.json").read_bytes()), str(run / "inputs" / "query_plan.json"))
+    bound = evaluations_dir(ws) / manifest.evaluation.run_id / "inputs" / "query_plan.json"
+    plan = parse_plan(json.loads(bound.read_bytes()), str(bound))
+    if plan.plan_id != arm.variant.plan_id:  # read again after verification: it must still be the run's plan
+        raise StageError(f"active release {manifest.release_id}: {bound} is plan {plan.plan_id}, not its run's plan {arm.variant.plan_id}")
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     run_evaluation(chain.evaluation_spec(bundle, manifest.bundle_id, plan), out, run_id=run_id)
