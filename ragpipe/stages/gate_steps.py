@@ -4,9 +4,10 @@
 - **Incumbent**: the release active on the default target (``ragpipe/specs/targets.yaml``). Its
   evaluation run is found by the run ID its manifest binds (``evaluations/<run id>/``) and must
   match the manifest's spec ID and ledger head; it is read once, by the release's verification
-  (``release.status.resolve_active_run``), and that reading is the incumbent arm. No active release → a *bootstrap* decision on the
-  policy's absolute floors (``decide(policy, None, challenger)``). An active release that does not
-  verify, or whose run folder is missing or differs, stops the step with an error (fail closed).
+  (``release.status.resolve_active_run``), and that reading is the incumbent arm. No active
+  release → a *bootstrap* decision on the policy's absolute floors (``decide(policy, None,
+  challenger)``). An active release that does not verify, or whose run folder is missing or
+  differs, stops the step with an error (fail closed).
 - **Changed coordinates**: when the incumbent's run was measured under other coordinates than
   the current evaluation spec (another suite, mode, depth, metrics …), the incumbent's bundle is
   evaluated first under the current spec, with the query plan its run bound, in a new run
@@ -36,6 +37,7 @@ from ragpipe.experiment.decision import Decision
 from ragpipe.experiment.gating import gate_runs
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.release.evidence import evaluation_run_dir
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.status import resolve_active_run
@@ -70,7 +72,7 @@ def _incumbent_arm(ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, b
     # bound: measure the incumbent again rather than fail every challenger on a missing figure.
     if arm.coordinates == challenger.coordinates and (arm.build is not None or not needs_build):
         return arm, None
-    bound = evaluations_dir(ws) / manifest.evaluation.run_id / "inputs" / "query_plan.json"
+    bound = evaluation_run_dir(ws, manifest) / "inputs" / "query_plan.json"  # the folder verification read
     plan = parse_plan(json.loads(bound.read_bytes()), str(bound))
     if plan.plan_id != arm.variant.plan_id:  # read again after verification: it must still be the run's plan
         raise StageError(f"active release {manifest.release_id}: {bound} is plan {plan.plan_id}, not its run's plan {arm.variant.plan_id}")
