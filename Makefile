@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test ui ui-check bench query-bench clean dagster-home
+.PHONY: install demo test lint ui ui-check bench query-bench clean dagster-home
 
 install: $(VENV)/.installed
 
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 
 # Install the instance template, overwriting a stale copy (new pool settings must reach it).
 dagster-home:
-	cmp -s deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml || install -D -m 644 deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	cmp -s dagster.yaml $(DAGSTER_HOME)/dagster.yaml || install -D -m 644 dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
 # The demo walks the whole chain: revision 1 is built, evaluated and gated without an incumbent
 # (bootstrap) and activated on staging; revision 2, which repairs 24 abstracts revision 1 holds
@@ -50,20 +50,27 @@ demo: install dagster-home
 	$(BIN)/ragpipe answer "Does aspirin reduce the risk of cardiovascular events?"
 
 query-bench: install
-	$(BIN)/python -m ragpipe.benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
+	$(BIN)/python -m benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
 
 test: install
 	$(BIN)/python -m pytest
 
+# The formatter and the linter (rule set in pyproject.toml); CI runs this before the tests.
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+# Run from $DAGSTER_HOME: `dagster dev` warns when the folder it starts in holds a dagster.yaml
+# other than $DAGSTER_HOME's (workspace.yaml's paths are relative to itself, so any folder works).
 ui: install dagster-home
-	$(BIN)/dagster dev -w workspace.yaml
+	cd $(DAGSTER_HOME) && $(CURDIR)/$(BIN)/dagster dev -w $(CURDIR)/workspace.yaml
 
 # Starts the webserver on 127.0.0.1 (temporary homes) and checks the graph it serves through GraphQL.
 ui-check: install dagster-home
-	$(BIN)/python -m pytest -q ragpipe_tests/test_ui_graphql.py
+	$(BIN)/python -m pytest -q ragpipe_tests/defs/test_ui_graphql.py
 
 bench: install
-	$(BIN)/python -m ragpipe.benchmarks.build_bench
+	$(BIN)/python -m benchmarks.build_bench
 
 clean:
 	rm -rf var

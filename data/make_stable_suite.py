@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ragpipe.evaluation.suite import Suite, load_suite, write_suite
+from ragpipe.evaluation.suite import Suite, write_suite
+from ragpipe.evaluation.suite_load import load_suite
 
 HERE = Path(__file__).parent / "scifact-sample"
 

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Fixtures of the release tests (e.g. ``accepting_fixture_policies``), usable from any module.
-pytest_plugins = ["ragpipe_tests.release_fixtures"]
+pytest_plugins = ["ragpipe_tests.support.release_fixtures"]
 
 
 # SIGTERM as the session started (before any test module is imported or any fixture runs).
@@ -65,9 +65,9 @@ def handbook(tmp_path: Path) -> Path:
 def build_all_stages(home: Path, revision: str, corpus: Path, fmt: str, default_scope: str = "public", spec=None):
     """Register ``corpus`` and run every stage (plain functions, no Dagster); returns (ws, spec, bundle path)."""
     from ragpipe.corpus.registry import register_revision
-    from ragpipe.pipeline_spec import load_pipeline_spec
+    from ragpipe.kernel.workspace import Workspace
+    from ragpipe.spec import load_pipeline_spec
     from ragpipe.stages import steps
-    from ragpipe.stages.workspace import Workspace
 
     ws = Workspace(home)
     spec = spec or load_pipeline_spec()
@@ -98,13 +98,44 @@ def built_workspace(tmp_path_factory: pytest.TempPathFactory):
 # a secret twin with exactly the text of a public document (equal-score tie across scopes), and
 # a document whose text names scopes.
 SCOPED_DOCS = [
-    {"_id": "pub-aspirin", "title": "Aspirin and stroke", "text": "Low-dose aspirin reduces the risk of a first stroke in older adults. The effect was modest."},
-    {"_id": "pub-statin", "title": "Statins", "text": "Statins lower LDL cholesterol and reduce cardiovascular events in high-risk patients."},
-    {"_id": "pub-twin", "title": "Twin", "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population."},
-    {"_id": "pub-scopes", "title": "Access scopes", "text": "Documents carry access scopes such as secret and staff; a scope decides who may read a document."},
-    {"_id": "staff-aspirin", "title": "Aspirin staff memo", "text": "Staff memo: aspirin dosing for stroke patients on the ward.", "metadata": {"access_scopes": ["staff"]}},
-    {"_id": "sec-aspirin", "title": "Aspirin stroke aspirin stroke", "text": "Aspirin stroke aspirin stroke aspirin stroke: the secret aspirin stroke trial data.", "metadata": {"access_scopes": ["secret"]}},
-    {"_id": "sec-twin", "title": "Twin", "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population.", "metadata": {"access_scopes": ["secret"]}},
+    {
+        "_id": "pub-aspirin",
+        "title": "Aspirin and stroke",
+        "text": "Low-dose aspirin reduces the risk of a first stroke in older adults. The effect was modest.",
+    },
+    {
+        "_id": "pub-statin",
+        "title": "Statins",
+        "text": "Statins lower LDL cholesterol and reduce cardiovascular events in high-risk patients.",
+    },
+    {
+        "_id": "pub-twin",
+        "title": "Twin",
+        "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population.",
+    },
+    {
+        "_id": "pub-scopes",
+        "title": "Access scopes",
+        "text": "Documents carry access scopes such as secret and staff; a scope decides who may read a document.",
+    },
+    {
+        "_id": "staff-aspirin",
+        "title": "Aspirin staff memo",
+        "text": "Staff memo: aspirin dosing for stroke patients on the ward.",
+        "metadata": {"access_scopes": ["staff"]},
+    },
+    {
+        "_id": "sec-aspirin",
+        "title": "Aspirin stroke aspirin stroke",
+        "text": "Aspirin stroke aspirin stroke aspirin stroke: the secret aspirin stroke trial data.",
+        "metadata": {"access_scopes": ["secret"]},
+    },
+    {
+        "_id": "sec-twin",
+        "title": "Twin",
+        "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population.",
+        "metadata": {"access_scopes": ["secret"]},
+    },
 ]
 SECRET_IDS = {"sec-aspirin", "sec-twin"}
 

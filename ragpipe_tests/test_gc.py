@@ -12,17 +12,22 @@ from pathlib import Path
 import pytest
 
 from ragpipe.bundle.verify import open_bundle
-from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
+from ragpipe.gc import GcError, GcReport, Removal, collect_garbage
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
-from ragpipe.stages.gc import GcError, GcReport, Removal, collect_garbage
 from ragpipe.stages.stage_store import POINTER, read_output, version_name, workspace_lock
-from ragpipe.stages.workspace import Workspace
 from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 RUNS = [
-    steps.run_source_snapshot, steps.run_chunks, steps.run_representations, steps.run_embeddings,
-    steps.run_lexical_index, steps.run_vector_index, steps.run_index_bundle,
+    steps.run_source_snapshot,
+    steps.run_chunks,
+    steps.run_representations,
+    steps.run_embeddings,
+    steps.run_lexical_index,
+    steps.run_vector_index,
+    steps.run_index_bundle,
 ]
 
 
@@ -38,7 +43,11 @@ def rebuild(ws: Workspace, revision: str, spec: PipelineSpec) -> None:
 
 
 def size(path: Path) -> int:
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink()) if path.is_dir() else path.lstat().st_size
+    return (
+        sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
+        if path.is_dir()
+        else path.lstat().st_size
+    )
 
 
 def versions(ws: Workspace, revision: str) -> dict[str, str]:
@@ -76,7 +85,11 @@ def ws(base, tmp_path: Path) -> Workspace:
 
 def expected_b_garbage(ws: Workspace, first: dict[str, str]) -> list[Removal]:
     return [
-        Removal("stage_version", f"work/b/{stage}/{version_name(first[stage])}", size(ws.stage_dir("b", stage) / version_name(first[stage])))
+        Removal(
+            "stage_version",
+            f"work/b/{stage}/{version_name(first[stage])}",
+            size(ws.stage_dir("b", stage) / version_name(first[stage])),
+        )
         for stage in sorted(STAGES[1:], key=lambda s: f"work/b/{s}/{version_name(first[s])}")
     ]
 
@@ -85,7 +98,9 @@ def test_dry_run_lists_exactly_the_unreferenced_versions_and_removes_nothing(bas
     _, _, _, first = base
     before = tree(ws.home)
     report = collect_garbage(ws, dry_run=True)
-    assert report == GcReport(dry_run=True, removed=tuple(expected_b_garbage(ws, first)), kept_stage_versions=14, kept_bundles=2)
+    assert report == GcReport(
+        dry_run=True, removed=tuple(expected_b_garbage(ws, first)), kept_stage_versions=14, kept_bundles=2
+    )
     assert report.removed_bytes == sum(r.bytes for r in report.removed) > 0
     assert tree(ws.home) == before
 
@@ -105,7 +120,9 @@ def test_collection_removes_exactly_that_and_every_pointer_still_resolves(base, 
         read_output(ws, "a", stage, spec)
         read_output(ws, "b", stage, changed)
     # a's pointer keeps the first bundle although b moved on; b's new bundle is kept too
-    assert sorted(os.listdir(ws.bundles)) == sorted([version_name(first["index_bundle"]), version_name(b_now["index_bundle"])])
+    assert sorted(os.listdir(ws.bundles)) == sorted(
+        [version_name(first["index_bundle"]), version_name(b_now["index_bundle"])]
+    )
     for name in os.listdir(ws.bundles):
         open_bundle(ws.bundles / name)
     assert tree(ws.embedding_cache) == cache_before  # never touched
@@ -117,7 +134,9 @@ def test_a_bundle_goes_when_no_pointer_or_extra_root_references_it(base, ws: Wor
     rebuild(ws, "a", changed)  # a moves on too: the first bundle is now unreferenced
     b1 = first["index_bundle"]
     kept = collect_garbage(ws, extra_roots=frozenset({b1}))  # e.g. pinned by a release
-    assert [(r.kind, r.path.split("/")[1]) for r in kept.removed] == [("stage_version", "a")] * 6 + [("stage_version", "b")] * 6
+    assert [(r.kind, r.path.split("/")[1]) for r in kept.removed] == [("stage_version", "a")] * 6 + [
+        ("stage_version", "b")
+    ] * 6
     assert (ws.bundles / version_name(b1)).is_dir()
     b1_bytes = size(ws.bundles / version_name(b1))
     report = collect_garbage(ws)
@@ -133,13 +152,13 @@ def test_leftovers_go_only_when_safe(ws: Workspace, base):
     chunks = ws.stage_dir("a", "chunks")
     old = time.time() - 7200
     made = {
-        chunks / f".tmp-x-{dead_pid}-0000": "dir",          # dead publisher, old: removed
-        chunks / f".tmp-y-{os.getpid()}-0000": "dir",       # live publisher: kept
-        chunks / f".tmp-z-{dead_pid}-1111": "young",        # dead but young (maybe another machine): kept
-        chunks / ".tmp-not-ours": "dir",                    # not a ragpipe temp name: kept
-        chunks / ".trash-q-1-aaaa": "dir",                  # a crashed removal: removed
+        chunks / f".tmp-x-{dead_pid}-0000": "dir",  # dead publisher, old: removed
+        chunks / f".tmp-y-{os.getpid()}-0000": "dir",  # live publisher: kept
+        chunks / f".tmp-z-{dead_pid}-1111": "young",  # dead but young (maybe another machine): kept
+        chunks / ".tmp-not-ours": "dir",  # not a ragpipe temp name: kept
+        chunks / ".trash-q-1-aaaa": "dir",  # a crashed removal: removed
         ws.bundles / f".tmp-{'0' * 64}-{dead_pid}-beef": "dir",
-        ws.bundles / "notes": "dir",                        # not ours: kept
+        ws.bundles / "notes": "dir",  # not ours: kept
     }
     for path, how in made.items():
         path.mkdir()
@@ -163,9 +182,7 @@ def test_leftovers_go_only_when_safe(ws: Workspace, base):
         ws.bundles / f".tmp-{'0' * 64}-{dead_pid}-beef": False,
         ws.bundles / "notes": True,
     }
-    assert collect_garbage(ws, tmp_min_age=0).removed == (
-        Removal("temp", f"work/a/chunks/.tmp-z-{dead_pid}-1111", 5),
-    )
+    assert collect_garbage(ws, tmp_min_age=0).removed == (Removal("temp", f"work/a/chunks/.tmp-z-{dead_pid}-1111", 5),)
 
 
 def test_refuses_while_a_stage_runs_or_a_pointer_is_unreadable(ws: Workspace):
@@ -195,8 +212,8 @@ def test_refuses_while_a_stage_runs_or_a_pointer_is_unreadable(ws: Workspace):
 GC_CRASH = """
 import os, signal, sys
 from pathlib import Path
-from ragpipe.stages.gc import collect_garbage
-from ragpipe.stages.workspace import Workspace
+from ragpipe.gc import collect_garbage
+from ragpipe.kernel.workspace import Workspace
 
 target = sys.argv[2]
 def hook(step):
@@ -232,7 +249,12 @@ def test_cli_gc_dry_run_then_collect(base, ws: Workspace):
     _, _, _, first = base
     expected = expected_b_garbage(ws, first)
     env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
-    run = lambda *args: subprocess.run([sys.executable, "-m", "ragpipe.cli", "gc", *args], capture_output=True, text=True, env=env, timeout=120)  # noqa: E731
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "ragpipe.cli", "gc", *args], capture_output=True, text=True, env=env, timeout=120
+        )
+
     dry = run("--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     import json
@@ -243,5 +265,7 @@ def test_cli_gc_dry_run_then_collect(base, ws: Workspace):
     real = run()
     assert real.returncode == 0, real.stderr
     assert f"removed stage_version {expected[0].path} ({expected[0].bytes:,} bytes)" in real.stdout
-    assert f"removed {len(expected)} item(s)" in real.stdout and "kept 14 stage version(s) and 2 bundle(s)" in real.stdout
+    assert (
+        f"removed {len(expected)} item(s)" in real.stdout and "kept 14 stage version(s) and 2 bundle(s)" in real.stdout
+    )
     assert not any((ws.home / r.path).exists() for r in expected)

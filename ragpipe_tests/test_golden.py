@@ -12,8 +12,8 @@ from ragpipe.chunking.chunkers import make_chunker
 from ragpipe.chunking.models import chunk_set_digest
 from ragpipe.corpus.models import Document, corpus_digest
 from ragpipe.kernel.ids import ContentDigest, DocumentId, bytes_digest
-from ragpipe.pipeline_spec import load_pipeline_spec
 from ragpipe.representations.derive import derive_representations
+from ragpipe.spec import load_pipeline_spec
 
 SPEC = load_pipeline_spec()
 TEXT = "# Title\n\nBody text é.\n"
@@ -45,7 +45,9 @@ def test_document_chunk_and_representation_ids():
     assert corpus_digest([DOC], "public") == "sha256:068145297f3ef40d7186d6f4bff2ec70f2931c13f045ac207f6642351bc62f2c"
     (chunk,) = make_chunker(SPEC.chunker, SPEC.own_spec_ids["chunks"]).chunk(DOC)
     assert (chunk.chunk_id, chunk.byte_start, chunk.byte_end) == (
-        "sha256:6a26d5cc49685a83e1bbe4208f9321e0a6a9133b220c9e137838c57f9478a8d0", 0, 23
+        "sha256:6a26d5cc49685a83e1bbe4208f9321e0a6a9133b220c9e137838c57f9478a8d0",
+        0,
+        23,
     )
     assert chunk_set_digest([chunk]) == "sha256:4b58b88fb61bfd6b1d308d9562f5eb3617a6deec79aa05f8a99e668ee5f1eca5"
     reps = derive_representations([DOC], [chunk], SPEC.representations.kinds, SPEC.own_spec_ids["representations"])
@@ -90,16 +92,27 @@ def test_material_digest_and_seals_are_independently_recomputable():
     files = [FileEntry(path="a", size=1, sha256="sha256:" + "5" * 64)]
     compact = {"sort_keys": True, "separators": (",", ":")}
     unkeyed = make_manifest(sem, None, files, None)
-    material = json.dumps({"bundle_id": unkeyed.bundle_id, "embeddings_digest": None, "files": [f.model_dump() for f in files]}, **compact)
-    assert unkeyed.material_digest == "sha256:" + hashlib.sha256(b"ragpipe/bundle-material/v1\0" + material.encode()).hexdigest()
+    material = json.dumps(
+        {"bundle_id": unkeyed.bundle_id, "embeddings_digest": None, "files": [f.model_dump() for f in files]}, **compact
+    )
+    assert (
+        unkeyed.material_digest
+        == "sha256:" + hashlib.sha256(b"ragpipe/bundle-material/v1\0" + material.encode()).hexdigest()
+    )
     assert unkeyed.material_digest == "sha256:bfd8e942fbe0cca44f9e6da28c3e49fe10d392c4a46d1d9552a53cb95599b899"
-    payload = json.dumps({"bundle_id": unkeyed.bundle_id, "material_digest": unkeyed.material_digest}, **compact).encode()
+    payload = json.dumps(
+        {"bundle_id": unkeyed.bundle_id, "material_digest": unkeyed.material_digest}, **compact
+    ).encode()
     assert unkeyed.seal.kind == "sha256" and unkeyed.seal.key_id is None
     assert unkeyed.seal.value == "sha256:" + hashlib.sha256(b"ragpipe/bundle-seal/v2\0" + payload).hexdigest()
     assert unkeyed.seal.value == "sha256:5e0de9f5385997ab9940a8bf90f18903e0d6b1deb9aadda41b5e6114954397ce"
     keyed = make_manifest(sem, None, files, SealKey(b"k" * 32))
     mac = hmac.new(b"k" * 32, b"ragpipe/bundle-seal/v2\0" + payload, hashlib.sha256).hexdigest()
-    assert (keyed.seal.kind, keyed.seal.key_id, keyed.seal.value) == ("hmac-sha256", "sha256:91a11923fc49601e", f"hmac-sha256:{mac}")
+    assert (keyed.seal.kind, keyed.seal.key_id, keyed.seal.value) == (
+        "hmac-sha256",
+        "sha256:91a11923fc49601e",
+        f"hmac-sha256:{mac}",
+    )
     assert mac == "c3c1d12f8c1ce298396ea25608c7fdf0cb501a1c97a00607dde349c10e44c42a"
 
 

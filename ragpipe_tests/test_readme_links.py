@@ -12,7 +12,19 @@ from ragpipe_tests.conftest import REPO
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Entries at the repository root that a doc may name paths under. Runtime folders (var/, $RAGPIPE_HOME,
 # bundles/, work/ …) are not in the repository and are not checked.
-ROOTS = {"ragpipe", "ragpipe_tests", "docs", "data", "deploy", ".ci", "definitions.py", "workspace.yaml", "pyproject.toml", "Makefile", "README.md"}
+ROOTS = {
+    "ragpipe",
+    "ragpipe_tests",
+    "docs",
+    "data",
+    "deploy",
+    ".ci",
+    "definitions.py",
+    "workspace.yaml",
+    "pyproject.toml",
+    "Makefile",
+    "README.md",
+}
 PATH_TOKEN = re.compile(r"(?<![\w$./<>{}-])((?:[\w.-]+/)+[\w.*-]*|[\w.-]+\.(?:md|py|yaml|toml))(?![\w/])")
 # Written like paths but not paths: domain-separation tags of IDs ("ragpipe/bundle/v2") and run tag
 # keys ("ragpipe/attempt"). A package folder is named with its slash ("ragpipe/defs/") or a file in it.
@@ -40,7 +52,13 @@ def test_the_path_scanner_finds_paths_and_ignores_the_rest():
         "See `docs/trust.md`, [ops](docs/operations.md), ragpipe/kernel/ids.py: `ragpipe/bundle/v2`, var/ragpipe/bundles/, "
         "$RAGPIPE_HOME/work/, texts/s, tag `ragpipe/attempt`, `ragpipe/defs/`, `definitions.py`."
     )
-    assert repo_paths(text) == {"docs/trust.md", "docs/operations.md", "ragpipe/kernel/ids.py", "ragpipe/defs/", "definitions.py"}
+    assert repo_paths(text) == {
+        "docs/trust.md",
+        "docs/operations.md",
+        "ragpipe/kernel/ids.py",
+        "ragpipe/defs/",
+        "definitions.py",
+    }
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
@@ -50,14 +68,18 @@ def test_named_repository_paths_exist(doc: Path):
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(doc: Path):
-    targets = [t for t in MD_LINK.findall(doc.read_text(encoding="utf-8")) if "://" not in t and not t.startswith("mailto:")]
+    targets = [
+        t for t in MD_LINK.findall(doc.read_text(encoding="utf-8")) if "://" not in t and not t.startswith("mailto:")
+    ]
     assert sorted(t for t in targets if not (doc.parent / t).exists()) == []
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_reference_to_the_design_file_outside_the_repository(doc: Path):
     # The design guide lives in the shared project folder, not here (docs/architecture.md says so in words).
-    hits = [n for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"\bDESIGN\b", line)]
+    hits = [
+        n for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"\bDESIGN\b", line)
+    ]
     assert hits == [], f"{doc.name} lines {hits} refer to DESIGN.md, which is not in the repository"
 
 

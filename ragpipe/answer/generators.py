@@ -72,7 +72,9 @@ class ExtractiveGenerator:
                 if overlap and sentence:
                     scored.append((-overlap, e_index, s_index, sentence, ev.label))
         if not scored:
-            return CandidateAnswer(answer="", citations=(), abstained=True, raw="no evidence sentence shares a term with the question")
+            return CandidateAnswer(
+                answer="", citations=(), abstained=True, raw="no evidence sentence shares a term with the question"
+            )
         picked = sorted(scored)[: self.max_sentences]
         picked.sort(key=lambda p: (p[1], p[2]))  # read in evidence order
         answer = " ".join(f"{sentence} [{label}]" for _, _, _, sentence, label in picked)

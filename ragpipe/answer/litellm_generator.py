@@ -107,12 +107,21 @@ class LiteLLMGenerator:
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
         return CandidateAnswer(
-            answer=data["answer"], citations=tuple(data["citations"]), abstained=data["abstained"], raw=data["raw"], cached=True
+            answer=data["answer"],
+            citations=tuple(data["citations"]),
+            abstained=data["abstained"],
+            raw=data["raw"],
+            cached=True,
         )
 
     def _store(self, key: str, cand: CandidateAnswer) -> None:
         if self.cache_dir is not None:
-            payload = {"answer": cand.answer, "citations": list(cand.citations), "abstained": cand.abstained, "raw": cand.raw}
+            payload = {
+                "answer": cand.answer,
+                "citations": list(cand.citations),
+                "abstained": cand.abstained,
+                "raw": cand.raw,
+            }
             write_file_atomic(self.cache_dir / f"{key.split(':')[1]}.json", json.dumps(payload).encode())
 
     def generate(self, question: str, context: Context, certificate: AuthorizationCertificate) -> CandidateAnswer:

@@ -18,11 +18,11 @@ from ragpipe.bundle.manifest import (
     make_manifest,
     manifest_bytes,
 )
-from ragpipe.bundle.seal import SealKey, configured_key
 from ragpipe.bundle.payload_checks import stored_embeddings_digest
+from ragpipe.bundle.seal import SealKey, configured_key
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.spec import PipelineSpec
 
 # Every point where a crash leaves a distinct state on disk, in order (failure-injection tests).
 BUNDLE_PUBLISH_STEPS = ("temp_created", "tables_copied", "lexical_copied", "vector_copied") + PUBLISH_STEPS[1:]
@@ -52,7 +52,11 @@ def bundle_semantic(
 ) -> BundleSemantic:
     """The semantic section. ``embeddings_digest`` only says whether there is a vector index (None:
     lexical-only); the vectors' digest is material, recomputed from the lance table at publication."""
-    stages = BUNDLE_STAGES if embeddings_digest is not None else tuple(s for s in BUNDLE_STAGES if s not in ("embeddings", "vector_index"))
+    stages = (
+        BUNDLE_STAGES
+        if embeddings_digest is not None
+        else tuple(s for s in BUNDLE_STAGES if s not in ("embeddings", "vector_index"))
+    )
     specs = {}
     for stage in stages:
         own = spec.stage_spec(stage)

@@ -98,7 +98,11 @@ def make_manifest(
     material = BundleMaterial(embeddings_digest=embeddings_digest, files=sorted(files, key=lambda f: f.path))
     digest = material_digest_of(bundle_id, material)
     return BundleManifest(
-        bundle_id=bundle_id, semantic=semantic, material_digest=digest, material=material, seal=make_seal(bundle_id, digest, key)
+        bundle_id=bundle_id,
+        semantic=semantic,
+        material_digest=digest,
+        material=material,
+        seal=make_seal(bundle_id, digest, key),
     )
 
 

@@ -24,7 +24,8 @@ from ragpipe.corpus.models import Document, corpus_digest
 from ragpipe.embedding.compute import embeddings_digest
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.kernel.ids import SpecId, bytes_digest
-from ragpipe.pipeline_spec import (
+from ragpipe.representations.derive import Representation, derive_representations, representation_set_digest
+from ragpipe.spec import (
     ChunkerSpec,
     EmbedderSpec,
     LexicalIndexSpec,
@@ -33,7 +34,6 @@ from ragpipe.pipeline_spec import (
     VectorIndexSpec,
     own_spec_id,
 )
-from ragpipe.representations.derive import Representation, derive_representations, representation_set_digest
 
 SPEC_MODELS = {
     "source_snapshot": SnapshotSpec,
@@ -66,7 +66,9 @@ def check_specs(manifest: BundleManifest) -> list[str]:
         if json.dumps(record.spec, sort_keys=True) != json.dumps(parsed.model_dump(mode="json"), sort_keys=True):
             problems.append(f"manifest.json: specs.{stage}: spec is not written in its canonical form")
         if actual != record.spec_id:
-            problems.append(f"manifest.json: specs.{stage}: spec_id {record.spec_id} does not recompute from its spec ({actual})")
+            problems.append(
+                f"manifest.json: specs.{stage}: spec_id {record.spec_id} does not recompute from its spec ({actual})"
+            )
     return problems
 
 
@@ -89,7 +91,9 @@ def check_documents(documents: list[Document], manifest: BundleManifest) -> list
     return problems
 
 
-def _first_difference(label: str, stored: Sequence, expected: Sequence, key: Callable[[object], str], what: str) -> list[str]:
+def _first_difference(
+    label: str, stored: Sequence, expected: Sequence, key: Callable[[object], str], what: str
+) -> list[str]:
     """One message naming the first stored item that differs from its recomputation, and the field."""
     if len(stored) != len(expected):
         return [f"{label}: holds {len(stored)} rows, {what} gives {len(expected)}"]
@@ -104,7 +108,11 @@ def check_chunks(documents: list[Document], chunks: list[Chunk], manifest: Bundl
     record = manifest.semantic.specs["chunks"]
     expected = chunk_documents(documents, make_chunker(ChunkerSpec.model_validate(record.spec), SpecId(record.spec_id)))
     problems = _first_difference(
-        "chunks.parquet", chunks, expected, lambda c: f"chunk {c.chunk_id}", "re-chunking the documents under the manifest's chunker spec"
+        "chunks.parquet",
+        chunks,
+        expected,
+        lambda c: f"chunk {c.chunk_id}",
+        "re-chunking the documents under the manifest's chunker spec",
     )
     if chunk_set_digest(chunks) != manifest.semantic.chunk_set_digest:
         problems.append("chunks.parquet: chunk-set digest differs from the manifest")
@@ -118,7 +126,10 @@ def check_representations(
     kinds = RepresentationSpec.model_validate(record.spec).kinds
     expected = derive_representations(documents, chunks, kinds, SpecId(record.spec_id))
     problems = _first_difference(
-        "representations.parquet", reps, expected, lambda r: f"representation {r.representation_id}",
+        "representations.parquet",
+        reps,
+        expected,
+        lambda r: f"representation {r.representation_id}",
         "re-deriving them from the chunks under the manifest's representation spec",
     )
     if representation_set_digest(reps) != manifest.semantic.representation_set_digest:
@@ -154,10 +165,14 @@ def check_vectors(ids: list[str], vectors: np.ndarray, manifest: BundleManifest)
         return [f"vector: vectors have shape {vectors.shape}, the embedder spec declares {spec.dimensions} dimensions"]
     finite = np.isfinite(vectors).all(axis=1)
     if not finite.all():
-        return [f"vector: row {int(np.argmin(finite))} (representation {ids[int(np.argmin(finite))]}): vector is not finite"]
+        return [
+            f"vector: row {int(np.argmin(finite))} (representation {ids[int(np.argmin(finite))]}): vector is not finite"
+        ]
     actual = embeddings_digest(ids, vectors)
     if actual != manifest.material.embeddings_digest:
-        return [f"vector: embeddings digest {actual} of the stored vectors differs from the manifest's {manifest.material.embeddings_digest}"]
+        return [
+            f"vector: embeddings digest {actual} of the stored vectors differs from the manifest's {manifest.material.embeddings_digest}"
+        ]
     return []
 
 
@@ -190,7 +205,9 @@ def check_payload(
         return problems
     expected_rows = index_rows(documents, reps)
     if counts.lexical_documents != len(reps):
-        problems.append(f"lexical: manifest counts {counts.lexical_documents} lexical documents for {len(reps)} representations")
+        problems.append(
+            f"lexical: manifest counts {counts.lexical_documents} lexical documents for {len(reps)} representations"
+        )
     problems += check_index_rows("lexical", read_lexical_rows(root / "lexical"), expected_rows)
     row_scopes = [row.access_scopes for row in expected_rows]
     problems += verify_scope_groups(root / "lexical", row_scopes)

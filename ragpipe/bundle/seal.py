@@ -92,7 +92,9 @@ def configured_key(environ: dict[str, str] | None = None) -> SealKey | None:
     configure a key must never fall back to unkeyed verification. The inline key is taken as the
     raw bytes of the environment value; a key file loses one trailing ``\n`` or ``\r\n``."""
     if environ is None:
-        env = {name: os.environb[os.fsencode(name)] for name in (KEY_ENV, KEY_FILE_ENV) if os.fsencode(name) in os.environb}
+        env = {
+            name: os.environb[os.fsencode(name)] for name in (KEY_ENV, KEY_FILE_ENV) if os.fsencode(name) in os.environb
+        }
     else:
         env = {name: os.fsencode(environ[name]) for name in (KEY_ENV, KEY_FILE_ENV) if name in environ}
     inline, path = env.get(KEY_ENV), env.get(KEY_FILE_ENV)

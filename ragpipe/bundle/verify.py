@@ -125,8 +125,12 @@ def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> tuple[B
     if bundle_id_of(manifest.semantic) != manifest.bundle_id:
         problems.append(f"{MANIFEST_NAME}: bundle_id does not match the manifest's semantic fields (manifest edited)")
     if material_digest_of(manifest.bundle_id, manifest.material) != manifest.material_digest:
-        problems.append(f"{MANIFEST_NAME}: material_digest does not match the file list and vectors digest (manifest edited)")
-    problems += [f"{MANIFEST_NAME}: {p}" for p in seal_problems(manifest.seal, manifest.bundle_id, manifest.material_digest, key)]
+        problems.append(
+            f"{MANIFEST_NAME}: material_digest does not match the file list and vectors digest (manifest edited)"
+        )
+    problems += [
+        f"{MANIFEST_NAME}: {p}" for p in seal_problems(manifest.seal, manifest.bundle_id, manifest.material_digest, key)
+    ]
     if check_name and root.name != manifest.bundle_id.hex:
         problems.append(f"directory name {root.name!r} is not the bundle ID hex {manifest.bundle_id.hex}")
     if problems:
@@ -166,7 +170,9 @@ def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes])
                 if entry is None:
                     problems.append(f"{rel}: extra file not listed in the manifest")
                 elif (size := os.lstat(full).st_size) != entry.size:
-                    problems.append(f"{rel}: size {size} differs from manifest size {entry.size} (truncated or extended)")
+                    problems.append(
+                        f"{rel}: size {size} differs from manifest size {entry.size} (truncated or extended)"
+                    )
                 else:
                     try:
                         size, digest, data = _read_listed(full, keep=rel in TABLE_FILES)
@@ -174,7 +180,9 @@ def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes])
                         problems.append(f"{rel}: cannot be read: {exc.strerror or exc}")
                         continue
                     if size != entry.size:
-                        problems.append(f"{rel}: size {size} differs from manifest size {entry.size} (truncated or extended)")
+                        problems.append(
+                            f"{rel}: size {size} differs from manifest size {entry.size} (truncated or extended)"
+                        )
                     elif digest != entry.sha256:
                         problems.append(f"{rel}: content digest differs from the manifest")
                     elif data is not None:
@@ -186,7 +194,9 @@ def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes])
     return problems
 
 
-def open_bundle(path: Path, check_name: bool = True, key: SealKey | None | Literal["configured"] = "configured") -> VerifiedBundle:
+def open_bundle(
+    path: Path, check_name: bool = True, key: SealKey | None | Literal["configured"] = "configured"
+) -> VerifiedBundle:
     """Verify the bundle at ``path`` completely; raise ``BundleVerificationError`` otherwise.
 
     ``check_name=False`` skips only the directory-name check (for a temp dir before publication).

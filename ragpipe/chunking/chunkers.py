@@ -15,7 +15,7 @@ from typing import Protocol
 from ragpipe.chunking.models import Chunk, make_chunk_id
 from ragpipe.corpus.models import Document
 from ragpipe.kernel.ids import ContentDigest, SpecId, bytes_digest
-from ragpipe.pipeline_spec import ChunkerSpec
+from ragpipe.spec import ChunkerSpec
 
 _HEADING = re.compile(rb"^(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(rb"^(```|~~~)")

@@ -12,7 +12,9 @@ from ragpipe.cli.gate import compare, gate
 from ragpipe.cli.query import answer, query
 from ragpipe.cli.release import release_app
 
-app = typer.Typer(help="Build, evaluate, gate, release and query retrieval index bundles.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Build, evaluate, gate, release and query retrieval index bundles.", no_args_is_help=True, add_completion=False
+)
 app.command()(build)
 app.command()(gc)
 app.command()(query)

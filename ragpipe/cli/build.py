@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -13,7 +13,7 @@ from ragpipe.cli.common import emit_json, err, fail, out
 from ragpipe.corpus.connectors import detect_format
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.registry import RevisionError, register_revision
-from ragpipe.stages.workspace import Workspace, default_home
+from ragpipe.kernel.workspace import Workspace, default_home
 
 
 class Format(str, Enum):
@@ -30,8 +30,12 @@ class Launch(str, Enum):
 def build(
     path: Annotated[Path, typer.Argument(help="BEIR JSONL(.gz) file or Markdown folder.")],
     revision: Annotated[str, typer.Option("--revision", "-r", help="Immutable revision key (partition name).")],
-    fmt: Annotated[Optional[Format], typer.Option("--format", help="Input format (default: folder → markdown, file → beir).")] = None,
-    default_scope: Annotated[str, typer.Option("--default-scope", help="Scope of documents that declare none.")] = "public",
+    fmt: Annotated[
+        Format | None, typer.Option("--format", help="Input format (default: folder → markdown, file → beir).")
+    ] = None,
+    default_scope: Annotated[
+        str, typer.Option("--default-scope", help="Scope of documents that declare none.")
+    ] = "public",
     launch: Annotated[
         Launch, typer.Option("--launch", help="auto: the run queue when a daemon serves it, else in this process.")
     ] = Launch.auto,
@@ -51,9 +55,9 @@ def build(
             soft_wrap=True,
             highlight=False,
         )
-    from ragpipe.build_view import BuildView, summary_table  # dagster loads only when building
-    from ragpipe.defs.launch import LaunchError
-    from ragpipe.defs.runner import BuildFailed, materialize_revision
+    from ragpipe.cli.build_view import BuildView, summary_table  # dagster loads only when building
+    from ragpipe.orchestration.launch import LaunchError
+    from ragpipe.orchestration.materialize import BuildFailed, materialize_revision
 
     view = None if as_json else BuildView(err)
     try:
@@ -82,10 +86,10 @@ def gc(
 ) -> None:
     """Remove stage versions and bundles that neither a revision's latest materialization nor an active
     or previously active release references."""
+    from ragpipe.gc import GcError, collect_garbage
     from ragpipe.kernel.ledger import LedgerError
     from ragpipe.release.roots import release_roots
     from ragpipe.release.store import ReleaseError
-    from ragpipe.stages.gc import GcError, collect_garbage
 
     ws = Workspace(default_home())
     try:  # release roots fail closed: a damaged release history stops collection before anything goes

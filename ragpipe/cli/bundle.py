@@ -23,7 +23,11 @@ def bundle_verify(path: Annotated[Path, typer.Argument(help="Bundle directory.")
     except BundleVerificationError as exc:
         fail(str(exc))
     m = bundle.manifest
-    out.print(f"ok: {m.bundle_id} material {m.material_digest} ({len(m.files)} files verified, {m.seal.kind} seal)", soft_wrap=True, highlight=False)
+    out.print(
+        f"ok: {m.bundle_id} material {m.material_digest} ({len(m.files)} files verified, {m.seal.kind} seal)",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 @bundle_app.command("inspect")

@@ -11,7 +11,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,8 +21,10 @@ out = Console()
 err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")]
-BundleOpt = Annotated[Optional[Path], typer.Option("--bundle", "-b", help="Bundle directory.")]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")]
+BundleOpt = Annotated[Path | None, typer.Option("--bundle", "-b", help="Bundle directory.")]
+RevisionOpt = Annotated[
+    str | None, typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")
+]
 
 
 class Mode(str, Enum):
@@ -44,8 +46,8 @@ def revision_bundle(revision: str) -> Path:
     """The bundle last built for ``revision`` (its ``index_bundle`` stage record); ``ValueError``
     naming the problem when the key is malformed or nothing was built."""
     from ragpipe.corpus.registry import check_revision_key
+    from ragpipe.kernel.workspace import Workspace, default_home
     from ragpipe.stages.steps import StageError, read_stage_record
-    from ragpipe.stages.workspace import Workspace, default_home
 
     check_revision_key(revision)  # a key is a path segment: '../x' would leave RAGPIPE_HOME
     try:

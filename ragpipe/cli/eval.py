@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -32,17 +32,14 @@ class SuiteFormat(str, Enum):
     beir = "beir"
 
 
-
-SplitOpt = Annotated[Optional[list[str]], typer.Option("--split", help="BEIR qrels split(s) (repeatable; default: test).")]
-
-
+SplitOpt = Annotated[list[str] | None, typer.Option("--split", help="BEIR qrels split(s) (repeatable; default: test).")]
 
 
 def guarded(action):
     """Run ``action``; the errors bad input can cause become one message and exit code 1."""
     from ragpipe.bundle.verify import BundleVerificationError
     from ragpipe.evaluation.ledger import LedgerError
-    from ragpipe.evaluation.runner import RunError
+    from ragpipe.evaluation.run_folder import RunError
     from ragpipe.evaluation.suite import SuiteError
     from ragpipe.evaluation.traces import TraceError
     from ragpipe.retrieval.plan import PlanError
@@ -50,7 +47,17 @@ def guarded(action):
 
     try:
         return action()
-    except (SuiteError, LedgerError, RunError, TraceError, PlanError, QueryError, BundleVerificationError, ValueError, OSError) as exc:
+    except (
+        SuiteError,
+        LedgerError,
+        RunError,
+        TraceError,
+        PlanError,
+        QueryError,
+        BundleVerificationError,
+        ValueError,
+        OSError,
+    ) as exc:
         fail(str(exc))
 
 
@@ -63,7 +70,8 @@ def suite_import(
     as_json: JsonOpt = False,
 ) -> None:
     """Convert a BEIR folder's judged queries into a native suite file."""
-    from ragpipe.evaluation.suite import load_suite, write_suite
+    from ragpipe.evaluation.suite import write_suite
+    from ragpipe.evaluation.suite_load import load_suite
 
     def run():
         if not directory.is_dir():
@@ -89,11 +97,17 @@ def suite_validate(
 ) -> None:
     """Check a suite's rules; with a bundle, also which cases it can evaluate (skipped cases are
     listed with their reasons, never scored)."""
-    from ragpipe.evaluation.suite import check_against_bundle, load_suite
+    from ragpipe.evaluation.suite import check_against_bundle
+    from ragpipe.evaluation.suite_load import load_suite
 
     def run() -> dict[str, Any]:
         loaded = load_suite(suite, split=split or ["test"])
-        data: dict[str, Any] = {"valid": True, "suite": str(suite), "cases": len(loaded.cases), "suite_digest": loaded.digest}
+        data: dict[str, Any] = {
+            "valid": True,
+            "suite": str(suite),
+            "cases": len(loaded.cases),
+            "suite_digest": loaded.digest,
+        }
         if bundle is not None or revision is not None:
             from ragpipe.bundle.verify import open_bundle
 
@@ -103,7 +117,11 @@ def suite_validate(
             )
             data["bundle_id"] = opened.bundle_id
             data["evaluable"] = sum(s.evaluable for s in statuses)
-            data["skipped"] = [{"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable]
+            data["skipped"] = [
+                {"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)}
+                for s in statuses
+                if not s.evaluable
+            ]
         return data
 
     data = guarded(run)
@@ -114,7 +132,10 @@ def suite_validate(
     if "bundle_id" in data:
         out.print(f"against bundle {data['bundle_id']}: {data['evaluable']} evaluable, {len(data['skipped'])} skipped")
         for s in data["skipped"]:
-            out.print(f"  skipped {escape(s['case_id'])}: {s['reason']}" + (f" (missing {escape(', '.join(s['missing']))})" if s["missing"] else ""))
+            out.print(
+                f"  skipped {escape(s['case_id'])}: {s['reason']}"
+                + (f" (missing {escape(', '.join(s['missing']))})" if s["missing"] else "")
+            )
 
 
 def parse_cutoffs(values: list[str] | None) -> dict[str, int]:
@@ -137,7 +158,14 @@ def print_result(data: dict[str, Any]) -> None:
     for col in ("metric", "value", "direction", "unit", "k", "n"):
         table.add_column(col)
     for name, m in data["metrics"].items():
-        table.add_row(name, "—" if m["value"] is None else f"{m['value']:.4f}", m["direction"], m["unit"], str(m["k"] or "—"), str(m["n"]))
+        table.add_row(
+            name,
+            "—" if m["value"] is None else f"{m['value']:.4f}",
+            m["direction"],
+            m["unit"],
+            str(m["k"] or "—"),
+            str(m["n"]),
+        )
     out.print(table)
     lat = data["latency_ms"]
     out.print(f"latency p50 {lat['p50']} ms · p95 {lat['p95']} ms · n {lat['n']} · ledger head {data['ledger_head']}")
@@ -154,17 +182,28 @@ def _progress(as_json: bool):
 @eval_app.callback(invoke_without_command=True)
 def eval_run(
     ctx: typer.Context,
-    suite: Annotated[Optional[Path], typer.Option("--suite", help="Native suite file or BEIR folder.")] = None,
+    suite: Annotated[Path | None, typer.Option("--suite", help="Native suite file or BEIR folder.")] = None,
     bundle: BundleOpt = None,
     revision: RevisionOpt = None,
     mode: Annotated[Mode, typer.Option("--mode", help="Channels: hybrid, lexical or vector.")] = Mode.hybrid,
-    plan: Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")] = None,
-    scope: Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Subject scope for cases without their own (repeatable; default: public).")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder to create (default: $RAGPIPE_HOME/eval_runs/<run ID>).")] = None,
-    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this run folder: only its missing cells run.")] = None,
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")
+    ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option("--scope", "-s", help="Subject scope for cases without their own (repeatable; default: public)."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run folder to create (default: $RAGPIPE_HOME/eval_runs/<run ID>).")
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue this run folder: only its missing cells run.")
+    ] = None,
     split: SplitOpt = None,
     k: Annotated[int, typer.Option("--k", help="Hits retrieved per case (the ranking depth).")] = 1000,
-    cutoff: Annotated[Optional[list[str]], typer.Option("--cutoff", help="Metric cutoff FAMILY=K, e.g. ndcg=20 (repeatable).")] = None,
+    cutoff: Annotated[
+        list[str] | None, typer.Option("--cutoff", help="Metric cutoff FAMILY=K, e.g. ndcg=20 (repeatable).")
+    ] = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Cells per case.")] = 1,
     answers: Annotated[bool, typer.Option("--answers", help="Also generate answers and score them.")] = False,
     as_json: JsonOpt = False,
@@ -181,13 +220,11 @@ def eval_run(
             return resume_evaluation(resume, on_progress=_progress(as_json))
         if suite is None:
             raise ValueError("give --suite SUITE (with --bundle or --revision), or --resume RUNDIR")
-        from ragpipe.evaluation.eval_spec import EvaluationSpec
-        from ragpipe.evaluation.suite import load_suite
+        from ragpipe.evaluation.eval_spec import EvaluationSpec, metric_specs
+        from ragpipe.evaluation.suite_load import load_suite
+        from ragpipe.kernel.workspace import default_home
         from ragpipe.retrieval.plan import load_plan
-        from ragpipe.retrieval.service import Retriever
-        from ragpipe.stages.workspace import default_home
-
-        from ragpipe.evaluation.eval_spec import metric_specs
+        from ragpipe.retrieval.retriever import Retriever
 
         # everything cheap is checked before the bundle is opened
         cutoffs = parse_cutoffs(cutoff)
@@ -201,10 +238,20 @@ def eval_run(
         qplan = load_plan(plan)
         retriever = Retriever(path, plan=qplan)
         spec = EvaluationSpec.build(
-            loaded, qplan, path, retriever.bundle_id, mode=mode.value, scopes=tuple(scope or ("public",)),
-            k=k, cutoffs=cutoffs, repeats=repeats, answers=answers,
+            loaded,
+            qplan,
+            path,
+            retriever.bundle_id,
+            mode=mode.value,
+            scopes=tuple(scope or ("public",)),
+            k=k,
+            cutoffs=cutoffs,
+            repeats=repeats,
+            answers=answers,
         )
-        return run_evaluation(spec, target, retriever_factory=lambda _: retriever, on_progress=_progress(as_json), run_id=run_id)
+        return run_evaluation(
+            spec, target, retriever_factory=lambda _: retriever, on_progress=_progress(as_json), run_id=run_id
+        )
 
     data = guarded(run).as_dict()
     if as_json:
@@ -217,7 +264,7 @@ def eval_run(
 def eval_report(run_dir: Annotated[Path, typer.Argument(help="Run folder.")], as_json: JsonOpt = False) -> None:
     """Rebuild report.json and report.md from the ledger and traces (byte-identical each time)."""
     from ragpipe.evaluation.report import REPORT_JSON, REPORT_MD
-    from ragpipe.evaluation.runner import rebuild_report
+    from ragpipe.evaluation.run_folder import rebuild_report
 
     guarded(lambda: rebuild_report(run_dir))
     sys.stdout.write((run_dir / (REPORT_JSON if as_json else REPORT_MD)).read_text(encoding="utf-8"))
@@ -247,4 +294,3 @@ def eval_sql(
     sys.stdout.write("\t".join(columns) + "\n")
     for row in rows:
         sys.stdout.write("\t".join("" if v is None else str(v) for v in row) + "\n")
-

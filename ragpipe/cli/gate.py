@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -23,8 +23,6 @@ from rich.table import Table
 from ragpipe.cli.common import JsonOpt, emit_json, fail, out
 
 NOT_ELIGIBLE = 3
-
-
 
 
 def _fmt(value: float | None) -> str:
@@ -62,13 +60,21 @@ def compare(
     if as_json:
         emit_json({**comparison.as_json(), "out": str(out_path)})
         return
-    table = Table(title=f"challenger {comparison.certificate.challenger.run_id} vs incumbent {comparison.certificate.incumbent.run_id} (all cases)")
+    table = Table(
+        title=f"challenger {comparison.certificate.challenger.run_id} vs incumbent {comparison.certificate.incumbent.run_id} (all cases)"
+    )
     for col in ("metric", "mean Δ", f"{confidence:g} CI", "p (greater)", "W/T/L", "scored/failed/unmeasured"):
         table.add_column(col)
     for name, m in comparison.slices["all"].metrics.items():
         s = m.stats
-        table.add_row(name, _fmt(s.mean), f"[{_fmt(s.ci_low)}, {_fmt(s.ci_high)}]", "—" if s.p_value is None else f"{s.p_value:.4f}",
-                      f"{s.wins}/{s.ties}/{s.losses}", f"{m.scored}/{m.failed}/{m.unmeasured}")
+        table.add_row(
+            name,
+            _fmt(s.mean),
+            f"[{_fmt(s.ci_low)}, {_fmt(s.ci_high)}]",
+            "—" if s.p_value is None else f"{s.p_value:.4f}",
+            f"{s.wins}/{s.ties}/{s.losses}",
+            f"{m.scored}/{m.failed}/{m.unmeasured}",
+        )
     out.print(table)
     out.print(f"{len(comparison.certificate.cells)} paired cells · slices: {', '.join(comparison.slices)}")
     out.print(f"comparison {comparison.comparison_id} → {escape(str(out_path))}", highlight=False)
@@ -87,9 +93,13 @@ def _decide(target: Path, policy_path: Path | None):
 
 
 def gate(
-    target: Annotated[Path, typer.Argument(help="A comparison file, or a run folder for a bootstrap decision (no incumbent).")],
-    policy: Annotated[Optional[Path], typer.Option("--policy", help="Gate policy (default: ragpipe/specs/gate_policy.yaml).")] = None,
-    out_path: Annotated[Optional[Path], typer.Option("--out", help="Also write the decision object to this file.")] = None,
+    target: Annotated[
+        Path, typer.Argument(help="A comparison file, or a run folder for a bootstrap decision (no incumbent).")
+    ],
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="Gate policy (default: ragpipe/specs/gate_policy.yaml).")
+    ] = None,
+    out_path: Annotated[Path | None, typer.Option("--out", help="Also write the decision object to this file.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Decide, under an ordered gate policy, whether the challenger is eligible (exit 0) or not (exit 3)."""
@@ -114,10 +124,13 @@ def gate(
             style = {"pass": "green", "fail": "bold red", "skipped": "yellow"}[c.verdict]
             table.add_row(c.phase, c.name, on, value, f"{c.op} {c.threshold:.6g}", f"[{style}]{c.verdict}[/]")
         out.print(table)
-        verdict = "eligible (a person applies it)" if decision.eligible else f"NOT eligible — decisive phase: {decision.decisive_phase}"
+        verdict = (
+            "eligible (a person applies it)"
+            if decision.eligible
+            else f"NOT eligible — decisive phase: {decision.decisive_phase}"
+        )
         out.print(f"{decision.mode} decision: {verdict}", highlight=False)
         for reason in decision.reasons:
             out.print(f"  - {escape(reason)}", highlight=False)
     if not decision.eligible:
         raise typer.Exit(NOT_ELIGIBLE)
-

@@ -3,42 +3,51 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, fail, out
-from ragpipe.stages.workspace import default_home
+from ragpipe.kernel.workspace import default_home
 
-ScopeOpt = Annotated[Optional[list[str]], typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")]
+ScopeOpt = Annotated[
+    list[str] | None, typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")
+]
 PrincipalOpt = Annotated[str, typer.Option("--principal", help="Who is asking (recorded in the result).")]
-PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")]
-ModeOpt = Annotated[Optional[Mode], typer.Option("--mode", help="Channels: hybrid, lexical or vector (default: the plan's).")]
-ReleaseOpt = Annotated[Optional[str], typer.Option("--release", help="Serve this exact release (verified; its gated plan).")]
-TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Serve the active release of this target.")]
+PlanOpt = Annotated[
+    Path | None, typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")
+]
+ModeOpt = Annotated[
+    Mode | None, typer.Option("--mode", help="Channels: hybrid, lexical or vector (default: the plan's).")
+]
+ReleaseOpt = Annotated[
+    str | None, typer.Option("--release", help="Serve this exact release (verified; its gated plan).")
+]
+TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help="Serve the active release of this target.")]
 
 
-def _retriever(bundle: Path | None, revision: str | None, release: str | None, target: str | None, plan_path: Path | None):
+def _retriever(
+    bundle: Path | None, revision: str | None, release: str | None, target: str | None, plan_path: Path | None
+):
     """The retriever for the source the caller named: ``--bundle`` or ``--revision`` (with ``--plan``
     or the default plan), else a release — ``--release ID``, the active release of ``--target``,
     or, with none of these, the active release of the default target, served with the plan it
     was gated with."""
+    from ragpipe.api import Retriever, retriever_for_release  # the retrieval stack: only when a query runs
     from ragpipe.retrieval.plan import load_plan
-    from ragpipe.api import Retriever  # imports the retrieval stack: only when a query runs
 
-    cache = default_home() / "answer_cache"
     if bundle is not None or revision is not None:
         if release is not None or target is not None:
             raise ValueError("give a bundle (--bundle or --revision) or a release (--release or --target), not both")
         plan = load_plan(plan_path)
-        return Retriever(bundle_path(bundle, revision), plan=plan, cache_dir=cache), plan
+        return Retriever(bundle_path(bundle, revision), plan=plan), plan
     if plan_path is not None:
         raise ValueError("--plan applies to --bundle or --revision; a release serves the plan it was gated with")
     if release is not None and target is not None:
         raise ValueError("give --release or --target, not both")
-    retriever = Retriever.for_target(target, release_id=release, cache_dir=cache)
+    retriever = retriever_for_release(target, release_id=release)
     return retriever, retriever.plan
 
 
@@ -59,7 +68,7 @@ def _or_fail(action):
     from ragpipe.retrieval.authz import AuthorizationError
     from ragpipe.retrieval.plan import PlanError
     from ragpipe.retrieval.rerank import RerankerError
-    from ragpipe.retrieval.service import QueryError
+    from ragpipe.retrieval.retriever import QueryError
 
     try:
         return action()
@@ -79,13 +88,16 @@ def query(
     mode: ModeOpt = None,
     plan: PlanOpt = None,
     as_json: JsonOpt = False,
-    trace: Annotated[bool, typer.Option("--trace", help="Show channel hits, fusion, collapse and authorization.")] = False,
+    trace: Annotated[
+        bool, typer.Option("--trace", help="Show channel hits, fusion, collapse and authorization.")
+    ] = False,
     audit: Annotated[
         bool, typer.Option("--audit", help="Operator only: the trace plus counts of documents hidden from the subject.")
     ] = False,
 ) -> None:
     """Ranked chunks for TEXT, visible to the caller's scopes only, from a verified bundle or (by
     default) the active release of the default target."""
+
     def run():
         retriever, _ = _retriever(bundle, revision, release, target, plan)
         result = retriever.query(
@@ -98,7 +110,9 @@ def query(
         emit_json(data)
         return
     served = f" · release {data['release_id'][:19]}…" if "release_id" in data else ""
-    out.print(f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…{served}")
+    out.print(
+        f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…{served}"
+    )
     for hit in data["hits"]:
         out.print(
             f"\n[bold]{hit['rank']:>2}.[/] {escape(str(hit['title']))}  [dim]{escape(str(hit['document_id']))} "
@@ -118,20 +132,28 @@ def answer(
     target: TargetOpt = None,
     scope: ScopeOpt = None,
     principal: PrincipalOpt = "cli",
-    model: Annotated[Optional[str], typer.Option("--model", help="Answer with this litellm model instead of the plan's generator.")] = None,
-    api_base: Annotated[Optional[str], typer.Option("--api-base", help="Provider base URL for --model.")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Answer with this litellm model instead of the plan's generator.")
+    ] = None,
+    api_base: Annotated[str | None, typer.Option("--api-base", help="Provider base URL for --model.")] = None,
     mode: ModeOpt = None,
     plan: PlanOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
+
     def run():
         retriever, qplan = _retriever(bundle, revision, release, target, plan)
         gen_plan = qplan.answer.generator
         if model:
-            gen_plan = gen_plan.model_copy(update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base})
-        result = retriever.answer(
-            text, _subject(principal, scope), generator=retriever.make_generator(gen_plan), mode=mode.value if mode else None
+            gen_plan = gen_plan.model_copy(
+                update={"kind": "litellm", "model": model, "api_base": api_base or gen_plan.api_base}
+            )
+        from ragpipe.api import answer, make_generator
+
+        generator = make_generator(gen_plan, retriever.bundle_id, cache_dir=default_home() / "answer_cache")
+        result = answer(
+            retriever, text, _subject(principal, scope), generator=generator, mode=mode.value if mode else None
         )
         return _with_release(result.as_dict(), retriever)
 
@@ -147,4 +169,6 @@ def answer(
         out.print(escape(str(data["answer"])))
     for c in data["citations"]:
         ev = next(e for e in data["evidence"] if e["label"] == c["label"])
-        out.print(f"  {escape('[' + c['label'] + ']')} {escape(str(ev['title']))} — {escape(c['document_id'])} [{ev['byte_start']}, {ev['byte_end']})")
+        out.print(
+            f"  {escape('[' + c['label'] + ']')} {escape(str(ev['title']))} — {escape(c['document_id'])} [{ev['byte_start']}, {ev['byte_end']})"
+        )

@@ -15,7 +15,7 @@ without ``--target`` the configured default target is used.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -23,13 +23,15 @@ from rich.table import Table
 
 from ragpipe.cli.common import JsonOpt, emit_json, fail, out
 
-release_app = typer.Typer(help="Release manifests, targets, approvals, activation and rollback.", no_args_is_help=True, add_completion=False)
+release_app = typer.Typer(
+    help="Release manifests, targets, approvals, activation and rollback.", no_args_is_help=True, add_completion=False
+)
 T = TypeVar("T")
 
-TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target (default: the configured default target).")]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", "-t", help="Target (default: the configured default target).")
+]
 ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE_ID", help="Exact release ID (sha256:<64 hex>).")]
-
-
 
 
 def guarded(action: Callable[[], T]) -> T:
@@ -44,7 +46,7 @@ def guarded(action: Callable[[], T]) -> T:
 
 
 def _ws():
-    from ragpipe.stages.workspace import Workspace, default_home
+    from ragpipe.kernel.workspace import Workspace, default_home
 
     return Workspace(default_home())
 
@@ -65,8 +67,13 @@ def release_list(as_json: JsonOpt = False) -> None:
     for col in ("release", "revision", "eligible", "decisive phase", "active on"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r["release_id"]), escape(str(r["revision"])), "yes" if r["eligible"] else "no",
-                      str(r["decisive_phase"] or "—"), ", ".join(r["active_targets"]) or "—")  # type: ignore[arg-type]
+        table.add_row(
+            str(r["release_id"]),
+            escape(str(r["revision"])),
+            "yes" if r["eligible"] else "no",
+            str(r["decisive_phase"] or "—"),
+            ", ".join(r["active_targets"]) or "—",
+        )  # type: ignore[arg-type]
     out.print(table, soft_wrap=True)
 
 
@@ -92,12 +99,29 @@ def release_show(release_id: ReleaseArg, as_json: JsonOpt = False) -> None:
         return
     m = data["manifest"]
     out.print(f"[bold]release {data['release_id']}[/]", soft_wrap=True)
-    for key in ("revision", "bundle_id", "material_digest", "query_plan_id", "answer_plan_id", "authorization_policy_id", "gate_policy_id", "comparison_id"):
+    for key in (
+        "revision",
+        "bundle_id",
+        "material_digest",
+        "query_plan_id",
+        "answer_plan_id",
+        "authorization_policy_id",
+        "gate_policy_id",
+        "comparison_id",
+    ):
         out.print(f"  {key}: {escape(str(m[key]))}", soft_wrap=True)
-    out.print(f"  evaluation: spec {m['evaluation']['spec_id']} run {escape(m['evaluation']['run_id'])} head {m['evaluation']['ledger_head']}", soft_wrap=True)
-    out.print(f"  gate: decision {m['gate']['decision_id']} eligible {m['gate']['eligible']} decisive phase {m['gate']['decisive_phase']}", soft_wrap=True)
+    out.print(
+        f"  evaluation: spec {m['evaluation']['spec_id']} run {escape(m['evaluation']['run_id'])} head {m['evaluation']['ledger_head']}",
+        soft_wrap=True,
+    )
+    out.print(
+        f"  gate: decision {m['gate']['decision_id']} eligible {m['gate']['eligible']} decisive phase {m['gate']['decisive_phase']}",
+        soft_wrap=True,
+    )
     for name, t in data["targets"].items():
-        out.print(f"  {name}: {t['state']}" + "".join(f"; approved by {escape(a['by'])} at {a['at']}" for a in t["approvals"]))
+        out.print(
+            f"  {name}: {t['state']}" + "".join(f"; approved by {escape(a['by'])} at {a['at']}" for a in t["approvals"])
+        )
 
 
 @release_app.command("current")
@@ -112,7 +136,12 @@ def release_current(target: TargetOpt = None, as_json: JsonOpt = False) -> None:
         pointer = read_pointer(ReleaseStore(_ws()), name)
         if pointer is None:
             return {"target": name, "release_id": None, "generation": 0, "previous": None}
-        return {"target": name, "release_id": pointer.release_id, "generation": pointer.generation, "previous": pointer.previous}
+        return {
+            "target": name,
+            "release_id": pointer.release_id,
+            "generation": pointer.generation,
+            "previous": pointer.previous,
+        }
 
     data = guarded(run)
     if as_json:
@@ -151,15 +180,21 @@ def release_activate(release_id: ReleaseArg, target: TargetOpt = None, as_json: 
     if as_json:
         emit_json(result.as_dict())
     elif result.changed:
-        out.print(f"activated {result.release_id} on {result.target} (generation {result.generation}; previous {result.previous or 'none'})", soft_wrap=True)
+        out.print(
+            f"activated {result.release_id} on {result.target} (generation {result.generation}; previous {result.previous or 'none'})",
+            soft_wrap=True,
+        )
     else:
-        out.print(f"{result.release_id} is already active on {result.target} (generation {result.generation}); nothing changed", soft_wrap=True)
+        out.print(
+            f"{result.release_id} is already active on {result.target} (generation {result.generation}); nothing changed",
+            soft_wrap=True,
+        )
 
 
 @release_app.command("rollback")
 def release_rollback(
     target: TargetOpt = None,
-    to: Annotated[Optional[str], typer.Option("--to", help="A previously active release to return to.")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="A previously active release to return to.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Point a target back to a previously active, still-verifying release (no rebuild)."""
@@ -169,5 +204,7 @@ def release_rollback(
     if as_json:
         emit_json(result.as_dict())
     else:
-        out.print(f"rolled back {result.target} to {result.release_id} (generation {result.generation}; previous {result.previous})", soft_wrap=True)
-
+        out.print(
+            f"rolled back {result.target} to {result.release_id} (generation {result.generation}; previous {result.previous})",
+            soft_wrap=True,
+        )

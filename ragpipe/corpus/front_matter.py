@@ -61,7 +61,10 @@ class _StrictLoader(yaml.SafeLoader):
                 continue
             if first is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first + _YAML_LINE_OFFSET})", key_node.start_mark
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {first + _YAML_LINE_OFFSET})",
+                    key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)

@@ -31,7 +31,9 @@ def _first_heading(body: str) -> str | None:
     return None
 
 
-def _record(file: SourceFile, doc_id: str, where: Callable[[int | None], str], problems: list[str]) -> SourceRecord | None:
+def _record(
+    file: SourceFile, doc_id: str, where: Callable[[int | None], str], problems: list[str]
+) -> SourceRecord | None:
     try:
         text = normalize_text(decode_utf8(file.data, where(None)))
     except CorpusError as exc:
@@ -102,7 +104,9 @@ def parse_tree(tree: TreeSource) -> CorpusRead:
         record = _record(file, doc_id, where, problems)
         if record is not None:
             records.append(record)
-    excluded = [Exclusion(document_id=normalize_id(e.rel), location=str(e.path), reason=e.reason) for e in tree.excluded]
+    excluded = [
+        Exclusion(document_id=normalize_id(e.rel), location=str(e.path), reason=e.reason) for e in tree.excluded
+    ]
     if not records and not problems:
         problems.append(_no_documents(tree, excluded))
     if problems:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from ragpipe.corpus.connectors import CorpusRead, SourceRecord
 from ragpipe.corpus.models import Document, Exclusion, SnapshotSummary, corpus_digest
 from ragpipe.kernel.ids import ContentDigest, DocumentId, bytes_digest
-from ragpipe.pipeline_spec import SnapshotSpec
+from ragpipe.spec import SnapshotSpec
 
 DOCUMENTS_SCHEMA = pa.schema(
     [

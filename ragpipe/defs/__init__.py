@@ -1,6 +1,5 @@
 """The Dagster layer: the only package that imports dagster."""
 
-
 from dagster import Definitions, in_process_executor
 
 from ragpipe.defs.activation import activate_release_job, activation_sensor_def
@@ -11,7 +10,7 @@ from ragpipe.defs.jobs import build_revision_job
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.defs.schedules import nightly_rebuild
 from ragpipe.defs.sensors import corpus_revision_sensor
-from ragpipe.pipeline_spec import PipelineSpec, load_pipeline_spec
+from ragpipe.spec import PipelineSpec, load_pipeline_spec
 
 
 def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Definitions:

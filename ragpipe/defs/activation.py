@@ -15,13 +15,12 @@ some target in the targets config has ``sensor: true`` (``staging`` in the check
 stopped; ``production`` is off.
 """
 
-
 import json
 
 from dagster import (
     Config,
-    DefaultSensorStatus,
     DagsterInstance,
+    DefaultSensorStatus,
     OpExecutionContext,
     RunRequest,
     RunsFilter,
@@ -51,14 +50,24 @@ class ActivateConfig(Config):
     target: str
 
 
-@op(name=OP, pool="ragpipe_release_store", description="Activate one release on one target (verified, gated, approved where required).")
+@op(
+    name=OP,
+    pool="ragpipe_release_store",
+    description="Activate one release on one target (verified, gated, approved where required).",
+)
 def activate_op(context: OpExecutionContext, config: ActivateConfig, ragpipe: RagpipeHome) -> None:
     result = activate(ragpipe.workspace, config.release_id, config.target, by=f"dagster run {context.run_id}")
-    context.log.info(f"target {result.target!r}: release {result.release_id} active at generation {result.generation}"
-                     + ("" if result.changed else " (it already was)"))
+    context.log.info(
+        f"target {result.target!r}: release {result.release_id} active at generation {result.generation}"
+        + ("" if result.changed else " (it already was)")
+    )
 
 
-@job(name=JOB, executor_def=in_process_executor, description="Activate a release on a target: `ragpipe release activate` as a Dagster run.")
+@job(
+    name=JOB,
+    executor_def=in_process_executor,
+    description="Activate a release on a target: `ragpipe release activate` as a Dagster run.",
+)
 def activate_release_job() -> None:
     activate_op()
 
@@ -95,7 +104,9 @@ def _requested_before(instance: DagsterInstance, requested: list[str], target: s
     return bool(instance.get_run_records(RunsFilter(tags={RUN_KEY_TAG: run_key(target, release_id)}), limit=1))
 
 
-def plan_target(instance: DagsterInstance, target: str, candidates: list[Candidate], requested: list[str]) -> tuple[str | None, list[str]]:
+def plan_target(
+    instance: DagsterInstance, target: str, candidates: list[Candidate], requested: list[str]
+) -> tuple[str | None, list[str]]:
     """(release to request or None, skip reasons) for one target: the newest ready candidate."""
     reasons = [f"{target}: {c.release_id}: {c.reason}" for c in candidates if not c.ready]
     ready = [c for c in candidates if c.ready]
@@ -106,7 +117,10 @@ def plan_target(instance: DagsterInstance, target: str, candidates: list[Candida
     newest, older = ready[-1], ready[:-1]
     reasons += [f"{target}: {c.release_id}: a newer eligible release ({newest.release_id}) is ready" for c in older]
     if _requested_before(instance, requested, target, newest.release_id):
-        return None, [*reasons, f"{target}: {newest.release_id}: activation already requested (run key {run_key(target, newest.release_id)})"]
+        return None, [
+            *reasons,
+            f"{target}: {newest.release_id}: activation already requested (run key {run_key(target, newest.release_id)})",
+        ]
     return newest.release_id, reasons
 
 
@@ -148,4 +162,3 @@ def activation_sensor_def(config: TargetsConfig | None = None) -> SensorDefiniti
         return evaluate(context, ragpipe)
 
     return activation_sensor
-

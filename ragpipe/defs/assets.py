@@ -7,7 +7,7 @@ semantic spec ID from the pipeline spec file; owners and tags come from the spec
 Dagster's lineage and staleness see every input), and each body reads those outputs through their
 ``latest`` pointers (``ragpipe.stages.stage_store``).
 
-Operation: every asset names a pool (``POOLS``; the instance template ``deploy/dagster.yaml``
+Operation: every asset names a pool (``POOLS``; the instance template ``dagster.yaml``
 limits each to one slot per step) and has ``BackfillPolicy.multi_run(1)``: a backfill runs one run
 per revision, so a revision's folders have one writer per run.
 """
@@ -20,7 +20,7 @@ from ragpipe.defs.chain_assets import build_chain_assets
 from ragpipe.defs.metadata import to_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages import steps
 
 # `backfill_policy` is a beta parameter of `@asset`; we use it deliberately (one run per revision)

@@ -7,7 +7,6 @@ the decision ID and the release ID. The blocking check ``evaluation_ledger_verif
 gate (and the release) when the run's ledger is incomplete or does not verify.
 """
 
-
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
@@ -24,7 +23,7 @@ from dagster import (
 from ragpipe.defs.metadata import chain_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.eval_steps import check_evaluation_run, run_evaluation_run
 from ragpipe.stages.gate_steps import run_gate_decision
@@ -66,12 +65,17 @@ def build_chain_assets(spec: PipelineSpec, common) -> list[AssetsDefinition]:
 
 
 def build_chain_checks() -> list[AssetChecksDefinition]:
-    @asset_check(asset="evaluation_run", blocking=True, partitions_def=corpus_revisions,
-                 description="The evaluation run is completed and its ledger, bound inputs and traces verify.")
+    @asset_check(
+        asset="evaluation_run",
+        blocking=True,
+        partitions_def=corpus_revisions,
+        description="The evaluation run is completed and its ledger, bound inputs and traces verify.",
+    )
     def evaluation_ledger_verifies(context: AssetCheckExecutionContext, ragpipe: RagpipeHome) -> AssetCheckResult:
         path, problems = check_evaluation_run(ragpipe.workspace, context.op_execution_context.partition_key)
         return AssetCheckResult(
-            passed=not problems, severity=AssetCheckSeverity.ERROR,
+            passed=not problems,
+            severity=AssetCheckSeverity.ERROR,
             description=f"evaluation run {path}: {problems[0]}" if problems else None,
             metadata={"run_path": MetadataValue.path(path), "problems": len(problems)},
         )

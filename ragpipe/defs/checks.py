@@ -51,7 +51,12 @@ def build_checks() -> list[AssetChecksDefinition]:
             metadata={"chunks_checked": checked, "problems": len(problems), **_problem_table(problems)},
         )
 
-    @asset_check(asset="index_bundle", blocking=True, partitions_def=corpus_revisions, description="The published bundle verifies completely.")
+    @asset_check(
+        asset="index_bundle",
+        blocking=True,
+        partitions_def=corpus_revisions,
+        description="The published bundle verifies completely.",
+    )
     def bundle_verifies(context: AssetCheckExecutionContext, ragpipe: RagpipeHome) -> AssetCheckResult:
         path, problems = steps.check_bundle(ragpipe.workspace, _partition(context))
         return AssetCheckResult(

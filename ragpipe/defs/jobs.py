@@ -14,11 +14,10 @@ default, so the UI's ``__ASSET_JOB`` runs and asset backfills use it too.
 import warnings
 
 from dagster import AssetSelection, BetaWarning, define_asset_job, in_process_executor
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from ragpipe.defs.assets import GROUP as BUILD_GROUP
 from ragpipe.defs.chain_assets import GROUP as CHAIN_GROUP
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.spec import PipelineSpec
 
 BUILD_JOB = "build_revision"
 
@@ -32,7 +31,7 @@ warnings.filterwarnings(
 )
 
 
-def build_revision_job(spec: PipelineSpec) -> UnresolvedAssetJobDefinition:
+def build_revision_job(spec: PipelineSpec):  # -> the unresolved asset job define_asset_job returns (no public type)
     chain = spec.evaluation is not None
     selection = AssetSelection.groups(BUILD_GROUP, CHAIN_GROUP) if chain else AssetSelection.groups(BUILD_GROUP)
     what = "snapshot → bundle → evaluation → gate → release manifest" if chain else "snapshot → bundle"

@@ -47,6 +47,8 @@ def to_materialize_result(result: StageResult, extra: dict[str, object] | None =
 def chain_materialize_result(result: ChainResult) -> MaterializeResult:
     """The ``MaterializeResult`` of a chain asset: its Dagster data version (``result.data_version``,
     which for ``evaluation_run`` is the spec ID, not the attempt's stage version) and metadata."""
-    metadata: dict[str, object] = {k: MetadataValue.path(str(v)) if isinstance(v, Path) else v for k, v in result.metadata.items()}
+    metadata: dict[str, object] = {
+        k: MetadataValue.path(str(v)) if isinstance(v, Path) else v for k, v in result.metadata.items()
+    }
     metadata.update({name: table_value(t) for name, t in result.tables.items()})
     return MaterializeResult(data_version=DataVersion(result.data_version), metadata=metadata)

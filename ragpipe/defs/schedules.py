@@ -11,14 +11,14 @@ requests, so the tick adds the partitions itself before returning the run reques
 
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
+from ragpipe.corpus.watched import load_sources, snapshot_changed_sources
 from ragpipe.defs.jobs import BUILD_JOB
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
-from ragpipe.stages.sources import load_sources, snapshot_changed_sources
 
 NIGHTLY_TAG = "ragpipe/nightly_source"
 
@@ -36,7 +36,7 @@ NIGHTLY_TAG = "ragpipe/nightly_source"
 )
 def nightly_rebuild(context: ScheduleEvaluationContext, ragpipe: RagpipeHome):
     """One request per changed source; a skip reason naming every source otherwise."""
-    day = context.scheduled_execution_time.astimezone(timezone.utc).date()
+    day = context.scheduled_execution_time.astimezone(UTC).date()
     checks = snapshot_changed_sources(ragpipe.workspace, load_sources(), day)
     new = [c.revision for c in checks if c.revision is not None]
     known = set(context.instance.get_dynamic_partitions(corpus_revisions.name))
@@ -44,5 +44,8 @@ def nightly_rebuild(context: ScheduleEvaluationContext, ragpipe: RagpipeHome):
         context.instance.add_dynamic_partitions(corpus_revisions.name, missing)
     if not new:
         return SkipReason("; ".join(f"{c.source}: {c.reason}" for c in checks) or "no watched sources")
-    return [RunRequest(partition_key=c.revision, run_key=f"nightly:{c.revision}", tags={NIGHTLY_TAG: c.source})
-            for c in checks if c.revision is not None]
+    return [
+        RunRequest(partition_key=c.revision, run_key=f"nightly:{c.revision}", tags={NIGHTLY_TAG: c.source})
+        for c in checks
+        if c.revision is not None
+    ]

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ragpipe.pipeline_spec import EmbedderSpec
+from ragpipe.spec import EmbedderSpec
 
 
 class EmbedderError(RuntimeError):

@@ -38,7 +38,9 @@ def _export(st_embedder: SentenceTransformerEmbedder) -> bytes:
     model = st_embedder.model
     kinds = [type(m).__name__ for m in model]
     if kinds[:2] != ["Transformer", "Pooling"] or set(kinds[2:]) - {"Normalize"}:
-        raise EmbedderError(f"onnxruntime query runtime supports Transformer + Pooling (+ Normalize) models, not {kinds}")
+        raise EmbedderError(
+            f"onnxruntime query runtime supports Transformer + Pooling (+ Normalize) models, not {kinds}"
+        )
     pooling = model[1].get_config_dict().get("pooling_mode")
     if pooling != "mean":
         raise EmbedderError(f"onnxruntime query runtime supports mean pooling only, model uses {pooling!r}")
@@ -51,7 +53,9 @@ def _export(st_embedder: SentenceTransformerEmbedder) -> bytes:
             self.transformer = transformer
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            tokens = self.transformer(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+            tokens = self.transformer(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
             pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, p=2, dim=1) if normalize else pooled

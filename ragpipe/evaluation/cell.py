@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragpipe.answer.answering import answer as answer_question
 from ragpipe.evaluation.eval_spec import SpecBody
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.run_state import CellKey, cell_dict
@@ -27,7 +28,7 @@ from ragpipe.evaluation.safety import answer_metrics, unauthorized_disclosures
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.traces import hit_table, trace_name, write_trace
 from ragpipe.retrieval.authz import Subject
-from ragpipe.retrieval.service import Retriever
+from ragpipe.retrieval.retriever import Retriever
 
 PRINCIPAL = "ragpipe-eval"  # recorded in traces only; the policy decides on scopes
 
@@ -40,9 +41,11 @@ def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
 
-def _answer(retriever: Retriever, case: Case, subject: Subject, body: SpecBody) -> tuple[dict[str, float], list[tuple[str, tuple[str, ...]]], bool, float]:
+def _answer(
+    retriever: Retriever, case: Case, subject: Subject, body: SpecBody
+) -> tuple[dict[str, float], list[tuple[str, tuple[str, ...]]], bool, float]:
     started = time.perf_counter()
-    answer = retriever.answer(case.query, subject, mode=body.mode)
+    answer = answer_question(retriever, case.query, subject, mode=body.mode)
     elapsed = _ms(started)
     data = answer.as_dict()
     shown = [(e.document_id, e.access_scopes) for e in answer.context.evidence]
@@ -50,7 +53,9 @@ def _answer(retriever: Retriever, case: Case, subject: Subject, body: SpecBody) 
     return answer_metrics(case, data), shown, bool(data["abstained"]), elapsed
 
 
-def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey, position: int, run: Path) -> tuple[str, dict[str, Any]]:
+def run_cell(
+    retriever: Retriever, body: SpecBody, case: Case, key: CellKey, position: int, run: Path
+) -> tuple[str, dict[str, Any]]:
     """Execute one cell and write its trace; returns ``(kind, payload)`` of the closing event."""
     cell = cell_dict(key)
     subject = subject_for(case, body)

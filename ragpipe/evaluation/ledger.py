@@ -30,8 +30,22 @@ MISSING = "no ledger file (not an evaluation run folder)"
 record_hash = DOMAIN.record_hash
 make_record = DOMAIN.make_record
 
-__all__ = ["DOMAIN", "HEAD", "LEDGER", "Ledger", "LedgerError", "LedgerRead", "Record", "encode", "make_record",
-           "parse_ledger", "read_head", "read_ledger", "record_hash", "reduce_records"]
+__all__ = [
+    "DOMAIN",
+    "HEAD",
+    "LEDGER",
+    "Ledger",
+    "LedgerError",
+    "LedgerRead",
+    "Record",
+    "encode",
+    "make_record",
+    "parse_ledger",
+    "read_head",
+    "read_ledger",
+    "record_hash",
+    "reduce_records",
+]
 
 
 def parse_ledger(data: bytes, where: str = LEDGER) -> LedgerRead:

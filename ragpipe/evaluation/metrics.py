@@ -29,7 +29,15 @@ from typing import Literal
 import ir_measures
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["DEFAULT_CUTOFFS", "MetricSpec", "MetricValue", "aggregate", "collapse", "default_metric_specs", "score_cases"]
+__all__ = [
+    "DEFAULT_CUTOFFS",
+    "MetricSpec",
+    "MetricValue",
+    "aggregate",
+    "collapse",
+    "default_metric_specs",
+    "score_cases",
+]
 
 Direction = Literal["higher", "lower"]
 
@@ -77,7 +85,14 @@ def default_metric_specs(cutoffs: Mapping[str, int] | None = None) -> tuple[Metr
             raise ValueError(f"cutoff of {family!r} must be a positive integer, got {k!r}")
         chosen[family] = k
     return tuple(
-        MetricSpec(name=f"{family}@{chosen[family]}", measure=template.format(k=chosen[family]), direction="higher", unit="ratio", k=chosen[family], range=(0.0, 1.0))
+        MetricSpec(
+            name=f"{family}@{chosen[family]}",
+            measure=template.format(k=chosen[family]),
+            direction="higher",
+            unit="ratio",
+            k=chosen[family],
+            range=(0.0, 1.0),
+        )
         for family, (template, _) in FAMILIES.items()
     )
 
@@ -180,7 +195,9 @@ class MetricValue:
         return {"value": self.value, "direction": self.direction, "unit": self.unit, "k": self.k, "n": self.n}
 
 
-def aggregate(per_case: Mapping[str, Mapping[str, float | None]], specs: Sequence[MetricSpec]) -> dict[str, MetricValue]:
+def aggregate(
+    per_case: Mapping[str, Mapping[str, float | None]], specs: Sequence[MetricSpec]
+) -> dict[str, MetricValue]:
     """Metric name -> aggregate over the cases carrying a (non-None) value, in ``specs`` order."""
     out = {}
     for spec in specs:

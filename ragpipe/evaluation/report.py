@@ -49,7 +49,9 @@ def _per_case(state: RunState) -> dict[str, dict[str, float]]:
     return {case: {m: math.fsum(v) / len(v) for m, v in metrics.items()} for case, metrics in sums.items()}
 
 
-def _metric_table(per_case: Mapping[str, Mapping[str, float]], specs: Sequence[MetricSpec]) -> dict[str, dict[str, Any]]:
+def _metric_table(
+    per_case: Mapping[str, Mapping[str, float]], specs: Sequence[MetricSpec]
+) -> dict[str, dict[str, Any]]:
     return {name: value.as_dict() for name, value in aggregate(per_case, specs).items()}
 
 
@@ -103,7 +105,10 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
         "failed": failed,
         "metrics": _metric_table({c: per_case.get(c, {}) for c in evaluated}, specs),
         "latency_ms": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95), "n": len(latencies)},
-        "tags": {tag: {"cases": len(cases), "metrics": _metric_table({c: per_case.get(c, {}) for c in cases}, specs)} for tag, cases in sorted(tags.items())},
+        "tags": {
+            tag: {"cases": len(cases), "metrics": _metric_table({c: per_case.get(c, {}) for c in cases}, specs)}
+            for tag, cases in sorted(tags.items())
+        },
         "ledger_head": records[-1].hash if records else None,
     }
 
@@ -133,20 +138,37 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for name, m in report["metrics"].items():
-        lines.append(f"| {name} | {_fmt(m['value'], m['unit'])} | {m['direction']} | {m['unit']} | {_fmt(m['k'])} | {m['n']} |")
+        lines.append(
+            f"| {name} | {_fmt(m['value'], m['unit'])} | {m['direction']} | {m['unit']} | {_fmt(m['k'])} | {m['n']} |"
+        )
     lat = report["latency_ms"]
-    lines += ["", f"Latency (query, ms): p50 {_fmt(lat['p50'])} · p95 {_fmt(lat['p95'])} · n {lat['n']}", "", "## Per tag", ""]
+    lines += [
+        "",
+        f"Latency (query, ms): p50 {_fmt(lat['p50'])} · p95 {_fmt(lat['p95'])} · n {lat['n']}",
+        "",
+        "## Per tag",
+        "",
+    ]
     names = list(report["metrics"])
     if report["tags"]:
         lines += ["| tag | cases | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
         for tag, t in report["tags"].items():
-            lines.append(f"| {tag} | {t['cases']} | " + " | ".join(_fmt(t["metrics"][n]["value"], t["metrics"][n]["unit"]) for n in names) + " |")
+            lines.append(
+                f"| {tag} | {t['cases']} | "
+                + " | ".join(_fmt(t["metrics"][n]["value"], t["metrics"][n]["unit"]) for n in names)
+                + " |"
+            )
     else:
         lines.append("No case has a tag.")
     lines += ["", "## Skipped cases", ""]
-    lines += [f"- `{s['case_id']}`: {s['reason']}" + (f" (missing: {', '.join(s['missing'])})" if s["missing"] else "") for s in report["skipped"]] or ["None."]
+    lines += [
+        f"- `{s['case_id']}`: {s['reason']}" + (f" (missing: {', '.join(s['missing'])})" if s["missing"] else "")
+        for s in report["skipped"]
+    ] or ["None."]
     lines += ["", "## Failed cells", ""]
-    lines += [f"- `{f['case']}` repeat {f['repeat']} arm {f['arm']}: {f['error']}" for f in report["failed"]] or ["None."]
+    lines += [f"- `{f['case']}` repeat {f['repeat']} arm {f['arm']}: {f['error']}" for f in report["failed"]] or [
+        "None."
+    ]
     return "\n".join(lines) + "\n"
 
 

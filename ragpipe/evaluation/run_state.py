@@ -62,7 +62,13 @@ def cell_key(raw: object) -> CellKey:
     if not isinstance(raw, Mapping) or set(raw) != {"case", "repeat", "arm"}:
         raise TransitionError("cell must be an object with exactly case, repeat, arm")
     case, repeat, arm = raw["case"], raw["repeat"], raw["arm"]
-    if not isinstance(case, str) or not isinstance(arm, str) or isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
+    if (
+        not isinstance(case, str)
+        or not isinstance(arm, str)
+        or isinstance(repeat, bool)
+        or not isinstance(repeat, int)
+        or repeat < 0
+    ):
         raise TransitionError("cell: case and arm must be strings, repeat an integer >= 0")
     return (case, repeat, arm)
 
@@ -84,7 +90,15 @@ def _created(state: RunState, payload: Mapping[str, Any]) -> RunState:
     expected = tuple(cell_key(c) for c in cells)
     if len(set(expected)) != len(expected):
         raise TransitionError("RunCreated lists a cell twice")
-    return replace(state, status="created", run_id=run_id, spec_id=spec_id, created=dict(payload), expected=expected, expected_set=frozenset(expected))
+    return replace(
+        state,
+        status="created",
+        run_id=run_id,
+        spec_id=spec_id,
+        created=dict(payload),
+        expected=expected,
+        expected_set=frozenset(expected),
+    )
 
 
 def _bound(state: RunState, payload: Mapping[str, Any]) -> RunState:
@@ -128,7 +142,9 @@ def _run_completed(state: RunState, payload: Mapping[str, Any]) -> RunState:
         raise TransitionError("RunCompleted needs a created, non-terminal run")
     missing = state.missing()
     if missing:
-        raise TransitionError(f"RunCompleted with {len(missing)} expected cells not terminal (first: {describe(missing[0])})")
+        raise TransitionError(
+            f"RunCompleted with {len(missing)} expected cells not terminal (first: {describe(missing[0])})"
+        )
     return replace(state, status="completed", outcome=dict(payload))
 
 
@@ -143,7 +159,9 @@ def _run_failed(state: RunState, payload: Mapping[str, Any]) -> RunState:
 def apply(state: RunState, kind: str, payload: Mapping[str, Any]) -> RunState:
     """The state after one event, or ``TransitionError`` (module docstring)."""
     if state.is_terminal:
-        raise TransitionError(f"the run is {state.status}: no record may follow {'RunCompleted' if state.status == 'completed' else 'RunFailed'}")
+        raise TransitionError(
+            f"the run is {state.status}: no record may follow {'RunCompleted' if state.status == 'completed' else 'RunFailed'}"
+        )
     if not isinstance(payload, Mapping):
         raise TransitionError(f"{kind}: payload must be an object")
     if kind == "RunCreated":

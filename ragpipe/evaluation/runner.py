@@ -1,9 +1,9 @@
-"""Evaluation runs: create, execute, resume and verify (the API behind ``ragpipe eval``).
+"""Evaluation runs: create, execute and resume (the API behind ``ragpipe eval``; reading and
+verifying a run folder is ``run_folder.py``).
 
     spec = EvaluationSpec.build(suite, plan, bundle_path, retriever.bundle_id, mode="hybrid")
     result = run_evaluation(spec, Path("runs/x"), retriever_factory=lambda _: retriever)
     result = resume_evaluation(Path("runs/x"))       # runs only the cells the ledger lacks
-    state = verify_run(Path("runs/x"))                # raises naming the record on any damage
 
 Run folder: ``ledger.jsonl`` + ``ledger.head`` (custody, ``ledger.py``), ``inputs/`` (canonical
 copies of the suite, the query plan and the spec body, each bound by an ``InputBound`` record with
@@ -19,7 +19,6 @@ are written. Resume reruns a cell that was started but not closed; a closed cell
 from __future__ import annotations
 
 import gc
-import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -31,26 +30,25 @@ from typing import Any
 from ragpipe.bundle.manifest import BundleManifest
 from ragpipe.evaluation.cell import run_cell
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
-from ragpipe.evaluation.ledger import LEDGER, Ledger, LedgerError, read_ledger, reduce_records
+from ragpipe.evaluation.ledger import LEDGER, Ledger
 from ragpipe.evaluation.report import build_report, write_reports
-from ragpipe.evaluation.run_state import CellKey, RunState, cell_dict
-from ragpipe.evaluation.suite import SuiteError, check_against_bundle, parse_suite_bytes, suite_bytes
-from ragpipe.evaluation.traces import TRACES, TraceError
+from ragpipe.evaluation.run_folder import (
+    BUNDLE_INPUT,
+    INPUTS,
+    RunError,
+    load_inputs,
+    rebuild_report,
+)
+from ragpipe.evaluation.run_state import CellKey, cell_dict
+from ragpipe.evaluation.suite import check_against_bundle, suite_bytes
+from ragpipe.evaluation.traces import TRACES
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
-from ragpipe.retrieval.plan import PlanError, parse_plan
-from ragpipe.retrieval.service import Retriever
+from ragpipe.retrieval.retriever import Retriever
 
 RetrieverFactory = Callable[[EvaluationSpec], Retriever]
 Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, cell just closed)
-INPUTS = {"suite": "inputs/suite.jsonl", "query_plan": "inputs/query_plan.json", "spec": "inputs/spec.json"}
-BUNDLE_INPUT = "bundle"  # the InputBound record of the evaluated bundle (nothing copied: see bundle_binding)
-BUILD_FIGURES = ("vectors", "payload_bytes")
-
-
-class RunError(ValueError):
-    """A run cannot be created, resumed or verified; the message names the file or record."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +93,13 @@ def bundle_binding(manifest: BundleManifest) -> dict[str, Any]:
     cold build's dominant cost) and ``payload_bytes`` (every listed file: serving and storage).
     Facts about the bundle, never about the attempt, and outside the spec ID (the bundle ID binds
     the vector count, the material digest the sizes)."""
-    return {"name": BUNDLE_INPUT, "digest": manifest.material_digest, "content_id": manifest.bundle_id,
-            "vectors": manifest.semantic.counts.vectors, "payload_bytes": manifest.payload_bytes}
+    return {
+        "name": BUNDLE_INPUT,
+        "digest": manifest.material_digest,
+        "content_id": manifest.bundle_id,
+        "vectors": manifest.semantic.counts.vectors,
+        "payload_bytes": manifest.payload_bytes,
+    }
 
 
 def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: str | None = None) -> None:
@@ -111,7 +114,9 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
         "spec": body.as_json(),
         "cases": len(spec.suite.cases),
         "cells": cells,
-        "skipped": [{"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable],
+        "skipped": [
+            {"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable
+        ],
         "tags": {c.id: list(c.tags) for c in spec.suite.cases if c.tags},
         "bundle_path": str(Path(spec.bundle_path).resolve()),  # operational: where to reopen the bundle on resume
     }
@@ -124,62 +129,16 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
             ledger.append("RunCreated", created)
             for name, data in _input_bytes(spec).items():
                 (tmp / INPUTS[name]).write_bytes(data)
-                ledger.append("InputBound", {"name": name, "path": INPUTS[name], "digest": bytes_digest(data), "content_id": content_ids[name]})
+                ledger.append(
+                    "InputBound",
+                    {"name": name, "path": INPUTS[name], "digest": bytes_digest(data), "content_id": content_ids[name]},
+                )
             ledger.append("InputBound", bundle_binding(retriever.bundle.manifest))
 
     if out.exists() or out.is_symlink():
         raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
     if publish_directory(out, write_data, lambda tmp: None) is PublishOutcome.existing:
         raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
-
-
-def _bound_seq(ledger_records, name: str) -> int:
-    return next(r.seq for r in ledger_records if r.kind == "InputBound" and r.payload["name"] == name)
-
-
-def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
-    """The spec rebuilt from the copied inputs, each verified against its InputBound digest and
-    its content ID, and the spec ID against RunCreated's."""
-    where = str(run / LEDGER)
-    data = {}
-    for name, path in INPUTS.items():
-        bound = state.inputs.get(name)
-        if bound is None:
-            raise RunError(f"{where}: record {len(records)}: no InputBound record for {name!r}")
-        try:
-            data[name] = (run / path).read_bytes()
-        except OSError as exc:
-            raise RunError(f"{run / path}: cannot read bound input: {exc.strerror}") from None
-        if bytes_digest(data[name]) != bound["digest"]:
-            raise RunError(f"{run / path}: differs from the digest of its InputBound record {_bound_seq(records, name)}")
-    try:
-        body = SpecBody.model_validate(json.loads(data["spec"]))
-        suite = parse_suite_bytes(data["suite"], str(run / INPUTS["suite"]))
-        plan = parse_plan(json.loads(data["query_plan"]), str(run / INPUTS["query_plan"]))
-    except (ValueError, SuiteError, PlanError) as exc:
-        raise RunError(f"{run / 'inputs'}: bound inputs do not parse: {exc}") from None
-    if body.spec_id != state.spec_id or body.as_json() != state.created["spec"]:
-        raise RunError(f"{run / INPUTS['spec']}: spec ID {body.spec_id} differs from RunCreated's {state.spec_id} (record 1)")
-    if suite.digest != body.suite_digest:
-        raise RunError(f"{run / INPUTS['suite']}: suite digest {suite.digest} differs from the spec's {body.suite_digest}")
-    if plan.plan_id != body.plan_id:
-        raise RunError(f"{run / INPUTS['query_plan']}: plan ID {plan.plan_id} differs from the spec's {body.plan_id}")
-    _check_bundle_binding(where, records, state.inputs.get(BUNDLE_INPUT), body)
-    return EvaluationSpec(body, suite, plan, Path(state.created["bundle_path"]))
-
-
-def _check_bundle_binding(where: str, records, bound: Any, body: SpecBody) -> None:
-    """The bundle's InputBound record, when the run has one (runs made before it existed do not):
-    the spec's bundle, and each build figure an integer >= 0."""
-    if bound is None:
-        return
-    seq = _bound_seq(records, BUNDLE_INPUT)
-    if bound.get("content_id") != body.bundle_id:
-        raise RunError(f"{where}: record {seq}: InputBound {BUNDLE_INPUT!r} names bundle {bound.get('content_id')}, not the spec's bundle {body.bundle_id}")
-    for key in BUILD_FIGURES:
-        value = bound.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise RunError(f"{where}: record {seq}: InputBound {BUNDLE_INPUT!r}: {key} must be an integer >= 0, got {value!r}")
 
 
 @contextmanager
@@ -205,12 +164,16 @@ def long_lived_heap_frozen() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _execute(run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None) -> EvaluationResult:
+def _execute(
+    run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None
+) -> EvaluationResult:
     with long_lived_heap_frozen():
         return _execute_cells(run, ledger, spec, retriever, on_progress)
 
 
-def _execute_cells(run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None) -> EvaluationResult:
+def _execute_cells(
+    run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None
+) -> EvaluationResult:
     state = ledger.state
     cases = spec.suite.by_id()
     position = {key: i for i, key in enumerate(state.expected, start=1)}
@@ -224,7 +187,9 @@ def _execute_cells(run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: R
             on_progress(done, len(state.expected), key)
     final = ledger.state
     failed = sum(1 for p in final.terminal.values() if p["outcome"] in ("failure", "cancelled"))
-    ledger.append("RunCompleted", {"cells": len(final.expected), "completed": len(final.terminal) - failed, "failed": failed})
+    ledger.append(
+        "RunCompleted", {"cells": len(final.expected), "completed": len(final.terminal) - failed, "failed": failed}
+    )
     report = build_report(run, ledger.records, ledger.state)
     write_reports(run, report)
     return EvaluationResult(report, run)
@@ -250,7 +215,9 @@ def run_evaluation(
         return _execute(out, ledger, spec, retriever, on_progress)
 
 
-def resume_evaluation(out: Path, *, retriever_factory: RetrieverFactory | None = None, on_progress: Progress | None = None) -> EvaluationResult:
+def resume_evaluation(
+    out: Path, *, retriever_factory: RetrieverFactory | None = None, on_progress: Progress | None = None
+) -> EvaluationResult:
     """Verify ``out`` (chain, head, inputs, spec ID) and run only the missing cells. A completed
     run is not touched (its report is rebuilt from the ledger); a failed run is refused."""
     out = Path(out)
@@ -259,37 +226,12 @@ def resume_evaluation(out: Path, *, retriever_factory: RetrieverFactory | None =
         if ledger.state.status == "completed":
             return EvaluationResult(rebuild_report(out), out)
         if ledger.state.status == "failed":
-            raise RunError(f"{out / LEDGER}: record {len(ledger.records)}: the run failed ({ledger.state.outcome['reason']}); it cannot be resumed")
+            raise RunError(
+                f"{out / LEDGER}: record {len(ledger.records)}: the run failed ({ledger.state.outcome['reason']}); it cannot be resumed"
+            )
         retriever = (retriever_factory or default_factory)(spec)
         _check_retriever(retriever, spec.body)
         return _execute(out, ledger, spec, retriever, on_progress)
 
 
-def verify_run(out: Path) -> RunState:
-    """Read-only verification: chain, head, transitions, inputs and every referenced trace.
-    Raises ``LedgerError`` / ``RunError`` / ``TraceError`` naming the record on damage."""
-    out = Path(out)
-    read = read_ledger(out)
-    state = reduce_records(read.records, str(out / LEDGER))
-    if state.status == "empty":
-        raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
-    load_inputs(out, read.records, state)
-    build_report(out, read.records, state)  # verifies each trace against its record's digest
-    return state
-
-
-def rebuild_report(out: Path) -> dict[str, Any]:
-    """Rebuild ``report.json`` / ``report.md`` from the verified ledger and traces (read-only on
-    the ledger: a torn tail is ignored, not truncated) and return the report."""
-    out = Path(out)
-    read = read_ledger(out)
-    state = reduce_records(read.records, str(out / LEDGER))
-    if state.status == "empty":
-        raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
-    load_inputs(out, read.records, state)
-    report = build_report(out, read.records, state)
-    write_reports(out, report)
-    return report
-
-
-__all__ = ["BUNDLE_INPUT", "EvaluationResult", "RunError", "TraceError", "bundle_binding", "create_run", "new_run_id", "rebuild_report", "resume_evaluation", "run_evaluation", "verify_run"]
+__all__ = ["EvaluationResult", "bundle_binding", "create_run", "new_run_id", "resume_evaluation", "run_evaluation"]

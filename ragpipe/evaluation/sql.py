@@ -29,15 +29,30 @@ from ragpipe.evaluation.traces import HIT_SCHEMA, verify_trace
 
 CELLS_SCHEMA = pa.schema(
     [
-        ("position", pa.int32()), ("case_id", pa.string()), ("repeat", pa.int32()), ("arm", pa.string()),
-        ("status", pa.string()), ("starts", pa.int32()), ("latency_ms", pa.float64()), ("answer_ms", pa.float64()),
-        ("hits", pa.int32()), ("error", pa.string()), ("tags", pa.list_(pa.string())), ("trace_file", pa.string()),
+        ("position", pa.int32()),
+        ("case_id", pa.string()),
+        ("repeat", pa.int32()),
+        ("arm", pa.string()),
+        ("status", pa.string()),
+        ("starts", pa.int32()),
+        ("latency_ms", pa.float64()),
+        ("answer_ms", pa.float64()),
+        ("hits", pa.int32()),
+        ("error", pa.string()),
+        ("tags", pa.list_(pa.string())),
+        ("trace_file", pa.string()),
     ]
 )
 METRICS_SCHEMA = pa.schema(
     [
-        ("case_id", pa.string()), ("repeat", pa.int32()), ("arm", pa.string()), ("metric", pa.string()),
-        ("value", pa.float64()), ("direction", pa.string()), ("unit", pa.string()), ("k", pa.int32()),
+        ("case_id", pa.string()),
+        ("repeat", pa.int32()),
+        ("arm", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("direction", pa.string()),
+        ("unit", pa.string()),
+        ("k", pa.int32()),
     ]
 )
 
@@ -48,12 +63,22 @@ def _cells(state: RunState) -> pa.Table:
     for position, key in enumerate(state.expected, start=1):
         p = state.terminal.get(key, {})
         status = p.get("outcome") or ("started" if state.starts.get(key) else "pending")
-        rows.append({
-            "position": position, "case_id": key[0], "repeat": key[1], "arm": key[2], "status": status,
-            "starts": state.starts.get(key, 0), "latency_ms": p.get("latency_ms"), "answer_ms": p.get("answer_ms"),
-            "hits": p.get("hits"), "error": p.get("error"), "tags": tags.get(key[0], []),
-            "trace_file": p["trace"]["file"] if "trace" in p else None,
-        })
+        rows.append(
+            {
+                "position": position,
+                "case_id": key[0],
+                "repeat": key[1],
+                "arm": key[2],
+                "status": status,
+                "starts": state.starts.get(key, 0),
+                "latency_ms": p.get("latency_ms"),
+                "answer_ms": p.get("answer_ms"),
+                "hits": p.get("hits"),
+                "error": p.get("error"),
+                "tags": tags.get(key[0], []),
+                "trace_file": p["trace"]["file"] if "trace" in p else None,
+            }
+        )
     return pa.Table.from_pylist(rows, schema=CELLS_SCHEMA)
 
 
@@ -66,8 +91,18 @@ def _metrics(state: RunState) -> pa.Table:
             continue
         for name, value in p["metrics"].items():
             spec = specs[name]
-            rows.append({"case_id": key[0], "repeat": key[1], "arm": key[2], "metric": name, "value": float(value),
-                         "direction": spec.direction, "unit": spec.unit, "k": spec.k})
+            rows.append(
+                {
+                    "case_id": key[0],
+                    "repeat": key[1],
+                    "arm": key[2],
+                    "metric": name,
+                    "value": float(value),
+                    "direction": spec.direction,
+                    "unit": spec.unit,
+                    "k": spec.k,
+                }
+            )
     return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
 
 

@@ -5,7 +5,8 @@ Native format (``*.jsonl``): one JSON object per line, fields ``id``, ``query``,
 ``answerability`` (``answerable`` | ``unanswerable``), ``subject`` ``{"scopes": [...]}`` and
 ``forbidden_sources`` (document IDs the subject must never see). The rules each case must meet
 live in ``suite_rules.py``; a broken rule raises ``SuiteError("<file>:<line>: <rule>")`` and no
-suite is returned (nothing partial). A BEIR folder is read by ``suite_beir.py``.
+suite is returned (nothing partial). ``suite_load.load_suite`` reads a file or a BEIR folder
+(``suite_beir.py``).
 
 Canonical form: cases sorted by ID, each as an object carrying every field (defaults explicit,
 tags/scopes/forbidden sources sorted). The suite digest is the content ID (kind ``suite``, v1) of
@@ -16,7 +17,8 @@ defaulted fields; ``source`` (where it was read from) is operational and never h
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Set as AbstractSet
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +30,15 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
 
-__all__ = ["Case", "CaseStatus", "CaseSubject", "Suite", "SuiteError", "check_against_bundle", "load_suite", "write_suite"]
+__all__ = [
+    "Case",
+    "CaseStatus",
+    "CaseSubject",
+    "Suite",
+    "SuiteError",
+    "check_against_bundle",
+    "write_suite",
+]
 
 SUITE_ID_KIND = "suite"
 SUITE_ID_VERSION = 1
@@ -163,21 +173,6 @@ def _parse_line(raw: bytes, where: str) -> Case:
         return Case.model_validate(check_case(value))
     except SuiteError as e:
         raise SuiteError(f"{where}: {e}") from None
-
-
-def load_suite(path: Path, *, split: str | Iterable[str] = "test") -> Suite:
-    """A native suite file, or a BEIR folder (``queries.jsonl`` + ``qrels/<split>.tsv``; several
-    splits are merged). Raises ``SuiteError`` naming the file, line and rule on bad input."""
-    path = Path(path)
-    if path.is_dir():
-        from ragpipe.evaluation.suite_beir import import_beir
-
-        return import_beir(path, split)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read suite: {e.strerror}") from None
-    return parse_suite_bytes(data, str(path))
 
 
 def suite_bytes(suite: Suite) -> bytes:

@@ -96,7 +96,12 @@ def import_beir(folder: Path, split: str | Iterable[str] = "test") -> Suite:
         first = next(iter(targets.values()))[1]  # the query's first qrels row
         if qid not in queries:
             raise SuiteError(f"{first}: query-id {qid!r} is not in {folder / 'queries.jsonl'}")
-        raw = {"id": qid, "query": queries[qid][1], "target_level": "document", "judgments": {t: g for t, (g, _) in targets.items()}}
+        raw = {
+            "id": qid,
+            "query": queries[qid][1],
+            "target_level": "document",
+            "judgments": {t: g for t, (g, _) in targets.items()},
+        }
         try:
             cases.append(Case.model_validate(check_case(raw)))
         except SuiteError as e:

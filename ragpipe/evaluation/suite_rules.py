@@ -89,7 +89,9 @@ def grade_of(target: str, grade: Any) -> int:
     if grade < 0:
         raise SuiteError(f"grade of {target!r} is negative: {grade!r}")
     if grade != int(grade):
-        raise SuiteError(f"grade of {target!r} is not a whole number: {grade!r} (trec_eval relevance levels are integers)")
+        raise SuiteError(
+            f"grade of {target!r} is not a whole number: {grade!r} (trec_eval relevance levels are integers)"
+        )
     if grade > MAX_GRADE:
         raise SuiteError(f"grade of {target!r} is above {MAX_GRADE}: {grade!r}")
     return int(grade)
@@ -104,9 +106,13 @@ def judgments_of(value: Any, level: str) -> dict[str, int]:
         if level == "document" and CHUNK_ID.match(target):
             raise SuiteError(f"judgments mix levels: {target!r} is a chunk ID but target_level is 'document'")
         if level == "chunk" and not CHUNK_ID.match(target):
-            raise SuiteError(f"judgments mix levels: {target!r} is not a chunk ID (sha256:<64 hex>) but target_level is 'chunk'")
+            raise SuiteError(
+                f"judgments mix levels: {target!r} is not a chunk ID (sha256:<64 hex>) but target_level is 'chunk'"
+            )
         if level == "document" and not DocumentId.pattern.match(target):
-            raise SuiteError(f"judgment target {target!r} is not a valid document ID (1-512 characters, no control characters)")
+            raise SuiteError(
+                f"judgment target {target!r} is not a valid document ID (1-512 characters, no control characters)"
+            )
         if target in out:
             raise SuiteError(f"judgment target {target!r} appears twice after NFC normalisation")
         out[target] = grade_of(target, grade)

@@ -68,7 +68,9 @@ def _runs(values: Sequence[tuple[Any, int]], type: pa.DataType) -> pa.Array:
     return pa.concat_arrays(parts) if parts else pa.array([], type=type)
 
 
-def hit_table(cell: Mapping[str, Any], rankings: Rankings, hits: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> pa.Table:
+def hit_table(
+    cell: Mapping[str, Any], rankings: Rankings, hits: Sequence[Mapping[str, Any]], targets: Sequence[str]
+) -> pa.Table:
     """The rows of one cell (module docstring) from a query's rankings, hits and collapsed list.
 
     Columns are transposed with ``zip`` over the hits' tuples — in C, not a Python loop per row:

@@ -1,6 +1,6 @@
 """An issue-9 evaluation run folder as an ``ArmRun`` (the only module here that knows the folder).
 
-``load_arm(run)`` first verifies the folder with ``ragpipe.evaluation.runner.verify_run`` (ledger
+``load_arm(run)`` first verifies the folder with ``ragpipe.evaluation.run_folder.verify_run`` (ledger
 chain and head, bound inputs against their digests and content IDs, the spec ID, every trace
 against its record) and refuses a run that is not completed (``RunCompleted``: every expected
 cell terminal). It then reads only the verified ledger state:
@@ -25,7 +25,7 @@ from typing import Any
 
 from ragpipe.evaluation.eval_spec import SpecBody
 from ragpipe.evaluation.ledger import LEDGER, read_ledger
-from ragpipe.evaluation.runner import BUNDLE_INPUT, verify_run
+from ragpipe.evaluation.run_folder import BUNDLE_INPUT, verify_run
 from ragpipe.experiment.arms import ArmRun, BuildCost, CellOutcome, Coordinates, MetricDecl, Variant
 
 
@@ -46,7 +46,10 @@ def _failure_class(payload: dict[str, Any]) -> str | None:
 def _cell(case: str, repeat: int, payload: dict[str, Any]) -> CellOutcome:
     completed = payload["outcome"] in ("success", "abstained")
     return CellOutcome(
-        case_id=case, repeat=repeat, outcome=payload["outcome"], failure_class=_failure_class(payload),
+        case_id=case,
+        repeat=repeat,
+        outcome=payload["outcome"],
+        failure_class=_failure_class(payload),
         metrics={k: float(v) for k, v in payload.get("metrics", {}).items()} if completed else {},
         latency_ms=float(payload["latency_ms"]) if completed and payload.get("latency_ms") is not None else None,
     )
@@ -54,10 +57,19 @@ def _cell(case: str, repeat: int, payload: dict[str, Any]) -> CellOutcome:
 
 def _coordinates(body: SpecBody) -> Coordinates:
     metrics = tuple(
-        MetricDecl(name=m.name, direction=m.direction, unit=m.unit, k=m.k, measure=m.measure, aggregate=m.aggregate) for m in body.metrics
+        MetricDecl(name=m.name, direction=m.direction, unit=m.unit, k=m.k, measure=m.measure, aggregate=m.aggregate)
+        for m in body.metrics
     )
-    return Coordinates(suite_digest=body.suite_digest, evaluator=body.evaluator, mode=body.mode, scopes=body.scopes, k=body.k,
-                       repeats=body.repeats, answers=body.answers, metrics=metrics)
+    return Coordinates(
+        suite_digest=body.suite_digest,
+        evaluator=body.evaluator,
+        mode=body.mode,
+        scopes=body.scopes,
+        k=body.k,
+        repeats=body.repeats,
+        answers=body.answers,
+        metrics=metrics,
+    )
 
 
 def _build(bound: Any) -> BuildCost | None:
@@ -75,7 +87,9 @@ def load_arm(run: Path) -> ArmRun:
     except ValueError as exc:  # LedgerError, RunError, TraceError: each names the file and record
         raise ArmSourceError(str(exc)) from None
     if state.status != "completed":
-        raise ArmSourceError(f"{run / LEDGER}: the run is {state.status}, not completed; only a completed run can be compared")
+        raise ArmSourceError(
+            f"{run / LEDGER}: the run is {state.status}, not completed; only a completed run can be compared"
+        )
     if len(records) != state.events:
         raise ArmSourceError(f"{run / LEDGER}: the ledger changed while it was read")
     body = SpecBody.model_validate(state.created["spec"])
@@ -83,10 +97,15 @@ def load_arm(run: Path) -> ArmRun:
     if wrong_arm is not None:
         raise ArmSourceError(f"{run / LEDGER}: record 1: cell {wrong_arm!r} is not of the spec's arm {body.arm!r}")
     return ArmRun(
-        run_id=state.run_id, spec_id=state.spec_id, ledger_head=records[-1].hash, coordinates=_coordinates(body),
+        run_id=state.run_id,
+        spec_id=state.spec_id,
+        ledger_head=records[-1].hash,
+        coordinates=_coordinates(body),
         variant=Variant(bundle_id=body.bundle_id, plan_id=body.plan_id, arm=body.arm),
         expected=tuple((case, repeat) for case, repeat, _ in state.expected),
-        cells=tuple(_cell(case, repeat, dict(state.terminal[(case, repeat, arm)])) for case, repeat, arm in state.expected),
+        cells=tuple(
+            _cell(case, repeat, dict(state.terminal[(case, repeat, arm)])) for case, repeat, arm in state.expected
+        ),
         skipped={s["case_id"]: s["reason"] for s in state.created.get("skipped", ())},
         tags={case: tuple(tags) for case, tags in state.created.get("tags", {}).items()},
         build=_build(state.inputs.get(BUNDLE_INPUT)),

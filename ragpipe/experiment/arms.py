@@ -25,20 +25,17 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import Field, field_validator, model_serializer
 
 from ragpipe.experiment.catalog import Direction
+from ragpipe.kernel.models import FrozenModel
 
 Outcome = Literal["success", "abstained", "failure", "cancelled"]
 COMPLETED: tuple[str, ...] = ("success", "abstained")
 CellKey = tuple[str, int]  # (case ID, repeat)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class MetricDecl(_Frozen):
+class MetricDecl(FrozenModel):
     """A metric's declared semantics; ``aggregate`` says how case values combine (mean, or sum
     for counts such as ``unauthorized_disclosures``)."""
 
@@ -50,7 +47,7 @@ class MetricDecl(_Frozen):
     aggregate: Literal["mean", "sum"] = "mean"
 
 
-class Coordinates(_Frozen):
+class Coordinates(FrozenModel):
     """What must be equal between incumbent and challenger (anything else is not a fair pair)."""
 
     suite_digest: str
@@ -66,7 +63,7 @@ class Coordinates(_Frozen):
         return next((m for m in self.metrics if m.name == name), None)
 
 
-class Variant(_Frozen):
+class Variant(FrozenModel):
     """What an arm is allowed to differ in."""
 
     bundle_id: str
@@ -74,7 +71,7 @@ class Variant(_Frozen):
     arm: str
 
 
-class CellOutcome(_Frozen):
+class CellOutcome(FrozenModel):
     """A terminal cell. ``failure_class`` names why a failed or cancelled cell failed (the
     exception type, or ``cancelled``); completed cells carry ``metrics`` and ``latency_ms``."""
 
@@ -102,7 +99,7 @@ class CellOutcome(_Frozen):
         return value
 
 
-class BuildCost(_Frozen):
+class BuildCost(FrozenModel):
     """What building and serving the arm's bundle costs, as deterministic figures of the bundle
     (never wall-clock): ``vectors`` embedded (a cold build's dominant cost: one encode per
     representation) and ``payload_bytes`` of its files (serving and storage), with the
@@ -114,7 +111,7 @@ class BuildCost(_Frozen):
     payload_bytes: int = Field(ge=0)
 
 
-class ArmRun(_Frozen):
+class ArmRun(FrozenModel):
     run_id: str
     spec_id: str
     ledger_head: str
@@ -130,7 +127,7 @@ class ArmRun(_Frozen):
         return ArmRef(run_id=self.run_id, spec_id=self.spec_id, ledger_head=self.ledger_head)
 
 
-class ArmRef(_Frozen):
+class ArmRef(FrozenModel):
     """An arm's identities as a comparison or decision records them."""
 
     run_id: str
@@ -138,14 +135,14 @@ class ArmRef(_Frozen):
     ledger_head: str
 
 
-class Aggregate(_Frozen):
+class Aggregate(FrozenModel):
     """A metric over an arm: ``value`` over ``n`` evaluated cases (None when ``n`` is 0)."""
 
     value: float | None
     n: int
 
 
-class ArmSummary(_Frozen):
+class ArmSummary(FrozenModel):
     """The per-arm view the hard, coverage and cost phases read (see ``summarize``)."""
 
     ref: ArmRef

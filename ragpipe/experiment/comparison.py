@@ -23,10 +23,11 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from ragpipe.experiment.arms import ArmSummary, Coordinates, MetricDecl, _Frozen, summarize
+from ragpipe.experiment.arms import ArmSummary, Coordinates, MetricDecl, summarize
 from ragpipe.experiment.pairing import Pair, Pairing, PairingCertificate
 from ragpipe.experiment.statistics import ComparisonSpec, DeltaStats, paired_stats
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.publish import write_file_atomic
 
 ALL = "all"  # the slice of every paired case; a tag slice is named "tag:<tag>"
@@ -36,7 +37,7 @@ class ComparisonError(ValueError):
     """A comparison file cannot be read or does not match its ID; the message names the file."""
 
 
-class MetricComparison(_Frozen):
+class MetricComparison(FrozenModel):
     direction: Literal["higher", "lower"]
     unit: str
     k: int | None
@@ -47,12 +48,12 @@ class MetricComparison(_Frozen):
     stats: DeltaStats
 
 
-class SliceComparison(_Frozen):
+class SliceComparison(FrozenModel):
     cases: int
     metrics: dict[str, MetricComparison]
 
 
-class Comparison(_Frozen):
+class Comparison(FrozenModel):
     schema_: Literal["ragpipe.comparison/v1"] = Field("ragpipe.comparison/v1", alias="schema")
     spec: ComparisonSpec
     coordinates: Coordinates
@@ -95,13 +96,21 @@ def _metric(decl: MetricDecl, pairs: list[Pair], spec: ComparisonSpec, slice_nam
     deltas = [math.fsum(v) / len(v) for _, v in sorted(per_case.items())]
     scored = sum(len(v) for v in per_case.values())
     return MetricComparison(
-        direction=decl.direction, unit=decl.unit, k=decl.k, pairs=len(pairs), scored=scored, failed=failed,
-        unmeasured=unmeasured, stats=paired_stats(deltas, spec, slice_name, decl.name),
+        direction=decl.direction,
+        unit=decl.unit,
+        k=decl.k,
+        pairs=len(pairs),
+        scored=scored,
+        failed=failed,
+        unmeasured=unmeasured,
+        stats=paired_stats(deltas, spec, slice_name, decl.name),
     )
 
 
 def _slice(pairing: Pairing, pairs: list[Pair], spec: ComparisonSpec, slice_name: str) -> SliceComparison:
-    metrics = {d.name: _metric(d, pairs, spec, slice_name) for d in sorted(pairing.coordinates.metrics, key=lambda m: m.name)}
+    metrics = {
+        d.name: _metric(d, pairs, spec, slice_name) for d in sorted(pairing.coordinates.metrics, key=lambda m: m.name)
+    }
     return SliceComparison(cases=len({p.key[0] for p in pairs}), metrics=metrics)
 
 
@@ -117,8 +126,12 @@ def compare(pairing: Pairing, spec: ComparisonSpec | None = None) -> Comparison:
     for tag, tagged in sorted(by_tag.items()):
         slices[f"tag:{tag}"] = _slice(pairing, tagged, spec, f"tag:{tag}")
     return Comparison(
-        spec=spec, coordinates=pairing.coordinates, certificate=pairing.certificate,
-        incumbent=summarize(pairing.incumbent), challenger=summarize(pairing.challenger), slices=slices,
+        spec=spec,
+        coordinates=pairing.coordinates,
+        certificate=pairing.certificate,
+        incumbent=summarize(pairing.incumbent),
+        challenger=summarize(pairing.challenger),
+        slices=slices,
     )
 
 
@@ -156,7 +169,11 @@ def load_comparison(path: Path) -> Comparison:
         comparison = Comparison.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ComparisonError(f"{path}: invalid comparison: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise ComparisonError(
+            f"{path}: invalid comparison: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        ) from None
     if comparison.comparison_id != stored:
-        raise ComparisonError(f"{path}: content does not match its comparison_id {stored} (computed {comparison.comparison_id})")
+        raise ComparisonError(
+            f"{path}: content does not match its comparison_id {stored} (computed {comparison.comparison_id})"
+        )
     return comparison

@@ -31,23 +31,30 @@ from typing import Literal
 
 from pydantic import Field
 
-from ragpipe.experiment.arms import ArmRef, ArmRun, ArmSummary, Coordinates, _Frozen, summarize
+from ragpipe.experiment.arms import ArmRef, ArmRun, ArmSummary, Coordinates, summarize
 from ragpipe.experiment.catalog import known_metric
 from ragpipe.experiment.comparison import ALL, Comparison
 from ragpipe.experiment.gate_policy import PHASES, GatePolicy
 from ragpipe.experiment.pairing import check_arm
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.models import FrozenModel
 
 Op = Literal[">=", "<=", ">", "<", "=="]
 Verdict = Literal["pass", "fail", "skipped"]
-_HOLDS = {">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, ">": lambda v, t: v > t, "<": lambda v, t: v < t, "==": lambda v, t: v == t}
+_HOLDS = {
+    ">=": lambda v, t: v >= t,
+    "<=": lambda v, t: v <= t,
+    ">": lambda v, t: v > t,
+    "<": lambda v, t: v < t,
+    "==": lambda v, t: v == t,
+}
 
 
 class GateError(ValueError):
     """A decision cannot be made: the policy does not fit the runs (the message says why)."""
 
 
-class Check(_Frozen):
+class Check(FrozenModel):
     phase: Literal["hard", "coverage", "target", "regression", "cost"]
     name: str
     metric: str | None = None
@@ -60,7 +67,7 @@ class Check(_Frozen):
     reason: str | None = None
 
 
-class Decision(_Frozen):
+class Decision(FrozenModel):
     schema_: Literal["ragpipe.gate_decision/v1"] = Field("ragpipe.gate_decision/v1", alias="schema")
     mode: Literal["paired", "bootstrap"]
     eligible: bool
@@ -81,17 +88,40 @@ class Decision(_Frozen):
         return {"decision_id": self.decision_id, **self.model_dump(mode="json", by_alias=True)}
 
 
-def check(phase: str, name: str, value: float | None, op: Op, threshold: float, *, metric: str | None = None,
-          slice: str | None = None, arm: str | None = None, missing: str = "no value") -> Check:
+def check(
+    phase: str,
+    name: str,
+    value: float | None,
+    op: Op,
+    threshold: float,
+    *,
+    metric: str | None = None,
+    slice: str | None = None,
+    arm: str | None = None,
+    missing: str = "no value",
+) -> Check:
     """One check; a missing value fails (fail closed) with ``missing`` as the reason."""
-    label = " ".join(x for x in (phase, name, metric, f"on {slice}" if slice else None, f"({arm})" if arm else None) if x)
+    label = " ".join(
+        x for x in (phase, name, metric, f"on {slice}" if slice else None, f"({arm})" if arm else None) if x
+    )
     if value is None:
         verdict, reason = "fail", f"{label}: {missing}"
     elif _HOLDS[op](value, threshold):
         verdict, reason = "pass", None
     else:
         verdict, reason = "fail", f"{label}: {value:.6g} is not {op} {threshold:.6g}"
-    return Check(phase=phase, name=name, metric=metric, slice=slice, arm=arm, value=value, op=op, threshold=threshold, verdict=verdict, reason=reason)
+    return Check(
+        phase=phase,
+        name=name,
+        metric=metric,
+        slice=slice,
+        arm=arm,
+        value=value,
+        op=op,
+        threshold=threshold,
+        verdict=verdict,
+        reason=reason,
+    )
 
 
 def outcome(checks: tuple[Check, ...]) -> tuple[bool, str | None]:
@@ -110,15 +140,44 @@ def _hard(policy: GatePolicy, arm: ArmSummary, coords: Coordinates) -> list[Chec
             key = "min" if op == ">=" else "max"
             if bound.if_measured and coords.metric(name) is None:
                 label = f"hard {key} {name}"
-                out.append(Check(phase="hard", name=key, metric=name, value=None, op=op, threshold=threshold, verdict="skipped", reason=f"{label}: not measured by this run"))
+                out.append(
+                    Check(
+                        phase="hard",
+                        name=key,
+                        metric=name,
+                        value=None,
+                        op=op,
+                        threshold=threshold,
+                        verdict="skipped",
+                        reason=f"{label}: not measured by this run",
+                    )
+                )
                 continue
-            out.append(check("hard", key, arm.aggregates[name].value, op, threshold, metric=name, missing="no evaluated case carries it"))
+            out.append(
+                check(
+                    "hard",
+                    key,
+                    arm.aggregates[name].value,
+                    op,
+                    threshold,
+                    metric=name,
+                    missing="no evaluated case carries it",
+                )
+            )
     return out
 
 
 def _failed_rates(policy: GatePolicy, arms: dict[str, ArmSummary]) -> list[Check]:
     return [
-        check("coverage", "failed_rate", summary.failed_cells / summary.cells if summary.cells else None, "<=", policy.coverage.max_failed_rate, arm=side, missing="the arm has no cell")
+        check(
+            "coverage",
+            "failed_rate",
+            summary.failed_cells / summary.cells if summary.cells else None,
+            "<=",
+            policy.coverage.max_failed_rate,
+            arm=side,
+            missing="the arm has no cell",
+        )
         for side, summary in arms.items()
     ]
 
@@ -132,19 +191,49 @@ def _paired(policy: GatePolicy, c: Comparison) -> list[Check]:
     checks.append(check("coverage", "paired_cells", float(len(c.certificate.cells)), "==", float(c.challenger.cells)))
     checks += _failed_rates(policy, {"incumbent": c.incumbent, "challenger": c.challenger})
     target = c.slices[ALL].metrics[policy.target.metric].stats
-    checks.append(check("coverage", "scored_cases", float(target.n), ">=", float(policy.coverage.min_cases), metric=policy.target.metric))
+    checks.append(
+        check(
+            "coverage",
+            "scored_cases",
+            float(target.n),
+            ">=",
+            float(policy.coverage.min_cases),
+            metric=policy.target.metric,
+        )
+    )
     t = policy.target
-    checks.append(check("target", "improvement", target.mean, ">=", t.min_improvement, metric=t.metric, missing="no scored case"))
+    checks.append(
+        check("target", "improvement", target.mean, ">=", t.min_improvement, metric=t.metric, missing="no scored case")
+    )
     if t.evidence == "ci_lower":
-        checks.append(check("target", "ci_lower", target.ci_low, ">", 0.0, metric=t.metric, missing="fewer than 2 scored cases"))
+        checks.append(
+            check("target", "ci_lower", target.ci_low, ">", 0.0, metric=t.metric, missing="fewer than 2 scored cases")
+        )
     else:
-        checks.append(check("target", "p_value", target.p_value, "<", t.alpha, metric=t.metric, missing="fewer than 2 scored cases"))
-    limits = [(ALL, policy.regression.overall)] + [(f"tag:{tag}", lim) for tag, lim in sorted(policy.regression.tags.items())]
+        checks.append(
+            check(
+                "target", "p_value", target.p_value, "<", t.alpha, metric=t.metric, missing="fewer than 2 scored cases"
+            )
+        )
+    limits = [(ALL, policy.regression.overall)] + [
+        (f"tag:{tag}", lim) for tag, lim in sorted(policy.regression.tags.items())
+    ]
     for slice_name, lim in limits:
         for metric, loss in sorted(lim.items()):
             got = c.slices.get(slice_name)
             mean = got.metrics[metric].stats.mean if got is not None else None
-            checks.append(check("regression", "max_loss", mean, ">=", -loss, metric=metric, slice=slice_name, missing="no scored case in this slice"))
+            checks.append(
+                check(
+                    "regression",
+                    "max_loss",
+                    mean,
+                    ">=",
+                    -loss,
+                    metric=metric,
+                    slice=slice_name,
+                    missing="no scored case in this slice",
+                )
+            )
     checks += _cost(policy, c.challenger, c.incumbent)
     return checks
 
@@ -155,12 +244,16 @@ def _cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | No
     if incumbent is not None and cost.max_p95_latency_ratio is not None:
         base = incumbent.latency_p95_ms
         if base is None:
-            out.append(check("cost", "p95_latency_relative", None, "<=", 0.0, missing="the incumbent has no latency sample"))
+            out.append(
+                check("cost", "p95_latency_relative", None, "<=", 0.0, missing="the incumbent has no latency sample")
+            )
         else:
             allowance = max(base * cost.max_p95_latency_ratio, base + cost.latency_slack_ms)
             out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing="no latency sample"))
     if cost.max_p95_latency_ms is not None:
-        out.append(check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing="no latency sample"))
+        out.append(
+            check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing="no latency sample")
+        )
     return out + _build_cost(policy, challenger, incumbent)
 
 
@@ -178,12 +271,39 @@ def _build_cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummar
         value = None if challenger.build is None else float(getattr(challenger.build, figure))
         if incumbent is not None and ratio is not None:
             if incumbent.build is None:
-                out.append(check("cost", f"{name}_relative", None, "<=", 0.0, missing="the incumbent run records no build figures"))
+                out.append(
+                    check(
+                        "cost",
+                        f"{name}_relative",
+                        None,
+                        "<=",
+                        0.0,
+                        missing="the incumbent run records no build figures",
+                    )
+                )
             else:
                 allowance = getattr(incumbent.build, figure) * ratio
-                out.append(check("cost", f"{name}_relative", value, "<=", allowance, missing="the challenger run records no build figures"))
+                out.append(
+                    check(
+                        "cost",
+                        f"{name}_relative",
+                        value,
+                        "<=",
+                        allowance,
+                        missing="the challenger run records no build figures",
+                    )
+                )
         if ceiling is not None:
-            out.append(check("cost", f"{name}_absolute", value, "<=", ceiling, missing="the challenger run records no build figures"))
+            out.append(
+                check(
+                    "cost",
+                    f"{name}_absolute",
+                    value,
+                    "<=",
+                    ceiling,
+                    missing="the challenger run records no build figures",
+                )
+            )
     return out
 
 
@@ -192,9 +312,21 @@ def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
     checks = _hard(policy, summary, arm.coordinates)
     checks.append(check("coverage", "terminal_cells", float(summary.cells), "==", float(len(arm.expected))))
     checks += _failed_rates(policy, {"challenger": summary})
-    checks.append(check("coverage", "evaluated_cases", float(summary.evaluated_cases), ">=", float(policy.coverage.min_cases)))
+    checks.append(
+        check("coverage", "evaluated_cases", float(summary.evaluated_cases), ">=", float(policy.coverage.min_cases))
+    )
     for metric, floor in sorted(policy.bootstrap_floors.items()):
-        checks.append(check("target", "floor", summary.aggregates[metric].value, _floor_op(metric), floor, metric=metric, missing="no evaluated case carries it"))
+        checks.append(
+            check(
+                "target",
+                "floor",
+                summary.aggregates[metric].value,
+                _floor_op(metric),
+                floor,
+                metric=metric,
+                missing="no evaluated case carries it",
+            )
+        )
     return checks + _cost(policy, summary, None)
 
 
@@ -202,16 +334,22 @@ def _check_fit(policy: GatePolicy, coords: Coordinates, comparison: Comparison |
     for decl in coords.metrics:
         known = known_metric(decl.name)
         if known is not None and known.direction != decl.direction:
-            raise GateError(f"metric {decl.name!r} is declared {decl.direction!r}-is-better by the run, but ragpipe defines it {known.direction!r}-is-better")
+            raise GateError(
+                f"metric {decl.name!r} is declared {decl.direction!r}-is-better by the run, but ragpipe defines it {known.direction!r}-is-better"
+            )
     optional = {name for name, bound in policy.hard.items() if bound.if_measured}
     declared = {m.name for m in coords.metrics}
     unknown = sorted(policy.metrics() - optional - declared)
     if unknown:
-        raise GateError(f"the policy names metric {unknown[0]!r}, which the run does not measure (measured: {', '.join(sorted(declared))})")
+        raise GateError(
+            f"the policy names metric {unknown[0]!r}, which the run does not measure (measured: {', '.join(sorted(declared))})"
+        )
     if comparison is not None and policy.target.evidence == "ci_lower":
         level = comparison.spec.confidence_level
         if not math.isclose(level, 1 - policy.target.alpha, abs_tol=1e-12):
-            raise GateError(f"the comparison's interval is at {level:g}, the policy needs 1 - alpha = {1 - policy.target.alpha:g} (recompute it with that confidence level)")
+            raise GateError(
+                f"the comparison's interval is at {level:g}, the policy needs 1 - alpha = {1 - policy.target.alpha:g} (recompute it with that confidence level)"
+            )
 
 
 def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun | None = None) -> Decision:
@@ -224,14 +362,27 @@ def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun
         checks, incumbent, challenger_ref, comparison_id = _bootstrap(policy, challenger), None, challenger.ref(), None
     else:
         if challenger is not None and challenger.ref() != comparison.certificate.challenger:
-            raise GateError(f"run {challenger.run_id} is not the comparison's challenger {comparison.certificate.challenger.run_id}")
+            raise GateError(
+                f"run {challenger.run_id} is not the comparison's challenger {comparison.certificate.challenger.run_id}"
+            )
         _check_fit(policy, comparison.coordinates, comparison)
-        checks, incumbent, challenger_ref = _paired(policy, comparison), comparison.certificate.incumbent, comparison.certificate.challenger
+        checks, incumbent, challenger_ref = (
+            _paired(policy, comparison),
+            comparison.certificate.incumbent,
+            comparison.certificate.challenger,
+        )
         comparison_id = comparison.comparison_id
     checks_t = tuple(checks)
     eligible, decisive = outcome(checks_t)
     return Decision(
-        mode="bootstrap" if comparison is None else "paired", eligible=eligible, decisive_phase=decisive, checks=checks_t,
-        reasons=tuple(c.reason for c in checks_t if c.verdict == "fail" and c.reason), comparison_id=comparison_id,
-        policy_id=policy.policy_id, incumbent=incumbent, challenger=challenger_ref, human_apply_required=policy.human_apply_required,
+        mode="bootstrap" if comparison is None else "paired",
+        eligible=eligible,
+        decisive_phase=decisive,
+        checks=checks_t,
+        reasons=tuple(c.reason for c in checks_t if c.verdict == "fail" and c.reason),
+        comparison_id=comparison_id,
+        policy_id=policy.policy_id,
+        incumbent=incumbent,
+        challenger=challenger_ref,
+        human_apply_required=policy.human_apply_required,
     )

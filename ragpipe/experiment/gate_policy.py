@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_serializer
 
-from ragpipe.experiment.arms import _Frozen
 from ragpipe.experiment.catalog import KNOWN_NAMES, known_metric
 from ragpipe.experiment.strict_yaml import StrictYamlError, load_strict
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.models import FrozenModel
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "specs" / "gate_policy.yaml"
 PHASES = ("hard", "coverage", "target", "regression", "cost")
@@ -39,25 +39,25 @@ class PolicyError(ValueError):
     """A gate policy is refused; ``str(e)`` names the file, line and key path."""
 
 
-class HardBound(_Frozen):
+class HardBound(FrozenModel):
     min: float | None = None
     max: float | None = None
     if_measured: bool = False  # True: a run that does not measure the metric skips the check
 
 
-class CoveragePolicy(_Frozen):
+class CoveragePolicy(FrozenModel):
     max_failed_rate: float
     min_cases: int
 
 
-class TargetPolicy(_Frozen):
+class TargetPolicy(FrozenModel):
     metric: str
     min_improvement: float
     evidence: Literal["ci_lower", "p_value"]
     alpha: float
 
 
-class RegressionPolicy(_Frozen):
+class RegressionPolicy(FrozenModel):
     overall: dict[str, float]
     tags: dict[str, dict[str, float]]
 
@@ -66,7 +66,7 @@ BUILD_BOUNDS = ("max_build_vectors_ratio", "max_build_vectors", "max_bundle_byte
 COST_KEYS = ("max_p95_latency_ratio", "latency_slack_ms", "max_p95_latency_ms", *BUILD_BOUNDS)
 
 
-class CostPolicy(_Frozen):
+class CostPolicy(FrozenModel):
     """Latency: challenger p95 <= max(incumbent p95 x ratio, incumbent p95 + slack), and an
     absolute ceiling. Build cost (the bundle's figures, ``arms.BuildCost``): challenger vectors
     <= incumbent vectors x ratio, challenger payload bytes <= incumbent bytes x ratio, and
@@ -92,7 +92,7 @@ class CostPolicy(_Frozen):
         return data
 
 
-class GatePolicy(_Frozen):
+class GatePolicy(FrozenModel):
     schema_: Literal["ragpipe.gate_policy/v1"] = Field(SCHEMA, alias="schema")
     human_apply_required: bool = True
     hard: dict[str, HardBound]
@@ -124,7 +124,9 @@ class _Reader:
             probe = probe.rpartition(".")[0]
         return PolicyError(f"{self.where}:{self.lines.get(probe, 1)}: {path or 'policy'}: {rule}")
 
-    def mapping(self, value: Any, path: str, keys: tuple[str, ...] | None = None, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    def mapping(
+        self, value: Any, path: str, keys: tuple[str, ...] | None = None, required: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(path, f"must be a mapping, got {type(value).__name__}")
         if keys is not None:
@@ -136,7 +138,9 @@ class _Reader:
             raise self.fail(path, f"missing key {missing[0]!r}")
         return value
 
-    def number(self, value: Any, path: str, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> float:
+    def number(
+        self, value: Any, path: str, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False
+    ) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(path, f"must be a number, got {value!r}")
         if not math.isfinite(value):
@@ -167,7 +171,9 @@ class _Reader:
         width = None if known.hi is None else known.hi - known.lo
         number = self.number(value, path, 0.0)
         if width is not None and number > width:
-            raise self.fail(path, f"contradictory bound: a change of {number:g} exceeds the range width {width:g} of {name}")
+            raise self.fail(
+                path, f"contradictory bound: a change of {number:g} exceeds the range width {width:g} of {name}"
+            )
         return number
 
 
@@ -195,7 +201,9 @@ def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
     cases = spec["min_cases"]
     if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
         raise r.fail("coverage.min_cases", f"must be an integer >= 1, got {cases!r}")
-    return CoveragePolicy(max_failed_rate=r.number(spec["max_failed_rate"], "coverage.max_failed_rate", 0.0, 1.0), min_cases=cases)
+    return CoveragePolicy(
+        max_failed_rate=r.number(spec["max_failed_rate"], "coverage.max_failed_rate", 0.0, 1.0), min_cases=cases
+    )
 
 
 def _target(r: _Reader, raw: Any) -> TargetPolicy:
@@ -232,7 +240,10 @@ def _build_ratio(r: _Reader, value: Any, path: str) -> float | None:
         return None
     ratio = r.number(value, path, 0.0, lo_open=True)
     if ratio < 1.0:
-        raise r.fail(path, f"contradictory bound: a ratio of {ratio:g} is below 1, so a challenger on the incumbent's own bundle could never pass")
+        raise r.fail(
+            path,
+            f"contradictory bound: a ratio of {ratio:g} is below 1, so a challenger on the incumbent's own bundle could never pass",
+        )
     return ratio
 
 
@@ -250,7 +261,9 @@ def _cost(r: _Reader, raw: Any) -> CostPolicy:
     spec = r.mapping(raw, "cost", COST_KEYS)
     ratio, ceiling = spec.get("max_p95_latency_ratio"), spec.get("max_p95_latency_ms")
     return CostPolicy(
-        max_p95_latency_ratio=None if ratio is None else r.number(ratio, "cost.max_p95_latency_ratio", 0.0, lo_open=True),
+        max_p95_latency_ratio=None
+        if ratio is None
+        else r.number(ratio, "cost.max_p95_latency_ratio", 0.0, lo_open=True),
         latency_slack_ms=r.number(spec.get("latency_slack_ms", 0.0), "cost.latency_slack_ms", 0.0),
         max_p95_latency_ms=None if ceiling is None else r.number(ceiling, "cost.max_p95_latency_ms", 0.0, lo_open=True),
         max_build_vectors_ratio=_build_ratio(r, spec.get("max_build_vectors_ratio"), "cost.max_build_vectors_ratio"),
@@ -264,7 +277,10 @@ def _check_phase_order(r: _Reader, doc: dict[str, Any]) -> None:
     allowed = ("schema", "human_apply_required", *PHASES, "bootstrap_floors")
     for key in doc:
         if key not in allowed:
-            raise r.fail(key, f"unknown phase (phases, in order: {', '.join(PHASES)}; other keys: schema, human_apply_required, bootstrap_floors)")
+            raise r.fail(
+                key,
+                f"unknown phase (phases, in order: {', '.join(PHASES)}; other keys: schema, human_apply_required, bootstrap_floors)",
+            )
     missing = [p for p in PHASES if p not in doc]
     if missing:
         raise r.fail("", f"missing phase {missing[0]!r} (every phase is declared, even when empty)")
@@ -287,18 +303,30 @@ def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> G
     if not isinstance(apply_flag, bool):
         raise r.fail("human_apply_required", f"must be true or false, got {apply_flag!r}")
     target = _target(r, doc["target"])
-    floors = {name: r.in_range(name, value, f"bootstrap_floors.{name}") for name, value in r.mapping(doc.get("bootstrap_floors"), "bootstrap_floors").items()}
+    floors = {
+        name: r.in_range(name, value, f"bootstrap_floors.{name}")
+        for name, value in r.mapping(doc.get("bootstrap_floors"), "bootstrap_floors").items()
+    }
     if target.metric not in floors:
-        raise r.fail("bootstrap_floors", f"contradictory policy: no floor for the target metric {target.metric!r} (a bootstrap decision would have no target)")
+        raise r.fail(
+            "bootstrap_floors",
+            f"contradictory policy: no floor for the target metric {target.metric!r} (a bootstrap decision would have no target)",
+        )
     return GatePolicy(
-        human_apply_required=apply_flag, hard=_hard(r, doc["hard"]), coverage=_coverage(r, doc["coverage"]), target=target,
-        regression=_regression(r, doc["regression"]), cost=_cost(r, doc["cost"]), bootstrap_floors=floors,
+        human_apply_required=apply_flag,
+        hard=_hard(r, doc["hard"]),
+        coverage=_coverage(r, doc["coverage"]),
+        target=target,
+        regression=_regression(r, doc["regression"]),
+        cost=_cost(r, doc["cost"]),
+        bootstrap_floors=floors,
     )
 
 
 def policy_document(policy: GatePolicy) -> dict[str, Any]:
     """``policy`` as a document ``parse_policy`` reads back to the same policy (same ID): its
     JSON form without the bounds that are not set (``null`` is how a file leaves a bound out)."""
+
     def present(value: Any) -> Any:
         return {k: present(v) for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 

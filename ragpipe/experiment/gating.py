@@ -22,13 +22,23 @@ def not_pairable(policy: GatePolicy, incumbent: ArmRun, challenger: ArmRun, erro
     """The ineligible decision recorded when the runs cannot be paired exactly: decisive phase
     ``coverage``, one failing check ``coverage pairing`` whose reason is the pairing error."""
     failed = check("coverage", "pairing", None, "==", 1.0, missing=str(error))
-    return Decision(mode="paired", eligible=False, decisive_phase="coverage", checks=(failed,), reasons=(str(failed.reason),),
-                    comparison_id=None, policy_id=policy.policy_id, incumbent=incumbent.ref(), challenger=challenger.ref(),
-                    human_apply_required=policy.human_apply_required)
+    return Decision(
+        mode="paired",
+        eligible=False,
+        decisive_phase="coverage",
+        checks=(failed,),
+        reasons=(str(failed.reason),),
+        comparison_id=None,
+        policy_id=policy.policy_id,
+        incumbent=incumbent.ref(),
+        challenger=challenger.ref(),
+        human_apply_required=policy.human_apply_required,
+    )
 
 
-def gate_runs(policy: GatePolicy, challenger: ArmRun, incumbent: ArmRun | None,
-              spec: ComparisonSpec | None) -> tuple[Decision, Comparison | None]:
+def gate_runs(
+    policy: GatePolicy, challenger: ArmRun, incumbent: ArmRun | None, spec: ComparisonSpec | None
+) -> tuple[Decision, Comparison | None]:
     """The decision (and, when the runs pair, the comparison) of ``policy`` on these runs."""
     if incumbent is None:
         return decide(policy, None, challenger), None

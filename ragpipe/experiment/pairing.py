@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ragpipe.experiment.arms import ArmRef, ArmRun, CellKey, CellOutcome, Coordinates, _Frozen
+from ragpipe.experiment.arms import ArmRef, ArmRun, CellKey, CellOutcome, Coordinates
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.models import FrozenModel
 
 ROLES = ("incumbent", "challenger")
 
@@ -42,14 +43,18 @@ def check_arm(arm: ArmRun, side: str) -> None:
     expected_counts = Counter(arm.expected)
     dup_expected = sorted(k for k, n in expected_counts.items() if n > 1)
     if dup_expected:
-        raise PairingError(f"{who}: expected {describe(dup_expected[0])} is listed {expected_counts[dup_expected[0]]} times")
+        raise PairingError(
+            f"{who}: expected {describe(dup_expected[0])} is listed {expected_counts[dup_expected[0]]} times"
+        )
     counts = Counter(c.key for c in arm.cells)
     dups = sorted(k for k, n in counts.items() if n > 1)
     if dups:
         raise PairingError(f"{who}: {describe(dups[0])} appears {counts[dups[0]]} times")
     missing = sorted(set(expected_counts) - set(counts))
     if missing:
-        raise PairingError(f"{who}: {describe(missing[0])} is missing ({len(missing)} expected cells have no terminal outcome)")
+        raise PairingError(
+            f"{who}: {describe(missing[0])} is missing ({len(missing)} expected cells have no terminal outcome)"
+        )
     extra = sorted(set(counts) - set(expected_counts))
     if extra:
         raise PairingError(f"{who}: {describe(extra[0])} is not an expected cell")
@@ -78,7 +83,9 @@ def _check_coordinates(incumbent: Coordinates, challenger: Coordinates) -> None:
             inc, ch = (ms[i].model_dump() if i < len(ms) else "nothing" for ms in (a, b))
             raise PairingError(f"runs differ in metrics at position {i}: incumbent {inc!r}, challenger {ch!r}")
         if a != b:
-            raise PairingError(f"runs differ in {name}: incumbent {a!r}, challenger {b!r} (only bundle, plan and arm label may differ)")
+            raise PairingError(
+                f"runs differ in {name}: incumbent {a!r}, challenger {b!r} (only bundle, plan and arm label may differ)"
+            )
 
 
 def _first_difference(a: dict, b: dict) -> str | None:
@@ -101,18 +108,23 @@ def _check_same_cases(incumbent: ArmRun, challenger: ArmRun) -> None:
         has, lacks = ("incumbent", "challenger") if key in inc_keys else ("challenger", "incumbent")
         raise PairingError(f"{describe(key)} is expected by the {has} but not by the {lacks}")
     cases = sorted({k[0] for k in inc_keys})
-    tagged = next((c for c in cases if tuple(sorted(incumbent.tags.get(c, ()))) != tuple(sorted(challenger.tags.get(c, ())))), None)
+    tagged = next(
+        (c for c in cases if tuple(sorted(incumbent.tags.get(c, ()))) != tuple(sorted(challenger.tags.get(c, ())))),
+        None,
+    )
     if tagged is not None:
-        raise PairingError(f"case {tagged!r} has tags {sorted(incumbent.tags.get(tagged, ()))} in the incumbent, {sorted(challenger.tags.get(tagged, ()))} in the challenger")
+        raise PairingError(
+            f"case {tagged!r} has tags {sorted(incumbent.tags.get(tagged, ()))} in the incumbent, {sorted(challenger.tags.get(tagged, ()))} in the challenger"
+        )
 
 
-class FailureCount(_Frozen):
+class FailureCount(FrozenModel):
     side: str
     failure_class: str
     cells: int
 
 
-class PairingCertificate(_Frozen):
+class PairingCertificate(FrozenModel):
     """What was paired: both runs under their roles, the shared coordinates' ID, every paired
     cell in order, the skipped cases, and the failed cells counted by arm and class."""
 
@@ -163,7 +175,10 @@ def pair(incumbent: ArmRun, challenger: ArmRun) -> Pairing:
     keys = tuple(sorted(by_inc))
     pairs = tuple(Pair(k, by_inc[k], by_ch[k]) for k in keys)
     failures = Counter(
-        (side, str(cell.failure_class)) for p in pairs for side, cell in (("incumbent", p.incumbent), ("challenger", p.challenger)) if not cell.completed
+        (side, str(cell.failure_class))
+        for p in pairs
+        for side, cell in (("incumbent", p.incumbent), ("challenger", p.challenger))
+        if not cell.completed
     )
     certificate = PairingCertificate(
         incumbent=incumbent.ref(),
@@ -171,7 +186,10 @@ def pair(incumbent: ArmRun, challenger: ArmRun) -> Pairing:
         coordinates_id=coordinates_id(incumbent.coordinates),
         cells=keys,
         skipped=tuple(sorted(incumbent.skipped.items())),
-        failures=tuple(FailureCount(side=s, failure_class=c, cells=n) for (s, c), n in sorted(failures.items(), key=lambda kv: (ROLES.index(kv[0][0]), kv[0][1]))),
+        failures=tuple(
+            FailureCount(side=s, failure_class=c, cells=n)
+            for (s, c), n in sorted(failures.items(), key=lambda kv: (ROLES.index(kv[0][0]), kv[0][1]))
+        ),
         both_completed=sum(1 for p in pairs if p.incumbent.completed and p.challenger.completed),
     )
     return Pairing(incumbent, challenger, pairs, certificate)

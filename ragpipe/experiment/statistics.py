@@ -28,12 +28,12 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from ragpipe.experiment.arms import _Frozen
+from ragpipe.kernel.models import FrozenModel
 
 BATCH = 1000  # resamples per vectorised batch: bounds memory; results do not depend on it
 
 
-class ComparisonSpec(_Frozen):
+class ComparisonSpec(FrozenModel):
     """How a comparison computes its statistics; all of it is in the comparison ID."""
 
     schema_: Literal["ragpipe.comparison_spec/v1"] = Field("ragpipe.comparison_spec/v1", alias="schema")
@@ -47,7 +47,7 @@ class ComparisonSpec(_Frozen):
         return self.model_dump(mode="json", by_alias=True)
 
 
-class DeltaStats(_Frozen):
+class DeltaStats(FrozenModel):
     """Statistics of the per-case deltas of one metric on one slice."""
 
     n: int
@@ -89,9 +89,18 @@ def paired_stats(deltas: Sequence[float], spec: ComparisonSpec, slice_name: str,
         "losses": sum(1 for d in deltas if d < -tol),
     }
     if n == 0:
-        return DeltaStats(n=0, mean=None, median=None, min=None, max=None, ci_low=None, ci_high=None, p_value=None, **counts)
+        return DeltaStats(
+            n=0, mean=None, median=None, min=None, max=None, ci_low=None, ci_high=None, p_value=None, **counts
+        )
     mean = math.fsum(deltas) / n
-    shape = {"n": n, "mean": mean, "median": float(statistics.median(deltas)), "min": float(min(deltas)), "max": float(max(deltas)), **counts}
+    shape = {
+        "n": n,
+        "mean": mean,
+        "median": float(statistics.median(deltas)),
+        "min": float(min(deltas)),
+        "max": float(max(deltas)),
+        **counts,
+    }
     if n < 2:
         return DeltaStats(ci_low=None, ci_high=None, p_value=None, **shape)
     what = f"slice {slice_name!r}, metric {metric!r}"
@@ -102,14 +111,26 @@ def paired_stats(deltas: Sequence[float], spec: ComparisonSpec, slice_name: str,
         low = high = float(deltas[0])
     else:
         boot = stats.bootstrap(
-            (data,), _mean, n_resamples=spec.n_resamples, batch=BATCH, vectorized=True, confidence_level=spec.confidence_level,
-            method=spec.ci_method, rng=rng_for(spec.seed, slice_name, "ci\0" + metric),
+            (data,),
+            _mean,
+            n_resamples=spec.n_resamples,
+            batch=BATCH,
+            vectorized=True,
+            confidence_level=spec.confidence_level,
+            method=spec.ci_method,
+            rng=rng_for(spec.seed, slice_name, "ci\0" + metric),
         )
         low = _finite(boot.confidence_interval.low, f"{what}: bootstrap interval")
         high = _finite(boot.confidence_interval.high, f"{what}: bootstrap interval")
     test = stats.permutation_test(
-        (data,), _mean, permutation_type="samples", vectorized=True, n_resamples=spec.n_resamples, batch=BATCH,
-        alternative="greater", rng=rng_for(spec.seed, slice_name, "p\0" + metric),
+        (data,),
+        _mean,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=spec.n_resamples,
+        batch=BATCH,
+        alternative="greater",
+        rng=rng_for(spec.seed, slice_name, "p\0" + metric),
     )
     p_value = _finite(test.pvalue, f"{what}: randomization p-value")
     return DeltaStats(ci_low=low, ci_high=high, p_value=min(1.0, p_value), **shape)

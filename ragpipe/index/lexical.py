@@ -27,8 +27,8 @@ import tantivy
 from ragpipe.index.hits import Hit
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.segments import (
-    Scopes,
     ScopeGroupError,
+    Scopes,
     SegmentView,
     compose_groups,
     file_stem,
@@ -38,7 +38,7 @@ from ragpipe.index.segments import (
     scope_set,
     show_scopes,
 )
-from ragpipe.pipeline_spec import LexicalIndexSpec
+from ragpipe.spec import LexicalIndexSpec
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _MAX_FILTERS = 1024  # one scope filter per distinct scope set; bounded
@@ -129,7 +129,13 @@ class LexicalSearcher:
     ``representations.parquet``; the index's ``row`` field points into it. Safe to share between
     threads: tantivy searches are, and the filter cache is locked."""
 
-    def __init__(self, index: tantivy.Index, rows: Sequence[tuple[str, str, str]], directory: Path, view: SegmentView | None = None):
+    def __init__(
+        self,
+        index: tantivy.Index,
+        rows: Sequence[tuple[str, str, str]],
+        directory: Path,
+        view: SegmentView | None = None,
+    ):
         self.rows = rows
         self.index = index
         self.directory = directory  # the scope-grouped index folder (a view's source, for a view)
@@ -144,7 +150,9 @@ class LexicalSearcher:
         return cls(_open(directory), rows, directory)
 
     @classmethod
-    def open_view(cls, directory: Path, meta: dict, segment_ids: Sequence[str], rows: Sequence[tuple[str, str, str]]) -> LexicalSearcher:
+    def open_view(
+        cls, directory: Path, meta: dict, segment_ids: Sequence[str], rows: Sequence[tuple[str, str, str]]
+    ) -> LexicalSearcher:
         """A searcher over exactly ``segment_ids`` of the index in ``directory`` (``meta`` is its
         parsed ``meta.json``): a ``SegmentView`` folder, removed by ``close()``."""
         view = SegmentView(directory, meta, segment_ids)
@@ -202,7 +210,9 @@ class LexicalSearcher:
                 self._filters.move_to_end(scopes)
                 return query
             terms = [tantivy.Query.term_query(self.schema, "access_scope", s) for s in scopes]
-            either = terms[0] if len(terms) == 1 else tantivy.Query.boolean_query([(tantivy.Occur.Should, t) for t in terms])
+            either = (
+                terms[0] if len(terms) == 1 else tantivy.Query.boolean_query([(tantivy.Occur.Should, t) for t in terms])
+            )
             query = self._filters[scopes] = tantivy.Query.const_score_query(either, 0.0)
             if len(self._filters) > _MAX_FILTERS:
                 self._filters.popitem(last=False)
@@ -243,13 +253,17 @@ def verify_scope_groups(directory: Path, row_scopes: Sequence[Sequence[str]]) ->
         return problems
     searcher = _open(directory).searcher()
     if searcher.num_segments != len(meta["segments"]):
-        return [f"{name}/meta.json: tantivy opened {searcher.num_segments} segments, meta.json lists {len(meta['segments'])}"]
+        return [
+            f"{name}/meta.json: tantivy opened {searcher.num_segments} segments, meta.json lists {len(meta['segments'])}"
+        ]
     group_of = {sid: g.scopes for g in groups for sid in g.segment_ids}
     expected = [scope_set(s) for s in row_scopes]
     home: dict[int, str] = {}
     for ordinal, entry in enumerate(meta["segments"]):
         sid = entry["segment_id"]
-        problems += _segment_problems(searcher, ordinal, entry["max_doc"], f"{name}/{file_stem(sid)}.store", group_of[sid], expected, home, sid)
+        problems += _segment_problems(
+            searcher, ordinal, entry["max_doc"], f"{name}/{file_stem(sid)}.store", group_of[sid], expected, home, sid
+        )
     missing = sorted(set(range(len(expected))) - set(home))
     if missing:
         problems.append(f"{name}: {len(missing)} bundle row(s) are stored in no segment (first: row {missing[0]})")
@@ -257,7 +271,14 @@ def verify_scope_groups(directory: Path, row_scopes: Sequence[Sequence[str]]) ->
 
 
 def _segment_problems(
-    searcher: tantivy.Searcher, ordinal: int, max_doc: int, where: str, scopes: Scopes, expected: list[Scopes], home: dict[int, str], sid: str
+    searcher: tantivy.Searcher,
+    ordinal: int,
+    max_doc: int,
+    where: str,
+    scopes: Scopes,
+    expected: list[Scopes],
+    home: dict[int, str],
+    sid: str,
 ) -> list[str]:
     stored_wrong, document_wrong, problems = [], [], []
     for doc in range(max_doc):
@@ -276,9 +297,12 @@ def _segment_problems(
     group = show_scopes(scopes)
     if stored_wrong:
         row, stored = stored_wrong[0]
-        problems.append(f"{where}: {len(stored_wrong)} row(s) store access scopes other than their group's {group} (first: row {row} stores {show_scopes(stored)})")
+        problems.append(
+            f"{where}: {len(stored_wrong)} row(s) store access scopes other than their group's {group} (first: row {row} stores {show_scopes(stored)})"
+        )
     if document_wrong:
         row, document = document_wrong[0]
-        problems.append(f"{where}: {len(document_wrong)} row(s) belong to documents outside group {group} (first: row {row}, document scopes {show_scopes(document)})")
+        problems.append(
+            f"{where}: {len(document_wrong)} row(s) belong to documents outside group {group} (first: row {row}, document scopes {show_scopes(document)})"
+        )
     return problems
-

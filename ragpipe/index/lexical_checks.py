@@ -18,7 +18,7 @@ import tantivy
 
 from ragpipe.index.lexical import lexical_schema
 from ragpipe.index.segments import read_meta
-from ragpipe.pipeline_spec import LexicalIndexSpec
+from ragpipe.spec import LexicalIndexSpec
 
 LABEL = "lexical"
 
@@ -34,7 +34,9 @@ def structure_problems(directory: Path, spec: LexicalIndexSpec, row_scopes: Sequ
     """Schema, ``row`` fast field and ``access_scope`` postings against the expected rows (row ``i``
     has scopes ``row_scopes[i]``); empty when all agree."""
     if read_meta(directory).get("schema") != expected_schema(spec):
-        return [f"{LABEL}/meta.json: schema differs from the one the lexical index spec builds (tokenizer or field options)"]
+        return [
+            f"{LABEL}/meta.json: schema differs from the one the lexical index spec builds (tokenizer or field options)"
+        ]
     index = tantivy.Index.open(str(directory))
     index.reload()
     searcher = index.searcher()
@@ -44,7 +46,9 @@ def structure_problems(directory: Path, spec: LexicalIndexSpec, row_scopes: Sequ
     for address, fast in zip(every, searcher.fast_field_values("row", every)):
         stored = searcher.doc(address).to_dict()["row"][0]
         if fast != stored:
-            problems.append(f"{LABEL}: stored row {stored}: the row fast field says {fast} (hits would resolve to another row)")
+            problems.append(
+                f"{LABEL}: stored row {stored}: the row fast field says {fast} (hits would resolve to another row)"
+            )
             return problems
     expected_scopes = {s for scopes in row_scopes for s in scopes}
     indexed = {term for term, _ in searcher.terms_with_prefix("access_scope", "")}

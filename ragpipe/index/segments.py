@@ -157,7 +157,9 @@ def read_scope_groups(directory: Path) -> list[ScopeGroup]:
     groups = [ScopeGroup(g.scopes, g.segment_ids, g.rows) for g in parsed.groups]
     for g in groups:
         if g.scopes != scope_set(g.scopes) or not g.scopes:
-            raise ScopeGroupError(f"{where}: group {show_scopes(g.scopes)}: scopes must be non-empty, sorted and distinct")
+            raise ScopeGroupError(
+                f"{where}: group {show_scopes(g.scopes)}: scopes must be non-empty, sorted and distinct"
+            )
         bad = [s for s in g.segment_ids if not _SEGMENT_ID.match(s)]
         if bad:
             raise ScopeGroupError(f"{where}: group {show_scopes(g.scopes)}: {bad[0]!r} is not a segment ID")
@@ -187,7 +189,9 @@ def layout_problems(directory: Path, groups: Sequence[ScopeGroup], meta: dict) -
     for g in groups:
         for sid in g.segment_ids:
             if sid in owner:
-                problems.append(f"{side}: segment {sid} is listed in groups {show_scopes(owner[sid])} and {show_scopes(g.scopes)}")
+                problems.append(
+                    f"{side}: segment {sid} is listed in groups {show_scopes(owner[sid])} and {show_scopes(g.scopes)}"
+                )
             owner[sid] = g.scopes
             if sid not in max_doc:
                 problems.append(f"{side}: segment {sid} of group {show_scopes(g.scopes)} is not in {META_NAME}")
@@ -243,7 +247,13 @@ class SegmentView:
         cls._swept = True
         for entry in Path(tempfile.gettempdir()).glob(f"{VIEW_PREFIX}*-*"):
             pid = entry.name[len(VIEW_PREFIX) :].split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) and entry.is_dir() and not entry.is_symlink():
+            if (
+                pid.isdigit()
+                and int(pid) != os.getpid()
+                and not pid_alive(int(pid))
+                and entry.is_dir()
+                and not entry.is_symlink()
+            ):
                 shutil.rmtree(entry, ignore_errors=True)
 
 

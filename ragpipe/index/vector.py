@@ -25,8 +25,8 @@ import pyarrow as pa
 from lancedb.index import IvfFlat, LabelList
 
 from ragpipe.corpus.models import SCOPE_PATTERN
-from ragpipe.index.rows import IndexRow
 from ragpipe.index.hits import Hit
+from ragpipe.index.rows import IndexRow
 
 T = TypeVar("T")
 TABLE_NAME = "representations"
@@ -56,7 +56,9 @@ def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarra
     created = db.create_table(TABLE_NAME, data=table)
     created.create_index("access_scopes", config=LabelList())
     if (partitions := ivf_partitions(len(rows))) is not None:
-        created.create_index("vector", config=IvfFlat(distance_type=metric, num_partitions=partitions), name=VECTOR_INDEX_NAME)
+        created.create_index(
+            "vector", config=IvfFlat(distance_type=metric, num_partitions=partitions), name=VECTOR_INDEX_NAME
+        )
     return vector_row_count(directory)
 
 
@@ -158,7 +160,9 @@ class VectorSearcher:
         db = await lancedb.connect_async(str(directory))
         return await db.open_table(TABLE_NAME)
 
-    def search(self, vector: np.ndarray, k: int, scopes: tuple[str, ...], exclude_documents: Collection[str] = ()) -> list[Hit]:
+    def search(
+        self, vector: np.ndarray, k: int, scopes: tuple[str, ...], exclude_documents: Collection[str] = ()
+    ) -> list[Hit]:
         """The ``k`` nearest rows visible to ``scopes`` (none for no scopes), skipping the rows
         of ``exclude_documents``; both filters are prefilters, applied before the top ``k``."""
         if not scopes:

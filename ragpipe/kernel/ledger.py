@@ -198,7 +198,9 @@ class Ledger:
     tail, repairing a lagging head); ``append`` writes one durable record. ``on_append(kind)`` runs
     after each durable append (failure-injection tests kill the process there)."""
 
-    def __init__(self, path: Path, domain: Domain, records: tuple[Record, ...], on_append: Callable[[str], None] | None = None):
+    def __init__(
+        self, path: Path, domain: Domain, records: tuple[Record, ...], on_append: Callable[[str], None] | None = None
+    ):
         self.path = path
         self.domain = domain
         self.records = list(records)
@@ -216,8 +218,15 @@ class Ledger:
         return ledger
 
     @classmethod
-    def open(cls, path: Path, domain: Domain, *, create: bool = False, missing: str = "no ledger file",
-             on_append: Callable[[str], None] | None = None) -> Ledger:
+    def open(
+        cls,
+        path: Path,
+        domain: Domain,
+        *,
+        create: bool = False,
+        missing: str = "no ledger file",
+        on_append: Callable[[str], None] | None = None,
+    ) -> Ledger:
         """Open for appending after full verification; with ``create`` a missing ledger is made."""
         if create and not path.exists():
             ledger = cls.create(path, domain)

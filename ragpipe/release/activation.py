@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.publish import StepHook
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.evidence import evaluation_evidence, load_run
 from ragpipe.release.gate_evidence import gate_problems
 from ragpipe.release.history import History, now_iso
@@ -28,11 +29,17 @@ from ragpipe.release.pointer import Pointer, check_generation, current_generatio
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.stages.workspace import Workspace
 
 ChildCheck = Callable[[Workspace, ReleaseManifest], list[str]]
-ACTIVATION_STEPS = ("verified", "intent_appended", "pointer_temp_written", "pointer_temp_fsynced",
-                    "pointer_renamed", "pointer_dir_fsynced", "observed_appended")
+ACTIVATION_STEPS = (
+    "verified",
+    "intent_appended",
+    "pointer_temp_written",
+    "pointer_temp_fsynced",
+    "pointer_renamed",
+    "pointer_dir_fsynced",
+    "observed_appended",
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,13 @@ class SwapResult:
     changed: bool  # False: the release was already active; nothing was written
 
     def as_dict(self) -> dict[str, object]:
-        return {"target": self.target, "release_id": self.release_id, "generation": self.generation,
-                "previous": self.previous, "changed": self.changed}
+        return {
+            "target": self.target,
+            "release_id": self.release_id,
+            "generation": self.generation,
+            "previous": self.previous,
+            "changed": self.changed,
+        }
 
 
 def _noop(_: str) -> None:
@@ -56,14 +68,16 @@ def bundle_path(ws: Workspace, manifest: ReleaseManifest) -> Path:
     return ws.bundles / manifest.bundle_hex
 
 
-def verify_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *,
-                   remake_decision: bool = True) -> list[str]:
+def verify_release(
+    ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *, remake_decision: bool = True
+) -> list[str]:
     """Problems that forbid serving ``manifest`` (empty: it verifies); ``verified_release``."""
     return verified_release(ws, manifest, child_checks, remake_decision=remake_decision)[1]
 
 
-def verified_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *,
-                     remake_decision: bool = True) -> tuple[ArmRun | None, list[str]]:
+def verified_release(
+    ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *, remake_decision: bool = True
+) -> tuple[ArmRun | None, list[str]]:
     """The release's evaluation run as verified here — None unless the release verifies — and the
     problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
@@ -83,12 +97,16 @@ def verified_release(ws: Workspace, manifest: ReleaseManifest, child_checks: Seq
     if bundle.manifest.bundle_id != manifest.bundle_id:
         problems.append(f"bundle ID {bundle.manifest.bundle_id} differs from the release's {manifest.bundle_id}")
     if bundle.manifest.material_digest != manifest.material_digest:
-        problems.append(f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}")
+        problems.append(
+            f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}"
+        )
     arm, found = evaluation_evidence(ws, manifest)
     problems += found
     # The decision is made again from a run that verifies but is not the release's too: the
     # decision's own links then name the mismatch.
-    problems += gate_problems(ReleaseStore(ws), manifest, arm if remake_decision else None, lambda run_id: load_run(ws, run_id))
+    problems += gate_problems(
+        ReleaseStore(ws), manifest, arm if remake_decision else None, lambda run_id: load_run(ws, run_id)
+    )
     for check in child_checks:
         problems += check(ws, manifest)
     return (arm if not problems else None), problems  # a run that loaded but vouches for nothing is no arm
@@ -99,8 +117,10 @@ def unaccepted_policy(accepted: dict[str, str], target: str, manifest: ReleaseMa
     the gate policy ``manifest`` was gated under (None: it does)."""
     if manifest.gate_policy_id in accepted:
         return None
-    return (f"was gated under policy {manifest.gate_policy_id}, which target {target!r} does not accept "
-            f"(it accepts {', '.join(f'{v} = {k}' for k, v in accepted.items())}: gate_policies in the targets config)")
+    return (
+        f"was gated under policy {manifest.gate_policy_id}, which target {target!r} does not accept "
+        f"(it accepts {', '.join(f'{v} = {k}' for k, v in accepted.items())}: gate_policies in the targets config)"
+    )
 
 
 def refusal(release_id: str, problems: list[str]) -> str:
@@ -112,16 +132,35 @@ def swap(store: ReleaseStore, history: History, release_id: str, action: str, by
     exception after the intent settles it from the pointer (cancelled if the pointer did not move)."""
     state = history.state
     target, gen, previous = history.target, state.generation, state.active
-    intent = history.append("intent", {"action": action, "release_id": release_id, "from_generation": gen,
-                                       "generation": gen + 1, "previous": previous, "by": by, "at": now_iso()})
+    intent = history.append(
+        "intent",
+        {
+            "action": action,
+            "release_id": release_id,
+            "from_generation": gen,
+            "generation": gen + 1,
+            "previous": previous,
+            "by": by,
+            "at": now_iso(),
+        },
+    )
     step("intent_appended")
     try:
         write_pointer(store, Pointer(target, release_id, gen + 1, previous, intent.hash), on_step=step)
     except BaseException as exc:
         settle(store, history, ("cancelled", f"the writer failed before the pointer swap: {type(exc).__name__}: {exc}"))
         raise
-    history.append("observed", {"intent": intent.seq, "outcome": "active", "release_id": release_id,
-                                "generation": gen + 1, "reason": None, "at": now_iso()})
+    history.append(
+        "observed",
+        {
+            "intent": intent.seq,
+            "outcome": "active",
+            "release_id": release_id,
+            "generation": gen + 1,
+            "reason": None,
+            "at": now_iso(),
+        },
+    )
     step("observed_appended")
     return SwapResult(target, release_id, gen + 1, previous, True)
 
@@ -164,7 +203,16 @@ def activate(
     with store.target_lock(name), History(store, name) as history:
         settle(store, history)
         if problems:
-            history.append("rejected", {"action": "activate", "release_id": release_id, "reason": "; ".join(problems), "by": by, "at": now_iso()})
+            history.append(
+                "rejected",
+                {
+                    "action": "activate",
+                    "release_id": release_id,
+                    "reason": "; ".join(problems),
+                    "by": by,
+                    "at": now_iso(),
+                },
+            )
             raise ReleaseError(refusal(release_id, problems))
         if history.state.active == release_id:
             pointer = read_pointer(store, name)

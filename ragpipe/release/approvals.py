@@ -8,16 +8,17 @@ approving for a target that does not require it is recorded and harmless.
 
 from __future__ import annotations
 
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.history import Approval, History, now_iso
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.stages.workspace import Workspace
 
 
-def approve(ws: Workspace, release_id: str, target: str | None, *, by: str, note: str = "",
-            config: TargetsConfig | None = None) -> Approval:
+def approve(
+    ws: Workspace, release_id: str, target: str | None, *, by: str, note: str = "", config: TargetsConfig | None = None
+) -> Approval:
     """Record that ``by`` approved ``release_id`` for ``target``; returns the approval."""
     if not by.strip():
         raise ReleaseError("the approver (--by) must be a non-empty name")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ragpipe.experiment.arm_source import ArmSourceError, load_arm
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.store import ReleaseError
-from ragpipe.stages.workspace import Workspace
 
 
 def run_dir(ws: Workspace, run_id: str) -> Path:
@@ -27,7 +27,9 @@ def run_dir(ws: Workspace, run_id: str) -> Path:
     IDs come from manifests and decisions, which are input: they must not point outside)."""
     if not isinstance(run_id, str) or run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
         raise ReleaseError(f"evaluation run ID {run_id!r} is not a folder name")
-    if len(run_id.encode("utf-8", "surrogatepass")) > 200:  # run IDs are UUIDs; a long one would fail in the file system
+    if (
+        len(run_id.encode("utf-8", "surrogatepass")) > 200
+    ):  # run IDs are UUIDs; a long one would fail in the file system
         raise ReleaseError(f"evaluation run ID {run_id[:40]!r}… is longer than 200 bytes")
     return ws.home / "evaluations" / run_id
 
@@ -71,5 +73,7 @@ def evaluation_evidence(ws: Workspace, manifest: ReleaseManifest) -> tuple[ArmRu
     }
     if arm.build is not None:  # runs made before runs bound build figures have no digest to compare
         bound["evaluated bundle bytes"] = (arm.build.material_digest, manifest.material_digest)
-    problems = [f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want]
+    problems = [
+        f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want
+    ]
     return arm, problems

@@ -65,7 +65,9 @@ def _strict(obj: object, model: type[Model], id_key: str, what: str) -> tuple[st
     recomputed = getattr(parsed, id_key)
     if obj.get(id_key) != recomputed:
         raise EvidenceError(f"{id_key} {obj.get(id_key)} is not its content ID {recomputed}")
-    if canonical_bytes(body) != canonical_bytes(parsed.model_dump(mode="json", by_alias=True)):  # bytes: 1 == True in Python
+    if canonical_bytes(body) != canonical_bytes(
+        parsed.model_dump(mode="json", by_alias=True)
+    ):  # bytes: 1 == True in Python
         raise EvidenceError(f"the {what} is not in its canonical form (a value was changed in type or format)")
     return recomputed, parsed
 
@@ -90,13 +92,19 @@ def _parse(obj: object) -> tuple[Decision, Any, GatePolicy]:
     if not isinstance(obj, dict) or sorted(obj) != ["comparison", "decision", "policy"]:
         raise EvidenceError("expected exactly the keys comparison, decision, policy")
     _, decision = _strict(obj["decision"], Decision, "decision_id", "gate decision")
-    comparison = _strict(obj["comparison"], Comparison, "comparison_id", "comparison")[1] if obj["comparison"] is not None else None
+    comparison = (
+        _strict(obj["comparison"], Comparison, "comparison_id", "comparison")[1]
+        if obj["comparison"] is not None
+        else None
+    )
     policy = _policy(obj["policy"])
     if policy.policy_id != decision.policy_id:
         raise EvidenceError(f"the kept policy is {policy.policy_id}, the decision's {decision.policy_id}")
     if (comparison.comparison_id if comparison else None) != decision.comparison_id:
-        raise EvidenceError(f"the decision names comparison {decision.comparison_id}, the file holds "
-                            f"{comparison.comparison_id if comparison else 'none'}")
+        raise EvidenceError(
+            f"the decision names comparison {decision.comparison_id}, the file holds "
+            f"{comparison.comparison_id if comparison else 'none'}"
+        )
     return decision, comparison, policy
 
 
@@ -155,7 +163,9 @@ def _differs(made: Any, kept: Any, path: str = "") -> str | None:
     return None if type(made) is type(kept) and made == kept else path
 
 
-def _remade(decision: Decision, comparison: Any, policy: GatePolicy, challenger: ArmRun, load_run: RunLoader) -> list[str]:
+def _remade(
+    decision: Decision, comparison: Any, policy: GatePolicy, challenger: ArmRun, load_run: RunLoader
+) -> list[str]:
     """Problems found by making the decision again from the runs it names (module docstring)."""
     from ragpipe.experiment.gating import gate_runs
     from ragpipe.experiment.statistics import ComparisonSpec
@@ -163,7 +173,9 @@ def _remade(decision: Decision, comparison: Any, policy: GatePolicy, challenger:
     if comparison is not None and comparison.spec != ComparisonSpec():
         # The chain compares with the default spec; another seed or resample count is a way to shop
         # for an interval (or to make verification take hours), never a setting of a release.
-        return [f"its comparison uses {comparison.spec.as_json()}, not the chain's comparison spec {ComparisonSpec().as_json()}"]
+        return [
+            f"its comparison uses {comparison.spec.as_json()}, not the chain's comparison spec {ComparisonSpec().as_json()}"
+        ]
     incumbent = None
     if decision.incumbent is not None:
         try:
@@ -171,26 +183,36 @@ def _remade(decision: Decision, comparison: Any, policy: GatePolicy, challenger:
         except (OSError, ValueError) as exc:
             return [f"its incumbent run {decision.incumbent.run_id}: {exc}"]
         if incumbent.ref() != decision.incumbent:
-            return [f"its incumbent run {decision.incumbent.run_id}: the folder holds run {incumbent.run_id} "
-                    f"with ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"]
+            return [
+                f"its incumbent run {decision.incumbent.run_id}: the folder holds run {incumbent.run_id} "
+                f"with ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"
+            ]
     try:
         again, compared = gate_runs(policy, challenger, incumbent, ComparisonSpec())
         if comparison is not None:
             if compared is None:
-                return [f"made again from its runs it is {again.decision_id} (not pairable: {'; '.join(again.reasons)}), not the kept one"]
+                return [
+                    f"made again from its runs it is {again.decision_id} (not pairable: {'; '.join(again.reasons)}), not the kept one"
+                ]
             where = _differs(compared.body(), comparison.body())
             if where is not None:
-                return [f"the comparison of its runs differs from the kept {comparison.comparison_id} at {where} (statistics differ)"]
+                return [
+                    f"the comparison of its runs differs from the kept {comparison.comparison_id} at {where} (statistics differ)"
+                ]
             again = decide(policy, comparison, challenger)  # the kept comparison: exact, whatever scipy computes
     except (GateError, ValueError, ArithmeticError) as exc:
         return [f"it cannot be made again from its runs: {exc}"]
     if again.decision_id != decision.decision_id:
-        return [f"made again from its runs and policy it is {again.decision_id} "
-                f"(eligible {again.eligible}, decisive phase {again.decisive_phase}), not the kept one"]
+        return [
+            f"made again from its runs and policy it is {again.decision_id} "
+            f"(eligible {again.eligible}, decisive phase {again.decisive_phase}), not the kept one"
+        ]
     return []
 
 
-def gate_problems(store: ReleaseStore, manifest: ReleaseManifest, challenger: ArmRun | None, load_run: RunLoader) -> list[str]:
+def gate_problems(
+    store: ReleaseStore, manifest: ReleaseManifest, challenger: ArmRun | None, load_run: RunLoader
+) -> list[str]:
     """Why the gate decision ``manifest`` binds does not vouch for it (empty: it does).
     ``challenger``: the manifest's evaluation run, already verified; None when it is not, or when
     the caller only serves the release: the decision is then checked but not made again."""
@@ -206,10 +228,14 @@ def gate_problems(store: ReleaseStore, manifest: ReleaseManifest, challenger: Ar
         "decisive phase": (decision.decisive_phase, manifest.gate.decisive_phase),
         "gate policy": (decision.policy_id, manifest.gate_policy_id),
         "comparison": (decision.comparison_id, manifest.comparison_id),
-        "challenger run": ((decision.challenger.run_id, decision.challenger.spec_id, decision.challenger.ledger_head),
-                           (run.run_id, run.spec_id, run.ledger_head)),
+        "challenger run": (
+            (decision.challenger.run_id, decision.challenger.spec_id, decision.challenger.ledger_head),
+            (run.run_id, run.spec_id, run.ledger_head),
+        ),
     }
-    problems = [f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want]
+    problems = [
+        f"{where}: {name} {got} is not the release's {want}" for name, (got, want) in bound.items() if got != want
+    ]
     if problems or challenger is None:
         return problems
     return [f"{where}: {p}" for p in _remade(decision, comparison, policy, challenger, load_run)]

@@ -21,7 +21,7 @@ intent. Release states per target: ``activating`` (open intent), ``active``, ``s
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, check_head, fold, parse_ledger
@@ -66,7 +66,7 @@ class TargetHistory:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _need(record: Record) -> dict[str, Any]:
@@ -98,7 +98,9 @@ def _intent(state: TargetHistory, record: Record, p: dict[str, Any]) -> TargetHi
 def _observed(state: TargetHistory, record: Record, p: dict[str, Any]) -> TargetHistory:
     intent = state.open_intent
     if intent is None or p["intent"] != intent.seq:
-        raise ValueError(f"observed record for record {p['intent']!r}, but the open intent is {intent.seq if intent else 'none'}")
+        raise ValueError(
+            f"observed record for record {p['intent']!r}, but the open intent is {intent.seq if intent else 'none'}"
+        )
     if (p["release_id"], p["generation"]) != (intent.payload["release_id"], intent.payload["generation"]):
         raise ValueError("observed record names another release or generation than its intent")
     if p["outcome"] not in OUTCOMES:
@@ -135,7 +137,9 @@ def step(state: TargetHistory, record: Record) -> TargetHistory:
     p = _need(record)
     if record.kind == "approval":
         approval = Approval(p["release_id"], p["by"], p["note"], p["at"], record.seq)
-        return replace(state, approvals={**state.approvals, p["release_id"]: (*state.approvals.get(p["release_id"], ()), approval)})
+        return replace(
+            state, approvals={**state.approvals, p["release_id"]: (*state.approvals.get(p["release_id"], ()), approval)}
+        )
     if record.kind == "intent":
         return _intent(state, record, p)
     if record.kind == "observed":

@@ -104,7 +104,9 @@ def parse_manifest_file(path: Path, data: bytes) -> tuple[str, ReleaseManifest]:
         raise ReleaseError(f"{path}: not a valid release manifest: {exc}") from None
     release_id = release_id_of(manifest)
     if obj["release_id"] != release_id:
-        raise ReleaseError(f"{path}: release_id {obj['release_id']} does not match the manifest's content ID {release_id} (manifest edited)")
+        raise ReleaseError(
+            f"{path}: release_id {obj['release_id']} does not match the manifest's content ID {release_id} (manifest edited)"
+        )
     if path.stem != release_id.split(":", 1)[1]:
         raise ReleaseError(f"{path}: file name is not the release ID hex {release_id.split(':', 1)[1]}")
     if data != manifest_file_bytes(manifest):

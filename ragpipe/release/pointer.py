@@ -65,8 +65,12 @@ def parse_pointer(path: Path, data: bytes, target: str) -> Pointer:
     if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
         raise ReleaseError(f"{path}: generation must be an integer >= 1, not {gen!r}")
     ids_ok = all(isinstance(obj[k], str) and RELEASE_ID.match(obj[k]) for k in ("release_id", "ledger_head"))
-    if not ids_ok or not (obj["previous"] is None or (isinstance(obj["previous"], str) and RELEASE_ID.match(obj["previous"]))):
-        raise ReleaseError(f"{path}: release_id, previous and ledger_head must be sha256:<64 hex> (previous may be null)")
+    if not ids_ok or not (
+        obj["previous"] is None or (isinstance(obj["previous"], str) and RELEASE_ID.match(obj["previous"]))
+    ):
+        raise ReleaseError(
+            f"{path}: release_id, previous and ledger_head must be sha256:<64 hex> (previous may be null)"
+        )
     if obj["target"] != target:
         raise ReleaseError(f"{path}: pointer names target {obj['target']!r}, not {target!r}")
     pointer = Pointer(target, obj["release_id"], gen, obj["previous"], obj["ledger_head"])

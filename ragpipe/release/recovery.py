@@ -17,10 +17,10 @@ a missing pointer with an active history, or a pointer with no history behind it
 from __future__ import annotations
 
 from ragpipe.kernel.ledger import Record
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.history import History, TargetHistory, now_iso
 from ragpipe.release.pointer import Pointer, read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe.stages.workspace import Workspace
 
 MOVED = "recovered: the pointer had been swapped before the writer stopped"
 NOT_MOVED = "recovered: the writer stopped before the pointer swap; the pointer was not changed"
@@ -61,10 +61,17 @@ def settle(store: ReleaseStore, history: History, not_moved: tuple[str, str] = (
                 f"{store.pointer_path(target)}: pointer (generation {gen}, release {rid}) matches neither side of the "
                 f"unresolved intent in {store.history_path(target)} record {intent.seq}; refusing to guess which is right"
             )
-        appended = history.append("observed", {
-            "intent": intent.seq, "outcome": outcome, "release_id": p["release_id"],
-            "generation": p["generation"], "reason": reason, "at": now_iso(),
-        })
+        appended = history.append(
+            "observed",
+            {
+                "intent": intent.seq,
+                "outcome": outcome,
+                "release_id": p["release_id"],
+                "generation": p["generation"],
+                "reason": reason,
+                "at": now_iso(),
+            },
+        )
     check_agreement(store, target, history.state, pointer)
     return appended
 

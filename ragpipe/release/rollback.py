@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ragpipe.kernel.publish import StepHook
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import ChildCheck, SwapResult, swap, verify_release
 from ragpipe.release.history import History, TargetHistory, now_iso, read_history
 from ragpipe.release.manifest import load_manifest
@@ -21,7 +22,6 @@ from ragpipe.release.pointer import check_generation
 from ragpipe.release.recovery import recover_target, settle
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.stages.workspace import Workspace
 
 
 def _noop(_: str) -> None:
@@ -34,13 +34,17 @@ def rollback_choice(state: TargetHistory, target: str, to: str | None) -> str:
         raise ReleaseError(f"target {target!r} has no active release; there is nothing to roll back")
     if to is None:
         if len(state.stack) < 2:
-            raise ReleaseError(f"target {target!r} has no earlier release to roll back to (only {state.active} was active)")
+            raise ReleaseError(
+                f"target {target!r} has no earlier release to roll back to (only {state.active} was active)"
+            )
         return state.stack[-2]
     check_release_id(to)
     if to == state.active:
         raise ReleaseError(f"release {to} is already active on target {target!r}")
     if to not in state.ever_active:
-        raise ReleaseError(f"release {to} was never active on target {target!r}; rollback only returns to a previously active release")
+        raise ReleaseError(
+            f"release {to} was never active on target {target!r}; rollback only returns to a previously active release"
+        )
     return to
 
 
@@ -67,7 +71,16 @@ def rollback(
     with store.target_lock(name), History(store, name) as history:
         settle(store, history)
         if problems:
-            history.append("rejected", {"action": "rollback", "release_id": release_id, "reason": "; ".join(problems), "by": by, "at": now_iso()})
+            history.append(
+                "rejected",
+                {
+                    "action": "rollback",
+                    "release_id": release_id,
+                    "reason": "; ".join(problems),
+                    "by": by,
+                    "at": now_iso(),
+                },
+            )
             raise ReleaseError(
                 f"rollback of target {name!r} to release {release_id} refused: it no longer verifies "
                 f"(pick another with --to):\n  " + "\n  ".join(problems)

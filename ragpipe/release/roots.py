@@ -1,7 +1,7 @@
 """Garbage-collection roots from releases: every bundle an active or previously active release pins.
 
 ``release_roots(ws)`` is what the lead passes as ``extra_roots`` to
-``ragpipe.stages.gc.collect_garbage``: the bundle IDs of every release that is active, was ever
+``ragpipe.gc.collect_garbage``: the bundle IDs of every release that is active, was ever
 active, or is being activated (open intent) on any target with a history in the store. A bundle is
 self-contained, so the stage versions that built it need not stay (gc.py). Fails closed: a damaged
 history or a missing manifest raises, so collection never runs on a partial root set.
@@ -9,11 +9,11 @@ history or a missing manifest raises, so collection never runs on a partial root
 
 from __future__ import annotations
 
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.history import read_history
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore
-from ragpipe.stages.workspace import Workspace
 
 
 def pinned_releases(ws: Workspace) -> frozenset[str]:

@@ -15,14 +15,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import bundle_path, verify_release
 from ragpipe.release.evidence import evaluation_run_dir
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
-from ragpipe.stages.workspace import Workspace
 
-PLAN_COPY = Path("inputs") / "query_plan.json"  # ragpipe.evaluation.runner.INPUTS["query_plan"]
+PLAN_COPY = Path("inputs") / "query_plan.json"  # ragpipe.evaluation.run_folder.INPUTS["query_plan"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,9 @@ def served_release(ws: Workspace, target: str | None = None, release_id: str | N
         manifest = load_manifest(store, check_release_id(release_id))
         problems = verify_release(ws, manifest, remake_decision=False)  # served by choice: eligible or not
         if problems:
-            raise ReleaseError(f"release {release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
+            raise ReleaseError(
+                f"release {release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems)
+            )
         bundle = bundle_path(ws, manifest)
     else:
         manifest, bundle = resolve_active(ws, target)

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import bundle_path, unaccepted_policy, verified_release
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.stages.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -42,33 +42,50 @@ class Candidate:
         return self.status == "ready"
 
 
-def resolve_active(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> tuple[ReleaseManifest, Path]:
+def resolve_active(
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None
+) -> tuple[ReleaseManifest, Path]:
     """The active release of ``target`` (default target when None) and its bundle directory, fully
     verified; ``ReleaseError`` when nothing is active or the release no longer verifies."""
     manifest, bundle, _ = resolve_active_run(ws, target, config=config)
     return manifest, bundle
 
 
-def resolve_active_run(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> tuple[ReleaseManifest, Path, ArmRun]:
+def resolve_active_run(
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None
+) -> tuple[ReleaseManifest, Path, ArmRun]:
     """``resolve_active`` and the release's evaluation run, as its verification read it (what a
     gate compares a challenger with: no second read of the run)."""
     store = ReleaseStore(ws)
     name, _ = (config or load_targets()).get(target)
     pointer = read_pointer(store, name)
     if pointer is None:
-        raise ReleaseError(f"target {name!r} has no active release (activate one: ragpipe release activate RELEASE_ID --target {name})")
+        raise ReleaseError(
+            f"target {name!r} has no active release (activate one: ragpipe release activate RELEASE_ID --target {name})"
+        )
     manifest = load_manifest(store, pointer.release_id)
     arm, problems = verified_release(ws, manifest, remake_decision=False)  # activation made it again
     if problems or arm is None:
-        raise ReleaseError(f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems))
+        raise ReleaseError(
+            f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  "
+            + "\n  ".join(problems)
+        )
     return manifest, bundle_path(ws, manifest), arm
 
 
-def _candidate(release_id: str, manifest: ReleaseManifest, target: str, config: TargetsConfig, accepted: dict[str, str],
-               state: TargetHistory) -> Candidate:
+def _candidate(
+    release_id: str,
+    manifest: ReleaseManifest,
+    target: str,
+    config: TargetsConfig,
+    accepted: dict[str, str],
+    state: TargetHistory,
+) -> Candidate:
     known = state.states.get(release_id)
     if known is not None:
-        return Candidate(release_id, manifest.revision, known, f"release is {known.replace('_', ' ')} on target {target!r}")
+        return Candidate(
+            release_id, manifest.revision, known, f"release is {known.replace('_', ' ')} on target {target!r}"
+        )
     policy_refusal = unaccepted_policy(accepted, target, manifest)
     if policy_refusal:
         return Candidate(release_id, manifest.revision, "policy not accepted", policy_refusal)
@@ -78,7 +95,9 @@ def _candidate(release_id: str, manifest: ReleaseManifest, target: str, config: 
     return Candidate(release_id, manifest.revision, "ready", None)
 
 
-def eligible_releases(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> list[Candidate]:
+def eligible_releases(
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None
+) -> list[Candidate]:
     """Eligible releases and what the sensor should do with each (module docstring)."""
     store = ReleaseStore(ws)
     config = config or load_targets()
@@ -100,13 +119,15 @@ def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> lis
     states = target_states(ws, config)
     rows = []
     for rid, m in list_manifests(ReleaseStore(ws)):
-        rows.append({
-            "release_id": rid,
-            "revision": m.revision,
-            "bundle_id": m.bundle_id,
-            "eligible": m.gate.eligible,
-            "decisive_phase": m.gate.decisive_phase,
-            "active_targets": [t for t, s in states.items() if s.active == rid],
-            "states": {t: s.states[rid] for t, s in states.items() if rid in s.states},
-        })
+        rows.append(
+            {
+                "release_id": rid,
+                "revision": m.revision,
+                "bundle_id": m.bundle_id,
+                "eligible": m.gate.eligible,
+                "decisive_phase": m.gate.decisive_phase,
+                "active_targets": [t for t, s in states.items() if s.active == rid],
+                "states": {t: s.states[rid] for t, s in states.items() if rid in s.states},
+            }
+        )
     return rows

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragpipe.stages.locks import file_lock
-from ragpipe.stages.workspace import Workspace
+from ragpipe.kernel.locks import file_lock
+from ragpipe.kernel.workspace import Workspace
 
 RELEASE_ID = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 TARGET_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
@@ -74,7 +74,11 @@ class ReleaseStore:
     def known_targets(self) -> list[str]:
         """Targets that have a folder (a pointer or a history) in this store."""
         folder = self.root / "targets"
-        return sorted(p.name for p in folder.iterdir() if p.is_dir() and TARGET_NAME.match(p.name)) if folder.is_dir() else []
+        return (
+            sorted(p.name for p in folder.iterdir() if p.is_dir() and TARGET_NAME.match(p.name))
+            if folder.is_dir()
+            else []
+        )
 
     @contextmanager
     def target_lock(self, target: str) -> Iterator[None]:

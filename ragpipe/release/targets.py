@@ -47,7 +47,9 @@ class TargetsConfig(BaseModel):
             if not TARGET_NAME.match(name):
                 raise ValueError(f"target name {name!r} must match [a-z][a-z0-9_-]{{0,62}}")
         if self.default_target not in self.targets:
-            raise ValueError(f"default_target {self.default_target!r} is not one of the declared targets {sorted(self.targets)}")
+            raise ValueError(
+                f"default_target {self.default_target!r} is not one of the declared targets {sorted(self.targets)}"
+            )
         return self
 
     def get(self, target: str | None) -> tuple[str, TargetSpec]:

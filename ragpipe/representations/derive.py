@@ -46,7 +46,11 @@ def derive_representations(
     out: list[Representation] = []
     for chunk in chunks:
         for kind in kinds:
-            text = chunk.text if kind == "raw" else breadcrumb_text(titles[chunk.document_id], chunk.heading_path, chunk.text)
+            text = (
+                chunk.text
+                if kind == "raw"
+                else breadcrumb_text(titles[chunk.document_id], chunk.heading_path, chunk.text)
+            )
             digest = ContentDigest(bytes_digest(text.encode("utf-8")))
             rep_id = content_id(
                 "representation",
@@ -81,9 +85,7 @@ REPRESENTATIONS_SCHEMA = pa.schema(
 
 
 def write_representations(path: Path, reps: list[Representation]) -> None:
-    pq.write_table(
-        pa.Table.from_pylist([r.model_dump(mode="json") for r in reps], schema=REPRESENTATIONS_SCHEMA), path
-    )
+    pq.write_table(pa.Table.from_pylist([r.model_dump(mode="json") for r in reps], schema=REPRESENTATIONS_SCHEMA), path)
 
 
 def read_representations(path: Path) -> list[Representation]:

@@ -126,9 +126,13 @@ class AudienceIndexes:
         segment_ids = [s for g in audience.groups for s in self._segments.get(g, ())]
         if audience.whole_bundle or set(segment_ids) == self._all_segments:
             searcher = self.bundle_searcher
-            return searcher, LexicalStatistics("bundle", audience.documents, audience.total_documents, searcher.num_docs, None)
+            return searcher, LexicalStatistics(
+                "bundle", audience.documents, audience.total_documents, searcher.num_docs, None
+            )
         searcher, build_ms = self._view(audience.groups, segment_ids)
-        return searcher, LexicalStatistics("audience", audience.documents, audience.total_documents, searcher.num_docs, build_ms)
+        return searcher, LexicalStatistics(
+            "audience", audience.documents, audience.total_documents, searcher.num_docs, build_ms
+        )
 
     def _view(self, key: tuple[Group, ...], segment_ids: list[str]) -> tuple[LexicalSearcher, float | None]:
         """The open view for ``key`` and, when this call opened it, the milliseconds it took."""
@@ -145,7 +149,9 @@ class AudienceIndexes:
             return pending.result(), None  # opened by another thread (its error, if it failed)
         started = time.perf_counter()
         try:
-            searcher = LexicalSearcher.open_view(self.bundle_searcher.directory, self._meta, segment_ids, self.bundle_searcher.rows)
+            searcher = LexicalSearcher.open_view(
+                self.bundle_searcher.directory, self._meta, segment_ids, self.bundle_searcher.rows
+            )
         except BaseException as exc:
             with self._lock:
                 del self._opening[key]

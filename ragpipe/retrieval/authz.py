@@ -119,12 +119,16 @@ class AuthorizationCertificate:
         if bundle_id != self.bundle_id:
             _refuse(f"the certificate is for bundle {self.bundle_id}, the adapter serves bundle {bundle_id}")
         if self.payload_format != PAYLOAD_FORMAT:
-            _refuse(f"the certificate covers payload format {self.payload_format}, the adapter renders {PAYLOAD_FORMAT}")
+            _refuse(
+                f"the certificate covers payload format {self.payload_format}, the adapter renders {PAYLOAD_FORMAT}"
+            )
         policy = KNOWN_POLICIES.get(self.policy_id)
         if policy is None:
             _refuse(f"the certificate's policy {self.policy_id} is unknown, so it cannot be re-checked")
         if len(context.evidence) != len(self.evidence):
-            _refuse(f"the context has {len(context.evidence)} evidence item(s), the certificate covers {len(self.evidence)}")
+            _refuse(
+                f"the context has {len(context.evidence)} evidence item(s), the certificate covers {len(self.evidence)}"
+            )
         for index, (ev, item) in enumerate(zip(context.evidence, self.evidence)):
             _require_item(index, ev, item)
             if not policy.allows(self.subject, ev.access_scopes):
@@ -139,7 +143,9 @@ class AuthorizationCertificate:
                 f"evidence renders to ({payload_digest(payload)})"
             )
         if payload_digest(payload) != self.payload_digest:
-            _refuse(f"payload digest {payload_digest(payload)} differs from the certified payload digest {self.payload_digest}")
+            _refuse(
+                f"payload digest {payload_digest(payload)} differs from the certified payload digest {self.payload_digest}"
+            )
         return payload
 
 
@@ -166,7 +172,9 @@ def _require_item(index: int, ev: Evidence, item: CertifiedItem) -> None:
         _refuse(f"{where}: access_scopes {list(ev.access_scopes)} differ from the certified {list(item.access_scopes)}")
 
 
-def issue_certificate(subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: Sequence[Evidence]) -> AuthorizationCertificate:
+def issue_certificate(
+    subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: Sequence[Evidence]
+) -> AuthorizationCertificate:
     """Certify a built context's ``evidence`` for ``subject``, re-checking every item against
     ``policy``: the certificate covers each item's label, chunk, title, text and scopes, and the
     digest of ``render_payload(evidence)`` — the exact evidence text an adapter may send."""
@@ -176,14 +184,17 @@ def issue_certificate(subject: Subject, policy: ScopePolicy, bundle_id: str, evi
     return _certify_evidence(subject, policy, bundle_id, list(evidence))
 
 
-def _certify_evidence(subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: list[Evidence]) -> AuthorizationCertificate:
+def _certify_evidence(
+    subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: list[Evidence]
+) -> AuthorizationCertificate:
     labels = [e.label for e in evidence]
     if unlabeled := [e.chunk_id for e in evidence if not e.label]:
         raise ValueError(f"evidence for chunk {unlabeled[0]} has no label: certify the evidence of a built context")
     if duplicates := sorted({label for label in labels if labels.count(label) > 1}):
         raise ValueError(f"evidence label {duplicates[0]} is used more than once")
     items = tuple(
-        CertifiedItem(e.label, e.chunk_id, text_digest(e.title), text_digest(e.text), tuple(e.access_scopes)) for e in evidence
+        CertifiedItem(e.label, e.chunk_id, text_digest(e.title), text_digest(e.text), tuple(e.access_scopes))
+        for e in evidence
     )
     return AuthorizationCertificate(
         subject=subject,

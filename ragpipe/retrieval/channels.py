@@ -33,7 +33,7 @@ import numpy as np
 from ragpipe.index.hits import Hit
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.vector import VectorSearcher
-from ragpipe.retrieval.fusion import RankedHit, hit_key
+from ragpipe.retrieval.fusion.order import RankedHit, hit_key
 from ragpipe.retrieval.plan import DepthPolicy
 
 
@@ -61,7 +61,12 @@ class Round:
     settled: int  # units settled after this round
 
     def as_dict(self) -> dict[str, int]:
-        return {"requested": self.requested, "returned": self.returned, "excluded_documents": self.excluded_documents, "settled": self.settled}
+        return {
+            "requested": self.requested,
+            "returned": self.returned,
+            "excluded_documents": self.excluded_documents,
+            "settled": self.settled,
+        }
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,12 @@ class ChannelRanking:
         return sum(r.returned for r in self.rounds)
 
     def trace(self) -> dict[str, object]:
-        return {"units": self.units, "ranked": len(self.ranked), "complete": self.complete, "rounds": [r.as_dict() for r in self.rounds]}
+        return {
+            "units": self.units,
+            "ranked": len(self.ranked),
+            "complete": self.complete,
+            "rounds": [r.as_dict() for r in self.rounds],
+        }
 
 
 def unit_of(hit: Hit, level: str) -> str:

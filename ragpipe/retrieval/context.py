@@ -84,7 +84,10 @@ def build_context(candidates: list[Evidence], plan: ContextPlan) -> Context:
         size = len(render_evidence(label, cand.title, cand.text).encode("utf-8")) + 1  # + the separator
         if used + size > plan.max_bytes:
             omitted.append(
-                {"chunk_id": cand.chunk_id, "reason": f"needs {size} bytes, {plan.max_bytes - used} left of max_bytes={plan.max_bytes}"}
+                {
+                    "chunk_id": cand.chunk_id,
+                    "reason": f"needs {size} bytes, {plan.max_bytes - used} left of max_bytes={plan.max_bytes}",
+                }
             )
             continue
         used += size

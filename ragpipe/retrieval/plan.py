@@ -165,3 +165,16 @@ def load_plan(path: Path | None = None) -> QueryPlan:
     except (OSError, yaml.YAMLError) as exc:
         raise PlanError(f"{path}: cannot read query plan: {exc}") from None
     return parse_plan(raw, str(path))
+
+
+def query_plan_id(plan: QueryPlan) -> str:
+    """The content ID of the plan's retrieval half (everything but ``answer``): what a snapshot
+    names as its ``query_plan`` asset, so an answer-only change leaves retrieval unchanged."""
+    body = plan.model_dump(mode="json", by_alias=True)
+    body.pop("answer")
+    return content_id("query-plan-retrieval", 1, body)
+
+
+def answer_plan_id(plan: QueryPlan) -> str:
+    """The content ID of the plan's answer half: what a release binds as its answer plan."""
+    return content_id("answer-plan", 1, plan.answer.model_dump(mode="json"))

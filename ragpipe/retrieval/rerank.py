@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ragpipe.retrieval.fusion import FusedHit
+from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import RerankerPlan
 
 

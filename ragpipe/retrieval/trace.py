@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.channels import ChannelRanking
-from ragpipe.retrieval.fusion import FusedHit
+from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import QueryPlan
 
 PREFILTER_STRATEGY = (
@@ -76,8 +76,13 @@ def query_trace(
     return {
         "channels": {
             name: [
-                {"rank": r.rank, "representation_id": r.hit.representation_id, "chunk_id": r.hit.chunk_id,
-                 "document_id": r.hit.document_id, "score": r.hit.score}
+                {
+                    "rank": r.rank,
+                    "representation_id": r.hit.representation_id,
+                    "chunk_id": r.hit.chunk_id,
+                    "document_id": r.hit.document_id,
+                    "score": r.hit.score,
+                }
                 for r in ranking.ranked
             ]
             for name, ranking in ranked.items()
@@ -96,8 +101,13 @@ def query_trace(
             "weights": {n: c.weight for n, c in plan.channels.items()},
             **_normalization_windows(plan),
             "items": [
-                {"chunk_id": f.chunk_id, "document_id": f.document_id, "score": f.score,
-                 "contributions": f.contributions, "channel_ranks": f.channel_ranks}
+                {
+                    "chunk_id": f.chunk_id,
+                    "document_id": f.document_id,
+                    "score": f.score,
+                    "contributions": f.contributions,
+                    "channel_ranks": f.channel_ranks,
+                }
                 for f in fused[: fused_shown(k)]
             ],
         },

@@ -21,14 +21,14 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from ragpipe.evaluation.eval_spec import EvaluationSpec
-from ragpipe.evaluation.suite import Suite, load_suite
+from ragpipe.evaluation.suite import Suite
+from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy
-from ragpipe.experiment.snapshot import answer_plan_id
 from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.ids import content_id
-from ragpipe.pipeline_spec import EvaluationSection, PipelineSpec
 from ragpipe.retrieval.authz import ScopePolicy
-from ragpipe.retrieval.plan import QueryPlan, load_plan
+from ragpipe.retrieval.plan import QueryPlan, answer_plan_id, load_plan
+from ragpipe.spec import EvaluationSection, PipelineSpec
 
 # A stand-in for the bundle ID in the static spec: removed again before hashing.
 _NO_BUNDLE = ""
@@ -48,8 +48,16 @@ class ChainPlan:
         """The evaluation spec of one bundle (``plan``: another query plan, e.g. an incumbent's)."""
         s = self.section
         return EvaluationSpec.build(
-            self.suite, plan or self.plan, bundle_path, bundle_id, mode=s.mode, scopes=s.scopes, k=s.k,
-            cutoffs=s.cutoffs, repeats=s.repeats, answers=s.answers,
+            self.suite,
+            plan or self.plan,
+            bundle_path,
+            bundle_id,
+            mode=s.mode,
+            scopes=s.scopes,
+            k=s.k,
+            cutoffs=s.cutoffs,
+            repeats=s.repeats,
+            answers=s.answers,
         )
 
     @cached_property
@@ -60,8 +68,15 @@ class ChainPlan:
 
     @cached_property
     def gate_code_version(self) -> str:
-        return content_id("gate-plan", 1, {"evaluation": self.evaluation_code_version, "gate_policy": self.policy.policy_id,
-                                           "comparison": self.comparison.as_json()})
+        return content_id(
+            "gate-plan",
+            1,
+            {
+                "evaluation": self.evaluation_code_version,
+                "gate_policy": self.policy.policy_id,
+                "comparison": self.comparison.as_json(),
+            },
+        )
 
     @property
     def query_plan_id(self) -> str:
@@ -77,24 +92,40 @@ class ChainPlan:
 
     @cached_property
     def release_code_version(self) -> str:
-        return content_id("release-plan", 1, {
-            "gate": self.gate_code_version, "query_plan_id": self.query_plan_id, "answer_plan_id": self.answer_plan_id,
-            "authorization_policy_id": self.authorization_policy_id,
-        })
+        return content_id(
+            "release-plan",
+            1,
+            {
+                "gate": self.gate_code_version,
+                "query_plan_id": self.query_plan_id,
+                "answer_plan_id": self.answer_plan_id,
+                "authorization_policy_id": self.authorization_policy_id,
+            },
+        )
 
     def code_versions(self) -> dict[str, str]:
-        return {"evaluation_run": self.evaluation_code_version, "gate_decision": self.gate_code_version,
-                "release_manifest": self.release_code_version}
+        return {
+            "evaluation_run": self.evaluation_code_version,
+            "gate_decision": self.gate_code_version,
+            "release_manifest": self.release_code_version,
+        }
 
 
 @lru_cache(maxsize=4)
 def _load(section: EvaluationSection) -> ChainPlan:
-    return ChainPlan(section, load_suite(section.suite, split=section.split), load_plan(section.query_plan), load_policy(section.gate_policy))
+    return ChainPlan(
+        section,
+        load_suite(section.suite, split=section.split),
+        load_plan(section.query_plan),
+        load_policy(section.gate_policy),
+    )
 
 
 def chain_plan(spec: PipelineSpec) -> ChainPlan:
     """The chain of ``spec``; ``ValueError`` when the spec has no ``evaluation:`` section. A bad
     suite, plan or policy raises its own error naming the file and line."""
     if spec.evaluation is None:
-        raise ValueError("the pipeline spec has no evaluation: section, so there is no evaluation → gate → release chain")
+        raise ValueError(
+            "the pipeline spec has no evaluation: section, so there is no evaluation → gate → release chain"
+        )
     return _load(spec.evaluation)

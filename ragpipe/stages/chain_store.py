@@ -20,11 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.stages.results import Scalar, Table
 from ragpipe.stages.stage_store import StageError, StageOutput, StageRecord, publish_output, read_output, read_version
-from ragpipe.stages.workspace import Workspace
 
-CHAIN_UPSTREAM = {"evaluation_run": "index_bundle", "gate_decision": "evaluation_run", "release_manifest": "gate_decision"}
+CHAIN_UPSTREAM = {
+    "evaluation_run": "index_bundle",
+    "gate_decision": "evaluation_run",
+    "release_manifest": "gate_decision",
+}
 
 
 @dataclass
@@ -41,11 +45,25 @@ def evaluations_dir(ws: Workspace) -> Path:
     return ws.home / "evaluations"
 
 
-def publish_chain(ws: Workspace, stage: str, revision: str, spec_id: str, data_version: str,
-                  inputs: dict[str, StageOutput], facts: dict, write=None) -> StageRecord:
+def publish_chain(
+    ws: Workspace,
+    stage: str,
+    revision: str,
+    spec_id: str,
+    data_version: str,
+    inputs: dict[str, StageOutput],
+    facts: dict,
+    write=None,
+) -> StageRecord:
     """Publish one chain materialization (``write(tmp)`` fills the version folder, if given)."""
-    record = StageRecord(stage=stage, revision=revision, spec_id=spec_id, data_version=data_version,
-                         inputs={name: out.data_version for name, out in inputs.items()}, facts=facts)
+    record = StageRecord(
+        stage=stage,
+        revision=revision,
+        spec_id=spec_id,
+        data_version=data_version,
+        inputs={name: out.data_version for name, out in inputs.items()},
+        facts=facts,
+    )
     publish_output(ws, record, write or (lambda tmp: None))
     return record
 
@@ -61,7 +79,9 @@ def read_chain_input(ws: Workspace, revision: str, stage: str, code_version: str
     return out
 
 
-def read_chain_upstream(ws: Workspace, revision: str, out: StageOutput, upstream: str, code_version: str) -> StageOutput:
+def read_chain_upstream(
+    ws: Workspace, revision: str, out: StageOutput, upstream: str, code_version: str
+) -> StageOutput:
     """The ``upstream`` output ``out`` was built from (by version, not the latest one), refused when
     it was built under another code version than ``code_version``.
 
@@ -71,7 +91,9 @@ def read_chain_upstream(ws: Workspace, revision: str, out: StageOutput, upstream
     """
     version = out.record.inputs.get(upstream)
     if version is None:
-        raise StageError(f"{out.record.stage} for revision {revision!r} names no {upstream} input: re-materialize {out.record.stage}")
+        raise StageError(
+            f"{out.record.stage} for revision {revision!r} names no {upstream} input: re-materialize {out.record.stage}"
+        )
     try:
         latest = read_output(ws, revision, upstream)
     except StageError:
@@ -79,7 +101,11 @@ def read_chain_upstream(ws: Workspace, revision: str, out: StageOutput, upstream
     # The folder's own stage.json is written once; re-publishing the same version under another
     # spec (same content, e.g. a bundle whose ID a spec change did not move) updates only the
     # pointer, so the pointer's record is the current one when it names this version.
-    up = latest if latest is not None and latest.data_version == version else read_version(ws, revision, upstream, version, out.record.stage)
+    up = (
+        latest
+        if latest is not None and latest.data_version == version
+        else read_version(ws, revision, upstream, version, out.record.stage)
+    )
     if up.record.spec_id != code_version:
         raise StageError(
             f"{upstream} {version} for revision {revision!r} was materialized under {up.record.spec_id}, the current "

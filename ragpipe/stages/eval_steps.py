@@ -13,14 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ragpipe.evaluation.runner import new_run_id, run_evaluation, verify_run
+from ragpipe.evaluation.run_folder import verify_run
+from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.kernel.ids import content_id
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import holding_workspace_lock, read_output
-from ragpipe.stages.workspace import Workspace
 
 STAGE = "evaluation_run"
 
@@ -31,25 +32,50 @@ def attempt_version(spec_id: str, run_id: str) -> str:
 
 
 def metric_table(metrics: dict[str, dict[str, Any]]) -> Table | None:
-    rows = [[name, None if m["value"] is None else float(m["value"]), m["direction"], m["unit"], m["k"], int(m["n"])]
-            for name, m in metrics.items()]
-    return table([("metric", "string"), ("value", "float"), ("direction", "string"), ("unit", "string"), ("k", "int"), ("n", "int")], rows)
+    rows = [
+        [name, None if m["value"] is None else float(m["value"]), m["direction"], m["unit"], m["k"], int(m["n"])]
+        for name, m in metrics.items()
+    ]
+    return table(
+        [
+            ("metric", "string"),
+            ("value", "float"),
+            ("direction", "string"),
+            ("unit", "string"),
+            ("k", "int"),
+            ("n", "int"),
+        ],
+        rows,
+    )
 
 
 def tag_table(tags: dict[str, dict[str, Any]]) -> Table | None:
     """Per-tag slices, one row per (tag, metric)."""
-    rows = [[tag, int(t["cases"]), name, None if m["value"] is None else float(m["value"]), int(m["n"])]
-            for tag, t in tags.items() for name, m in t["metrics"].items()]
-    return table([("tag", "string"), ("cases", "int"), ("metric", "string"), ("value", "float"), ("n", "int")], rows, limit=500)
+    rows = [
+        [tag, int(t["cases"]), name, None if m["value"] is None else float(m["value"]), int(m["n"])]
+        for tag, t in tags.items()
+        for name, m in t["metrics"].items()
+    ]
+    return table(
+        [("tag", "string"), ("cases", "int"), ("metric", "string"), ("value", "float"), ("n", "int")], rows, limit=500
+    )
 
 
 def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:
     cells = report["cells"]
     return {
-        "run_id": report["run_id"], "spec_id": report["spec_id"], "ledger_head": report["ledger_head"],
-        "suite_digest": report["suite_digest"], "bundle_id": report["bundle_id"], "plan_id": report["plan_id"],
-        "mode": report["mode"], "cases": report["cases"], "evaluated": report["evaluated"],
-        "skipped": len(report["skipped"]), "failed": cells["failed"], "run_path": run_path,
+        "run_id": report["run_id"],
+        "spec_id": report["spec_id"],
+        "ledger_head": report["ledger_head"],
+        "suite_digest": report["suite_digest"],
+        "bundle_id": report["bundle_id"],
+        "plan_id": report["plan_id"],
+        "mode": report["mode"],
+        "cases": report["cases"],
+        "evaluated": report["evaluated"],
+        "skipped": len(report["skipped"]),
+        "failed": cells["failed"],
+        "run_path": run_path,
     }
 
 
@@ -64,13 +90,32 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     out = evaluations_dir(ws) / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
     report = run_evaluation(ev, out, run_id=run_id).report
-    facts = {"spec_id": ev.spec_id, "run_id": run_id, "run_path": str(out), "ledger_head": report["ledger_head"],
-             "evaluated": report["evaluated"], "skipped": len(report["skipped"]), "failed": report["cells"]["failed"]}
-    record = publish_chain(ws, STAGE, revision, chain.evaluation_code_version, attempt_version(ev.spec_id, run_id),
-                           {"index_bundle": bundle}, facts)
+    facts = {
+        "spec_id": ev.spec_id,
+        "run_id": run_id,
+        "run_path": str(out),
+        "ledger_head": report["ledger_head"],
+        "evaluated": report["evaluated"],
+        "skipped": len(report["skipped"]),
+        "failed": report["cells"]["failed"],
+    }
+    record = publish_chain(
+        ws,
+        STAGE,
+        revision,
+        chain.evaluation_code_version,
+        attempt_version(ev.spec_id, run_id),
+        {"index_bundle": bundle},
+        facts,
+    )
     metadata = {**report_metadata(report, out), "duration_seconds": round(time.perf_counter() - t0, 3)}
-    tables = {"metrics": metric_table(report["metrics"]), "tag_slices": tag_table(report["tags"]),
-              "skipped_cases": table([("case", "string"), ("reason", "string")], [[s["case_id"], s["reason"]] for s in report["skipped"]])}
+    tables = {
+        "metrics": metric_table(report["metrics"]),
+        "tag_slices": tag_table(report["tags"]),
+        "skipped_cases": table(
+            [("case", "string"), ("reason", "string")], [[s["case_id"], s["reason"]] for s in report["skipped"]]
+        ),
+    }
     return ChainResult(record, ev.spec_id, metadata, {k: v for k, v in tables.items() if v is not None})
 
 
@@ -87,8 +132,9 @@ def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
         return str(path), [str(exc)]
     problems = []
     if state.status != "completed":
-        problems.append(f"{path}: the run is {state.status}, not completed ({len(state.missing())} cells without an outcome)")
+        problems.append(
+            f"{path}: the run is {state.status}, not completed ({len(state.missing())} cells without an outcome)"
+        )
     if state.run_id != record.facts["run_id"]:
         problems.append(f"{path}: run ID {state.run_id} is not the recorded {record.facts['run_id']}")
     return str(path), problems
-

@@ -36,7 +36,7 @@ from ragpipe.experiment.comparison import Comparison, comparison_bytes
 from ragpipe.experiment.decision import Decision
 from ragpipe.experiment.gating import gate_runs
 from ragpipe.kernel.publish import write_file_atomic
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.evidence import evaluation_run_dir
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.pointer import read_pointer
@@ -44,11 +44,11 @@ from ragpipe.release.status import resolve_active_run
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 from ragpipe.retrieval.plan import parse_plan
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages.chain_ids import ChainPlan, chain_plan
 from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock
-from ragpipe.stages.workspace import Workspace
 
 STAGE = "gate_decision"
 
@@ -62,8 +62,9 @@ def _incumbent(ws: Workspace, config: TargetsConfig) -> tuple[ReleaseManifest, P
     return resolve_active_run(ws, name, config=config)  # refuses a release that no longer verifies
 
 
-def _incumbent_arm(ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, bundle: Path, arm: ArmRun,
-                   challenger: ArmRun) -> tuple[ArmRun, str | None]:
+def _incumbent_arm(
+    ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, bundle: Path, arm: ArmRun, challenger: ArmRun
+) -> tuple[ArmRun, str | None]:
     """The incumbent arm — the release's verified run ``arm`` — re-evaluated under the current spec
     when its coordinates differ; and the new run's ID when it was."""
     cost = chain.policy.cost
@@ -75,7 +76,9 @@ def _incumbent_arm(ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, b
     bound = evaluation_run_dir(ws, manifest) / "inputs" / "query_plan.json"  # the folder verification read
     plan = parse_plan(json.loads(bound.read_bytes()), str(bound))
     if plan.plan_id != arm.variant.plan_id:  # read again after verification: it must still be the run's plan
-        raise StageError(f"active release {manifest.release_id}: {bound} is plan {plan.plan_id}, not its run's plan {arm.variant.plan_id}")
+        raise StageError(
+            f"active release {manifest.release_id}: {bound} is plan {plan.plan_id}, not its run's plan {arm.variant.plan_id}"
+        )
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     run_evaluation(chain.evaluation_spec(bundle, manifest.bundle_id, plan), out, run_id=run_id)
@@ -83,32 +86,74 @@ def _incumbent_arm(ws: Workspace, chain: ChainPlan, manifest: ReleaseManifest, b
 
 
 def checks_table(decision: Decision) -> Table | None:
-    cols = [("phase", "string"), ("check", "string"), ("metric", "string"), ("slice", "string"), ("arm", "string"),
-            ("value", "float"), ("op", "string"), ("threshold", "float"), ("verdict", "string"), ("reason", "string")]
-    rows = [[c.phase, c.name, c.metric, c.slice, c.arm, c.value, c.op, c.threshold, c.verdict, c.reason] for c in decision.checks]
+    cols = [
+        ("phase", "string"),
+        ("check", "string"),
+        ("metric", "string"),
+        ("slice", "string"),
+        ("arm", "string"),
+        ("value", "float"),
+        ("op", "string"),
+        ("threshold", "float"),
+        ("verdict", "string"),
+        ("reason", "string"),
+    ]
+    rows = [
+        [c.phase, c.name, c.metric, c.slice, c.arm, c.value, c.op, c.threshold, c.verdict, c.reason]
+        for c in decision.checks
+    ]
     return table(cols, rows, limit=500)
 
 
 def deltas_table(comparison: Comparison | None) -> Table | None:
     if comparison is None:
         return None
-    cols = [("slice", "string"), ("metric", "string"), ("n", "int"), ("mean", "float"), ("ci_low", "float"), ("ci_high", "float"),
-            ("p_value", "float"), ("wins", "int"), ("ties", "int"), ("losses", "int")]
-    rows = [[name, metric, m.stats.n, m.stats.mean, m.stats.ci_low, m.stats.ci_high, m.stats.p_value, m.stats.wins, m.stats.ties, m.stats.losses]
-            for name, s in comparison.slices.items() for metric, m in s.metrics.items()]
+    cols = [
+        ("slice", "string"),
+        ("metric", "string"),
+        ("n", "int"),
+        ("mean", "float"),
+        ("ci_low", "float"),
+        ("ci_high", "float"),
+        ("p_value", "float"),
+        ("wins", "int"),
+        ("ties", "int"),
+        ("losses", "int"),
+    ]
+    rows = [
+        [
+            name,
+            metric,
+            m.stats.n,
+            m.stats.mean,
+            m.stats.ci_low,
+            m.stats.ci_high,
+            m.stats.p_value,
+            m.stats.wins,
+            m.stats.ties,
+            m.stats.losses,
+        ]
+        for name, s in comparison.slices.items()
+        for metric, m in s.metrics.items()
+    ]
     return table(cols, rows, limit=500)
 
 
 def _write(decision: Decision, comparison: Comparison | None):
     def write(tmp: Path) -> None:
-        write_file_atomic(tmp / "decision.json", (json.dumps(decision.as_json(), indent=2, sort_keys=True) + "\n").encode())
+        write_file_atomic(
+            tmp / "decision.json", (json.dumps(decision.as_json(), indent=2, sort_keys=True) + "\n").encode()
+        )
         if comparison is not None:
             write_file_atomic(tmp / "comparison.json", comparison_bytes(comparison))
+
     return write
 
 
 @holding_workspace_lock
-def run_gate_decision(ws: Workspace, revision: str, spec: PipelineSpec, config: TargetsConfig | None = None) -> ChainResult:
+def run_gate_decision(
+    ws: Workspace, revision: str, spec: PipelineSpec, config: TargetsConfig | None = None
+) -> ChainResult:
     """Decide whether the revision's evaluation makes its release eligible (module docstring)."""
     t0 = time.perf_counter()
     chain = chain_plan(spec)
@@ -120,13 +165,31 @@ def run_gate_decision(ws: Workspace, revision: str, spec: PipelineSpec, config: 
     if incumbent is not None:
         manifest, bundle, verified = incumbent
         arm, reevaluated = _incumbent_arm(ws, chain, manifest, bundle, verified, challenger)
-        facts = {"incumbent_release": manifest.release_id, "incumbent_run": arm.run_id, "incumbent_reevaluated": reevaluated}
+        facts = {
+            "incumbent_release": manifest.release_id,
+            "incumbent_run": arm.run_id,
+            "incumbent_reevaluated": reevaluated,
+        }
     decision, comparison = gate_runs(chain.policy, challenger, arm, chain.comparison)
-    facts |= {"decision_id": decision.decision_id, "eligible": decision.eligible, "decisive_phase": decision.decisive_phase,
-              "mode": decision.mode, "comparison_id": comparison.comparison_id if comparison else None,
-              "policy_id": decision.policy_id, "challenger_run": challenger.run_id}
-    record = publish_chain(ws, STAGE, revision, chain.gate_code_version, decision.decision_id, {"evaluation_run": ev}, facts,
-                           _write(decision, comparison))
+    facts |= {
+        "decision_id": decision.decision_id,
+        "eligible": decision.eligible,
+        "decisive_phase": decision.decisive_phase,
+        "mode": decision.mode,
+        "comparison_id": comparison.comparison_id if comparison else None,
+        "policy_id": decision.policy_id,
+        "challenger_run": challenger.run_id,
+    }
+    record = publish_chain(
+        ws,
+        STAGE,
+        revision,
+        chain.gate_code_version,
+        decision.decision_id,
+        {"evaluation_run": ev},
+        facts,
+        _write(decision, comparison),
+    )
     metadata: dict[str, Any] = {k: v for k, v in facts.items() if v is not None}
     metadata["decisive_phase"] = decision.decisive_phase or "none"
     metadata["reasons"] = "; ".join(decision.reasons) or "none"

@@ -15,8 +15,9 @@ from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.vector import build_vector_index
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import Representation, read_representations
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages.results import StageResult, finish, table
 from ragpipe.stages.stage_store import (
     StageError,
@@ -27,7 +28,6 @@ from ragpipe.stages.stage_store import (
     read_outputs,
     version_dir,
 )
-from ragpipe.stages.workspace import Workspace
 
 
 def _rows(ins: dict[str, StageOutput]) -> tuple[list[Representation], list[IndexRow]]:
@@ -37,7 +37,9 @@ def _rows(ins: dict[str, StageOutput]) -> tuple[list[Representation], list[Index
 
 
 @holding_workspace_lock
-def run_lexical_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None) -> StageResult:
+def run_lexical_index(
+    ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None
+) -> StageResult:
     t0 = time.perf_counter()
     ins = read_outputs(ws, revision, ["source_snapshot", "representations"], spec)
     n_reps = int(ins["representations"].record.facts["representations"])
@@ -52,24 +54,37 @@ def run_lexical_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_st
     # The index files are not byte-reproducible; the data version names what was indexed, how.
     # An already published version is reused without building the index again.
     version = content_id(
-        "lexical-index", 2,
+        "lexical-index",
+        2,
         {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["lexical_index"]},
     )
     out = publish_stage(ws, revision, "lexical_index", spec, version, write, {"documents": n_reps}, ins, on_step)
     return finish(
-        out, t0, version_dir(ws, revision, "lexical_index", out.data_version), n_reps,
+        out,
+        t0,
+        version_dir(ws, revision, "lexical_index", out.data_version),
+        n_reps,
         {"indexed_representations": n_reps, "tokenizer": spec.lexical_index.tokenizer},
     )
 
 
 @holding_workspace_lock
-def run_vector_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None) -> StageResult:
+def run_vector_index(
+    ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None
+) -> StageResult:
     t0 = time.perf_counter()
     ins = read_outputs(ws, revision, ["source_snapshot", "representations", "embeddings"], spec)
     if not spec.vector_index.enabled:
         out = publish_stage(
-            ws, revision, "vector_index", spec, content_id("vector-index-disabled", 1, {}), lambda tmp: None,
-            {"enabled": False}, ins, on_step,
+            ws,
+            revision,
+            "vector_index",
+            spec,
+            content_id("vector-index-disabled", 1, {}),
+            lambda tmp: None,
+            {"enabled": False},
+            ins,
+            on_step,
         )
         # A lexical-only pipeline: no vector index, so zero rows.
         return finish(out, t0, version_dir(ws, revision, "vector_index", out.data_version), 0, {"enabled": False})
@@ -79,16 +94,23 @@ def run_vector_index(ws: Workspace, revision: str, spec: PipelineSpec, *, on_ste
         reps, rows = _rows(ins)
         ids, vectors = read_embeddings(ins["embeddings"].path / "embeddings.parquet")
         if ids != [r.representation_id for r in reps]:
-            raise StageError(f"embeddings for revision {revision!r} do not match its representations: re-materialize embeddings")
+            raise StageError(
+                f"embeddings for revision {revision!r} do not match its representations: re-materialize embeddings"
+            )
         if (built := build_vector_index(tmp / "index", rows, vectors, spec.vector_index.metric)) != len(rows):
             raise StageError(f"vector index holds {built} rows, expected {len(rows)}")
 
     version = content_id(
         "vector-index", 2, {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["vector_index"]}
     )
-    out = publish_stage(ws, revision, "vector_index", spec, version, write, {"enabled": True, "rows": n_reps}, ins, on_step)
+    out = publish_stage(
+        ws, revision, "vector_index", spec, version, write, {"enabled": True, "rows": n_reps}, ins, on_step
+    )
     return finish(
-        out, t0, version_dir(ws, revision, "vector_index", out.data_version), n_reps,
+        out,
+        t0,
+        version_dir(ws, revision, "vector_index", out.data_version),
+        n_reps,
         {"enabled": True, "rows": n_reps, "metric": spec.vector_index.metric},
     )
 
@@ -129,12 +151,21 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
     bundle, outcome = publish_bundle(semantic, inputs, ws.bundles, on_step)
     m = bundle.manifest
     out = publish_stage(
-        ws, revision, "index_bundle", spec, m.bundle_id, lambda tmp: None,
-        {"bundle_id": m.bundle_id, "bundle_path": str(bundle.path), "outcome": outcome.value}, ins,
+        ws,
+        revision,
+        "index_bundle",
+        spec,
+        m.bundle_id,
+        lambda tmp: None,
+        {"bundle_id": m.bundle_id, "bundle_path": str(bundle.path), "outcome": outcome.value},
+        ins,
     )
     counts = m.semantic.counts
     return finish(
-        out, t0, version_dir(ws, revision, "index_bundle", out.data_version), None,
+        out,
+        t0,
+        version_dir(ws, revision, "index_bundle", out.data_version),
+        None,
         {
             "bundle_id": m.bundle_id,
             "bundle_path": Path(bundle.path),
@@ -146,7 +177,11 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
             "representations": counts.representations,
             "vectors": counts.vectors,
         },
-        {"specs": table([("stage", "string"), ("spec_id", "string")], [[k, str(v.spec_id)] for k, v in m.semantic.specs.items()])},
+        {
+            "specs": table(
+                [("stage", "string"), ("spec_id", "string")], [[k, str(v.spec_id)] for k, v in m.semantic.specs.items()]
+            )
+        },
     )
 
 

@@ -18,27 +18,31 @@ from pathlib import Path
 
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.experiment.decision import Decision
-from ragpipe.pipeline_spec import PipelineSpec
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.chain_store import ChainResult, publish_chain, read_chain_input, read_chain_upstream
 from ragpipe.stages.gate_steps import read_comparison, read_decision
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock
-from ragpipe.stages.workspace import Workspace
 
 STAGE = "release_manifest"
 
 
-def _check_links(revision: str, gate_version: str, decision: dict, ev_facts: dict, bundle_version: str, opened_id: str) -> None:
+def _check_links(
+    revision: str, gate_version: str, decision: dict, ev_facts: dict, bundle_version: str, opened_id: str
+) -> None:
     """Refuse a chain whose links do not hold: the decision file must hash to the gate's version,
     decide on exactly the evaluation run read, and that run's bundle must be the bundle opened."""
     body = {k: v for k, v in decision.items() if k != "decision_id"}
     try:
         recomputed = Decision.model_validate(body).decision_id
     except ValueError as exc:
-        raise StageError(f"gate_decision {gate_version} of revision {revision!r}: decision.json is not a decision ({exc})") from None
+        raise StageError(
+            f"gate_decision {gate_version} of revision {revision!r}: decision.json is not a decision ({exc})"
+        ) from None
     if not recomputed == decision.get("decision_id") == gate_version:
         raise StageError(f"gate_decision {gate_version} of revision {revision!r}: decision.json hashes to {recomputed}")
     run = {"run_id": ev_facts["run_id"], "spec_id": ev_facts["spec_id"], "ledger_head": ev_facts["ledger_head"]}
@@ -63,12 +67,20 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
     f = ev.record.facts
     _check_links(revision, gate.data_version, decision, f, bundle.data_version, opened.manifest.bundle_id)
     manifest = ReleaseManifest(
-        revision=revision, bundle_id=opened.manifest.bundle_id, material_digest=opened.manifest.material_digest,
-        query_plan_id=chain.query_plan_id, answer_plan_id=chain.answer_plan_id,
-        authorization_policy_id=chain.authorization_policy_id, gate_policy_id=decision["policy_id"],
+        revision=revision,
+        bundle_id=opened.manifest.bundle_id,
+        material_digest=opened.manifest.material_digest,
+        query_plan_id=chain.query_plan_id,
+        answer_plan_id=chain.answer_plan_id,
+        authorization_policy_id=chain.authorization_policy_id,
+        gate_policy_id=decision["policy_id"],
         evaluation=EvaluationRef(spec_id=str(f["spec_id"]), run_id=str(f["run_id"]), ledger_head=str(f["ledger_head"])),
         comparison_id=decision["comparison_id"],
-        gate=GateRef(decision_id=decision["decision_id"], eligible=decision["eligible"], decisive_phase=decision["decisive_phase"]),
+        gate=GateRef(
+            decision_id=decision["decision_id"],
+            eligible=decision["eligible"],
+            decisive_phase=decision["decisive_phase"],
+        ),
     )
     store = ReleaseStore(ws)
     # The decision, comparison and policy go into the release store first: gc may collect the stage
@@ -79,15 +91,32 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
     except ReleaseError as exc:
         raise StageError(f"gate_decision {gate.data_version} of revision {revision!r}: {exc}") from None
     release_id, published = publish_manifest(store, manifest)
-    facts = {"release_id": release_id, "eligible": manifest.gate.eligible, "decisive_phase": manifest.gate.decisive_phase,
-             "bundle_id": manifest.bundle_id}
-    record = publish_chain(ws, STAGE, revision, chain.release_code_version, release_id,
-                           {"gate_decision": gate, "evaluation_run": ev, "index_bundle": bundle}, facts)
+    facts = {
+        "release_id": release_id,
+        "eligible": manifest.gate.eligible,
+        "decisive_phase": manifest.gate.decisive_phase,
+        "bundle_id": manifest.bundle_id,
+    }
+    record = publish_chain(
+        ws,
+        STAGE,
+        revision,
+        chain.release_code_version,
+        release_id,
+        {"gate_decision": gate, "evaluation_run": ev, "index_bundle": bundle},
+        facts,
+    )
     metadata = {
-        "release_id": release_id, "eligible": manifest.gate.eligible, "decisive_phase": manifest.gate.decisive_phase or "none",
-        "bundle_id": manifest.bundle_id, "material_digest": manifest.material_digest, "decision_id": manifest.gate.decision_id,
-        "comparison_id": manifest.comparison_id or "none (bootstrap)", "evaluation_run_id": manifest.evaluation.run_id,
-        "publication": "published" if published else "existing", "manifest_path": ReleaseStore(ws).manifest_path(release_id),
+        "release_id": release_id,
+        "eligible": manifest.gate.eligible,
+        "decisive_phase": manifest.gate.decisive_phase or "none",
+        "bundle_id": manifest.bundle_id,
+        "material_digest": manifest.material_digest,
+        "decision_id": manifest.gate.decision_id,
+        "comparison_id": manifest.comparison_id or "none (bootstrap)",
+        "evaluation_run_id": manifest.evaluation.run_id,
+        "publication": "published" if published else "existing",
+        "manifest_path": ReleaseStore(ws).manifest_path(release_id),
         "duration_seconds": round(time.perf_counter() - t0, 3),
     }
     return ChainResult(record, release_id, metadata)

@@ -12,7 +12,7 @@ A materialization whose output equals one already published (same data version) 
 and only moves the pointer. Readers read ``latest.json`` once and then only the immutable folder it
 names, so a concurrent materialization can never hand them a half-replaced output; Dagster's
 materialization history keeps pointing at folders that exist (until garbage collection, which
-removes only folders no pointer references: ``ragpipe.stages.gc``).
+removes only folders no pointer references: ``ragpipe.gc``).
 
 A record keeps the cumulative spec ID it was built under, and the data versions of the upstream
 outputs it read (``inputs``): a stage refuses an upstream recorded under another spec, and a set of
@@ -32,10 +32,17 @@ from typing import ParamSpec, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ragpipe.corpus.registry import RevisionError, check_revision_key
-from ragpipe.kernel.publish import FILE_STEPS, PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory, write_file_atomic
-from ragpipe.pipeline_spec import PipelineSpec
-from ragpipe.stages.locks import file_lock
-from ragpipe.stages.workspace import Workspace
+from ragpipe.kernel.locks import file_lock
+from ragpipe.kernel.publish import (
+    FILE_STEPS,
+    PUBLISH_STEPS,
+    PublishOutcome,
+    StepHook,
+    publish_directory,
+    write_file_atomic,
+)
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.spec import PipelineSpec
 
 POINTER = "latest.json"
 STAGE_RECORD = "stage.json"
@@ -77,7 +84,7 @@ class StageOutput:
 
 
 def workspace_lock(ws: Workspace, *, exclusive: bool = False, blocking: bool = True):
-    """Shared by stage materializations, exclusive for garbage collection (``ragpipe.stages.locks``)."""
+    """Shared by stage materializations, exclusive for garbage collection (``ragpipe.kernel.locks``)."""
     return file_lock(ws.locks / "workspace.lock", exclusive=exclusive, blocking=blocking)
 
 

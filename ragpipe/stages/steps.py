@@ -23,8 +23,14 @@ from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.compute import compute_embeddings, embeddings_digest, write_embeddings
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
-from ragpipe.pipeline_spec import PipelineSpec
-from ragpipe.representations.derive import derive_representations, read_representations, representation_set_digest, write_representations
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.representations.derive import (
+    derive_representations,
+    read_representations,
+    representation_set_digest,
+    write_representations,
+)
+from ragpipe.spec import PipelineSpec
 from ragpipe.stages.index_steps import check_bundle, run_index_bundle, run_lexical_index, run_vector_index
 from ragpipe.stages.results import StageResult, finish, table
 from ragpipe.stages.stage_store import (
@@ -36,7 +42,6 @@ from ragpipe.stages.stage_store import (
     read_outputs,
     version_dir,
 )
-from ragpipe.stages.workspace import Workspace
 
 # The asset layer and the CLI call every stage through this module.
 __all__ = [
@@ -64,14 +69,18 @@ def read_stage_record(ws: Workspace, revision: str, stage: str, spec: PipelineSp
 
 
 @holding_workspace_lock
-def run_source_snapshot(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None) -> StageResult:
+def run_source_snapshot(
+    ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None
+) -> StageResult:
     t0 = time.perf_counter()
     record = load_revision(ws.registry, revision)
-    documents, summary = build_snapshot(
-        read_registered_corpus(record), revision, record.default_scope, spec.snapshot
-    )
+    documents, summary = build_snapshot(read_registered_corpus(record), revision, record.default_scope, spec.snapshot)
     out = publish_stage(
-        ws, revision, "source_snapshot", spec, summary.corpus_digest,
+        ws,
+        revision,
+        "source_snapshot",
+        spec,
+        summary.corpus_digest,
         lambda tmp: write_snapshot(tmp, documents, summary),
         {"documents": len(documents), "excluded": len(summary.excluded), "default_scope": record.default_scope},
         on_step=on_step,
@@ -81,7 +90,10 @@ def run_source_snapshot(ws: Workspace, revision: str, spec: PipelineSpec, *, on_
         for s in d.access_scopes:
             scopes[s] = scopes.get(s, 0) + 1
     return finish(
-        out, t0, version_dir(ws, revision, "source_snapshot", out.data_version), len(documents),
+        out,
+        t0,
+        version_dir(ws, revision, "source_snapshot", out.data_version),
+        len(documents),
         {
             "documents": len(documents),
             "excluded": len(summary.excluded),
@@ -94,7 +106,9 @@ def run_source_snapshot(ws: Workspace, revision: str, spec: PipelineSpec, *, on_
                 [("document", "string"), ("location", "string"), ("reason", "string")],
                 [[e.document_id, e.location, e.reason] for e in summary.excluded],
             ),
-            "access_scopes": table([("scope", "string"), ("documents", "int")], [[k, v] for k, v in sorted(scopes.items())]),
+            "access_scopes": table(
+                [("scope", "string"), ("documents", "int")], [[k, v] for k, v in sorted(scopes.items())]
+            ),
         },
     )
 
@@ -107,12 +121,22 @@ def run_chunks(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: Ste
     chunks = chunk_documents(documents, make_chunker(spec.chunker, spec.own_spec_ids["chunks"]))
     digest = chunk_set_digest(chunks)
     out = publish_stage(
-        ws, revision, "chunks", spec, digest, lambda tmp: write_chunks(tmp / "chunks.parquet", chunks),
-        {"chunks": len(chunks)}, {"source_snapshot": snap}, on_step,
+        ws,
+        revision,
+        "chunks",
+        spec,
+        digest,
+        lambda tmp: write_chunks(tmp / "chunks.parquet", chunks),
+        {"chunks": len(chunks)},
+        {"source_snapshot": snap},
+        on_step,
     )
     sizes = sorted(c.byte_end - c.byte_start for c in chunks) or [0]
     return finish(
-        out, t0, version_dir(ws, revision, "chunks", out.data_version), len(chunks),
+        out,
+        t0,
+        version_dir(ws, revision, "chunks", out.data_version),
+        len(chunks),
         {
             "chunks": len(chunks),
             "documents": len(documents),
@@ -136,7 +160,9 @@ def check_chunks(ws: Workspace, revision: str) -> tuple[int, list[str]]:
 
 
 @holding_workspace_lock
-def run_representations(ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None) -> StageResult:
+def run_representations(
+    ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None
+) -> StageResult:
     t0 = time.perf_counter()
     ins = read_outputs(ws, revision, ["source_snapshot", "chunks"], spec)
     documents = read_snapshot_documents(ins["source_snapshot"].path / "documents.parquet")
@@ -144,12 +170,22 @@ def run_representations(ws: Workspace, revision: str, spec: PipelineSpec, *, on_
     reps = derive_representations(documents, chunks, spec.representations.kinds, spec.own_spec_ids["representations"])
     digest = representation_set_digest(reps)
     out = publish_stage(
-        ws, revision, "representations", spec, digest,
-        lambda tmp: write_representations(tmp / "representations.parquet", reps), {"representations": len(reps)}, ins, on_step,
+        ws,
+        revision,
+        "representations",
+        spec,
+        digest,
+        lambda tmp: write_representations(tmp / "representations.parquet", reps),
+        {"representations": len(reps)},
+        ins,
+        on_step,
     )
     kinds = {k: sum(r.kind == k for r in reps) for k in spec.representations.kinds}
     return finish(
-        out, t0, version_dir(ws, revision, "representations", out.data_version), len(reps),
+        out,
+        t0,
+        version_dir(ws, revision, "representations", out.data_version),
+        len(reps),
         {"representations": len(reps), "representation_set_digest": digest},
         {"kinds": table([("kind", "string"), ("representations", "int")], [[k, v] for k, v in kinds.items()])},
     )
@@ -164,14 +200,26 @@ def _embedder(spec: PipelineSpec):
 
 @holding_workspace_lock
 def run_embeddings(
-    ws: Workspace, revision: str, spec: PipelineSpec, progress: Progress | None = None, *, on_step: StepHook | None = None
+    ws: Workspace,
+    revision: str,
+    spec: PipelineSpec,
+    progress: Progress | None = None,
+    *,
+    on_step: StepHook | None = None,
 ) -> StageResult:
     t0 = time.perf_counter()
     ins = {"representations": read_output(ws, revision, "representations", spec)}
     if not spec.vector_index.enabled:
         out = publish_stage(
-            ws, revision, "embeddings", spec, content_id("embeddings-disabled", 1, {}), lambda tmp: None,
-            {"enabled": False}, ins, on_step,
+            ws,
+            revision,
+            "embeddings",
+            spec,
+            content_id("embeddings-disabled", 1, {}),
+            lambda tmp: None,
+            {"enabled": False},
+            ins,
+            on_step,
         )
         # A lexical-only pipeline: no vectors, so zero rows.
         return finish(out, t0, version_dir(ws, revision, "embeddings", out.data_version), 0, {"enabled": False})
@@ -183,14 +231,22 @@ def run_embeddings(
     # publishes its own version folder (the bundle ID does not depend on it).
     digest = embeddings_digest([str(r.representation_id) for r in reps], vectors)
     out = publish_stage(
-        ws, revision, "embeddings", spec, digest,
+        ws,
+        revision,
+        "embeddings",
+        spec,
+        digest,
         lambda tmp: write_embeddings(tmp / "embeddings.parquet", reps, vectors),
         {"enabled": True, "encoded": stats.encoded, "cache_hits": stats.cache_hits, "unique_texts": stats.unique_texts},
-        ins, on_step,
+        ins,
+        on_step,
     )
     hit_rate = stats.cache_hits / stats.unique_texts if stats.unique_texts else 1.0
     return finish(
-        out, t0, version_dir(ws, revision, "embeddings", out.data_version), stats.representations,
+        out,
+        t0,
+        version_dir(ws, revision, "embeddings", out.data_version),
+        stats.representations,
         {
             "enabled": True,
             "representations": stats.representations,

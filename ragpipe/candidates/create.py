@@ -1,0 +1,251 @@
+"""Making a candidate: a parent (a built revision, or an earlier candidate) plus ``--set`` edits.
+
+``--set ASSET.PATH=VALUE`` edits a copy of one spec file: the first segment picks the asset
+(``chunks.max_bytes=800`` edits ``chunker.max_bytes`` of ``pipeline.yaml``; ``query_plan.fusion.k=20``
+and ``answer_plan.generator.kind=litellm`` edit ``query_plan.yaml``, the latter its ``answer``
+section); the value is parsed as YAML (``20``, ``[raw]``, ``{kind: normalized_convex, …}``).
+Several ``--set`` may edit the same asset (chunk size and overlap together); edits of two assets
+are refused. The edited file must still load and the asset's ID must change. The folder is
+written to a temporary sibling, validated (``validate_candidate``) and only then published.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ragpipe.candidates.folder import (
+    FILES,
+    PARENT_PIPELINE,
+    PARENT_PLAN,
+    PIPELINE,
+    PLAN,
+    POLICY,
+    RECORD,
+    SUITE,
+    Candidate,
+    CandidateError,
+    CandidateRecord,
+    Change,
+    build_revision_for,
+    candidate_id,
+    check_change,
+    validate_candidate,
+)
+from ragpipe.candidates.snapshot import (
+    ASSETS,
+    LOCKED,
+    PLAN_ASSETS,
+    STAGE_SECTIONS,
+    EvaluatorSettings,
+    Snapshot,
+    asset_ids,
+    corpus_revision_id,
+)
+from ragpipe.corpus.registry import load_revision
+from ragpipe.evaluation.suite import Suite, suite_bytes
+from ragpipe.experiment.gate_policy import load_policy
+from ragpipe.kernel.ids import bytes_digest
+from ragpipe.kernel.publish import PublishOutcome, publish_directory
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.retrieval.plan import PlanError, load_plan, parse_plan
+from ragpipe.spec import PipelineSpec, PipelineSpecError, load_pipeline_spec
+from ragpipe.stages.steps import StageError, read_stage_record
+
+SET_HELP = "expected ASSET.PATH=VALUE, e.g. query_plan.channels.vector.weight=0.7"
+
+
+@dataclass(frozen=True)
+class Parent:
+    """What a candidate is made from: the parent snapshot and the bytes of its spec files."""
+
+    snapshot: Snapshot
+    pipeline_bytes: bytes
+    plan_bytes: bytes
+    suite: Suite
+    policy_bytes: bytes
+    settings: EvaluatorSettings
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise CandidateError(f"{path}: cannot read {what}: {exc.strerror}") from None
+
+
+def parent_from_revision(
+    ws: Workspace,
+    revision: str,
+    pipeline_path: Path,
+    plan_path: Path,
+    suite: Suite,
+    policy_path: Path,
+    settings: EvaluatorSettings,
+) -> Parent:
+    """The snapshot of ``revision`` built under ``pipeline_path``, served with ``plan_path``."""
+    try:
+        pipeline, plan = load_pipeline_spec(pipeline_path), load_plan(plan_path)
+        policy = load_policy(policy_path)
+        record = load_revision(ws.registry, revision)
+        read_stage_record(ws, revision, "index_bundle", pipeline)  # the bundle is this spec's
+    except (PipelineSpecError, PlanError, StageError, ValueError) as exc:
+        raise CandidateError(f"parent {revision!r}: {exc}") from None
+    assets = asset_ids(corpus_revision_id(record), pipeline, plan, suite.digest, policy.policy_id, settings)
+    return Parent(
+        Snapshot(revision=revision, assets=assets),
+        _build_only(_read(pipeline_path, "the pipeline spec")),
+        _read(plan_path, "the query plan"),
+        suite,
+        _read(policy_path, "the gate policy"),
+        settings,
+    )
+
+
+def _build_only(pipeline_bytes: bytes) -> bytes:
+    """The pipeline spec without its ``evaluation`` section: a candidate's build stops at the
+    bundle (``candidate run`` evaluates and gates it; the chain would gate and release an
+    experiment), and the section's paths are relative to the original file. No stage ID
+    depends on the section, so the copy is the same snapshot."""
+    doc = yaml.safe_load(pipeline_bytes) or {}
+    if not isinstance(doc, dict) or "evaluation" not in doc:
+        return pipeline_bytes
+    doc.pop("evaluation")
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8")
+
+
+def parent_from_candidate(candidate: Candidate) -> Parent:
+    """A validated candidate as the parent of the next one in a chain."""
+    folder = candidate.folder
+    return Parent(
+        candidate.snapshot,
+        (folder / PIPELINE).read_bytes(),
+        (folder / PLAN).read_bytes(),
+        candidate.suite,
+        (folder / POLICY).read_bytes(),
+        candidate.record.evaluator,
+    )
+
+
+def parse_set(text: str) -> tuple[str, tuple[str, ...], Any]:
+    """``ASSET.PATH=VALUE`` -> (asset, keys under the asset's section, YAML value)."""
+    path, sep, raw = text.partition("=")
+    keys = tuple(path.split("."))
+    if not sep or len(keys) < 2 or not all(keys):
+        raise CandidateError(f"--set {text!r}: {SET_HELP}")
+    asset = keys[0]
+    if asset in LOCKED:
+        raise CandidateError(f"--set {text!r}: asset {asset!r} is locked ({', '.join(LOCKED)} are locked)")
+    if asset not in ASSETS:
+        raise CandidateError(
+            f"--set {text!r}: unknown asset {asset!r} (settable: {', '.join(a for a in ASSETS if a not in LOCKED and a != 'index_bundle')})"
+        )
+    if asset == "index_bundle":
+        raise CandidateError(f"--set {text!r}: asset 'index_bundle' has no settable spec")
+    if asset == "query_plan" and keys[1] == "answer":
+        raise CandidateError(
+            f"--set {text!r}: the answer section is the asset answer_plan (use answer_plan.{'.'.join(keys[2:]) or 'KEY'})"
+        )
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise CandidateError(f"--set {text!r}: the value is not YAML: {str(exc).splitlines()[0]}") from None
+    return asset, keys[1:], value
+
+
+def _section(asset: str) -> tuple[str, ...]:
+    if asset in PLAN_ASSETS:
+        return () if asset == "query_plan" else ("answer",)
+    return (str(STAGE_SECTIONS[asset]),)
+
+
+def apply_set(doc: dict, text: str, asset: str, keys: tuple[str, ...], value: Any) -> None:
+    """Set ``value`` at the asset's section + ``keys`` in ``doc`` (missing mappings are created)."""
+    node = doc
+    path = (*_section(asset), *keys)
+    for depth, key in enumerate(path[:-1]):
+        child = node.setdefault(key, {})
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise CandidateError(f"--set {text!r}: {'.'.join(path[: depth + 1])} is not a mapping")
+        node = child
+    node[path[-1]] = value
+
+
+def _edited(parent: Parent, sets: list[str]) -> tuple[str, bytes, bytes]:
+    """(asset, pipeline bytes, plan bytes) after the edits; the unedited file keeps its bytes."""
+    if not sets:
+        raise CandidateError("give at least one --set ASSET.PATH=VALUE")
+    parsed = [(text, *parse_set(text)) for text in sets]
+    assets = list(dict.fromkeys(p[1] for p in parsed))
+    if len(assets) > 1:
+        raise CandidateError(
+            f"--set edits {len(assets)} assets ({', '.join(assets)}): a candidate changes exactly one asset"
+        )
+    asset = assets[0]
+    is_plan = asset in PLAN_ASSETS
+    doc = yaml.safe_load(parent.plan_bytes if is_plan else parent.pipeline_bytes) or {}
+    for text, _, keys, value in parsed:
+        apply_set(doc, text, asset, keys, value)
+    data = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8")
+    name = PLAN if is_plan else PIPELINE
+    try:
+        parse_plan(doc, f"--set: edited {name}") if is_plan else PipelineSpec.model_validate(doc)
+    except PlanError as exc:
+        raise CandidateError(str(exc)) from None
+    except ValueError as exc:  # pydantic's ValidationError
+        raise CandidateError(f"--set: edited {name}: invalid pipeline spec:\n{exc}") from None
+    return asset, (parent.pipeline_bytes if is_plan else data), (data if is_plan else parent.plan_bytes)
+
+
+def new_candidate(parent: Parent, sets: list[str], out: Path) -> Candidate:
+    """Create the candidate folder ``out`` (never replaced) and return it validated."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        raise CandidateError(f"{out}: already exists (a candidate folder is created once)")
+    asset, pipeline_bytes, plan_bytes = _edited(parent, sets)
+    contents = {
+        PIPELINE: pipeline_bytes,
+        PLAN: plan_bytes,
+        PARENT_PIPELINE: parent.pipeline_bytes,
+        PARENT_PLAN: parent.plan_bytes,
+        SUITE: suite_bytes(parent.suite),
+        POLICY: parent.policy_bytes,
+    }
+    pipeline = PipelineSpec.model_validate(yaml.safe_load(pipeline_bytes))
+    plan = parse_plan(yaml.safe_load(plan_bytes), PLAN)
+    parents = parent.snapshot.assets
+    child = asset_ids(
+        parents["corpus_revision"], pipeline, plan, parents["suite"], parents["gate_policy"], parent.settings
+    )
+    if child[asset] == parents[asset]:
+        raise CandidateError(
+            f"--set leaves asset {asset!r} unchanged ({parents[asset]}): a candidate must change its asset"
+        )
+    check_change("--set", parents, child)
+    cand_id = candidate_id(parent.snapshot.snapshot_id, asset, child[asset])
+    record = CandidateRecord(
+        candidate_id=cand_id,
+        parent=parent.snapshot,
+        evaluator=parent.settings,
+        change=Change(asset=asset, edits=tuple(sets), old_id=parents[asset], new_id=child[asset]),
+        build_revision=build_revision_for(parent.snapshot.revision, asset, cand_id),
+        files={name: bytes_digest(contents[name]) for name in FILES},
+    )
+
+    def write_data(tmp: Path) -> None:
+        (tmp / "parent").mkdir()
+        for name, data in contents.items():
+            (tmp / name).write_bytes(data)
+
+    def write_record(tmp: Path) -> None:
+        (tmp / RECORD).write_text(json.dumps(record.as_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    if publish_directory(out, write_data, write_record, validate=validate_candidate) is PublishOutcome.existing:
+        raise CandidateError(f"{out}: already exists (a candidate folder is created once)")
+    return validate_candidate(out)

@@ -1,0 +1,132 @@
+"""How ``ragpipe build`` shows a run while it happens: one line per finished step or check, a
+progress bar (texts/s, ETA) while new texts are embedded. Everything goes to the given console
+(stderr); the summary that follows on stdout is the CLI's.
+
+The items are the plain dataclasses of ``ragpipe.orchestration.progress``; this module never touches a
+Dagster object.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from ragpipe.orchestration.progress import (
+    CheckFinished,
+    EmbeddingProgress,
+    LogLine,
+    PoolWait,
+    RunQueued,
+    RunStarted,
+    StepFinished,
+)
+
+OK, FAILED = "[green]✓[/]", "[red]✗[/]"
+
+
+class TextsPerSecond(ProgressColumn):
+    """Encoding speed; ``?`` until rich has two samples."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.speed
+        return Text(f"{speed:.0f} texts/s" if speed is not None else "? texts/s")
+
+
+def count_text(counts: tuple[tuple[str, object], ...]) -> str:
+    """``517 rows``, ``8 encoded, 0 cached``, ``bundle sha256:0123456789ab…``, ``not eligible,
+    decisive phase target``."""
+    parts = []
+    for label, value in counts:
+        if label in ("bundle", "release"):
+            text = str(value)
+            parts.append(f"{label} {text[:19]}…" if len(text) > 19 else f"{label} {text}")
+        elif label == "eligible":
+            parts.append("eligible" if value is True or value == "True" else "not eligible")
+        elif label == "decisive phase":
+            if value not in (None, "none"):
+                parts.append(f"decisive phase {value}")
+        else:
+            parts.append(f"{value} {label}")
+    return ", ".join(parts)
+
+
+class BuildView:
+    """Callable sink for progress items; ``close()`` removes a bar still showing."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+
+    def __call__(self, item: object) -> None:
+        if isinstance(item, EmbeddingProgress):
+            self._embedding(item)
+            return
+        self.close()  # anything else means the encoding is over (or is interrupted by a line)
+        if isinstance(item, StepFinished):
+            tail = count_text(item.counts) if item.ok else "failed"
+            self._line(
+                f"{OK if item.ok else FAILED} {escape(item.step)}  {item.seconds:.1f} s"
+                + (f"  {escape(tail)}" if tail else "")
+            )
+        elif isinstance(item, CheckFinished):
+            verdict = "passed" if item.passed else f"failed: {item.description or '(no description)'}"
+            self._line(f"{OK if item.passed else FAILED} check {escape(item.check)}  {escape(verdict)}")
+        elif isinstance(item, PoolWait):
+            self._line(f"… {escape(item.step)} waits for a slot in pool {escape(item.pool)}")
+        elif isinstance(item, RunQueued):
+            self._line(f"run {item.run_id} queued; waiting for the daemon to start it")
+        elif isinstance(item, RunStarted):
+            self._line(f"run {item.run_id} started")
+        elif isinstance(item, LogLine):
+            self.console.print(item.text, markup=False, highlight=False, soft_wrap=True)
+
+    def _line(self, markup: str) -> None:
+        self.console.print(markup, highlight=False, soft_wrap=True)
+
+    def _embedding(self, item: EmbeddingProgress) -> None:
+        if not self.console.is_terminal:  # a bar in a log file is only blank lines and escape codes
+            return
+        if self.bar is None:
+            self.bar = Progress(
+                TextColumn("embedding new texts"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextsPerSecond(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("embeddings", total=item.total, completed=item.done)
+        else:
+            self.bar.update(self.task, total=item.total, completed=item.done)  # type: ignore[arg-type]
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar, self.task = None, None
+
+
+def summary_table(summary: dict[str, object]) -> Table:
+    """The build's summary, one row per field (printed last, on stdout)."""
+    title = f"revision {summary['revision']}" + (" (up to date, nothing rebuilt)" if summary["up_to_date"] else "")
+    table = Table(title=title)
+    table.add_column("field")
+    table.add_column("value", overflow="fold")
+    for key, value in summary.items():
+        table.add_row(key, str(value))
+    return table

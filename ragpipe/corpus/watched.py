@@ -1,0 +1,109 @@
+"""Watched sources for the nightly schedule: ``ragpipe/specs/sources.yaml`` (or ``$RAGPIPE_SOURCES``).
+
+A watched source has a ``name``, a ``path`` (relative to the config file), a corpus ``format``
+(``beir`` or ``markdown``) and a ``default_scope``. ``snapshot_changed_sources`` registers each
+source whose content digest differs from the digest of its last registered revision as a new
+revision ``<name>-<YYYYMMDD>-<digest8>`` (``digest8``: the first 8 hex digits of the source digest
+that registration pins); an unchanged source registers nothing. The last revision of a source is
+its registered revision of that key shape with the greatest date (ties: the newest record file).
+Configuration is operational: it never enters an ID.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ragpipe.corpus.connectors import source_digest
+from ragpipe.corpus.registry import list_revisions, load_revision, register_revision
+from ragpipe.kernel.workspace import Workspace
+
+DEFAULT_SOURCES_PATH = Path(__file__).resolve().parent.parent / "specs" / "sources.yaml"
+NAME = r"[a-z0-9][a-z0-9_.-]{0,63}"
+
+
+class SourcesError(ValueError):
+    """The sources config cannot be read or is invalid; the message names the file."""
+
+
+class WatchedSource(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=rf"^{NAME}$")
+    path: Path
+    format: Literal["beir", "markdown"]
+    default_scope: str = "public"
+
+
+class SourcesConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: Literal["ragpipe.sources/v1"] = Field(alias="schema")
+    sources: tuple[WatchedSource, ...] = ()
+
+
+def load_sources(path: Path | None = None) -> tuple[WatchedSource, ...]:
+    """The watched sources, paths resolved against the file's folder; duplicate names refused."""
+    path = Path(path or os.environ.get("RAGPIPE_SOURCES") or DEFAULT_SOURCES_PATH)
+    try:
+        config = SourcesConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError) as exc:
+        raise SourcesError(f"{path}: cannot read sources config: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise SourcesError(f"{path}: invalid sources config: {problems}") from None
+    names = [s.name for s in config.sources]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise SourcesError(f"{path}: source name {dup!r} is declared twice")
+    return tuple(s.model_copy(update={"path": (path.parent / s.path).resolve()}) for s in config.sources)
+
+
+def revision_key(name: str, day: date, digest: str) -> str:
+    return f"{name}-{day:%Y%m%d}-{digest.split(':', 1)[1][:8]}"
+
+
+def last_revision(ws: Workspace, name: str) -> str | None:
+    """The source's latest registered revision (module docstring), or None."""
+    shape = re.compile(rf"^{re.escape(name)}-(\d{{8}})-[0-9a-f]{{8}}$")
+    keys = [
+        (m.group(1), (ws.registry / f"{k}.json").stat().st_mtime_ns, k)
+        for k in list_revisions(ws.registry)
+        if (m := shape.match(k))
+    ]
+    return max(keys)[2] if keys else None
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    source: str
+    revision: str | None  # the new revision; None when unchanged
+    reason: str
+
+
+def snapshot_changed_sources(ws: Workspace, sources: tuple[WatchedSource, ...], day: date) -> list[SourceCheck]:
+    """Register a new revision for each changed source (module docstring); one result per source."""
+    results = []
+    for s in sources:
+        digest = source_digest(s.path, s.format)
+        last = last_revision(ws, s.name)
+        if last is not None and load_revision(ws.registry, last).source_digest == digest:
+            results.append(SourceCheck(s.name, None, f"unchanged since revision {last}"))
+            continue
+        key = revision_key(s.name, day, digest)
+        register_revision(ws.registry, key, s.path, s.format, s.default_scope)
+        results.append(
+            SourceCheck(
+                s.name,
+                key,
+                f"content digest {digest} differs from {'revision ' + last if last else 'no earlier revision'}",
+            )
+        )
+    return results

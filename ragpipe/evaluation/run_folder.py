@@ -1,0 +1,116 @@
+"""Reading a run folder: verify its custody and rebuild what is derived from it.
+
+``verify_run`` checks the chain, the head, the transitions, the bound inputs and every referenced
+trace without writing anything; ``load_inputs`` rebuilds the evaluation spec from the folder's
+bound copies, each checked against its ``InputBound`` digest; ``rebuild_report`` rewrites the
+reports from the verified ledger. Nothing here runs a query: verifying a release reads run folders
+without importing the retrieval stack (running cells is ``runner.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
+from ragpipe.evaluation.ledger import LEDGER, LedgerError, read_ledger, reduce_records
+from ragpipe.evaluation.report import build_report, write_reports
+from ragpipe.evaluation.run_state import RunState
+from ragpipe.evaluation.suite import SuiteError, parse_suite_bytes
+from ragpipe.kernel.ids import bytes_digest
+from ragpipe.retrieval.plan import PlanError, parse_plan
+
+INPUTS = {"suite": "inputs/suite.jsonl", "query_plan": "inputs/query_plan.json", "spec": "inputs/spec.json"}
+BUNDLE_INPUT = "bundle"  # the InputBound record of the evaluated bundle (nothing copied: see bundle_binding)
+BUILD_FIGURES = ("vectors", "payload_bytes")
+
+
+class RunError(ValueError):
+    """A run cannot be created, resumed or verified; the message names the file or record."""
+
+
+def _bound_seq(ledger_records, name: str) -> int:
+    return next(r.seq for r in ledger_records if r.kind == "InputBound" and r.payload["name"] == name)
+
+
+def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
+    """The spec rebuilt from the copied inputs, each verified against its InputBound digest and
+    its content ID, and the spec ID against RunCreated's."""
+    where = str(run / LEDGER)
+    data = {}
+    for name, path in INPUTS.items():
+        bound = state.inputs.get(name)
+        if bound is None:
+            raise RunError(f"{where}: record {len(records)}: no InputBound record for {name!r}")
+        try:
+            data[name] = (run / path).read_bytes()
+        except OSError as exc:
+            raise RunError(f"{run / path}: cannot read bound input: {exc.strerror}") from None
+        if bytes_digest(data[name]) != bound["digest"]:
+            raise RunError(
+                f"{run / path}: differs from the digest of its InputBound record {_bound_seq(records, name)}"
+            )
+    try:
+        body = SpecBody.model_validate(json.loads(data["spec"]))
+        suite = parse_suite_bytes(data["suite"], str(run / INPUTS["suite"]))
+        plan = parse_plan(json.loads(data["query_plan"]), str(run / INPUTS["query_plan"]))
+    except (ValueError, SuiteError, PlanError) as exc:
+        raise RunError(f"{run / 'inputs'}: bound inputs do not parse: {exc}") from None
+    if body.spec_id != state.spec_id or body.as_json() != state.created["spec"]:
+        raise RunError(
+            f"{run / INPUTS['spec']}: spec ID {body.spec_id} differs from RunCreated's {state.spec_id} (record 1)"
+        )
+    if suite.digest != body.suite_digest:
+        raise RunError(
+            f"{run / INPUTS['suite']}: suite digest {suite.digest} differs from the spec's {body.suite_digest}"
+        )
+    if plan.plan_id != body.plan_id:
+        raise RunError(f"{run / INPUTS['query_plan']}: plan ID {plan.plan_id} differs from the spec's {body.plan_id}")
+    _check_bundle_binding(where, records, state.inputs.get(BUNDLE_INPUT), body)
+    return EvaluationSpec(body, suite, plan, Path(state.created["bundle_path"]))
+
+
+def _check_bundle_binding(where: str, records, bound: Any, body: SpecBody) -> None:
+    """The bundle's InputBound record, when the run has one (runs made before it existed do not):
+    the spec's bundle, and each build figure an integer >= 0."""
+    if bound is None:
+        return
+    seq = _bound_seq(records, BUNDLE_INPUT)
+    if bound.get("content_id") != body.bundle_id:
+        raise RunError(
+            f"{where}: record {seq}: InputBound {BUNDLE_INPUT!r} names bundle {bound.get('content_id')}, not the spec's bundle {body.bundle_id}"
+        )
+    for key in BUILD_FIGURES:
+        value = bound.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RunError(
+                f"{where}: record {seq}: InputBound {BUNDLE_INPUT!r}: {key} must be an integer >= 0, got {value!r}"
+            )
+
+
+def verify_run(out: Path) -> RunState:
+    """Read-only verification: chain, head, transitions, inputs and every referenced trace.
+    Raises ``LedgerError`` / ``RunError`` / ``TraceError`` naming the record on damage."""
+    out = Path(out)
+    read = read_ledger(out)
+    state = reduce_records(read.records, str(out / LEDGER))
+    if state.status == "empty":
+        raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
+    load_inputs(out, read.records, state)
+    build_report(out, read.records, state)  # verifies each trace against its record's digest
+    return state
+
+
+def rebuild_report(out: Path) -> dict[str, Any]:
+    """Rebuild ``report.json`` / ``report.md`` from the verified ledger and traces (read-only on
+    the ledger: a torn tail is ignored, not truncated) and return the report."""
+    out = Path(out)
+    read = read_ledger(out)
+    state = reduce_records(read.records, str(out / LEDGER))
+    if state.status == "empty":
+        raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
+    load_inputs(out, read.records, state)
+    report = build_report(out, read.records, state)
+    write_reports(out, report)
+    return report

@@ -1,0 +1,57 @@
+"""Where ragpipe keeps runtime state: one folder, ``$RAGPIPE_HOME`` (default ``./var/ragpipe``).
+
+```
+revisions/<key>.json                 registered corpus revisions (immutable)
+work/<key>/<stage>/<version hex>/    one immutable folder per distinct output of a stage for a
+                                     revision, named by its data version; never replaced
+work/<key>/<stage>/latest.json       the revision's latest materialization of the stage: which
+                                     version folder, under which spec (replaced atomically)
+embedding_cache/<spec hex>/          embedding cache shards, shared by all revisions
+bundles/<bundle id hex>/             published, immutable index bundles
+locks/                               flock files (workspace.lock, build-<key>.lock)
+```
+
+Stage outputs and bundles accumulate until ``ragpipe.gc.collect_garbage`` removes those no
+``latest.json`` references (see ``docs/operations.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = Path("var") / "ragpipe"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("RAGPIPE_HOME") or DEFAULT_HOME).resolve()
+
+
+@dataclass(frozen=True)
+class Workspace:
+    home: Path
+
+    @property
+    def registry(self) -> Path:
+        return self.home / "revisions"
+
+    @property
+    def embedding_cache(self) -> Path:
+        return self.home / "embedding_cache"
+
+    @property
+    def bundles(self) -> Path:
+        return self.home / "bundles"
+
+    @property
+    def work(self) -> Path:
+        return self.home / "work"
+
+    @property
+    def locks(self) -> Path:
+        return self.home / "locks"
+
+    def stage_dir(self, revision: str, stage: str) -> Path:
+        """The folder holding a revision's versions of ``stage`` and its ``latest.json`` pointer."""
+        return self.work / revision / stage

@@ -1,0 +1,356 @@
+"""Query one verified bundle: the retriever behind `ragpipe query` (answering sits above it, in
+``ragpipe.answer.answering``).
+
+    from ragpipe.retrieval.retriever import Retriever
+    from ragpipe.retrieval.authz import Subject
+    r = Retriever("var/ragpipe/bundles/<id>")            # verifies the bundle once
+    result = r.query("aspirin stroke", Subject("alice", ("public", "staff")), k=5)
+
+A ``Retriever`` may be shared by any number of threads (docs/retrieval.md, Threads).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import TypeVar
+
+from ragpipe.bundle.verify import VerifiedBundle, open_bundle
+from ragpipe.chunking.models import Chunk
+from ragpipe.index.lexical import LexicalSearcher
+from ragpipe.index.rows import index_rows as build_index_rows
+from ragpipe.index.vector import VectorSearcher
+from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
+from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject
+from ragpipe.retrieval.channels import ChannelRanking, LexicalBackend, VectorBackend, rank_channel, recheck
+from ragpipe.retrieval.context import Evidence
+from ragpipe.retrieval.fusion import fuse
+from ragpipe.retrieval.fusion.order import FusedHit
+from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
+from ragpipe.retrieval.rerank import Reranker, rerank_fused
+from ragpipe.retrieval.results import QueryError, QueryResult, Rankings
+from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
+from ragpipe.spec import EmbedderSpec, own_spec_id
+
+T = TypeVar("T")
+MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("vector",)}
+EMPTY_QUERY = "query text is empty (or only whitespace)"
+
+
+class Retriever:
+    """Opens (and verifies) a bundle once, or takes one already verified; ``query`` many times, from any thread.
+
+    Thread safety: the bundle's tables are read-only after opening; lazily built state (plans,
+    the query embedder, the channel worker pool) is created once under a lock; the lexical
+    searchers and audience views are thread-safe (``AudienceIndexes``), the vector searcher runs
+    one event loop per calling thread, and an embedder or reranker that does not declare itself
+    safe for concurrent calls (``thread_safe = True``) is called under a lock."""
+
+    def __init__(
+        self,
+        bundle: VerifiedBundle | Path | str,
+        plan: QueryPlan | None = None,
+        embedder=None,
+        reranker: Reranker | None = None,
+        threads: int = 2,
+        channel_workers: int = 4,
+        max_views: int = 8,
+        max_audiences: int = 4096,
+    ):
+        """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
+        lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
+        audience views and audience verdicts kept, least recently used dropped (docs/retrieval.md).
+        All operational, never part of an ID."""
+        if channel_workers < 1:
+            raise ValueError("channel_workers must be >= 1")
+        # an opened bundle was verified by whoever opened it: never verify it twice
+        self.bundle = bundle if isinstance(bundle, VerifiedBundle) else open_bundle(Path(bundle))
+        self.threads = threads
+        self.channel_workers = channel_workers
+        self.plan = plan or load_plan()
+        self.policy = ScopePolicy()
+        if reranker is None and self.plan.reranker is not None:
+            from ragpipe.retrieval.rerank import CrossEncoderReranker
+
+            reranker = CrossEncoderReranker(self.plan.reranker.model_path)
+        self.reranker = reranker
+        root = self.bundle.path
+        sem = self.bundle.manifest.semantic
+        # the tables as verified (parsed from the digested bytes, never re-read from the store)
+        self.chunks: dict[str, Chunk] = {c.chunk_id: c for c in self.bundle.tables.chunks}
+        docs = self.bundle.tables.documents
+        self.titles = {d.document_id: d.title for d in docs}
+        self.scopes = {d.document_id: d.access_scopes for d in docs}
+        index_rows = build_index_rows(docs, self.bundle.tables.representations)
+        rows = [(r.representation_id, r.chunk_id, r.document_id) for r in index_rows]
+        # Rows per scope group: a channel's request cap is the rows the subject may see, so no
+        # trace figure ever depends on how many rows are hidden.
+        self._group_rows = Counter(tuple(sorted(set(r.access_scopes))) for r in index_rows)
+        self.lexical = AudienceIndexes(
+            LexicalSearcher.open(root / "lexical", rows),
+            self.policy,
+            self.scopes,
+            max_views=max_views,
+            max_audiences=max_audiences,
+        )
+        self.vector = (
+            VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows)
+            if sem.has_vector_index
+            else None
+        )
+        self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
+        self._lock = threading.Lock()  # guards the lazily built state below
+        self._closed = False
+        self._embed_lock = threading.Lock()  # serialises embedders not safe for concurrent calls
+        self._rerank_lock = threading.Lock()  # likewise for rerankers
+        self._embedder = embedder
+        self._plans: dict[str | None, tuple[QueryPlan, str, str]] = {}
+        self._hydrated: dict[str, Evidence] = {}  # chunk ID -> its Evidence (see _evidence)
+        self._worker: ThreadPoolExecutor | None = None
+        self.release_id: str | None = None  # the release served (ragpipe.api.retriever_for_release)
+        if embedder is not None:
+            self._check_embedder(embedder.spec)
+
+    @property
+    def bundle_id(self) -> str:
+        return self.bundle.bundle_id
+
+    def _check_embedder(self, spec: EmbedderSpec) -> None:
+        expected = self.bundle.manifest.semantic.specs["embeddings"].spec_id
+        if own_spec_id("embeddings", spec) != expected:
+            raise QueryError(
+                f"embedder spec {own_spec_id('embeddings', spec)} does not match the bundle's embedder {expected}"
+            )
+
+    def embedder(self):
+        """The query embedder, loaded (once, whichever thread asks first) on first use."""
+        if self._embedder is not None:
+            return self._embedder
+        with self._lock:
+            if self._embedder is None:
+                from ragpipe.embedding.embedder import SentenceTransformerEmbedder
+
+                self._check_embedder(self.embedder_spec)
+                embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=self.threads)
+                if self.plan.query_embedding.runtime == "onnxruntime":
+                    from ragpipe.embedding.onnx_query import OnnxQueryEncoder
+
+                    embedder = OnnxQueryEncoder(embedder, threads=self.threads)
+                self._embedder = embedder
+        return self._embedder
+
+    def _embed_query(self, embedder, text: str):
+        if getattr(embedder, "thread_safe", False):
+            return embedder.embed_query(text)
+        with self._embed_lock:
+            return embedder.embed_query(text)
+
+    def _plan_for(self, mode: str | None) -> tuple[QueryPlan, str, str]:
+        """(plan, mode name, plan ID) for ``mode``, memoised: hashing a plan costs ~0.2 ms."""
+        found = self._plans.get(mode)
+        if found is None:
+            plan, name = self._resolve_plan(mode)
+            with self._lock:
+                found = self._plans.setdefault(mode, (plan, name, plan.plan_id))
+        return found
+
+    def _resolve_plan(self, mode: str | None) -> tuple[QueryPlan, str]:
+        if mode is None and self.vector is None and "lexical" in self.plan.channels:
+            mode = "lexical"  # a lexical-only bundle answers the plan's lexical channel by default
+        if mode is None:
+            names = tuple(self.plan.channels)
+            mode = next((m for m, chans in MODES.items() if set(chans) == set(names)), "+".join(names))
+            plan = self.plan
+        else:
+            if mode not in MODES:
+                raise QueryError(f"unknown mode {mode!r} (hybrid, lexical, vector)")
+            try:
+                plan = self.plan.with_channels(MODES[mode])
+            except PlanError as exc:
+                raise QueryError(str(exc)) from None
+        if "vector" in plan.channels and self.vector is None:
+            raise QueryError(f"bundle {self.bundle_id} is lexical-only: mode {mode!r} needs a vector index")
+        return plan, mode
+
+    def query(
+        self,
+        text: str,
+        subject: Subject | None = None,
+        k: int = 10,
+        mode: str | None = None,
+        trace: bool = False,
+        audit: bool = False,
+        rankings: bool = False,
+    ) -> QueryResult:
+        """The top ``k`` chunks (or documents, per the plan's ``collapse``) visible to ``subject``:
+        exactly ``min(k, matching units)`` hits. ``trace`` adds the subject view of the trace.
+        ``audit`` (operator-only, implies ``trace``) adds figures about documents the subject may
+        not see; never set it for a query run on a subject's behalf. ``rankings`` keeps the
+        channel rankings and the fused list as objects (``QueryResult.rankings``): what the
+        trace's ``channels`` and ``fusion.items`` show, at no cost."""
+        if self._closed:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise QueryError(f"k must be an integer >= 1, got {k!r}")
+        if not isinstance(text, str) or not text.strip():
+            raise QueryError(EMPTY_QUERY)
+        subject = subject or Subject.default()
+        plan, mode, plan_id = self._plan_for(mode)
+        audience = self.lexical.audience(subject)  # the policy's verdict per scope group
+        visible_rows = sum(self._group_rows[g] for g in audience.groups)
+        ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows)
+        ranked, dropped = recheck(
+            ranked, lambda document_id: self.lexical.group_of.get(document_id) in audience.admitted
+        )
+        fused = fuse(plan, {n: r.ranked for n, r in ranked.items()})
+        rerank_trace, ordered = self._rerank(text, plan, fused)
+        top = ordered[:k]
+        verdicts: dict[tuple[str, ...], bool] = {}  # the policy's verdict per scope set, this query
+        evidence = [self._evidence(f, subject, verdicts) for f in top]
+        hits = [
+            {
+                "rank": i,
+                "chunk_id": f.chunk_id,
+                "document_id": f.document_id,
+                "title": ev.title,
+                "score": f.score,
+                "text": ev.text,
+                "byte_start": ev.byte_start,
+                "byte_end": ev.byte_end,
+            }
+            for i, (f, ev) in enumerate(zip(top, evidence), start=1)
+        ]
+        result = QueryResult(plan_id, self.bundle_id, mode, subject, hits, evidence=evidence)
+        if rankings:
+            result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
+        if trace or audit:
+            facts = None
+            if audit:
+                hidden = audience.total_documents - audience.documents
+                facts = AuditFacts(hidden, dropped, statistics.as_dict() if statistics else None)
+            result.trace = query_trace(
+                plan, self.policy.policy_id, subject, k, ranked, fused, rerank_trace, timings, facts
+            )
+        return result
+
+    def _search_channels(
+        self, text: str, plan: QueryPlan, subject: Subject, k: int, visible_rows: int
+    ) -> tuple[dict[str, ChannelRanking], dict[str, float], LexicalStatistics | None]:
+        """Each channel's top ``max(depth, k)`` units (see ``channels.rank_channel``), asking no
+        backend for more than the ``visible_rows`` the subject may see. With both
+        channels, the lexical channel runs on a worker thread while the query is embedded
+        (onnxruntime releases the GIL while it runs); measured ≈ 0.7 ms faster than running them
+        one after the other."""
+        timings: dict[str, float] = {}
+
+        def timed(name: str, work: Callable[[], T]) -> T:
+            started = time.perf_counter()
+            result = work()
+            timings[name] = round((time.perf_counter() - started) * 1000, 3)
+            return result
+
+        def units(name: str) -> int:
+            return max(plan.channels[name].depth, k)
+
+        ranked: dict[str, ChannelRanking] = {}
+        statistics = None
+        lexical: Callable[[], ChannelRanking] | None = None
+        if "lexical" in plan.channels:
+            searcher, statistics = self.lexical.searcher_for(subject)
+            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows)
+            lexical = partial(
+                timed, "lexical", partial(rank_channel, backend, units("lexical"), plan.collapse, plan.depth_policy)
+            )
+
+        if "vector" in plan.channels:
+            embedder = self._embedder if self._embedder is not None else timed("embedder_load", self.embedder)
+
+            def vector() -> ChannelRanking:
+                backend = VectorBackend(self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows)
+                return rank_channel(backend, units("vector"), plan.collapse, plan.depth_policy)
+
+            if lexical is None:
+                ranked["vector"] = timed("vector", vector)
+            else:
+                pending = self._lexical_worker().submit(lexical)
+                try:
+                    ranked["vector"] = timed("vector", vector)
+                finally:
+                    ranked["lexical"] = pending.result()
+        elif lexical is not None:
+            ranked["lexical"] = lexical()
+        return {n: ranked[n] for n in sorted(ranked)}, {n: timings[n] for n in sorted(timings)}, statistics
+
+    def _lexical_worker(self) -> ThreadPoolExecutor:
+        worker = self._worker
+        if worker is None:
+            with self._lock:
+                if self._worker is None:
+                    self._worker = ThreadPoolExecutor(
+                        max_workers=self.channel_workers, thread_name_prefix="ragpipe-lexical"
+                    )
+                worker = self._worker
+        return worker
+
+    def close(self) -> None:
+        """Stop the worker threads, the vector searcher's event loops and the audience views, and
+        drop the hydrated ``Evidence`` cache. Call once no query is in flight (one still running
+        may put entries back: harmless, they are immutable); every later query is refused."""
+        with self._lock:
+            self._closed = True
+            worker, self._worker = self._worker, None
+            self._hydrated.clear()
+        if worker is not None:
+            worker.shutdown()
+        if self.vector is not None:
+            self.vector.close()
+        self.lexical.close()
+
+    def _rerank(self, text: str, plan: QueryPlan, fused: list[FusedHit]) -> tuple[dict[str, object], list[FusedHit]]:
+        if self.reranker is None:
+            return {"used": False}, fused
+        return rerank_fused(
+            self.reranker, plan.reranker, text, fused, lambda cid: self.chunks[cid].text, self._rerank_lock
+        )
+
+    def _evidence(self, f: FusedHit, subject: Subject, verdicts: dict[tuple[str, ...], bool]) -> Evidence:
+        """Hydrate a hit from the verified chunk table (source authority: the bundle's chunk text,
+        never a representation), re-checking that the chunk belongs to the hit's document and that
+        its document is visible to ``subject`` — whatever an index row claimed. ``verdicts`` holds
+        the policy's verdict per scope set for this query (a k = 1000 query asks about a handful of
+        scope sets a thousand times)."""
+        chunk = self.chunks[f.chunk_id]
+        if chunk.document_id != f.document_id:
+            raise AuthorizationError(
+                f"index row names document {f.document_id} for chunk {f.chunk_id} of document {chunk.document_id}"
+            )
+        scopes = self.scopes[chunk.document_id]
+        allowed = verdicts.get(scopes)
+        if allowed is None:
+            allowed = verdicts[scopes] = self.policy.allows(subject, scopes)
+        if not allowed:
+            raise AuthorizationError(f"chunk {f.chunk_id} is not visible to {subject.principal}")
+        evidence = self._hydrated.get(chunk.chunk_id)
+        if evidence is None:
+            # Evidence is immutable and depends on the verified chunk and document only, so one
+            # object per chunk serves every query (a dict insert is atomic: racing threads at worst
+            # build the same value twice).
+            evidence = self._hydrated.setdefault(
+                chunk.chunk_id,
+                Evidence(
+                    label="",
+                    chunk_id=chunk.chunk_id,
+                    document_id=chunk.document_id,
+                    title=self.titles[chunk.document_id],
+                    text=chunk.text,
+                    byte_start=chunk.byte_start,
+                    byte_end=chunk.byte_end,
+                    access_scopes=scopes,
+                ),
+            )
+        return evidence

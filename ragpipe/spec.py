@@ -1,0 +1,298 @@
+"""The pipeline spec: one checked-in YAML file, one pydantic model per stage.
+
+Each stage's *spec ID* is the domain-separated hash of (stage name, implementation version, the
+stage's own spec, and the spec IDs of its inputs). It is used as the asset's Dagster
+``code_version``, so a change to a chunker parameter changes the IDs of ``chunks`` and everything
+downstream, while the ``execution`` section (batch sizes, threads) and the ``dagster`` section
+(owners and tags shown in the Dagster UI) enter no ID at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from ragpipe.kernel.ids import SpecId, content_id
+
+DEFAULT_SPEC_PATH = Path(__file__).parent / "specs" / "pipeline.yaml"
+
+# Implementation versions: bump when a stage's code changes its output for the same spec.
+IMPLEMENTATION_VERSIONS = {
+    "source_snapshot": 1,
+    "chunks": 1,
+    "representations": 1,
+    "embeddings": 1,
+    "lexical_index": 3,
+    "vector_index": 2,
+    "index_bundle": 2,
+}
+
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "source_snapshot": (),
+    "chunks": ("source_snapshot",),
+    "representations": ("chunks",),
+    "embeddings": ("representations",),
+    "lexical_index": ("representations",),
+    "vector_index": ("embeddings",),
+    "index_bundle": ("lexical_index", "vector_index"),
+}
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SnapshotSpec(_Spec):
+    normalization: Literal["utf8-nfc-lf/v1"] = "utf8-nfc-lf/v1"
+    min_text_chars: int = Field(20, ge=1)
+
+
+class ChunkerSpec(_Spec):
+    kind: Literal["markdown_heading", "sliding_window"] = "markdown_heading"
+    max_bytes: int = Field(1200, ge=64, le=1_000_000)
+    overlap_bytes: int = Field(200, ge=0)
+
+    def model_post_init(self, __context: object) -> None:
+        if self.overlap_bytes >= self.max_bytes // 2:
+            raise ValueError(
+                f"chunker.overlap_bytes ({self.overlap_bytes}) must be < max_bytes/2 ({self.max_bytes // 2})"
+            )
+
+
+class RepresentationSpec(_Spec):
+    kinds: tuple[Literal["raw", "title_breadcrumb"], ...] = ("raw", "title_breadcrumb")
+
+
+class EmbedderSpec(_Spec):
+    model_name: str
+    package: str
+    weights_sha256: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    dimensions: int = Field(ge=1, le=65536)
+    normalize: bool
+    max_seq_length: int = Field(ge=1)
+    document_prefix: str = ""
+    query_prefix: str = ""
+
+
+class LexicalIndexSpec(_Spec):
+    tokenizer: Literal["en_stem", "default"] = "en_stem"
+    # tantivy's BM25 is fixed at k1=1.2, b=0.75; they are declared so the spec says what it does.
+    bm25_k1: Literal[1.2] = 1.2
+    bm25_b: Literal[0.75] = 0.75
+
+
+class VectorIndexSpec(_Spec):
+    # enabled: false builds lexical-only bundles (embeddings are then not computed at all).
+    enabled: bool = True
+    metric: Literal["cosine", "dot", "l2"] = "cosine"
+
+
+class ExecutionSettings(_Spec):
+    """Operational settings: they change speed, never results, and enter no ID."""
+
+    embed_batch_size: int = Field(64, ge=1)
+    torch_threads: int = Field(2, ge=1)
+    index_writer_heap_mb: int = Field(128, ge=16)
+
+
+# Dagster's own rules for owners and tags (dagster/_core/utils.py is_valid_email,
+# dagster/_utils/tags.py): checked here so a bad spec fails when it is loaded, naming the file.
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Z|a-z]{2,7}\b")
+_TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")
+_TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
+
+
+def _tag_items(value: object) -> object:
+    """Tags are written as a mapping; they are kept as sorted pairs so the spec stays hashable."""
+    if not isinstance(value, Mapping):
+        return value
+    for k, v in value.items():
+        if not isinstance(k, str) or not _TAG_KEY.match(k):
+            raise ValueError(f"tag key {k!r} must match {_TAG_KEY.pattern}")
+        if not isinstance(v, str) or not _TAG_VALUE.match(v):
+            raise ValueError(f"tag {k!r}: value {v!r} must be a string matching {_TAG_VALUE.pattern}")
+    return tuple(sorted(value.items()))
+
+
+Tags = Annotated[tuple[tuple[str, str], ...], BeforeValidator(_tag_items)]
+
+
+class DagsterOwnership(_Spec):
+    """Owners (``team:<name>`` or an email) and tags Dagster shows on an asset."""
+
+    owners: tuple[str, ...] = ()
+    tags: Tags = ()
+
+    @field_validator("owners")
+    @classmethod
+    def _owners_valid(cls, owners: tuple[str, ...]) -> tuple[str, ...]:
+        for owner in owners:
+            if not (_EMAIL.fullmatch(owner) or (owner.startswith("team:") and len(owner) > 5)):
+                raise ValueError(f"owner {owner!r} must be an email address or 'team:<name>'")
+        return owners
+
+
+# The evaluation → gate → release chain downstream of ``index_bundle`` (present when the spec has
+# an ``evaluation:`` section); their code versions come from ``ragpipe.stages.chain_ids``.
+CHAIN_ASSETS = ("evaluation_run", "gate_decision", "release_manifest")
+
+
+class DagsterSettings(DagsterOwnership):
+    """Operational: how assets appear in Dagster. Enters no ID (like ``execution``).
+
+    ``owners`` and ``tags`` apply to every asset (and ``owners`` to the jobs); an entry under
+    ``assets`` adds owners and overrides or adds tags for that asset.
+    """
+
+    assets: dict[Literal[tuple(STAGE_INPUTS) + CHAIN_ASSETS], DagsterOwnership] = {}  # type: ignore[valid-type]
+
+    def __hash__(self) -> int:  # the assets dict would make the frozen model unhashable
+        return hash((self.owners, self.tags, tuple(sorted(self.assets.items()))))
+
+    def owners_for(self, stage: str) -> list[str]:
+        extra = self.assets[stage].owners if stage in self.assets else ()
+        return list(dict.fromkeys([*self.owners, *extra]))
+
+    def tags_for(self, stage: str) -> dict[str, str]:
+        extra = self.assets[stage].tags if stage in self.assets else ()
+        return dict(self.tags) | dict(extra)
+
+
+class EvaluationSection(_Spec):
+    """What ``evaluation_run`` evaluates each revision's bundle with, and the gate policy its
+    ``gate_decision`` applies. Relative paths are relative to the spec file (resolved at load).
+
+    Semantic: every field except the paths themselves reaches an ID through the content it names
+    (suite digest, plan ID, policy ID; see ``ragpipe.stages.chain_ids``), never the path string.
+    """
+
+    suite: Path
+    split: str = Field("test", pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # BEIR folder only
+    mode: Literal["hybrid", "lexical", "vector"] = "hybrid"
+    scopes: tuple[str, ...] = ("public",)
+    k: int = Field(1000, ge=1, le=10_000)
+    cutoffs: dict[str, int] | None = None
+    repeats: int = Field(1, ge=1, le=100)
+    answers: bool = False
+    query_plan: Path | None = None  # None: the checked-in ragpipe/specs/query_plan.yaml
+    gate_policy: Path | None = None  # None: the checked-in ragpipe/specs/gate_policy.yaml
+
+    def __hash__(self) -> int:  # cutoffs is a dict
+        return hash(
+            (
+                self.suite,
+                self.split,
+                self.mode,
+                self.scopes,
+                self.k,
+                tuple(sorted((self.cutoffs or {}).items())),
+                self.repeats,
+                self.answers,
+                self.query_plan,
+                self.gate_policy,
+            )
+        )
+
+    def resolved(self, base: Path) -> EvaluationSection:
+        """This section with relative paths made absolute against ``base`` (the spec's folder)."""
+        fix = {
+            name: (base / p).resolve()
+            for name in ("suite", "query_plan", "gate_policy")
+            if (p := getattr(self, name)) is not None
+        }
+        return self.model_copy(update=fix)
+
+
+class PipelineSpec(_Spec):
+    spec_schema: Literal["ragpipe.pipeline/v1"] = Field("ragpipe.pipeline/v1", alias="schema")
+    snapshot: SnapshotSpec = SnapshotSpec()
+    chunker: ChunkerSpec = ChunkerSpec()
+    representations: RepresentationSpec = RepresentationSpec()
+    embedder: EmbedderSpec
+    lexical_index: LexicalIndexSpec = LexicalIndexSpec()
+    vector_index: VectorIndexSpec = VectorIndexSpec()
+    execution: ExecutionSettings = ExecutionSettings()
+    dagster: DagsterSettings = DagsterSettings()
+    # None: the build_revision job stops at index_bundle. Enters no build-stage spec ID.
+    evaluation: EvaluationSection | None = None
+
+    def stage_spec(self, stage: str) -> _Spec | None:
+        """The semantic spec owned by ``stage`` (``None`` for stages with no parameters)."""
+        return {
+            "source_snapshot": self.snapshot,
+            "chunks": self.chunker,
+            "representations": self.representations,
+            "embeddings": self.embedder,
+            "lexical_index": self.lexical_index,
+            "vector_index": self.vector_index,
+            "index_bundle": None,
+        }[stage]
+
+    @cached_property
+    def own_spec_ids(self) -> dict[str, SpecId]:
+        """Spec ID of each stage's own computation (stage, implementation version, own spec).
+
+        Recorded on artifacts (``chunker_spec_id`` on chunks, the embedder spec ID keying the
+        embedding cache): it does not depend on upstream stages, so the embedding cache survives a
+        chunker change.
+        """
+        return {stage: own_spec_id(stage, self.stage_spec(stage)) for stage in STAGE_INPUTS}
+
+    @cached_property
+    def spec_ids(self) -> dict[str, SpecId]:
+        """Cumulative spec ID per stage: its own spec ID plus its inputs' cumulative IDs.
+
+        This is the asset ``code_version``: a change anywhere upstream changes it.
+        """
+        ids: dict[str, SpecId] = {}
+        for stage, inputs in STAGE_INPUTS.items():
+            ids[stage] = SpecId(
+                content_id(
+                    "stage-plan",
+                    1,
+                    {"own": self.own_spec_ids[stage], "inputs": {name: ids[name] for name in inputs}},
+                )
+            )
+        return ids
+
+
+def own_spec_id(stage: str, spec: _Spec | None) -> SpecId:
+    """Spec ID of one stage's own computation: stage name, implementation version, own spec."""
+    return SpecId(
+        content_id(
+            "stage-spec",
+            1,
+            {
+                "stage": stage,
+                "implementation": IMPLEMENTATION_VERSIONS[stage],
+                "spec": spec.model_dump(mode="json") if spec is not None else None,
+            },
+        )
+    )
+
+
+class PipelineSpecError(ValueError):
+    pass
+
+
+def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
+    """Load the spec from ``path``, ``$RAGPIPE_PIPELINE_SPEC`` or the checked-in default."""
+    path = Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {exc}") from exc
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise PipelineSpecError(f"{path}: invalid pipeline spec:\n{exc}") from exc
+    if spec.evaluation is not None:
+        spec = spec.model_copy(update={"evaluation": spec.evaluation.resolved(path.resolve().parent)})
+    return spec

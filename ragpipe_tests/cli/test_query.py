@@ -1,0 +1,269 @@
+"""`ragpipe query` and `ragpipe answer` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragpipe.answer.answering import answer
+from ragpipe_tests.cli.test_cli import ragpipe
+from ragpipe_tests.support.llm_server import LLMServer
+
+HIT_KEYS = {"rank", "chunk_id", "document_id", "title", "score", "text", "byte_start", "byte_end"}
+TRACE_KEYS = {"channels", "depth", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
+SUBJECT_AUTHORIZATION_KEYS = {"view", "strategy", "policy_id", "subject"}
+
+
+def test_query_json_shape_and_default_scope(scoped_bundles, tmp_path):
+    out = ragpipe("query", "aspirin stroke", "--bundle", str(scoped_bundles[0]), "--k", "3", "--json", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (line,) = out.stdout.strip().splitlines()
+    data = json.loads(line)
+    assert set(data) == {"plan_id", "bundle_id", "mode", "subject", "hits"}
+    assert data["mode"] == "hybrid" and data["subject"] == {"principal": "cli", "scopes": ["public"]}
+    assert [h["rank"] for h in data["hits"]] == [1, 2, 3]
+    assert all(set(h) == HIT_KEYS for h in data["hits"])
+    # public documents only (sec-twin has pub-twin's text); z-score fusion puts the twin, with
+    # "aspirin" twice, clearly first (RRF tied it with pub-aspirin)
+    assert [h["document_id"] for h in data["hits"]] == ["pub-twin", "pub-aspirin", "pub-statin"]
+
+
+def test_query_trace_and_scopes(scoped_bundles, tmp_path):
+    out = ragpipe(
+        "query",
+        "aspirin stroke",
+        "--bundle",
+        str(scoped_bundles[0]),
+        "--scope",
+        "staff",
+        "--scope",
+        "public",
+        "--mode",
+        "lexical",
+        "--trace",
+        "--json",
+        home=tmp_path,
+    )
+    data = json.loads(out.stdout)
+    assert data["subject"]["scopes"] == ["public", "staff"] and data["mode"] == "lexical"
+    assert "staff-aspirin" in {h["document_id"] for h in data["hits"]}
+    trace = data["trace"]
+    assert set(trace) == TRACE_KEYS  # key names only; no timing value is asserted
+    assert list(trace["channels"]) == ["lexical"]
+    # the subject view: no count of the two secret documents the subject may not see
+    assert set(trace["authorization"]) == SUBJECT_AUTHORIZATION_KEYS and trace["authorization"]["view"] == "subject"
+    assert (
+        trace["depth"]["channels"]["lexical"]["units"] == 100 and trace["depth"]["policy"]["kind"] == "settled_units/v1"
+    )
+    first = trace["fusion"]["items"][0]
+    assert first["score"] == pytest.approx(sum(first["contributions"].values()))
+
+
+def test_public_scope_trace_reveals_no_hidden_documents(scoped_bundles, tmp_path):
+    """The issue's case: `--scope public --trace` used to report documents_hidden_by_prefilter and
+    the audience's document count."""
+    out = ragpipe(
+        "query",
+        "aspirin stroke",
+        "--bundle",
+        str(scoped_bundles[0]),
+        "--scope",
+        "public",
+        "--trace",
+        "--json",
+        home=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    authorization = json.loads(out.stdout)["trace"]["authorization"]
+    assert set(authorization) == SUBJECT_AUTHORIZATION_KEYS
+    assert (authorization["view"], authorization["subject"]) == ("subject", {"principal": "cli", "scopes": ["public"]})
+    for word in ("hidden", "total_documents", "lexical_statistics", "audience", '"index"', "sec-", "staff-"):
+        assert word not in out.stdout, word
+
+
+def test_cli_audit_view_is_explicit_and_shows_hidden_counts(scoped_bundles, tmp_path):
+    out = ragpipe(
+        "query",
+        "aspirin stroke",
+        "--bundle",
+        str(scoped_bundles[0]),
+        "--scope",
+        "public",
+        "--audit",
+        "--json",
+        home=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    authorization = json.loads(out.stdout)["trace"]["authorization"]
+    assert (authorization["view"], authorization["documents_hidden_by_prefilter"]) == ("audit", 3)
+
+
+def test_query_human_output(scoped_bundles, tmp_path):
+    out = ragpipe("query", "aspirin stroke", "--bundle", str(scoped_bundles[0]), "--k", "2", home=tmp_path)
+    assert out.returncode == 0
+    assert "2 hits" in out.stdout and "Aspirin and stroke" in out.stdout and "pub-aspirin" in out.stdout
+
+
+def test_answer_json_with_default_and_litellm_generators(scoped_bundles, tmp_path):
+    out = ragpipe(
+        "answer",
+        "Does aspirin reduce the risk of a first stroke?",
+        "--bundle",
+        str(scoped_bundles[0]),
+        "--json",
+        home=tmp_path,
+    )
+    data = json.loads(out.stdout)
+    assert {"answer", "abstained", "reason", "generator", "citations", "evidence"} <= set(data)
+    assert data["generator"].startswith("extractive/v1") and data["citations"]
+    with LLMServer() as server:
+        server.replies["valid"] = json.dumps({"answer": "Yes [E1].", "citations": ["E1"], "abstained": False})
+        out = ragpipe(
+            "answer",
+            "Does aspirin reduce stroke?",
+            "--bundle",
+            str(scoped_bundles[0]),
+            "--model",
+            "openai/local-test",
+            "--api-base",
+            server.api_base,
+            "--json",
+            home=tmp_path,
+        )
+    data = json.loads(out.stdout)
+    assert (data["answer"], data["generator"], data["citations"][0]["label"]) == (
+        "Yes [E1].",
+        "litellm:openai/local-test",
+        "E1",
+    )
+
+
+def test_query_errors_exit_nonzero(scoped_bundles, tmp_path, built_workspace):
+    bad_plan = tmp_path / "plan.yaml"
+    bad_plan.write_text("schema: ragpipe.query_plan/v1\nchannels:\n  lexical: {depth: 10, weight: -1}\n")
+    out = ragpipe("query", "x", "--bundle", str(scoped_bundles[0]), "--plan", str(bad_plan), home=tmp_path)
+    assert out.returncode == 1 and "channels.lexical.weight: Input should be greater than 0" in out.stderr
+    out = ragpipe("query", "x", "--bundle", str(tmp_path), home=tmp_path)
+    assert out.returncode == 1 and "failed verification" in out.stderr
+    out = ragpipe("query", "x", "--bundle", str(scoped_bundles[0]), "--scope", "bad scope", home=tmp_path)
+    assert out.returncode == 1 and "invalid scope name 'bad scope'" in out.stderr
+
+
+def test_lexical_only_bundle(tmp_path, built_workspace):
+    from ragpipe.spec import PipelineSpec
+    from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+
+    _, spec = built_workspace
+    lex_spec = PipelineSpec.model_validate(
+        {**spec.model_dump(by_alias=True), "vector_index": {"enabled": False, "metric": "cosine"}}
+    )
+    _, _, bundle = build_all_stages(
+        tmp_path / "home", "lex", write_tree(tmp_path / "hb", HANDBOOK), "markdown", spec=lex_spec
+    )
+    out = ragpipe("query", "signing keys", "--bundle", str(bundle), "--scope", "staff", "--json", home=tmp_path)
+    data = json.loads(out.stdout)
+    assert data["mode"] == "lexical" and data["hits"][0]["document_id"] == "guide/ops.md"
+    out = ragpipe("query", "signing keys", "--bundle", str(bundle), "--mode", "vector", home=tmp_path)
+    assert out.returncode == 1 and "is lexical-only: mode 'vector' needs a vector index" in " ".join(out.stderr.split())
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+def test_whitespace_query_is_an_error_in_every_mode(scoped_bundles, tmp_path, mode):
+    out = ragpipe("query", " \t ", "--bundle", str(scoped_bundles[0]), "--mode", mode, "--json", home=tmp_path)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert "query text is empty (or only whitespace)" in out.stderr
+
+
+# --- the Python API: empty queries, and what a trace may say -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_and_public(scoped_bundles):
+    from ragpipe.retrieval.retriever import Retriever
+
+    full = Retriever(scoped_bundles[0])
+    public = Retriever(scoped_bundles[1], embedder=full.embedder())
+    yield full, public
+    full.close()
+    public.close()
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+def test_empty_or_whitespace_query_is_refused_in_every_mode(full_and_public, mode):
+    from ragpipe.retrieval.retriever import QueryError
+
+    full, _ = full_and_public
+    for text in ("", " ", "\t\n", "\u3000\u2003"):  # ideographic and em spaces are whitespace too
+        with pytest.raises(QueryError) as refused:
+            full.query(text, mode=mode)
+        assert str(refused.value) == "query text is empty (or only whitespace)"
+        with pytest.raises(QueryError):
+            answer(full, text, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "vector"])
+@pytest.mark.parametrize("query", ["aspirin stroke", "secret aspirin stroke trial", "twin text"])
+def test_a_subject_trace_is_the_same_whatever_the_bundle_hides(full_and_public, mode, query):
+    """The public subject's trace on the bundle with 3 hidden documents equals its trace on a bundle
+    holding only the public documents (timings aside): nothing in it depends on what is hidden."""
+    full, public = full_and_public
+    got = full.query(query, k=5, mode=mode, trace=True).trace
+    expected = public.query(query, k=5, mode=mode, trace=True).trace
+    del got["timings_ms"], expected["timings_ms"]
+    assert got == expected
+    assert got["authorization"]["view"] == "subject" and set(got["authorization"]) == SUBJECT_AUTHORIZATION_KEYS
+    for text in (json.dumps(got), json.dumps(full.query(query, k=5, mode=mode).as_dict())):
+        assert "sec-" not in text and "staff-" not in text
+
+
+def test_the_audit_view_is_operator_only_and_shows_hidden_counts(full_and_public):
+    full, public = full_and_public
+    audit = full.query("aspirin stroke", k=5, mode="hybrid", audit=True)
+    plain = full.query("aspirin stroke", k=5, mode="hybrid", trace=True)
+    assert audit.hits == plain.hits
+    authorization = audit.trace["authorization"]
+    assert set(authorization) == SUBJECT_AUTHORIZATION_KEYS | {
+        "documents_hidden_by_prefilter",
+        "dropped_by_recheck",
+        "lexical_statistics",
+    }
+    assert (
+        authorization["view"],
+        authorization["documents_hidden_by_prefilter"],
+        authorization["dropped_by_recheck"],
+    ) == ("audit", 3, 0)
+    statistics = authorization["lexical_statistics"]
+    assert (statistics["index"], statistics["documents"], statistics["total_documents"]) == ("audience", 4, 7)
+    whole = public.query("aspirin stroke", k=5, mode="vector", audit=True).trace["authorization"]
+    assert (whole["documents_hidden_by_prefilter"], whole["lexical_statistics"]) == (
+        0,
+        None,
+    )  # vector mode: no lexical index used
+
+
+def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bundles, monkeypatch):
+    """Defence in depth: a vector backend that drops the scope prefilter (searches as if the
+    subject saw everything) — its hidden hits are re-checked away before fusion and counted in
+    the audit view only."""
+    from ragpipe.retrieval.retriever import Retriever
+
+    r = Retriever(scoped_bundles[0])
+    honest = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
+    search = r.vector.search
+    monkeypatch.setattr(
+        r.vector,
+        "search",
+        lambda vector, k, scopes, exclude=(): search(vector, k, ("public", "secret", "staff"), exclude),
+    )
+    leaky = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
+    hidden = {"sec-aspirin", "sec-twin", "staff-aspirin"}
+    # the leaky backend's top 8 rows (the public subject's row count) hold all 3 hidden documents
+    assert (
+        honest.trace["authorization"]["dropped_by_recheck"],
+        leaky.trace["authorization"]["dropped_by_recheck"],
+    ) == (0, 3)
+    assert not {h["document_id"] for h in leaky.hits} & hidden and len(honest.hits) == 4
+    assert not {e["document_id"] for e in leaky.trace["channels"]["vector"]} & hidden
+    assert not {f["document_id"] for f in leaky.trace["fusion"]["items"]} & hidden
+    r.close()

@@ -1,0 +1,215 @@
+"""`ragpipe release …` as a user runs it (subprocess; the app run on its own until cli.py registers it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.store import ReleaseStore
+from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, publish
+
+# Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
+pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
+
+
+def release(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "80"}  # $RAGPIPE_TARGETS: accepting_fixture_policies
+    return subprocess.run(
+        [sys.executable, "-m", "ragpipe.cli", "release", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+def ok(*args: str, home: Path):
+    proc = release(*args, home=home)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout) if "--json" in args else proc.stdout
+
+
+def refused(*args: str, home: Path) -> str:
+    """stderr of a refused command: exactly ragpipe's message, nothing printed by a library."""
+    proc = release(*args, home=home)
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stdout
+    return proc.stderr
+
+
+def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
+    bundle = bundle_of(built_workspace)
+    ws = fresh_ws(tmp_path, bundle)
+    home = ws.home
+    assert ok("list", "--json", home=home) == []
+    assert ok("list", home=home) == "no releases\n"
+    assert ok("current", "--json", home=home) == {
+        "target": "staging",
+        "release_id": None,
+        "generation": 0,
+        "previous": None,
+    }
+    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    bad = publish(ws, bundle, "r3", eligible=False, phase="coverage")
+    bad_decision = load_manifest(ReleaseStore(ws), bad).gate.decision_id
+    bundle_id = bundle_ids(bundle)[0]
+
+    assert ok("activate", a, "--json", home=home) == {
+        "target": "staging",
+        "release_id": a,
+        "generation": 1,
+        "previous": None,
+        "changed": True,
+    }
+    assert (
+        ok("activate", b, "--target", "staging", home=home)
+        == f"activated {b} on staging (generation 2; previous {a})\n"
+    )
+    assert ok("activate", b, home=home) == f"{b} is already active on staging (generation 2); nothing changed\n"
+    assert ok("current", "--json", home=home) == {"target": "staging", "release_id": b, "generation": 2, "previous": a}
+    assert ok("current", home=home) == f"staging: {b} (generation 2)\n"
+
+    rows = ok("list", "--json", home=home)
+    assert [
+        {k: r[k] for k in ("release_id", "revision", "bundle_id", "eligible", "decisive_phase", "active_targets")}
+        for r in rows
+    ] == [
+        {
+            "release_id": a,
+            "revision": "r1",
+            "bundle_id": bundle_id,
+            "eligible": True,
+            "decisive_phase": None,
+            "active_targets": [],
+        },
+        {
+            "release_id": b,
+            "revision": "r2",
+            "bundle_id": bundle_id,
+            "eligible": True,
+            "decisive_phase": None,
+            "active_targets": ["staging"],
+        },
+        {
+            "release_id": bad,
+            "revision": "r3",
+            "bundle_id": bundle_id,
+            "eligible": False,
+            "decisive_phase": "coverage",
+            "active_targets": [],
+        },
+    ]
+    assert [r["states"] for r in rows] == [{"staging": "superseded"}, {"staging": "active"}, {}]
+
+    assert refused("activate", bad, home=home) == (
+        f"error: release {bad} is not eligible for activation (gate decision {bad_decision}: decisive phase coverage)\n"
+    )
+    assert refused("activate", a, "--target", "production", home=home) == (
+        f"error: release {a} needs an approval for target 'production' before activation "
+        f"(ragpipe release approve {a} --target production --by NAME)\n"
+    )
+    approval = ok("approve", a, "--target", "production", "--by", "dana", "--note", "ticket 7", "--json", home=home)
+    assert {k: approval[k] for k in ("release_id", "target", "by", "note", "record")} == {
+        "release_id": a,
+        "target": "production",
+        "by": "dana",
+        "note": "ticket 7",
+        "record": 1,
+    }
+    assert ok("activate", a, "--target", "production", "--json", home=home)["generation"] == 1
+
+    shown = ok("show", a, "--json", home=home)
+    assert (
+        shown["release_id"] == a
+        and shown["manifest"]["revision"] == "r1"
+        and shown["manifest"]["gate"]["eligible"] is True
+    )
+    assert {t: v["state"] for t, v in shown["targets"].items()} == {"production": "active", "staging": "superseded"}
+    assert [x["by"] for x in shown["targets"]["production"]["approvals"]] == ["dana"]
+    assert f"release {a}" in ok("show", a, home=home)
+
+    assert ok("rollback", "--json", home=home) == {
+        "target": "staging",
+        "release_id": a,
+        "generation": 3,
+        "previous": b,
+        "changed": True,
+    }
+    assert (
+        refused("rollback", home=home)
+        == f"error: target 'staging' has no earlier release to roll back to (only {a} was active)\n"
+    )
+    assert ok("rollback", "--to", b, home=home) == f"rolled back staging to {b} (generation 4; previous {a})\n"
+    assert refused("rollback", "--target", "production", home=home) == (
+        f"error: target 'production' has no earlier release to roll back to (only {a} was active)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("show", "nope"), "release ID 'nope' is not of the form sha256:<64 hex digits>"),
+        (("activate", H), "release {H} not found in {home}/releases/manifests"),
+        (("current", "--target", "qa"), "unknown target 'qa': declared targets are production, staging"),
+        (("rollback",), "target 'staging' has no active release; there is nothing to roll back"),
+        (("approve", H, "--target", "production", "--by", ""), "the approver (--by) must be a non-empty name"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_1(tmp_path: Path, args: tuple[str, ...], message: str):
+    home = tmp_path / "home"
+    assert refused(*args, home=home) == "error: " + message.format(H=H, home=home) + "\n"
+
+
+def test_cli_refuses_a_damaged_history(built_workspace, tmp_path: Path):
+    bundle = bundle_of(built_workspace)
+    ws = fresh_ws(tmp_path, bundle)
+    a = publish(ws, bundle)
+    ok("activate", a, home=ws.home)
+    history = ws.home / "releases" / "targets" / "staging" / "history.jsonl"
+    history.write_bytes(history.read_bytes().replace(b'"by":"cli"', b'"by":"eve"', 1))
+    assert refused("list", home=ws.home) == f"error: {history}: record 1: hash does not match the record's content\n"
+    assert (
+        refused("rollback", home=ws.home) == f"error: {history}: record 1: hash does not match the record's content\n"
+    )
+
+
+def test_gc_keeps_released_bundles_and_stops_on_a_damaged_history(built_workspace, tmp_path: Path):
+    """`ragpipe gc`: a bundle only a release pins survives; an unreferenced one goes; a damaged
+    release history stops collection before anything is removed."""
+    bundle = bundle_of(built_workspace)
+    ws = fresh_ws(tmp_path, bundle)
+    orphan = ws.bundles / ("e" * 64)
+    shutil.copytree(bundle, orphan)
+    ok("activate", publish(ws, bundle), home=ws.home)
+
+    def gc(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
+        return subprocess.run(
+            [sys.executable, "-m", "ragpipe.cli", "gc", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=300,
+        )
+
+    proc = gc("--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["kind"], r["path"]) for r in json.loads(proc.stdout)["removed"]] == [("bundle", f"bundles/{'e' * 64}")]
+    assert (ws.bundles / bundle.name).is_dir() and not orphan.exists()
+
+    shutil.copytree(bundle, orphan)
+    history = ws.home / "releases" / "targets" / "staging" / "history.jsonl"
+    history.write_bytes(history.read_bytes().replace(b'"by":"cli"', b'"by":"eve"', 1))
+    proc = gc()
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == f"error: {history}: record 1: hash does not match the record's content\n"
+    assert orphan.is_dir()

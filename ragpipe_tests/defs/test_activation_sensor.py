@@ -1,0 +1,140 @@
+"""activation_sensor and the activate_release job, on a real instance and a real (handbook) bundle.
+
+Ticks are evaluated with ``build_sensor_context(..., definitions=...)``; requested runs are
+executed the way the daemon would (same job, run config and the ``dagster/run_key`` tag).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DefaultSensorStatus, build_sensor_context
+
+from ragpipe.defs import build_definitions
+from ragpipe.defs.activation import activation_sensor_def, load_cursor
+from ragpipe.defs.resources import RagpipeHome
+from ragpipe.release.approvals import approve
+from ragpipe.release.pointer import read_pointer
+from ragpipe.release.store import ReleaseStore
+from ragpipe.release.targets import load_targets
+from ragpipe_tests.support.release_fixtures import bundle_of, fixture_targets, fresh_ws, publish
+
+TARGETS = """schema: ragpipe.targets/v1
+default_target: staging
+targets:
+  staging: {approval_required: false, sensor: true}
+  production: {approval_required: true, sensor: SENSOR}
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built_workspace):
+    ws = fresh_ws(tmp_path, bundle_of(built_workspace))
+    targets = fixture_targets(tmp_path, TARGETS.replace("SENSOR", "true"))
+    monkeypatch.setenv("RAGPIPE_HOME", str(ws.home))
+    monkeypatch.setenv("RAGPIPE_TARGETS", str(targets))
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        yield ws, instance, build_definitions(), bundle_of(built_workspace)
+
+
+def tick(env, cursor: str | None):
+    ws, instance, defs, _ = env
+    ctx = build_sensor_context(
+        instance=instance, cursor=cursor, resources={"ragpipe": RagpipeHome(home=str(ws.home))}, definitions=defs
+    )
+    return defs.get_sensor_def("activation_sensor").evaluate_tick(ctx)
+
+
+def requests(data) -> list[tuple[str, dict]]:
+    return [(r.run_key, r.run_config["ops"]["activate"]["config"]) for r in data.run_requests]
+
+
+def launch(env, data) -> None:
+    _, instance, defs, _ = env
+    for r in data.run_requests:
+        result = defs.resolve_job_def("activate_release").execute_in_process(
+            run_config=r.run_config, instance=instance, tags={**r.tags, "dagster/run_key": r.run_key}
+        )
+        assert result.success
+
+
+def test_eligible_release_is_requested_once_and_activated(env):
+    ws, _, _, bundle = env
+    rid = publish(ws, bundle, "r1")
+    first = tick(env, None)
+    assert requests(first) == [(f"activate:staging:{rid}", {"release_id": rid, "target": "staging"})]
+    assert load_cursor(first.cursor) == {"staging": [rid]}
+    # the cursor remembers the request: a tick before the run exists requests nothing again
+    again = tick(env, first.cursor)
+    assert again.run_requests == []
+    launch(env, first)
+    assert read_pointer(ReleaseStore(ws), "staging").release_id == rid
+    # a tick that lost its cursor still never duplicates: the release is active now
+    third = tick(env, None)
+    assert third.run_requests == []
+    assert f"staging: {rid}: release is active on target 'staging'" in third.skip_message
+
+
+def test_ineligible_release_is_never_requested(env):
+    ws, _, _, bundle = env
+    rid = publish(ws, bundle, "r1", eligible=False, phase="target")
+    data = tick(env, None)
+    assert data.run_requests == []
+    assert data.skip_message == "production: no eligible release; staging: no eligible release"
+    assert rid not in data.skip_message
+
+
+def test_approval_missing_then_one_request_after_approval(env):
+    ws, instance, _, bundle = env
+    rid = publish(ws, bundle, "r1")
+    launch(env, first := tick(env, None))  # staging activates at once
+    assert requests(first) == [(f"activate:staging:{rid}", {"release_id": rid, "target": "staging"})]
+    waiting = tick(env, first.cursor)
+    assert waiting.run_requests == []
+    assert f"production: {rid}: target 'production' requires an approval" in waiting.skip_message
+    approve(ws, rid, "production", by="alice", config=load_targets())
+    approved = tick(env, waiting.cursor)
+    assert requests(approved) == [(f"activate:production:{rid}", {"release_id": rid, "target": "production"})]
+    launch(env, approved)
+    assert read_pointer(ReleaseStore(ws), "production").release_id == rid
+    assert tick(env, approved.cursor).run_requests == []
+
+
+def test_newest_ready_release_wins_and_older_are_skipped(env):
+    ws, _, _, bundle = env
+    old = publish(ws, bundle, "r1")
+    new = publish(ws, bundle, "r2")
+    data = tick(env, None)
+    assert [k for k, _ in requests(data)] == [f"activate:staging:{new}"]
+    assert load_cursor(data.cursor) == {"staging": [new]}
+    assert data.skip_message is None
+    # the older release is skipped with a reason on the next tick
+    assert f"staging: {old}: a newer eligible release ({new}) is ready" in tick(env, data.cursor).skip_message
+
+
+def test_a_refused_activation_fails_the_run_and_changes_nothing(env):
+    ws, instance, defs, bundle = env
+    rid = publish(ws, bundle, "r1", eligible=False, phase="hard")
+    config = {"ops": {"activate": {"config": {"release_id": rid, "target": "staging"}}}}
+    result = defs.resolve_job_def("activate_release").execute_in_process(
+        run_config=config, instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_failure_data.error.cause.message.startswith(
+        f"ragpipe.release.store.ReleaseError: release {rid} is not eligible for activation"
+    )
+    assert read_pointer(ReleaseStore(ws), "staging") is None
+
+
+def test_default_status_follows_the_targets_config(tmp_path: Path):
+    path = tmp_path / "targets.yaml"
+    path.write_text(
+        TARGETS.replace("SENSOR", "false").replace(
+            "staging: {approval_required: false, sensor: true}", "staging: {approval_required: false, sensor: false}"
+        )
+    )
+    assert activation_sensor_def(load_targets(path)).default_status == DefaultSensorStatus.STOPPED
+    assert activation_sensor_def(load_targets()).default_status == DefaultSensorStatus.RUNNING  # checked-in: staging on

@@ -1,0 +1,193 @@
+"""The query plan file: validation messages and identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragpipe.retrieval.plan import PlanError, load_plan, parse_plan
+
+
+def test_default_plan_loads_and_its_id_covers_every_field():
+    plan = load_plan()
+    assert set(plan.channels) == {"lexical", "vector"}
+    assert plan.plan_id.startswith("sha256:")
+    raw = plan.model_dump(mode="json", by_alias=True)
+    raw["context"]["max_bytes"] = 5000
+    assert parse_plan(raw, "x").plan_id != plan.plan_id
+    assert plan.with_channels(("lexical",)).plan_id != plan.plan_id
+    raw = plan.model_dump(mode="json", by_alias=True)
+    raw["depth_policy"]["request_multiple"] = 3
+    assert parse_plan(raw, "x").plan_id != plan.plan_id
+
+
+def test_depth_policy_is_recorded_in_the_plan():
+    plan = load_plan()
+    assert plan.model_dump(mode="json", by_alias=True)["depth_policy"] == {
+        "kind": "settled_units/v1",
+        "request_multiple": 2,
+        "growth": 2,
+    }
+    assert {n: c.depth for n, c in plan.channels.items()} == {"lexical": 100, "vector": 100}
+    assert parse_plan({"channels": {"lexical": {}}}, "x").depth_policy == plan.depth_policy  # the default when omitted
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (
+            {"channels": {"lexical": {"depth": 10, "weight": 0}}},
+            "channels.lexical.weight: Input should be greater than 0",
+        ),
+        (
+            {"channels": {"lexical": {"depth": 10, "weight": -1.5}}},
+            "channels.lexical.weight: Input should be greater than 0",
+        ),
+        (
+            {"channels": {"lexical": {"depth": 10, "weight": float("inf")}}},
+            "channels.lexical.weight: Input should be a finite number",
+        ),
+        (
+            {"channels": {"lexical": {"depth": 10, "weight": float("nan")}}},
+            "channels.lexical.weight: Input should be a finite number",
+        ),
+        (
+            {"channels": {"lexical": {"depth": 10, "weight": 1, "boost": 2}}},
+            "channels.lexical.boost: Extra inputs are not permitted",
+        ),
+        ({"rerank": True}, "rerank: Extra inputs are not permitted"),
+        (
+            {"channels": {"bm42": {"depth": 10, "weight": 1}}},
+            "channels.bm42.[key]: Input should be 'lexical' or 'vector'",
+        ),
+        ({"fusion": {"kind": "weighted_rrf", "k": 0}}, "fusion.k: Input should be greater than 0"),
+        ({"channels": {}}, "channels: Dictionary should have at least 1 item"),
+        ({"depth_policy": {"kind": "top_hits"}}, "depth_policy.kind: Input should be 'settled_units/v1'"),
+        ({"depth_policy": {"growth": 1}}, "depth_policy.growth: Input should be greater than or equal to 2"),
+        (
+            {"depth_policy": {"request_multiple": 0}},
+            "depth_policy.request_multiple: Input should be greater than or equal to 1",
+        ),
+        (
+            {"depth_policy": {"request_multiple": 2, "round_limit": 3}},
+            "depth_policy.round_limit: Extra inputs are not permitted",
+        ),
+        (
+            {"channels": {"lexical": {"depth": 0, "weight": 1}}},
+            "channels.lexical.depth: Input should be greater than or equal to 1",
+        ),
+    ],
+)
+def test_invalid_plans_are_refused_with_the_field_named(patch, message):
+    raw = {**load_plan().model_dump(mode="json", by_alias=True), **patch}
+    with pytest.raises(PlanError) as info:
+        parse_plan(raw, "plan.yaml")
+    assert message in str(info.value)
+    assert str(info.value).startswith("plan.yaml: invalid query plan:")
+
+
+def test_unreadable_plan(tmp_path: Path):
+    with pytest.raises(PlanError, match="cannot read query plan"):
+        load_plan(tmp_path / "missing.yaml")
+
+
+# --- fusion kinds ---------------------------------------------------------------------------
+
+# Golden IDs: the checked-in plan (z-score convex fusion, chosen by `ragpipe tune` on SciFact
+# train) and the same plan with weighted RRF, k = 60 (the default before; docs/retrieval.md "Fusion").
+RRF60_PLAN_ID = "sha256:9f086b73f9223433bcf17e39ae8c4d3dc5eaa54dbb94dc7967fdd3ace6a58024"
+ZSCORE_PLAN_ID = "sha256:7b5bd5623e37b93b5c22110138098d5905ee7fcbd0feb2580285d16d8ef74c7e"
+
+
+def _with_fusion(fusion: object) -> dict:
+    raw = load_plan().model_dump(mode="json", by_alias=True)
+    raw["fusion"] = fusion
+    return raw
+
+
+def test_rrf_plans_keep_their_encoding_and_id():
+    """Adding fusion kinds changed no existing plan: an RRF fusion dumps as before, and a fusion
+    without ``kind`` is still weighted RRF."""
+    assert load_plan().plan_id == ZSCORE_PLAN_ID
+    plan = parse_plan(_with_fusion({"kind": "weighted_rrf", "k": 60}), "x")
+    assert plan.plan_id == RRF60_PLAN_ID
+    assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {"kind": "weighted_rrf", "k": 60.0}
+    assert parse_plan(_with_fusion({"k": 60}), "x").plan_id == RRF60_PLAN_ID
+    assert parse_plan(_with_fusion({"k": 20}), "x").plan_id != RRF60_PLAN_ID
+
+
+def test_score_fusion_is_in_the_plan_id():
+    ids = {
+        parse_plan(_with_fusion({"kind": "normalized_convex", "normalization": norm}), "x").plan_id
+        for norm in ("min_max", "z_score")
+    }
+    assert len(ids) == 2 and RRF60_PLAN_ID not in ids
+    plan = parse_plan(_with_fusion({"kind": "normalized_convex", "normalization": "z_score"}), "x")
+    assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {
+        "kind": "normalized_convex",
+        "normalization": "z_score",
+    }
+    assert plan.plan_id == ZSCORE_PLAN_ID
+    # the channel depth is the normalisation window: it is in the ID too
+    raw = plan.model_dump(mode="json", by_alias=True)
+    raw["channels"]["vector"]["depth"] = 50
+    assert parse_plan(raw, "x").plan_id != plan.plan_id
+
+
+@pytest.mark.parametrize(
+    ("fusion", "message"),
+    [
+        ({"kind": "borda"}, "fusion: Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'"),
+        ("rrf", "fusion: Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'"),
+        ({"kind": "normalized_convex"}, "fusion.normalization: Field required"),
+        (
+            {"kind": "normalized_convex", "normalization": "rank"},
+            "fusion.normalization: Input should be 'min_max' or 'z_score'",
+        ),
+        (
+            {"kind": "normalized_convex", "normalization": "z_score", "k": 60},
+            "fusion.k: Extra inputs are not permitted",
+        ),
+        ({"kind": "weighted_rrf", "normalization": "z_score"}, "fusion.normalization: Extra inputs are not permitted"),
+        ({"kind": "weighted_rrf", "k": float("nan")}, "fusion.k: Input should be a finite number"),
+        ({"kind": "weighted_rrf", "k": float("inf")}, "fusion.k: Input should be a finite number"),
+    ],
+)
+def test_invalid_fusions_are_refused_with_the_field_named(fusion, message):
+    with pytest.raises(PlanError) as info:
+        parse_plan(_with_fusion(fusion), "plan.yaml")
+    assert str(info.value) == f"plan.yaml: invalid query plan:\n  {message}"
+
+
+def test_a_score_fusion_plan_serves_queries(scoped_bundles):
+    """On a real bundle: hybrid hits are the plan's fusion of the channels the trace shows; one
+    channel keeps its own order; the trace names the fusion and its windows."""
+    from benchmarks.plan_cache import rankings_from_trace
+    from ragpipe.retrieval.authz import Subject
+    from ragpipe.retrieval.fusion import fuse
+    from ragpipe.retrieval.retriever import Retriever
+
+    raw = _with_fusion({"kind": "normalized_convex", "normalization": "z_score"})
+    raw["channels"] = {"lexical": {"depth": 3, "weight": 1.0}, "vector": {"depth": 4, "weight": 1.0}}
+    plan = parse_plan(raw, "x")
+    r = Retriever(scoped_bundles[0], plan=plan)
+    try:
+        subject = Subject("staff", ("public", "staff"))
+        result = r.query("aspirin stroke", subject, k=5, mode="hybrid", trace=True)
+        assert result.plan_id == plan.plan_id
+        fused = fuse(plan, rankings_from_trace(result.trace))
+        assert [(h["chunk_id"], h["score"]) for h in result.hits] == [(f.chunk_id, f.score) for f in fused[:5]]
+        assert {k: v for k, v in result.trace["fusion"].items() if k != "items"} == {
+            "kind": "normalized_convex",
+            "normalization": "z_score",
+            "weights": {"lexical": 1.0, "vector": 1.0},
+            "normalization_windows": {"lexical": 3, "vector": 4},
+        }
+        assert result.trace["fusion"]["items"][0]["contributions"] == fused[0].contributions
+        for mode in ("lexical", "vector"):
+            one = r.query("aspirin stroke", subject, k=5, mode=mode, trace=True)
+            assert [h["chunk_id"] for h in one.hits] == [c["chunk_id"] for c in one.trace["channels"][mode]][:5]
+        assert not {h["document_id"] for h in result.hits} & {"sec-aspirin", "sec-twin"}
+    finally:
+        r.close()

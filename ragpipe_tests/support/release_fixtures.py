@@ -1,0 +1,188 @@
+"""Shared helpers of the release tests: a real small bundle and a real completed evaluation run of
+it placed in fresh workspaces, manifests binding both."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.runner import new_run_id, run_evaluation
+from ragpipe.evaluation.suite import Case, Suite
+from ragpipe.experiment.arm_source import load_arm
+from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.decision import Decision, decide
+from ragpipe.experiment.gate_policy import GatePolicy, load_policy, parse_policy, policy_document
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.gate_evidence import publish_gate_evidence
+from ragpipe.release.manifest import ReleaseManifest, publish_manifest
+from ragpipe.release.store import ReleaseStore
+from ragpipe_tests.conftest import REPO
+
+H = "sha256:" + "1" * 64
+
+
+def bundle_of(built_workspace) -> Path:
+    ws, _ = built_workspace
+    (src,) = [p for p in ws.bundles.iterdir() if not p.name.startswith(".")]
+    return src
+
+
+def evaluation_of(bundle: Path) -> Path:
+    """A completed evaluation run of ``bundle`` (two handbook cases, default plan), made once beside
+    the session's built workspace; its folder name is its run ID."""
+    root = bundle.parents[2] / "release-evaluation"
+    if not root.is_dir():
+        new_evaluation_run(bundle, root.with_name("release-evaluation.tmp"))
+        root.with_name("release-evaluation.tmp").rename(root)
+    (run,) = root.iterdir()
+    return run
+
+
+def new_evaluation_run(bundle: Path, folder: Path) -> str:
+    """Evaluate ``bundle`` on two handbook cases (default plan) into ``folder/<run id>``; the run ID."""
+    from ragpipe.retrieval.retriever import Retriever
+
+    cases = [
+        Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
+        Case(id="keys", query="signing keys", target_level="document", judgments={"guide/intro.md": 1}),
+    ]
+    retriever = Retriever(bundle)
+    try:
+        spec = EvaluationSpec.build(Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10)
+        run_id = new_run_id()
+        run_evaluation(spec, folder / run_id, run_id=run_id, retriever_factory=lambda _: retriever)
+    finally:
+        retriever.close()
+    return run_id
+
+
+def evaluation_arm(bundle: Path) -> ArmRun:
+    return load_arm(evaluation_of(bundle))
+
+
+def fresh_ws(root: Path, bundle: Path) -> Workspace:
+    """A new workspace under ``root`` holding a copy of ``bundle`` (same directory name) and of its
+    evaluation run (``evaluations/<run id>``)."""
+    ws = Workspace(root / "home")
+    ws.bundles.mkdir(parents=True)
+    shutil.copytree(bundle, ws.bundles / bundle.name, symlinks=True)
+    run = evaluation_of(bundle)
+    shutil.copytree(run, ws.home / "evaluations" / run.name)
+    return ws
+
+
+def bundle_ids(bundle: Path) -> tuple[str, str]:
+    m = json.loads((bundle / "manifest.json").read_text())
+    return m["bundle_id"], m["material_digest"]
+
+
+# Bootstrap policies that decide the fixture run (two cases, one relevant document each) with
+# each outcome: eligible, or ineligible on one phase. Everything else is the default policy.
+PHASE_EDITS: dict[str | None, dict] = {
+    None: {},
+    "hard": {"hard": {"ndcg@10": {"max": 0.001}}},
+    "coverage": {"coverage": {"min_cases": 100}},
+    "target": {"bootstrap_floors": {"precision@10": 0.9}},  # one relevant document: precision@10 <= 0.1
+    "cost": {"cost": {"max_bundle_bytes": 1}},  # a fact of the bundle's bytes, not a timing
+}
+
+
+def fixture_policy(phase: str | None) -> GatePolicy:
+    doc = policy_document(load_policy())
+    doc["coverage"]["min_cases"] = 1
+    doc["bootstrap_floors"] = {"ndcg@10": 0.01, "recall@100": 0.01}
+    for section, edits in PHASE_EDITS[phase].items():
+        doc[section] = {**doc[section], **edits}
+    return parse_policy(doc, f"fixture policy {phase}")
+
+
+def fixture_targets(folder: Path, text: str | None = None) -> Path:
+    """A targets file in ``folder`` (``text``, or the checked-in targets) whose every target also
+    accepts the fixture policies, written beside it as policy files."""
+    doc = yaml.safe_load(
+        text if text is not None else (REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8")
+    )
+    names = []
+    for phase in PHASE_EDITS:
+        name = f"policy-{phase or 'eligible'}.yaml"
+        (folder / name).write_text(
+            yaml.safe_dump(policy_document(fixture_policy(phase)), sort_keys=False), encoding="utf-8"
+        )
+        names.append(name)
+    for target in doc["targets"].values():
+        target["gate_policies"] = ["default", *names]
+    path = folder / "targets.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def accepting_fixture_policies(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``$RAGPIPE_TARGETS``: the checked-in targets, also accepting the fixture policies (the
+    release tests gate a two-case run, which the default policy's 20-case minimum refuses)."""
+    path = fixture_targets(tmp_path_factory.mktemp("targets"))
+    monkeypatch.setenv("RAGPIPE_TARGETS", str(path))
+    return path
+
+
+def gate_of(bundle: Path, phase: str | None) -> tuple[GatePolicy, Decision]:
+    """The real bootstrap decision on ``bundle``'s evaluation run that is eligible (``phase``
+    None) or ineligible with decisive phase ``phase``, and its policy."""
+    policy = fixture_policy(phase)
+    decision = decide(policy, None, evaluation_arm(bundle))
+    assert (decision.eligible, decision.decisive_phase) == (phase is None, phase), decision.reasons
+    return policy, decision
+
+
+def manifest_for(
+    bundle: Path,
+    revision: str = "r1",
+    *,
+    eligible: bool = True,
+    phase: str | None = None,
+    material_digest: str | None = None,
+) -> ReleaseManifest:
+    """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``) and the real
+    decision ``gate_of`` makes on it (``publish`` keeps that decision in the store)."""
+    assert eligible == (phase is None), "an ineligible fixture release names its decisive phase"
+    bundle_id, material = bundle_ids(bundle)
+    arm = evaluation_arm(bundle)
+    policy, decision = gate_of(bundle, phase)
+    return ReleaseManifest(
+        revision=revision,
+        bundle_id=bundle_id,
+        material_digest=material_digest or material,
+        query_plan_id=arm.variant.plan_id,
+        answer_plan_id=H,
+        authorization_policy_id=H,
+        gate_policy_id=policy.policy_id,
+        evaluation={"spec_id": arm.spec_id, "run_id": arm.run_id, "ledger_head": arm.ledger_head},
+        comparison_id=None,
+        gate={"decision_id": decision.decision_id, "eligible": eligible, "decisive_phase": phase},
+    )
+
+
+def keep_decision(ws: Workspace, bundle: Path, phase: str | None = None) -> Path:
+    """Keep ``gate_of(bundle, phase)``'s decision and policy in ``ws``'s release store."""
+    policy, decision = gate_of(bundle, phase)
+    return publish_gate_evidence(ReleaseStore(ws), decision.as_json(), None, policy)
+
+
+def publish(ws: Workspace, bundle: Path, revision: str = "r1", **kw) -> str:
+    """Publish a manifest as ``release_manifest`` does: its decision first, then the manifest."""
+    manifest = manifest_for(bundle, revision, **kw)
+    keep_decision(ws, bundle, manifest.gate.decisive_phase)
+    return publish_manifest(ReleaseStore(ws), manifest)[0]
+
+
+def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
