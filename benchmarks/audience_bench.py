@@ -1,4 +1,4 @@
-"""Audience-view benchmark on SciFact (issue 7): first-query latency for restricted audiences.
+"""Audience-view benchmark on SciFact: first-query latency for restricted audiences.
 
     python -m benchmarks.audience_bench [--scifact ../shared/datasets/scifact]
         [--out var/bench-audience] [--sample 50]
@@ -94,15 +94,7 @@ def build_bundle(scifact: Path, out: Path) -> tuple[Path, float]:
     ws = Workspace(out / "home")
     register_revision(ws.registry, REVISION, corpus, "beir", "public")
     lexical_seconds = 0.0
-    for run in (
-        steps.run_source_snapshot,
-        steps.run_chunks,
-        steps.run_representations,
-        steps.run_embeddings,
-        steps.run_lexical_index,
-        steps.run_vector_index,
-        steps.run_index_bundle,
-    ):
+    for run in steps.BUILD_STEPS:
         started = time.perf_counter()
         run(ws, REVISION, spec)
         if run is steps.run_lexical_index:

@@ -1,4 +1,4 @@
-"""Query cost on a corpus whose largest document is 20 MB (issue 7: one query took 31 s).
+"""Query cost on a corpus whose largest document is 20 MB (before scope-grouped views, one query took 31 s).
 
     python -m benchmarks.big_document_bench [--mb 20] [--home var/bench/bigdoc]
         [--vectors] [--queries 200] [--warmup 20]
@@ -112,15 +112,7 @@ def build(home: Path, megabytes: float, vectors: bool) -> Path:
             {**spec.model_dump(by_alias=True), "vector_index": {"enabled": False, "metric": spec.vector_index.metric}}
         )
     register_revision(ws.registry, REVISION, corpus, "markdown", "public")
-    for run in (
-        steps.run_source_snapshot,
-        steps.run_chunks,
-        steps.run_representations,
-        steps.run_embeddings,
-        steps.run_lexical_index,
-        steps.run_vector_index,
-        steps.run_index_bundle,
-    ):
+    for run in steps.BUILD_STEPS:
         run(ws, REVISION, spec)
     return Path(str(steps.read_stage_record(ws, REVISION, "index_bundle").facts["bundle_path"]))
 

@@ -10,7 +10,7 @@ collector and writeback work one variant leaves behind, fall on every variant al
 
 * ``bare`` — ``Retriever.query(text, k, mode)``, what the evaluation benchmark divides by;
 * ``rankings`` — the same query keeping its rankings (``rankings=True``), which the trace needs;
-* ``durable`` — what issue 9 requires of every cell before the next starts, and nothing else: a
+* ``durable`` — what the ledger's custody requires of every cell before the next starts, and nothing else: a
   fsynced ``CellStarted`` append (head rewritten), the query with its rankings kept, a fsynced
   ``CellCompleted`` append of a real record's size;
 * ``durable+file`` — plus publishing ``--file-bytes`` of random bytes (a trace's size; different

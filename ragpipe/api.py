@@ -15,7 +15,6 @@ from ragpipe.answer.answering import answer, make_generator
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.release.serving import served_release
 from ragpipe.retrieval.authz import Subject
-from ragpipe.retrieval.plan import load_plan
 from ragpipe.retrieval.retriever import Retriever
 
 __all__ = ["Retriever", "Subject", "answer", "make_generator", "retriever_for_release"]
@@ -27,10 +26,11 @@ def retriever_for_release(
     """A retriever over a release: the active release of ``target`` (the configured default
     target when None), or the exact ``release_id``; its bundle fully verified against the
     release manifest and its query plan the one the release was gated with
-    (``ragpipe.release.serving``); ``release_id`` set on the retriever. ``home`` defaults to
+    (``ragpipe.release.serving``), verified once and handed over opened; ``release_id`` set on
+    the retriever. ``home`` defaults to
     ``$RAGPIPE_HOME``; ``options`` are the constructor's operational options. Raises
     ``ragpipe.release.store.ReleaseError`` when nothing is active or the release does not verify."""
     served = served_release(Workspace(Path(home) if home else default_home()), target, release_id)
-    retriever = Retriever(served.bundle, plan=load_plan(served.plan_path), **options)
+    retriever = Retriever(served.bundle, plan=served.plan, **options)
     retriever.release_id = served.release_id
     return retriever

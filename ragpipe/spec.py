@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
@@ -140,7 +140,7 @@ class DagsterOwnership(_Spec):
 
 
 # The evaluation → gate → release chain downstream of ``index_bundle`` (present when the spec has
-# an ``evaluation:`` section); their code versions come from ``ragpipe.stages.chain_ids``.
+# an ``evaluation:`` section); their code versions come from ``ragpipe.stages.release_chain_ids``.
 CHAIN_ASSETS = ("evaluation_run", "gate_decision", "release_manifest")
 
 
@@ -170,7 +170,7 @@ class EvaluationSection(_Spec):
     ``gate_decision`` applies. Relative paths are relative to the spec file (resolved at load).
 
     Semantic: every field except the paths themselves reaches an ID through the content it names
-    (suite digest, plan ID, policy ID; see ``ragpipe.stages.chain_ids``), never the path string.
+    (suite digest, plan ID, policy ID; see ``ragpipe.stages.release_chain_ids``), never the path string.
     """
 
     suite: Path
@@ -279,20 +279,72 @@ def own_spec_id(stage: str, spec: _Spec | None) -> SpecId:
 
 
 class PipelineSpecError(ValueError):
-    pass
+    """A pipeline spec is refused; ``str(e)`` is one line naming the file, the field and the rule."""
+
+
+# One-line renderings of the errors a YAML configuration file can raise, shared by every loader of
+# one (pipeline spec, query plan, targets), so a configuration error is always one line.
+
+
+def read_error_text(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read: the OS reason (``No such file or directory``), or where the
+    bytes stop being UTF-8."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not valid UTF-8 (byte {exc.start + 1})"
+    return exc.strerror or str(exc)
+
+
+def yaml_error_text(exc: yaml.YAMLError) -> str:
+    """``invalid YAML at line L, column C: <problem>`` (one line; PyYAML's own text spans several)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "malformed"
+        context = f" ({exc.context})" if exc.problem and exc.context else ""
+        return f"invalid YAML{where}: {problem}{context}"
+    return "invalid YAML: " + " ".join(str(exc).split())
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as a dotted path: ``chunker.max_bytes``, ``kinds.0`` (an item),
+    ``assets.chunk.[key]`` (a refused mapping key), ``(top)`` for the document itself."""
+    return ".".join(map(str, loc)) or "(top)"
+
+
+def validation_error_text(exc: ValidationError, path_of: Callable[[tuple], tuple] | None = None) -> str:
+    """Every problem of ``exc`` as ``<field path>: <rule>``, in pydantic's order, joined with ``; ``
+    (``path_of`` maps a location first, e.g. to drop a discriminated union's tag)."""
+    problems = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        rule = " ".join(str(error["msg"]).split()).removeprefix("Value error, ")
+        problems.append(f"{field_path(path_of(loc) if path_of else loc)}: {rule}")
+    return "; ".join(problems)
+
+
+def pipeline_spec_path(path: Path | None = None) -> Path:
+    """The spec a build uses: ``path``, else ``$RAGPIPE_PIPELINE_SPEC``, else the checked-in one."""
+    return Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
 
 
 def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
-    """Load the spec from ``path``, ``$RAGPIPE_PIPELINE_SPEC`` or the checked-in default."""
-    path = Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
+    """Load the spec from ``path``, ``$RAGPIPE_PIPELINE_SPEC`` or the checked-in default.
+
+    The paths of the ``evaluation:`` section are made absolute against the spec file's folder.
+    Refused with ``PipelineSpecError``, one line: ``<file>: cannot read pipeline spec: <OS reason
+    or YAML problem with its line>`` or ``<file>: invalid pipeline spec: <field path>: <rule>``
+    (several problems joined with ``; ``, the first first)."""
+    path = pipeline_spec_path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {read_error_text(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {yaml_error_text(exc)}") from None
     try:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:
-        raise PipelineSpecError(f"{path}: invalid pipeline spec:\n{exc}") from exc
+        raise PipelineSpecError(f"{path}: invalid pipeline spec: {validation_error_text(exc)}") from None
     if spec.evaluation is not None:
         spec = spec.model_copy(update={"evaluation": spec.evaluation.resolved(path.resolve().parent)})
     return spec

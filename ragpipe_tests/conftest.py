@@ -72,15 +72,7 @@ def build_all_stages(home: Path, revision: str, corpus: Path, fmt: str, default_
     ws = Workspace(home)
     spec = spec or load_pipeline_spec()
     register_revision(ws.registry, revision, corpus, fmt, default_scope)
-    for run in (
-        steps.run_source_snapshot,
-        steps.run_chunks,
-        steps.run_representations,
-        steps.run_embeddings,
-        steps.run_lexical_index,
-        steps.run_vector_index,
-        steps.run_index_bundle,
-    ):
+    for run in steps.BUILD_STEPS:
         run(ws, revision, spec)
     return ws, spec, Path(str(steps.read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
 

@@ -20,15 +20,7 @@ from ragpipe.stages.stage_store import POINTER, read_output, version_name, works
 from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
-RUNS = [
-    steps.run_source_snapshot,
-    steps.run_chunks,
-    steps.run_representations,
-    steps.run_embeddings,
-    steps.run_lexical_index,
-    steps.run_vector_index,
-    steps.run_index_bundle,
-]
+RUNS = list(steps.BUILD_STEPS)
 
 
 def with_chunk_size(spec: PipelineSpec, max_bytes: int) -> PipelineSpec:

@@ -117,7 +117,7 @@ def test_material_digest_and_seals_are_independently_recomputable():
 
 
 def test_query_plan_id_encoding():
-    """The plan ID covers every field, ``depth_policy`` included (added with issue 7, which
+    """The plan ID covers every field, ``depth_policy`` included (added with scope-aware depth, which
     changed every plan ID: the depth a channel ranks now depends on it)."""
     from ragpipe.retrieval.plan import parse_plan
 

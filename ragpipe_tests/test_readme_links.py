@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ ROOTS = {
     "docs",
     "data",
     "deploy",
+    "benchmarks",
+    "dagster.yaml",
     ".ci",
     "definitions.py",
     "workspace.yaml",
@@ -74,13 +77,40 @@ def test_relative_links_resolve(doc: Path):
     assert sorted(t for t in targets if not (doc.parent / t).exists()) == []
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_no_reference_to_the_design_file_outside_the_repository(doc: Path):
-    # The design guide lives in the shared project folder, not here (docs/architecture.md says so in words).
-    hits = [
-        n for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"\bDESIGN\b", line)
+# Docs, docstrings and comments speak of the product: no tracker issue numbers and no design file
+# outside the repository (docs/architecture.md is the project's own architecture).
+OUTSIDE_REFERENCE = re.compile(r"\bDESIGN\b|design guide|\b[Ii]ssues?[ -]#?[0-9]|\(#[0-9]+\)")
+SOURCES = [
+    *DOCS,
+    *sorted(p for root in ("ragpipe", "ragpipe_tests", "benchmarks") for p in (REPO / root).rglob("*.py")),
+]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_issue_numbers_and_no_design_file_outside_the_repository(path: Path):
+    if path == Path(__file__).resolve():
+        return  # this file names the patterns it looks for
+    lines = path.read_text(encoding="utf-8").splitlines()
+    hits = [n for n, line in enumerate(lines, 1) if OUTSIDE_REFERENCE.search(line)]
+    assert hits == [], f"{path.name} lines {hits} cite an issue number or a design file outside the repository"
+
+
+def test_the_reference_pattern_finds_what_it_forbids():
+    found = [
+        s
+        for s in (
+            "see DESIGN.md §4",
+            "the design guide",
+            "issue 9's report",
+            "Issues 9–11",
+            "(#12)",
+            "issue #3",
+            "an issue-9 run",
+        )
+        if OUTSIDE_REFERENCE.search(s)
     ]
-    assert hits == [], f"{doc.name} lines {hits} refer to DESIGN.md, which is not in the repository"
+    assert len(found) == 7
+    assert not OUTSIDE_REFERENCE.search("an issue with the index; tissue 9 samples")
 
 
 def test_make_targets_named_in_docs_exist():
@@ -89,3 +119,23 @@ def test_make_targets_named_in_docs_exist():
     named = {(doc.name, t) for doc in DOCS for t in MAKE_TARGET.findall(doc.read_text(encoding="utf-8"))}
     assert {("README.md", "demo"), ("README.md", "test")} <= named
     assert sorted((d, t) for d, t in named if t not in targets) == []
+
+
+def test_the_readme_layout_lists_each_unit_once_in_floor_order_and_every_top_level_entry():
+    from ragpipe_tests.test_boundaries import FLOORS
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    entries = [line.split()[0] for line in block.splitlines() if line.strip()]
+    assert len(entries) == len(set(entries)), "an entry is listed twice"
+    units = [e.removeprefix("ragpipe/").rstrip("/").removesuffix(".py") for e in entries if e.startswith("ragpipe/")]
+    assert [u for u in units if u in FLOORS] == list(FLOORS)
+    assert set(units) - set(FLOORS) == {"specs"}
+    listed = {e.rstrip("/") for e in entries if not e.startswith("ragpipe/")} | {"ragpipe"}
+    tracked = {
+        p.split("/")[0]
+        for p in subprocess.run(
+            ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+    }
+    assert tracked - listed - {".gitignore", "README.md"} == set()

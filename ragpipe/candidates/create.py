@@ -17,7 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from ragpipe.candidates.asset_ids import (
+    ASSETS,
+    LOCKED,
+    PLAN_ASSETS,
+    STAGE_SECTIONS,
+    EvaluatorSettings,
+    Snapshot,
+    asset_ids,
+    corpus_revision_id,
+)
 from ragpipe.candidates.folder import (
     FILES,
     PARENT_PIPELINE,
@@ -36,16 +47,6 @@ from ragpipe.candidates.folder import (
     check_change,
     validate_candidate,
 )
-from ragpipe.candidates.snapshot import (
-    ASSETS,
-    LOCKED,
-    PLAN_ASSETS,
-    STAGE_SECTIONS,
-    EvaluatorSettings,
-    Snapshot,
-    asset_ids,
-    corpus_revision_id,
-)
 from ragpipe.corpus.registry import load_revision
 from ragpipe.evaluation.suite import Suite, suite_bytes
 from ragpipe.experiment.gate_policy import load_policy
@@ -53,7 +54,7 @@ from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.plan import PlanError, load_plan, parse_plan
-from ragpipe.spec import PipelineSpec, PipelineSpecError, load_pipeline_spec
+from ragpipe.spec import PipelineSpec, PipelineSpecError, load_pipeline_spec, validation_error_text
 from ragpipe.stages.steps import StageError, read_stage_record
 
 SET_HELP = "expected ASSET.PATH=VALUE, e.g. query_plan.channels.vector.weight=0.7"
@@ -198,8 +199,8 @@ def _edited(parent: Parent, sets: list[str]) -> tuple[str, bytes, bytes]:
         parse_plan(doc, f"--set: edited {name}") if is_plan else PipelineSpec.model_validate(doc)
     except PlanError as exc:
         raise CandidateError(str(exc)) from None
-    except ValueError as exc:  # pydantic's ValidationError
-        raise CandidateError(f"--set: edited {name}: invalid pipeline spec:\n{exc}") from None
+    except ValidationError as exc:
+        raise CandidateError(f"--set: edited {name}: invalid pipeline spec: {validation_error_text(exc)}") from None
     return asset, (parent.pipeline_bytes if is_plan else data), (data if is_plan else parent.plan_bytes)
 
 

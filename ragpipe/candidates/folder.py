@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from ragpipe.candidates.snapshot import (
+from ragpipe.candidates.asset_ids import (
     ASSETS,
     BUILD_ASSETS,
     LOCKED,

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragpipe.candidates.asset_ids import BUILD_ASSETS
 from ragpipe.candidates.folder import PIPELINE, Candidate, CandidateError
-from ragpipe.candidates.snapshot import BUILD_ASSETS
 from ragpipe.corpus.registry import load_revision, register_revision
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.runner import Progress, run_evaluation

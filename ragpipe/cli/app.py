@@ -9,12 +9,14 @@ from ragpipe.cli.bundle import bundle_app
 from ragpipe.cli.candidate import candidate_app, tune
 from ragpipe.cli.eval import eval_app, suite_app
 from ragpipe.cli.gate import compare, gate
+from ragpipe.cli.init import init
 from ragpipe.cli.query import answer, query
 from ragpipe.cli.release import release_app
 
 app = typer.Typer(
     help="Build, evaluate, gate, release and query retrieval index bundles.", no_args_is_help=True, add_completion=False
 )
+app.command()(init)
 app.command()(build)
 app.command()(gc)
 app.command()(query)

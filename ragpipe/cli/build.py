@@ -10,9 +10,6 @@ import typer
 from rich.markup import escape
 
 from ragpipe.cli.common import emit_json, err, fail, out
-from ragpipe.corpus.connectors import detect_format
-from ragpipe.corpus.normalize import CorpusError
-from ragpipe.corpus.registry import RevisionError, register_revision
 from ragpipe.kernel.workspace import Workspace, default_home
 
 
@@ -43,6 +40,16 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
 ) -> None:
     """Register a corpus revision and run the build_revision job of the `ragpipe` code location for it."""
+    # the corpus readers and the configuration check load only when a build runs (not for --help)
+    from ragpipe.corpus.connectors import detect_format
+    from ragpipe.corpus.normalize import CorpusError
+    from ragpipe.corpus.registry import RevisionError, register_revision
+    from ragpipe.stages.configuration import ConfigurationError, check_configuration
+
+    try:  # the whole configuration first: a bad spec, suite, plan, policy or targets file registers nothing
+        check_configuration()
+    except ConfigurationError as exc:
+        fail(str(exc))
     ws = Workspace(default_home())
     corpus_format = fmt.value if fmt else detect_format(path)
     try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
@@ -55,7 +62,7 @@ def build(
             soft_wrap=True,
             highlight=False,
         )
-    from ragpipe.cli.build_view import BuildView, summary_table  # dagster loads only when building
+    from ragpipe.cli.build_view import BuildView, print_summary  # dagster loads only when building
     from ragpipe.orchestration.launch import LaunchError
     from ragpipe.orchestration.materialize import BuildFailed, materialize_revision
 
@@ -69,15 +76,15 @@ def build(
             launch=launch.value.replace("-", "_"),
             verbose=verbose,
         )
-    except (CorpusError, RevisionError, BuildFailed, LaunchError) as exc:
-        fail(str(exc))
+    except (CorpusError, RevisionError, BuildFailed, LaunchError, ConfigurationError) as exc:
+        fail(str(exc))  # ConfigurationError: the configuration changed after the check above
     finally:
         if view:
             view.close()
     if as_json:
         emit_json(summary.as_dict())
         return
-    out.print(summary_table(summary.as_dict()))
+    print_summary(out, summary.as_dict())
 
 
 def gc(

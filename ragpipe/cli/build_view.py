@@ -8,7 +8,7 @@ Dagster object.
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -121,12 +121,31 @@ class BuildView:
             self.bar, self.task = None, None
 
 
-def summary_table(summary: dict[str, object]) -> Table:
-    """The build's summary, one row per field (printed last, on stdout)."""
+NOTE = "evaluation_note"  # shown as a line of its own above the table, not as a row
+
+
+def summary_table(summary: dict[str, object], *, note: bool = True) -> RenderableType:
+    """The build's summary, one row per field (printed last, on stdout); ``gate_reasons`` as one
+    row of ``; ``-separated reasons. When no suite case applies to the revision, the summary's
+    ``evaluation_note`` comes first, as a line of its own (the table stays last); rich wraps it at
+    the console's width, which ``print_summary`` avoids (``note=False``: the table alone)."""
     title = f"revision {summary['revision']}" + (" (up to date, nothing rebuilt)" if summary["up_to_date"] else "")
     table = Table(title=title)
     table.add_column("field")
     table.add_column("value", overflow="fold")
     for key, value in summary.items():
+        if key == NOTE:
+            continue
+        if key == "gate_reasons" and isinstance(value, (list, tuple)):
+            value = "; ".join(map(str, value)) or "none"
         table.add_row(key, str(value))
-    return table
+    line = summary.get(NOTE) if note else None
+    return table if not line else Group(Text(str(line), overflow="fold"), table)
+
+
+def print_summary(console: Console, summary: dict[str, object]) -> None:
+    """The summary as ``ragpipe build`` shows it: the ``evaluation_note``, if any, on one line
+    whatever the console's width, then the table."""
+    if summary.get(NOTE):
+        console.print(str(summary[NOTE]), soft_wrap=True, markup=False, highlight=False)
+    console.print(summary_table(summary, note=False))

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ragpipe.bundle.verify import BundleVerificationError, open_bundle
 from ragpipe.cli.common import JsonOpt, emit_json, fail, out
 
 bundle_app = typer.Typer(help="Verify and inspect index bundles.", no_args_is_help=True)
@@ -18,6 +17,8 @@ bundle_app = typer.Typer(help="Verify and inspect index bundles.", no_args_is_he
 @bundle_app.command("verify")
 def bundle_verify(path: Annotated[Path, typer.Argument(help="Bundle directory.")]) -> None:
     """Verify every file, digest, count and chunk of a bundle; non-zero exit if anything is wrong."""
+    from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when it runs
+
     try:
         bundle = open_bundle(path)
     except BundleVerificationError as exc:
@@ -36,6 +37,8 @@ def bundle_inspect(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a verified bundle's manifest: ID, counts, specs and files."""
+    from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when it runs
+
     try:
         bundle = open_bundle(path)
     except BundleVerificationError as exc:

@@ -113,7 +113,7 @@ def build_in_child(revision: str, pipeline: Path):
 def _settings(mode: str, k: int):
     from pydantic import ValidationError
 
-    from ragpipe.candidates.snapshot import EvaluatorSettings
+    from ragpipe.candidates.asset_ids import EvaluatorSettings
 
     try:
         return EvaluatorSettings(mode=mode, k=k)

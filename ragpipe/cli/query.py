@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, fail, out
 from ragpipe.kernel.workspace import default_home
 
@@ -65,6 +64,7 @@ def _subject(principal: str, scopes: list[str] | None):
 
 def _or_fail(action):
     """Run a query-side action; its expected errors become one clear message and exit code 1."""
+    from ragpipe.bundle.verify import BundleVerificationError  # pyarrow: only when a command runs
     from ragpipe.retrieval.authz import AuthorizationError
     from ragpipe.retrieval.plan import PlanError
     from ragpipe.retrieval.rerank import RerankerError

@@ -5,7 +5,10 @@ before any record or partition exists, and the key stays free for the fixed corp
 digest of the same bytes. Re-registering a key with the same source is a no-op; with different
 bytes, options or format it is refused, because a revision key names one immutable revision.
 Reading a registered revision likewise reads the bytes once, checks their digest and parses that
-same buffer: a file swapped between check and parse is never parsed unverified.
+same buffer: a file swapped between check and parse is never parsed unverified. Within one
+process the parse of those bytes is remembered by (format, digest) for the last source parsed, so
+``ragpipe build`` — which registers and then snapshots the revision in the same process —
+parses its corpus once (a run executed by another process parses it there, once).
 
 A revision key is a partition name, a file name here and a folder name under ``work/``:
 ``check_revision_key`` is the one rule for it, applied by every function taking a key.
@@ -22,6 +25,20 @@ from ragpipe.corpus.connectors import CorpusFormat, CorpusRead, load_source, par
 from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.kernel.publish import write_file_atomic
+
+# (format, source digest) -> the parse of exactly those bytes: the last source parsed in this process.
+# Parsing is a pure function of the bytes, so reusing it for equal bytes changes nothing but time.
+_last_parse: dict[tuple[str, str], CorpusRead] = {}
+
+
+def _parse(loaded, fmt: str) -> CorpusRead:
+    key = (fmt, loaded.digest())
+    found = _last_parse.get(key)
+    if found is None:
+        found = parse_source(loaded)  # raises CorpusError naming file/line/ID; nothing is remembered
+        _last_parse.clear()  # one entry: a long-lived process (the daemon's sensors) keeps no more
+        _last_parse[key] = found
+    return CorpusRead(list(found), found.excluded)  # records are frozen; the list is the caller's
 
 
 class RevisionError(ValueError):
@@ -64,7 +81,7 @@ def register_revision(
     if not source.exists():
         raise RevisionError(f"{source}: corpus path does not exist")
     loaded = load_source(source, fmt)
-    parse_source(loaded)  # raises CorpusError naming file/line/ID; nothing is written
+    _parse(loaded, fmt)  # raises CorpusError naming file/line/ID; nothing is written
     record = RevisionRecord(
         revision=revision,
         source_path=str(source),
@@ -119,4 +136,4 @@ def read_registered_corpus(record: RevisionRecord) -> CorpusRead:
             f"revision {record.revision!r}: source {source} changed since registration "
             f"({record.source_digest} -> {digest}); register the new content under a new revision key"
         )
-    return parse_source(loaded)
+    return _parse(loaded, record.format)

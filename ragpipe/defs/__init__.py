@@ -4,13 +4,17 @@ from dagster import Definitions, in_process_executor
 
 from ragpipe.defs.activation import activate_release_job, activation_sensor_def
 from ragpipe.defs.assets import build_assets
-from ragpipe.defs.chain_assets import build_chain_checks
 from ragpipe.defs.checks import build_checks
 from ragpipe.defs.jobs import build_revision_job
+from ragpipe.defs.release_chain import build_chain_checks
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.defs.schedules import nightly_rebuild
 from ragpipe.defs.sensors import corpus_revision_sensor
-from ragpipe.spec import PipelineSpec, load_pipeline_spec
+from ragpipe.release.targets import TargetsConfig
+from ragpipe.spec import PipelineSpec
+from ragpipe.stages.configuration import ConfigurationError, check_configuration
+
+__all__ = ["ConfigurationError", "build_definitions"]
 
 
 def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Definitions:
@@ -22,14 +26,22 @@ def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Defin
     With an ``evaluation:`` section the graph continues after ``index_bundle`` with the evaluation →
     gate → release chain, and ``build_revision`` selects it too. ``activation_sensor``'s default
     status comes from the targets config (``$RAGPIPE_TARGETS``) read here.
+
+    Without ``spec`` the whole configuration is checked first (``ragpipe.stages.configuration``:
+    the spec, the suite, query plan and gate policy it names, the targets file): a problem raises
+    ``ConfigurationError``, whose message is one line naming the file, the field and the rule,
+    before anything is defined (``definitions.py`` says how Dagster then reports it).
     """
-    spec = spec or load_pipeline_spec()
+    targets: TargetsConfig | None = None
+    if spec is None:
+        checked = check_configuration()
+        spec, targets = checked.spec, checked.targets
     chain_checks = build_chain_checks() if spec.evaluation is not None else []
     return Definitions(
         assets=build_assets(spec),
         asset_checks=[*build_checks(), *chain_checks],
         jobs=[build_revision_job(spec), activate_release_job],
-        sensors=[corpus_revision_sensor, activation_sensor_def()],
+        sensors=[corpus_revision_sensor, activation_sensor_def(targets)],
         schedules=[nightly_rebuild],
         resources={"ragpipe": RagpipeHome(home=home)},
         executor=in_process_executor,

@@ -36,7 +36,7 @@ from dagster import (
 
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.release.activation import activate
-from ragpipe.release.status import Candidate, eligible_releases
+from ragpipe.release.status import EligibleRelease, eligible_releases
 from ragpipe.release.targets import TargetsConfig, load_targets
 
 JOB = "activate_release"
@@ -105,7 +105,7 @@ def _requested_before(instance: DagsterInstance, requested: list[str], target: s
 
 
 def plan_target(
-    instance: DagsterInstance, target: str, candidates: list[Candidate], requested: list[str]
+    instance: DagsterInstance, target: str, candidates: list[EligibleRelease], requested: list[str]
 ) -> tuple[str | None, list[str]]:
     """(release to request or None, skip reasons) for one target: the newest ready candidate."""
     reasons = [f"{target}: {c.release_id}: {c.reason}" for c in candidates if not c.ready]

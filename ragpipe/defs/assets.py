@@ -14,11 +14,19 @@ per revision, so a revision's folders have one writer per run.
 
 import warnings
 
-from dagster import AssetExecutionContext, AssetsDefinition, BackfillPolicy, BetaWarning, MaterializeResult, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetObservation,
+    AssetsDefinition,
+    BackfillPolicy,
+    BetaWarning,
+    MaterializeResult,
+    asset,
+)
 
-from ragpipe.defs.chain_assets import build_chain_assets
-from ragpipe.defs.metadata import to_materialize_result
+from ragpipe.defs.metadata import ENCODED, NEW_TEXTS, to_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
+from ragpipe.defs.release_chain import build_chain_assets
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages import steps
@@ -47,7 +55,7 @@ BACKFILL_POLICY = BackfillPolicy.multi_run(1)
 
 def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
     """The build group, plus the evaluation → gate → release chain when the spec has an
-    ``evaluation:`` section (``ragpipe.defs.chain_assets``)."""
+    ``evaluation:`` section (``ragpipe.defs.release_chain``)."""
     ids = spec.spec_ids
 
     def shared(name: str, code_version: str, pool: str) -> dict[str, object]:
@@ -82,8 +90,16 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
     @asset(deps=[representations], kinds={"pytorch", "parquet"}, **common("embeddings"))
     def embeddings(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Vectors for representations through the persistent (embedder spec, text digest) cache."""
+
+        def progress(done: int, total: int) -> None:  # an observation per slice: ragpipe build's bar
+            context.log_event(
+                AssetObservation(
+                    context.asset_key, partition=context.partition_key, metadata={ENCODED: done, NEW_TEXTS: total}
+                )
+            )
+
         return to_materialize_result(
-            steps.run_embeddings(ragpipe.workspace, context.partition_key, spec, progress=context.log.info)
+            steps.run_embeddings(ragpipe.workspace, context.partition_key, spec, progress=progress)
         )
 
     @asset(deps=[source_snapshot, representations], kinds={"tantivy"}, **common("lexical_index"))

@@ -16,7 +16,7 @@ import warnings
 from dagster import AssetSelection, BetaWarning, define_asset_job, in_process_executor
 
 from ragpipe.defs.assets import GROUP as BUILD_GROUP
-from ragpipe.defs.chain_assets import GROUP as CHAIN_GROUP
+from ragpipe.defs.release_chain import GROUP as CHAIN_GROUP
 from ragpipe.spec import PipelineSpec
 
 BUILD_JOB = "build_revision"

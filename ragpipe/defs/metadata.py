@@ -5,8 +5,9 @@
 - ``Path`` values as ``MetadataValue.path``; numbers and text as they are (``duration_seconds``
   is a float in seconds).
 
-F's step lines in ``ragpipe build`` read ``dagster/row_count``, ``duration_seconds``, ``excluded``,
-``encoded``, ``cache_hits``, ``bundle_id`` and ``bundle_path`` from these materializations.
+The step lines of ``ragpipe build`` read ``dagster/row_count``, ``duration_seconds``, ``excluded``,
+``encoded``, ``cache_hits``, ``bundle_id`` and ``bundle_path`` from these materializations, and its
+embedding bar reads the ``embeddings`` step's observations (``ENCODED`` of ``NEW_TEXTS``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from pathlib import Path
 
 from dagster import DataVersion, MaterializeResult, MetadataValue, TableColumn, TableRecord, TableSchema
 
-from ragpipe.stages.chain_store import ChainResult
+from ragpipe.stages.release_chain_store import ChainResult
 from ragpipe.stages.results import StageResult, Table
 
 ROW_COUNT = "dagster/row_count"
+# The embeddings asset observes its progress after every slice: texts encoded so far, of how many new.
+ENCODED = "encoded"
+NEW_TEXTS = "new_texts"
 
 
 def table_value(t: Table) -> MetadataValue:

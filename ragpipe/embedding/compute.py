@@ -16,7 +16,8 @@ from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.embedder import Embedder
 from ragpipe.representations.derive import Representation
 
-Progress = Callable[[str], None]
+# (texts encoded so far, new texts to encode): a typed count, never a log line to parse.
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ def compute_embeddings(
     ``chunk_size`` and each slice is added to the cache as soon as it is done, so a killed run
     keeps the work it finished.
 
-    ``progress`` gets ``"encoded 0/N new texts"`` before the model loads and
-    ``"encoded k/N new texts"`` after each slice (``ragpipe build`` draws its bar from these lines).
+    ``progress(0, N)`` is called before the model loads and ``progress(k, N)`` after each slice
+    (``ragpipe build`` draws its bar from these counts, which the asset records as observations).
     256 texts per slice is one update every second or two on a laptop CPU: a live bar without
     measurable overhead."""
     unique = sorted({r.digest for r in reps})
@@ -51,7 +52,7 @@ def compute_embeddings(
     encode_seconds = 0.0
     if misses:
         if progress:
-            progress(f"encoded 0/{len(misses)} new texts")
+            progress(0, len(misses))
         embedder = embedder_factory()
         for start in range(0, len(misses), chunk_size):
             part = misses[start : start + chunk_size]
@@ -61,7 +62,7 @@ def compute_embeddings(
             cache.add(part, vectors)
             found.update(zip(part, vectors))
             if progress:
-                progress(f"encoded {min(start + chunk_size, len(misses))}/{len(misses)} new texts")
+                progress(min(start + chunk_size, len(misses)), len(misses))
     matrix = np.stack([found[r.digest] for r in reps]) if reps else np.zeros((0, cache.dimensions), np.float32)
     stats = EmbeddingStats(
         representations=len(reps),

@@ -30,7 +30,7 @@ from ragpipe.retrieval.plan import QueryPlan
 
 SPEC_KIND = "evaluation-spec"
 SPEC_VERSION = 1
-# Bumped whenever the runner's way of turning a case into metrics changes (DESIGN.md §2).
+# Bumped whenever the runner's way of turning a case into metrics changes (docs/architecture.md, identities).
 EVALUATOR = "ragpipe.evaluation.runner/v1"
 DEFAULT_DEPTH = 1000  # trec_eval's customary run depth: every cutoff up to 1000 sees a full list
 MODES = ("hybrid", "lexical", "vector")

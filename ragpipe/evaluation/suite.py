@@ -149,7 +149,7 @@ def parse_suite_bytes(data: bytes, source: str) -> Suite:
             raise SuiteError(f"{source}:{number}: duplicate case id {case.id!r} (first on line {first_line[case.id]})")
         first_line[case.id] = number
         cases.append(case)
-    if len(cases) != len(lines):  # the rule of DESIGN §5, kept as an explicit invariant
+    if len(cases) != len(lines):  # a parser that finds fewer cases than lines fails: an explicit invariant
         raise SuiteError(f"{source}: parsed {len(cases)} cases from {len(lines)} lines")
     return Suite.of(cases, source)
 

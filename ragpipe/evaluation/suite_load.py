@@ -19,5 +19,5 @@ def load_suite(path: Path, *, split: str | Iterable[str] = "test") -> Suite:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise SuiteError(f"{path}: cannot read suite: {e.strerror}") from None
+        raise SuiteError(f"{path}: cannot read suite: {e.strerror or e}") from None
     return parse_suite_bytes(data, str(path))

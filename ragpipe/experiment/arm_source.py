@@ -1,4 +1,4 @@
-"""An issue-9 evaluation run folder as an ``ArmRun`` (the only module here that knows the folder).
+"""An evaluation run folder (``ragpipe eval``) as an ``ArmRun`` (the only module here that knows the folder).
 
 ``load_arm(run)`` first verifies the folder with ``ragpipe.evaluation.run_folder.verify_run`` (ledger
 chain and head, bound inputs against their digests and content IDs, the spec ID, every trace

@@ -16,7 +16,7 @@
 
 The model accepts duplicate or missing cells as data, because *detecting* them is the pairing's
 job (``pairing.check_arm``), which names the arm and the cell. ``summarize`` is the per-arm view
-every gate phase reads: aggregates exactly as issue 9's report computes them.
+every gate phase reads: aggregates exactly as the evaluation report computes them.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def case_means(cells: Iterable[CellOutcome]) -> dict[str, dict[str, float]]:
 def summarize(arm: ArmRun) -> ArmSummary:
     """Counts, failures by class, aggregates, p95 latency and build figures of one (integrity-checked) arm.
 
-    As issue 9's report: a case is *evaluated* when all its cells completed; a metric's value is
+    As the evaluation report: a case is *evaluated* when all its cells completed; a metric's value is
     the mean (or sum) over evaluated cases carrying it of each case's mean over its repeats;
     latency is the nearest-rank p95 over completed cells."""
     per_case_cells: dict[str, list[CellOutcome]] = {}

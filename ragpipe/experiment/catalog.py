@@ -1,6 +1,6 @@
 """The metrics a gate policy may name, with the direction and range each one declares.
 
-Names are issue 9's: the ranking families ``ndcg``, ``recall``, ``mrr``, ``precision``, ``hit``
+Names are the evaluation report's: the ranking families ``ndcg``, ``recall``, ``mrr``, ``precision``, ``hit``
 and ``relevant_recall`` at any positive cutoff (``ndcg@10``), the safety count
 ``unauthorized_disclosures`` and the answer rates. A policy naming anything else is refused at
 load (a typo must not silently disable a check); a run declaring a known metric with another

@@ -12,6 +12,12 @@ decision on the challenger alone (no incumbent): hard and coverage as usual, the
 checks ``bootstrap_floors`` (direction-aware: a floor for higher-is-better metrics, a ceiling
 otherwise), regression has nothing to compare and cost checks only the absolute ceilings.
 
+A challenger run that evaluated no case because it skipped every suite case (each judges
+documents the revision lacks, or has no relevant judgment) has nothing measured: its checks
+without a value fail as always, and their reasons say why there is no value (``no evaluable
+case: all 12 suite cases judge documents this revision lacks``, see ``no_evaluable_case``)
+instead of only that there is none. The outcome is the same; only the reasons are more precise.
+
 The cost phase checks, in this order: p95 latency (relative, absolute), then the build cost of
 the arm's bundle (``arms.BuildCost``, recorded by the run when it bound the bundle): vectors
 (relative, absolute), then payload bytes (relative, absolute). A run without the figure fails
@@ -27,10 +33,13 @@ order of any mapping never changes a decision; the decision ID is a content ID o
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field
 
+from ragpipe.evaluation.suite import MISSING_TARGETS, NO_POSITIVE_JUDGMENT
 from ragpipe.experiment.arms import ArmRef, ArmRun, ArmSummary, Coordinates, summarize
 from ragpipe.experiment.catalog import known_metric
 from ragpipe.experiment.comparison import ALL, Comparison
@@ -124,6 +133,39 @@ def check(
     )
 
 
+# How a skip reason code (``ragpipe.evaluation.suite``) reads in a sentence: (one case, several).
+SKIP_PHRASES = {
+    MISSING_TARGETS: ("judges documents this revision lacks", "judge documents this revision lacks"),
+    NO_POSITIVE_JUDGMENT: ("has no relevant judgment (grade >= 1)", "have no relevant judgment (grade >= 1)"),
+}
+
+
+def skipped_cases_text(skipped: Mapping[str, int]) -> str:
+    """Why every case of a suite was skipped, from ``{reason code: cases}``: ``all 12 suite cases
+    judge documents this revision lacks``, ``the suite's only case has no relevant judgment (grade
+    >= 1)``, or ``all 3 suite cases were skipped: 2 judge documents this revision lacks, 1 has no
+    relevant judgment (grade >= 1)``."""
+
+    def phrase(code: str, n: int) -> str:
+        one, many = SKIP_PHRASES.get(code, (f"was skipped ({code})", f"were skipped ({code})"))
+        return one if n == 1 else many
+
+    counts = {code: n for code, n in sorted(skipped.items()) if n > 0}
+    total = sum(counts.values())
+    if len(counts) == 1:
+        ((code, n),) = counts.items()
+        return f"the suite's only case {phrase(code, 1)}" if n == 1 else f"all {n} suite cases {phrase(code, n)}"
+    return f"all {total} suite cases were skipped: " + ", ".join(f"{n} {phrase(c, n)}" for c, n in counts.items())
+
+
+def no_evaluable_case(arm: ArmRun) -> str | None:
+    """``no evaluable case: <why>`` when ``arm`` expected no cell because it skipped every suite
+    case; None when it had a case to evaluate (or skipped none)."""
+    if arm.expected or not arm.skipped:
+        return None
+    return f"no evaluable case: {skipped_cases_text(Counter(arm.skipped.values()))}"
+
+
 def outcome(checks: tuple[Check, ...]) -> tuple[bool, str | None]:
     """``(eligible, decisive phase)``: the first phase, in the fixed order, with a failing check."""
     failing = {c.phase for c in checks if c.verdict == "fail"}
@@ -131,7 +173,7 @@ def outcome(checks: tuple[Check, ...]) -> tuple[bool, str | None]:
     return decisive is None, decisive
 
 
-def _hard(policy: GatePolicy, arm: ArmSummary, coords: Coordinates) -> list[Check]:
+def _hard(policy: GatePolicy, arm: ArmSummary, coords: Coordinates, gap: str | None = None) -> list[Check]:
     out = []
     for name, bound in sorted(policy.hard.items()):
         for op, threshold in ((">=", bound.min), ("<=", bound.max)):
@@ -161,13 +203,14 @@ def _hard(policy: GatePolicy, arm: ArmSummary, coords: Coordinates) -> list[Chec
                     op,
                     threshold,
                     metric=name,
-                    missing="no evaluated case carries it",
+                    missing=gap or "no evaluated case carries it",
                 )
             )
     return out
 
 
-def _failed_rates(policy: GatePolicy, arms: dict[str, ArmSummary]) -> list[Check]:
+def _failed_rates(policy: GatePolicy, arms: dict[str, ArmSummary], gap: str | None = None) -> list[Check]:
+    """``gap`` (the challenger's ``no_evaluable_case``) names why the challenger has no cell."""
     return [
         check(
             "coverage",
@@ -176,7 +219,7 @@ def _failed_rates(policy: GatePolicy, arms: dict[str, ArmSummary]) -> list[Check
             "<=",
             policy.coverage.max_failed_rate,
             arm=side,
-            missing="the arm has no cell",
+            missing=(gap if side == "challenger" else None) or "the arm has no cell",
         )
         for side, summary in arms.items()
     ]
@@ -186,10 +229,10 @@ def _floor_op(metric: str) -> Op:
     return ">=" if known_metric(metric).direction == "higher" else "<="  # type: ignore[union-attr]
 
 
-def _paired(policy: GatePolicy, c: Comparison) -> list[Check]:
-    checks = _hard(policy, c.challenger, c.coordinates)
+def _paired(policy: GatePolicy, c: Comparison, gap: str | None = None) -> list[Check]:
+    checks = _hard(policy, c.challenger, c.coordinates, gap)
     checks.append(check("coverage", "paired_cells", float(len(c.certificate.cells)), "==", float(c.challenger.cells)))
-    checks += _failed_rates(policy, {"incumbent": c.incumbent, "challenger": c.challenger})
+    checks += _failed_rates(policy, {"incumbent": c.incumbent, "challenger": c.challenger}, gap)
     target = c.slices[ALL].metrics[policy.target.metric].stats
     checks.append(
         check(
@@ -203,18 +246,21 @@ def _paired(policy: GatePolicy, c: Comparison) -> list[Check]:
     )
     t = policy.target
     checks.append(
-        check("target", "improvement", target.mean, ">=", t.min_improvement, metric=t.metric, missing="no scored case")
+        check(
+            "target",
+            "improvement",
+            target.mean,
+            ">=",
+            t.min_improvement,
+            metric=t.metric,
+            missing=gap or "no scored case",
+        )
     )
+    few = gap or "fewer than 2 scored cases"
     if t.evidence == "ci_lower":
-        checks.append(
-            check("target", "ci_lower", target.ci_low, ">", 0.0, metric=t.metric, missing="fewer than 2 scored cases")
-        )
+        checks.append(check("target", "ci_lower", target.ci_low, ">", 0.0, metric=t.metric, missing=few))
     else:
-        checks.append(
-            check(
-                "target", "p_value", target.p_value, "<", t.alpha, metric=t.metric, missing="fewer than 2 scored cases"
-            )
-        )
+        checks.append(check("target", "p_value", target.p_value, "<", t.alpha, metric=t.metric, missing=few))
     limits = [(ALL, policy.regression.overall)] + [
         (f"tag:{tag}", lim) for tag, lim in sorted(policy.regression.tags.items())
     ]
@@ -231,16 +277,19 @@ def _paired(policy: GatePolicy, c: Comparison) -> list[Check]:
                     -loss,
                     metric=metric,
                     slice=slice_name,
-                    missing="no scored case in this slice",
+                    missing=gap or "no scored case in this slice",
                 )
             )
-    checks += _cost(policy, c.challenger, c.incumbent)
+    checks += _cost(policy, c.challenger, c.incumbent, gap)
     return checks
 
 
-def _cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | None) -> list[Check]:
+def _cost(
+    policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | None, gap: str | None = None
+) -> list[Check]:
     cost, out = policy.cost, []
     p95 = challenger.latency_p95_ms
+    no_sample = gap or "no latency sample"
     if incumbent is not None and cost.max_p95_latency_ratio is not None:
         base = incumbent.latency_p95_ms
         if base is None:
@@ -249,11 +298,9 @@ def _cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummary | No
             )
         else:
             allowance = max(base * cost.max_p95_latency_ratio, base + cost.latency_slack_ms)
-            out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing="no latency sample"))
+            out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing=no_sample))
     if cost.max_p95_latency_ms is not None:
-        out.append(
-            check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing="no latency sample")
-        )
+        out.append(check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing=no_sample))
     return out + _build_cost(policy, challenger, incumbent)
 
 
@@ -308,10 +355,10 @@ def _build_cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummar
 
 
 def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
-    summary = summarize(arm)
-    checks = _hard(policy, summary, arm.coordinates)
+    summary, gap = summarize(arm), no_evaluable_case(arm)
+    checks = _hard(policy, summary, arm.coordinates, gap)
     checks.append(check("coverage", "terminal_cells", float(summary.cells), "==", float(len(arm.expected))))
-    checks += _failed_rates(policy, {"challenger": summary})
+    checks += _failed_rates(policy, {"challenger": summary}, gap)
     checks.append(
         check("coverage", "evaluated_cases", float(summary.evaluated_cases), ">=", float(policy.coverage.min_cases))
     )
@@ -324,10 +371,10 @@ def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
                 _floor_op(metric),
                 floor,
                 metric=metric,
-                missing="no evaluated case carries it",
+                missing=gap or "no evaluated case carries it",
             )
         )
-    return checks + _cost(policy, summary, None)
+    return checks + _cost(policy, summary, None, gap)
 
 
 def _check_fit(policy: GatePolicy, coords: Coordinates, comparison: Comparison | None) -> None:
@@ -367,7 +414,7 @@ def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun
             )
         _check_fit(policy, comparison.coordinates, comparison)
         checks, incumbent, challenger_ref = (
-            _paired(policy, comparison),
+            _paired(policy, comparison, None if challenger is None else no_evaluable_case(challenger)),
             comparison.certificate.incumbent,
             comparison.certificate.challenger,
         )

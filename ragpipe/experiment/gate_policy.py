@@ -23,12 +23,14 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import Field, model_serializer
 
 from ragpipe.experiment.catalog import KNOWN_NAMES, known_metric
 from ragpipe.experiment.strict_yaml import StrictYamlError, load_strict
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.spec import yaml_error_text
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "specs" / "gate_policy.yaml"
 PHASES = ("hard", "coverage", "target", "regression", "cost")
@@ -344,4 +346,6 @@ def load_policy(path: Path | None = None) -> GatePolicy:
         doc, lines = load_strict(text)
     except StrictYamlError as exc:
         raise PolicyError(f"{path}:{exc}") from None
+    except yaml.YAMLError as exc:  # unmarked: a character YAML never accepts (load_strict reports the rest)
+        raise PolicyError(f"{path}: cannot read gate policy: {yaml_error_text(exc)}") from None
     return parse_policy(doc, str(path), lines)

@@ -1,4 +1,4 @@
-"""A generic append-only, hash-chained JSONL ledger with a separate head file (DESIGN.md §5, §6).
+"""A generic append-only, hash-chained JSONL ledger with a separate head file (docs/trust.md).
 
 Record ``{seq, kind, payload, prev, hash}``: ``seq`` counts from 1 (the *record number* every error
 names), ``prev`` is the previous record's ``hash`` (``None`` for record 1) and ``hash`` is

@@ -1,4 +1,4 @@
-"""Atomic publication of immutable directories and files (DESIGN.md §6).
+"""Atomic publication of immutable directories and files (docs/trust.md).
 
 A directory is populated in a temporary sibling, every file and directory in it is fsynced, and it
 is renamed into place with ``renameat2(RENAME_NOREPLACE)`` so an existing target is never

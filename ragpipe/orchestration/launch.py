@@ -18,9 +18,11 @@ import signal
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster import DagsterInstance, DagsterRunStatus, EventLogEntry, RunsFilter
 
@@ -39,6 +41,10 @@ from ragpipe.orchestration.dagster_internals import (
     location_origins_from_yaml_paths,
     set_defs_state_storage,
 )
+from ragpipe.stages.configuration import ConfigurationError
+
+if TYPE_CHECKING:
+    from dagster_shared.error import SerializableErrorInfo
 
 LOCATION = "ragpipe"
 REPOSITORY = "__repository__"
@@ -113,15 +119,37 @@ def build_location(instance: DagsterInstance) -> Iterator[tuple[BaseWorkspaceReq
         # Loading a location reads the *current* defs-state storage (a context variable that any
         # `with instance:` sets and an instance left open keeps pointing at a dead weakref); make it
         # the storage of the instance this location is loaded for.
-        with (
-            set_defs_state_storage(instance.defs_state_storage),
-            WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location_origin())) as process_context,
-        ):
+        with ExitStack() as stack:
+            stack.enter_context(set_defs_state_storage(instance.defs_state_storage))
+            # Dagster warns about a load error with its whole stack trace; a configuration error is
+            # raised instead as its one line (ConfigurationError), any other warning is shown as usual.
+            with warnings.catch_warnings(record=True) as caught:
+                process_context = stack.enter_context(
+                    WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location_origin()))
+                )
             request_context = process_context.create_request_context()
+            line = configuration_error_line(request_context.get_code_location_error(LOCATION))
+            if line is not None:
+                raise ConfigurationError(line)
+            for w in caught:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
             yield request_context, request_context.get_code_location(LOCATION)
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
+
+
+_CONFIGURATION_ERROR = f"{ConfigurationError.__module__}.{ConfigurationError.__qualname__}: "
+
+
+def configuration_error_line(error: SerializableErrorInfo | None) -> str | None:
+    """The one line of the ``ConfigurationError`` a location failed to load with (Dagster keeps it
+    as the cause of its own load error), or None when it failed otherwise or loaded."""
+    while error is not None:
+        if error.message.startswith(_CONFIGURATION_ERROR):
+            return error.message[len(_CONFIGURATION_ERROR) :].strip()
+        error = error.cause
+    return None
 
 
 def cli_tags(launch: str) -> dict[str, str]:

@@ -22,13 +22,18 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunSta
 from ragpipe.bundle.verify import BundleVerificationError, open_bundle
 from ragpipe.corpus.registry import load_revision
 from ragpipe.defs.partitions import corpus_revisions
+from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.orchestration import launch as runs
 from ragpipe.orchestration.failures import failure_messages
 from ragpipe.orchestration.progress import Progress, Tracker
-from ragpipe.spec import PipelineSpec, load_pipeline_spec
-from ragpipe.stages.chain_ids import chain_plan
+from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpec, PipelineSpecError, load_pipeline_spec
+from ragpipe.stages.configuration import check_configuration
+from ragpipe.stages.eval_steps import recorded_skip_reasons
+from ragpipe.stages.gate_steps import read_decision
+from ragpipe.stages.release_chain_ids import chain_plan
+from ragpipe.stages.stage_store import read_output, read_version
 from ragpipe.stages.steps import StageError, read_stage_record
 
 INSTANCE_LOCK = ".ragpipe-instance.lock"
@@ -62,9 +67,16 @@ class BuildSummary:
     release_id: str | None = None
     eligible: bool | None = None
     decisive_phase: str | None = None
+    # The evaluation and gate that release binds: suite cases evaluated and skipped, the reasons of
+    # the decisive phase's failing checks (empty when eligible), and, when no suite case applies to
+    # the revision (every one skipped), one line saying so and what to do next.
+    evaluated_cases: int | None = None
+    skipped_cases: int | None = None
+    gate_reasons: tuple[str, ...] | None = None
+    evaluation_note: str | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return dict(self.__dict__)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
 
 def dagster_instance() -> DagsterInstance:
@@ -102,14 +114,55 @@ def _ensure_partition(instance: DagsterInstance, revision: str) -> None:
             raise
 
 
+def no_case_note(revision: str, suite: Path, facts: dict[str, object], sample_suite: bool) -> str | None:
+    """The one line a build prints when no case of ``suite`` applies to ``revision`` (its
+    ``evaluation_run`` facts: every case skipped, none evaluated or failed); None otherwise.
+    ``sample_suite``: ``suite`` is the checked-in spec's own, so the advice is a project of one's own."""
+    evaluated, skipped, failed, cases = (facts.get(k) for k in ("evaluated", "skipped", "failed", "cases"))
+    if evaluated or failed or not skipped or cases not in (None, skipped):  # cases: not recorded by older runs
+        return None
+    reasons = recorded_skip_reasons(facts)
+    why = skipped_cases_text(reasons) if sum(reasons.values()) == skipped else f"all {skipped} suite cases were skipped"
+    todo = (
+        f"{suite} is the default pipeline spec's sample suite: ragpipe init DIR makes a project with a suite of "
+        "this corpus' own (docs/your-corpus.md)"
+        if sample_suite
+        else f"add cases judged against this corpus' document IDs to {suite}, then build again"
+    )
+    return f'no suite case applies to revision {revision}: {why}; {todo}; meanwhile: ragpipe query --revision {revision} "..."'
+
+
+def _is_sample_suite(suite: Path) -> bool:
+    try:
+        default = load_pipeline_spec(DEFAULT_SPEC_PATH).evaluation
+    except PipelineSpecError:
+        return False
+    return default is not None and default.suite == suite
+
+
 def _release_fields(ws: Workspace, revision: str, spec: PipelineSpec) -> dict[str, object]:
+    """The release of the revision's chain, and the evaluation and gate decision it binds (by the
+    versions its record names, as ``release_manifest`` read them)."""
     if spec.evaluation is None:
         return {}
-    facts = read_stage_record(ws, revision, "release_manifest").facts
+    release = read_output(ws, revision, "release_manifest").record
+    gate = read_version(ws, revision, "gate_decision", release.inputs["gate_decision"], "release_manifest")
+    ev = read_version(ws, revision, "evaluation_run", release.inputs["evaluation_run"], "release_manifest").record
+    facts, decision = release.facts, read_decision(gate.path)
     return {
         "release_id": str(facts["release_id"]),
         "eligible": bool(facts["eligible"]),
         "decisive_phase": facts["decisive_phase"],
+        "evaluated_cases": ev.facts["evaluated"],
+        "skipped_cases": ev.facts["skipped"],
+        "gate_reasons": tuple(
+            str(c["reason"])
+            for c in decision["checks"]
+            if c["phase"] == decision["decisive_phase"] and c["verdict"] == "fail"
+        ),
+        "evaluation_note": no_case_note(
+            revision, spec.evaluation.suite, ev.facts, _is_sample_suite(spec.evaluation.suite)
+        ),
     }
 
 
@@ -180,7 +233,7 @@ def _check_matches_location(ws: Workspace, spec: PipelineSpec | None) -> Pipelin
             f"workspace {ws.home} is not $RAGPIPE_HOME ({default_home()}): the code location builds in "
             "$RAGPIPE_HOME, so set RAGPIPE_HOME to the workspace instead"
         )
-    current = load_pipeline_spec()
+    current = check_configuration().spec  # the location's whole configuration: ConfigurationError, one line
     if spec is not None and spec.model_dump() != current.model_dump():
         raise ValueError(
             "the pipeline spec passed differs from the one the code location loads "

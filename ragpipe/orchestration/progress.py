@@ -8,16 +8,15 @@ shown as its check lines, not as a step line.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from dagster import DagsterEventType, EventLogEntry
 
-# The embeddings step logs this (ragpipe.embedding.compute) before loading the model and after
-# every slice of new texts it encoded.
-EMBEDDING_PROGRESS = re.compile(r"^encoded (\d+)/(\d+) new texts$")
-POOL_BLOCKED = "Step blocked by limit for pool "
+from ragpipe.defs.metadata import ENCODED, NEW_TEXTS
+
+# Dagster's engine event for a step waiting on a pool carries the pool as structured metadata.
+POOL = "pool"
 # Materialization metadata a step line shows (the keys ragpipe.defs.assets guarantees), in order.
 COUNT_KEYS = (
     ("dagster/row_count", "rows"),
@@ -91,14 +90,12 @@ class Tracker:
     _started: dict[str, float] = field(default_factory=dict)
     _counts: dict[str, tuple[tuple[str, object], ...]] = field(default_factory=dict)
     _check_steps: set[str] = field(default_factory=set)
+    _waiting: set[str] = field(default_factory=set)  # steps whose pool wait was shown
 
     def feed(self, entry: EventLogEntry) -> list[Progress]:
         shown: list[Progress] = [LogLine(log_line(entry))] if self.log_lines else []
         event = entry.dagster_event
         if event is None:
-            match = EMBEDDING_PROGRESS.match(entry.user_message or "")
-            if match and entry.step_key == "embeddings":
-                shown.append(EmbeddingProgress(int(match.group(1)), int(match.group(2))))
             return shown
         kind, step, data = event.event_type, event.step_key or "", event.event_specific_data
         if kind == DagsterEventType.RUN_ENQUEUED:
@@ -107,8 +104,14 @@ class Tracker:
             shown.append(RunStarted(entry.run_id))
         elif kind == DagsterEventType.STEP_START:
             self._started[step] = entry.timestamp
-        elif kind == DagsterEventType.ENGINE_EVENT and (event.message or "").startswith(POOL_BLOCKED):
-            shown.append(PoolWait(step, (event.message or "")[len(POOL_BLOCKED) :]))
+        elif kind == DagsterEventType.ENGINE_EVENT and POOL in (getattr(data, "metadata", None) or {}):
+            if step not in self._waiting:  # "blocked", then "still blocked" every poll: one line
+                self._waiting.add(step)
+                shown.append(PoolWait(step, str(_value(data.metadata[POOL]))))  # type: ignore[union-attr]
+        elif kind == DagsterEventType.ASSET_OBSERVATION and step == "embeddings":
+            metadata = data.asset_observation.metadata  # type: ignore[union-attr]
+            if ENCODED in metadata and NEW_TEXTS in metadata:
+                shown.append(EmbeddingProgress(int(_value(metadata[ENCODED])), int(_value(metadata[NEW_TEXTS]))))
         elif kind == DagsterEventType.ASSET_MATERIALIZATION:
             self._counts[step] = counts(data.materialization.metadata, step)  # type: ignore[union-attr]
         elif kind == DagsterEventType.ASSET_CHECK_EVALUATION:
@@ -122,14 +125,16 @@ class Tracker:
         return shown
 
 
+def _value(entry: object) -> object:
+    """A metadata entry's plain value (Dagster wraps values in ``MetadataValue`` objects)."""
+    return getattr(entry, "value", entry)
+
+
 def counts(metadata: dict[str, object], step: str | None = None) -> tuple[tuple[str, object], ...]:
     """The step line's counts from a materialization's metadata; keys that are absent are skipped."""
-    found = []
-    for key, label in STEP_COUNT_KEYS.get(step or "", COUNT_KEYS):
-        if key in metadata:
-            value = getattr(metadata[key], "value", metadata[key])
-            found.append((label, value))
-    return tuple(found)
+    return tuple(
+        (label, _value(metadata[key])) for key, label in STEP_COUNT_KEYS.get(step or "", COUNT_KEYS) if key in metadata
+    )
 
 
 def log_line(entry: EventLogEntry) -> str:

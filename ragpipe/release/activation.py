@@ -1,6 +1,6 @@
 """Activation: make an eligible, verified (and, where required, approved) release active on a target.
 
-Order (DESIGN.md §5): resolve the exact release ID → load and verify its manifest → refuse an
+Order (docs/releases.md): resolve the exact release ID → load and verify its manifest → refuse an
 ineligible release → verify the bundle completely (``open_bundle``: files, digests, seal, payload,
 material digest) and every child ID (the bundle's ID and material digest must be the manifest's,
 and the evaluation run it binds must verify and be the manifest's: ``evidence``; ``child_checks``
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.publish import StepHook
@@ -29,6 +30,9 @@ from ragpipe.release.pointer import Pointer, check_generation, current_generatio
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
+
+if TYPE_CHECKING:
+    from ragpipe.bundle.verify import VerifiedBundle
 
 ChildCheck = Callable[[Workspace, ReleaseManifest], list[str]]
 ACTIVATION_STEPS = (
@@ -75,11 +79,25 @@ def verify_release(
     return verified_release(ws, manifest, child_checks, remake_decision=remake_decision)[1]
 
 
+@dataclass(frozen=True)
+class VerifiedRelease:
+    """A release that verified, with the objects its verification read and checked: the opened
+    bundle and the evaluation run. Whoever serves or gates it uses these, never a second reading."""
+
+    manifest: ReleaseManifest
+    bundle: VerifiedBundle
+    arm: ArmRun
+
+    @property
+    def release_id(self) -> str:
+        return self.manifest.release_id
+
+
 def verified_release(
     ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *, remake_decision: bool = True
-) -> tuple[ArmRun | None, list[str]]:
-    """The release's evaluation run as verified here — None unless the release verifies — and the
-    problems that forbid serving ``manifest`` (empty: it verifies). Full bundle verification,
+) -> tuple[VerifiedRelease | None, list[str]]:
+    """The release as verified here — None unless it verifies — and the problems that forbid
+    serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
     (``evidence.evaluation_evidence``) and gate decision (``gate_evidence.gate_problems``: made
     again from its runs unless ``remake_decision`` is False), then each of ``child_checks``.
@@ -109,7 +127,9 @@ def verified_release(
     )
     for check in child_checks:
         problems += check(ws, manifest)
-    return (arm if not problems else None), problems  # a run that loaded but vouches for nothing is no arm
+    if problems or arm is None:  # a run that loaded but vouches for nothing is no arm
+        return None, problems
+    return VerifiedRelease(manifest, bundle, arm), problems
 
 
 def unaccepted_policy(accepted: dict[str, str], target: str, manifest: ReleaseManifest) -> str | None:

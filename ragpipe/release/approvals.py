@@ -1,4 +1,4 @@
-"""Approvals: a person's record that a release may go live on a target (DESIGN.md §5).
+"""Approvals: a person's record that a release may go live on a target (docs/releases.md).
 
 An approval is an ``approval`` record ``{release_id, by, note, at}`` in the target's history
 ledger, so it is hash-chained with the activations it permits. Only an eligible release can be

@@ -1,4 +1,4 @@
-"""The release manifest: what exactly goes live, named by its content ID (DESIGN.md §2, §5).
+"""The release manifest: what exactly goes live, named by its content ID (docs/releases.md).
 
 A manifest binds the corpus revision, the bundle ID *and* material digest, the query plan, answer
 plan, authorization policy and gate policy IDs, the evaluation spec ID, run ID and ledger head, the

@@ -1,4 +1,4 @@
-"""A target's pointer: which release is active, at which generation (DESIGN.md §5, §6).
+"""A target's pointer: which release is active, at which generation (docs/releases.md).
 
 ``pointer.json`` is canonical JSON ``{schema, target, release_id, generation, previous,
 ledger_head}``: ``generation`` counts swaps from 1 (no file = generation 0, nothing active),

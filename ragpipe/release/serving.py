@@ -2,11 +2,12 @@
 
 ``served_release(ws, target=…)`` resolves the active release of a target (the configured default
 target when None), ``served_release(ws, release_id=…)`` one exact release; either way the bundle is
-fully verified against the manifest (``status.resolve_active`` / ``activation.verify_release``) and
-the query plan is the one the release was gated with: the evaluation run's bound copy
-(``evaluations/<run id>/inputs/query_plan.json``), accepted only if its plan ID is the manifest's
-``query_plan_id``. Serving a release with another plan would answer with something that was never
-evaluated, so a missing or different plan is refused, never replaced by the default.
+fully verified against the manifest (``status.resolve_active_release`` /
+``activation.verified_release``), once, and handed on opened, and the query plan is the one the
+release was gated with: the evaluation run's bound copy (``evaluations/<run id>/inputs/query_plan.json``),
+parsed once and accepted only if its plan ID is the manifest's ``query_plan_id``. Serving a
+release with another plan would answer with something that was never evaluated, so a missing or
+different plan is refused, never replaced by the default.
 """
 
 from __future__ import annotations
@@ -14,23 +15,31 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import bundle_path, verify_release
+from ragpipe.release.activation import VerifiedRelease, verified_release
 from ragpipe.release.evidence import evaluation_run_dir
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
-from ragpipe.release.status import resolve_active
+from ragpipe.release.status import resolve_active_release
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
+
+if TYPE_CHECKING:
+    from ragpipe.bundle.verify import VerifiedBundle
+    from ragpipe.retrieval.plan import QueryPlan
 
 PLAN_COPY = Path("inputs") / "query_plan.json"  # ragpipe.evaluation.run_folder.INPUTS["query_plan"]
 
 
 @dataclass(frozen=True)
 class ServedRelease:
+    """A verified release ready to serve: its bundle opened by the verification and its gated plan
+    parsed; a ``Retriever`` takes both as they are (nothing is opened or parsed twice)."""
+
     release_id: str
     manifest: ReleaseManifest
-    bundle: Path
-    plan_path: Path  # the gated plan (JSON); load with ragpipe.retrieval.plan
+    bundle: VerifiedBundle
+    plan: QueryPlan
 
 
 def served_release(ws: Workspace, target: str | None = None, release_id: str | None = None) -> ServedRelease:
@@ -38,19 +47,23 @@ def served_release(ws: Workspace, target: str | None = None, release_id: str | N
     if release_id is not None:
         store = ReleaseStore(ws)
         manifest = load_manifest(store, check_release_id(release_id))
-        problems = verify_release(ws, manifest, remake_decision=False)  # served by choice: eligible or not
-        if problems:
+        verified, problems = verified_release(ws, manifest, remake_decision=False)  # served by choice: eligible or not
+        if verified is None:
             raise ReleaseError(
                 f"release {release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems)
             )
-        bundle = bundle_path(ws, manifest)
     else:
-        manifest, bundle = resolve_active(ws, target)
-    return ServedRelease(manifest.release_id, manifest, bundle, gated_plan(ws, manifest))
+        verified = resolve_active_release(ws, target)
+    return _served(ws, verified)
 
 
-def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> Path:
-    """The path of the plan ``manifest`` was evaluated with, after checking its plan ID."""
+def _served(ws: Workspace, verified: VerifiedRelease) -> ServedRelease:
+    return ServedRelease(verified.release_id, verified.manifest, verified.bundle, gated_plan(ws, verified.manifest))
+
+
+def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> QueryPlan:
+    """The plan ``manifest`` was evaluated with, parsed from the run's bound copy, after checking
+    its plan ID."""
     from ragpipe.retrieval.plan import PlanError, parse_plan  # pydantic plan model: only when serving
 
     path = evaluation_run_dir(ws, manifest) / PLAN_COPY
@@ -64,4 +77,4 @@ def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> Path:
         raise ReleaseError(
             f"release {manifest.release_id}: {path} holds plan {plan.plan_id}, not the release's {manifest.query_plan_id}"
         )
-    return path
+    return plan

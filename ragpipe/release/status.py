@@ -4,8 +4,9 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
 
 - ``resolve_active(ws, target)`` → ``(manifest, bundle path)`` of the release the target's pointer
   names, after verifying it completely; a target with nothing active is a clear error.
-  ``resolve_active_run`` adds the release's evaluation run as that verification read it.
-- ``eligible_releases(ws, target)`` → one ``Candidate`` per published release whose gate decision
+  ``resolve_active_release`` returns what that verification read (manifest, opened bundle,
+  evaluation run) for whoever serves it; ``resolve_active_run`` the run, for the gate.
+- ``eligible_releases(ws, target)`` → one ``EligibleRelease`` per published release whose gate decision
   is eligible, in publication order, with ``status``: ``ready`` (request activation), ``approval
   missing``, or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
   ``failed``, ``cancelled``, ``rejected``, ``activating``). The sensor requests
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import bundle_path, unaccepted_policy, verified_release
+from ragpipe.release.activation import VerifiedRelease, bundle_path, unaccepted_policy, verified_release
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
 from ragpipe.release.pointer import read_pointer
@@ -31,7 +32,7 @@ from ragpipe.release.targets import TargetsConfig, load_targets
 
 
 @dataclass(frozen=True)
-class Candidate:
+class EligibleRelease:
     release_id: str
     revision: str
     status: str
@@ -56,21 +57,33 @@ def resolve_active_run(
 ) -> tuple[ReleaseManifest, Path, ArmRun]:
     """``resolve_active`` and the release's evaluation run, as its verification read it (what a
     gate compares a challenger with: no second read of the run)."""
+    verified = resolve_active_release(ws, target, config=config)
+    return verified.manifest, bundle_path(ws, verified.manifest), verified.arm
+
+
+def resolve_active_release(
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None
+) -> VerifiedRelease:
+    """The active release of ``target`` (default target when None) as its verification read it:
+    manifest, opened bundle and evaluation run. ``ReleaseError`` when nothing is active or the
+    release no longer verifies."""
     store = ReleaseStore(ws)
     name, _ = (config or load_targets()).get(target)
     pointer = read_pointer(store, name)
     if pointer is None:
         raise ReleaseError(
-            f"target {name!r} has no active release (activate one: ragpipe release activate RELEASE_ID --target {name})"
+            f"target {name!r} has no active release: query a built revision with ragpipe query --revision KEY "
+            f'"...", or activate an eligible release (ragpipe release list) with '
+            f"ragpipe release activate RELEASE_ID --target {name}"
         )
     manifest = load_manifest(store, pointer.release_id)
-    arm, problems = verified_release(ws, manifest, remake_decision=False)  # activation made it again
-    if problems or arm is None:
+    verified, problems = verified_release(ws, manifest, remake_decision=False)  # activation made it again
+    if verified is None:
         raise ReleaseError(
             f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  "
             + "\n  ".join(problems)
         )
-    return manifest, bundle_path(ws, manifest), arm
+    return verified
 
 
 def _candidate(
@@ -80,24 +93,26 @@ def _candidate(
     config: TargetsConfig,
     accepted: dict[str, str],
     state: TargetHistory,
-) -> Candidate:
+) -> EligibleRelease:
     known = state.states.get(release_id)
     if known is not None:
-        return Candidate(
+        return EligibleRelease(
             release_id, manifest.revision, known, f"release is {known.replace('_', ' ')} on target {target!r}"
         )
     policy_refusal = unaccepted_policy(accepted, target, manifest)
     if policy_refusal:
-        return Candidate(release_id, manifest.revision, "policy not accepted", policy_refusal)
+        return EligibleRelease(release_id, manifest.revision, "policy not accepted", policy_refusal)
     approval_required = config.targets[target].approval_required
     if approval_required and not state.approved(release_id):
-        return Candidate(release_id, manifest.revision, "approval missing", f"target {target!r} requires an approval")
-    return Candidate(release_id, manifest.revision, "ready", None)
+        return EligibleRelease(
+            release_id, manifest.revision, "approval missing", f"target {target!r} requires an approval"
+        )
+    return EligibleRelease(release_id, manifest.revision, "ready", None)
 
 
 def eligible_releases(
     ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None
-) -> list[Candidate]:
+) -> list[EligibleRelease]:
     """Eligible releases and what the sensor should do with each (module docstring)."""
     store = ReleaseStore(ws)
     config = config or load_targets()

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ragpipe.experiment.gate_policy import PolicyError, load_policy
 from ragpipe.release.store import TARGET_NAME, ReleaseError
+from ragpipe.spec import read_error_text, yaml_error_text
 
 DEFAULT_TARGETS_PATH = Path(__file__).resolve().parent.parent / "specs" / "targets.yaml"
 
@@ -71,13 +72,24 @@ class TargetsConfig(BaseModel):
         return accepted
 
 
+def targets_path(path: Path | None = None) -> Path:
+    """The targets file in use: ``path``, else ``$RAGPIPE_TARGETS``, else the checked-in one."""
+    return Path(path or os.environ.get("RAGPIPE_TARGETS") or DEFAULT_TARGETS_PATH)
+
+
 def load_targets(path: Path | None = None) -> TargetsConfig:
-    """Load targets from ``path``, ``$RAGPIPE_TARGETS`` or the checked-in default; errors name the file."""
-    path = Path(path or os.environ.get("RAGPIPE_TARGETS") or DEFAULT_TARGETS_PATH)
+    """Load targets from ``path``, ``$RAGPIPE_TARGETS`` or the checked-in default. Refused with
+    ``ReleaseError``, one line: ``<file>: cannot read targets config: <OS error or YAML problem with
+    its line>`` or ``<file>: invalid targets config: <field path>: <rule>`` (joined with ``; ``)."""
+    path = targets_path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise ReleaseError(f"{path}: cannot read targets config: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{path}: cannot read targets config: {read_error_text(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ReleaseError(f"{path}: cannot read targets config: {yaml_error_text(exc)}") from None
     try:
         config = TargetsConfig.model_validate(raw)
     except ValidationError as exc:

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from ragpipe.kernel.ids import content_id
+from ragpipe.spec import read_error_text, validation_error_text, yaml_error_text
 
 DEFAULT_PLAN_PATH = Path(__file__).resolve().parent.parent / "specs" / "query_plan.yaml"
 ChannelName = Literal["lexical", "vector"]
@@ -139,15 +140,16 @@ class QueryPlan(_Plan):
 
 
 class PlanError(ValueError):
-    pass
+    """A query plan is refused; ``str(e)`` is one line naming the file, the field and the rule."""
 
 
 def parse_plan(raw: object, where: str) -> QueryPlan:
+    """The plan ``raw`` holds, or ``PlanError``: ``<where>: invalid query plan: <field>: <rule>``
+    (several problems joined with ``; ``, the first first)."""
     try:
         return QueryPlan.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{'.'.join(map(str, _field_path(e['loc'])))}: {e['msg']}" for e in exc.errors()]
-        raise PlanError(f"{where}: invalid query plan:\n  " + "\n  ".join(lines)) from None
+        raise PlanError(f"{where}: invalid query plan: {validation_error_text(exc, _field_path)}") from None
 
 
 def _field_path(loc: tuple) -> tuple:
@@ -159,11 +161,15 @@ def _field_path(loc: tuple) -> tuple:
 
 
 def load_plan(path: Path | None = None) -> QueryPlan:
+    """Read and validate a plan file (default: ``ragpipe/specs/query_plan.yaml``); an unreadable
+    file is ``<file>: cannot read query plan: <OS reason or YAML problem with its line>``."""
     path = Path(path or DEFAULT_PLAN_PATH)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise PlanError(f"{path}: cannot read query plan: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{path}: cannot read query plan: {read_error_text(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{path}: cannot read query plan: {yaml_error_text(exc)}") from None
     return parse_plan(raw, str(path))
 
 

@@ -3,31 +3,40 @@
 Each materialization is an attempt with a fresh run ID (UUIDv7): ``run_evaluation`` writes the run
 folder ``$RAGPIPE_HOME/evaluations/<run id>/`` (hash-chained ledger, bound inputs, traces,
 reports; ``ragpipe.evaluation.runner``), then the revision's ``evaluation_run`` stage record points
-at it (``ragpipe.stages.chain_store``). A crash mid-run leaves an incomplete run folder that no
+at it (``ragpipe.stages.release_chain_store``). A crash mid-run leaves an incomplete run folder that no
 record names; the next attempt starts a new one.
+
+The record's facts count the suite's ``cases``, the ``evaluated`` and ``skipped`` ones, and the
+skipped cases per reason code as ``skipped_<code>`` (``skipped_missing_judged_targets``,
+``skipped_no_positive_judgment``), so a build can say that no suite case applies to the revision,
+and why, without reading the run again (``ragpipe.orchestration.materialize``). When none applies,
+the materialization's metadata says so too (``no_case_applies``), for the UI.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
+from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import PipelineSpec
-from ragpipe.stages.chain_ids import chain_plan
-from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain
+from ragpipe.stages.release_chain_ids import chain_plan
+from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import holding_workspace_lock, read_output
 
 STAGE = "evaluation_run"
+SKIPPED_PREFIX = "skipped_"  # facts ``skipped_<reason code>``: skipped cases per reason
 
 
 def attempt_version(spec_id: str, run_id: str) -> str:
-    """The stage version of one evaluation attempt (module docstring of ``chain_store``)."""
+    """The stage version of one evaluation attempt (module docstring of ``release_chain_store``)."""
     return content_id("evaluation-attempt", 1, {"spec_id": spec_id, "run_id": run_id})
 
 
@@ -61,6 +70,17 @@ def tag_table(tags: dict[str, dict[str, Any]]) -> Table | None:
     )
 
 
+def skipped_reasons(skipped: list[dict[str, Any]]) -> dict[str, int]:
+    """Skipped cases per reason code (``missing_judged_targets``, ``no_positive_judgment``), sorted."""
+    return dict(sorted(Counter(str(s["reason"]) for s in skipped).items()))
+
+
+def recorded_skip_reasons(facts: dict[str, Any]) -> dict[str, int]:
+    """``{reason code: skipped cases}`` from an ``evaluation_run`` record's facts (empty for a
+    record made before they were recorded)."""
+    return {k[len(SKIPPED_PREFIX) :]: int(v) for k, v in sorted(facts.items()) if k.startswith(SKIPPED_PREFIX)}
+
+
 def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:
     cells = report["cells"]
     return {
@@ -90,14 +110,17 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     out = evaluations_dir(ws) / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
     report = run_evaluation(ev, out, run_id=run_id).report
+    skips = skipped_reasons(report["skipped"])
     facts = {
         "spec_id": ev.spec_id,
         "run_id": run_id,
         "run_path": str(out),
         "ledger_head": report["ledger_head"],
+        "cases": report["cases"],
         "evaluated": report["evaluated"],
         "skipped": len(report["skipped"]),
         "failed": report["cells"]["failed"],
+        **{f"{SKIPPED_PREFIX}{code}": n for code, n in skips.items()},
     }
     record = publish_chain(
         ws,
@@ -109,6 +132,9 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
         facts,
     )
     metadata = {**report_metadata(report, out), "duration_seconds": round(time.perf_counter() - t0, 3)}
+    if not report["evaluated"] and not report["cells"]["failed"] and sum(skips.values()) == report["cases"]:
+        # what the UI shows beside the counts (the build's summary says it too, with what to do next)
+        metadata["no_case_applies"] = f"{skipped_cases_text(skips)} (suite {chain.section.suite})"
     tables = {
         "metrics": metric_table(report["metrics"]),
         "tag_slices": tag_table(report["tags"]),

@@ -45,8 +45,8 @@ from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 from ragpipe.retrieval.plan import parse_plan
 from ragpipe.spec import PipelineSpec
-from ragpipe.stages.chain_ids import ChainPlan, chain_plan
-from ragpipe.stages.chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
+from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
+from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock
 

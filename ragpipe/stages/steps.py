@@ -11,7 +11,6 @@ collection never runs in the middle of one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from ragpipe.chunking.models import chunk_set_digest, read_chunks, write_chunks
 from ragpipe.corpus.registry import load_revision, read_registered_corpus
 from ragpipe.corpus.snapshot import build_snapshot, read_snapshot, read_snapshot_documents, write_snapshot
 from ragpipe.embedding.cache import EmbeddingCache
-from ragpipe.embedding.compute import compute_embeddings, embeddings_digest, write_embeddings
+from ragpipe.embedding.compute import Progress, compute_embeddings, embeddings_digest, write_embeddings
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
@@ -45,6 +44,7 @@ from ragpipe.stages.stage_store import (
 
 # The asset layer and the CLI call every stage through this module.
 __all__ = [
+    "BUILD_STEPS",
     "StageError",
     "StageRecord",
     "StageResult",
@@ -59,8 +59,6 @@ __all__ = [
     "run_source_snapshot",
     "run_vector_index",
 ]
-
-Progress = Callable[[str], None]
 
 
 def read_stage_record(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | None = None) -> StageRecord:
@@ -262,3 +260,15 @@ def run_embeddings(
             "encode_seconds": round(stats.encode_seconds, 3),
         },
     )
+
+
+# Every build stage in dependency order: a whole build of one revision runs these one after another.
+BUILD_STEPS = (
+    run_source_snapshot,
+    run_chunks,
+    run_representations,
+    run_embeddings,
+    run_lexical_index,
+    run_vector_index,
+    run_index_bundle,
+)

@@ -139,15 +139,7 @@ def test_lexical_only_bundle_is_valid(built_workspace, tmp_path: Path):
         {**spec.model_dump(by_alias=True), "vector_index": VectorIndexSpec(enabled=False).model_dump()}
     )
     ws2 = copy_workspace(ws, tmp_path / "home")
-    for run in (
-        steps.run_source_snapshot,
-        steps.run_chunks,
-        steps.run_representations,
-        steps.run_embeddings,
-        steps.run_lexical_index,
-        steps.run_vector_index,
-        steps.run_index_bundle,
-    ):
+    for run in steps.BUILD_STEPS:
         run(ws2, "hb", lex_spec)
     record = steps.read_stage_record(ws2, "hb", "embeddings", lex_spec)
     assert record.facts == {"enabled": False}

@@ -123,7 +123,7 @@ def test_scope_escalated_in_lance_rows_is_refused(forgeable: Path):
 
 
 def test_escalated_bundle_never_serves_the_secret_document(forgeable: Path):
-    """The attack of issue 7: before, an anonymous query returned the secret document first."""
+    """The scope-forgery attack: before the fix, an anonymous query returned the secret document first."""
     rewrite_documents(forgeable, escalate)
     reseal(forgeable)
     with pytest.raises(BundleVerificationError):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe.candidates.asset_ids import ASSETS, EvaluatorSettings, Snapshot, asset_ids, corpus_revision_id, snapshot_id
 from ragpipe.candidates.create import Parent, new_candidate
 from ragpipe.candidates.folder import CandidateError, candidate_id, validate_candidate
-from ragpipe.candidates.snapshot import ASSETS, EvaluatorSettings, Snapshot, asset_ids, corpus_revision_id, snapshot_id
 from ragpipe.corpus.registry import RevisionRecord
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, load_policy
@@ -146,7 +146,7 @@ def test_build_side_candidate_gets_a_derived_revision(parent: Parent, tmp_path: 
         ),
         (
             ["query_plan.fusion.k=-1"],
-            "--set: edited query_plan.yaml: invalid query plan:\n  fusion.k: Input should be greater than 0",
+            "--set: edited query_plan.yaml: invalid query plan: fusion.k: Input should be greater than 0",
         ),
         (["query_plan.fusion.kind.x=1"], "--set 'query_plan.fusion.kind.x=1': fusion.kind is not a mapping"),
         ([], "give at least one --set ASSET.PATH=VALUE"),

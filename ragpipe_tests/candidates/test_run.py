@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe.candidates.asset_ids import EvaluatorSettings
 from ragpipe.candidates.create import new_candidate, parent_from_revision
 from ragpipe.candidates.folder import validate_candidate
 from ragpipe.candidates.run import run_candidate
-from ragpipe.candidates.snapshot import EvaluatorSettings
 from ragpipe.candidates.tune import TuneSpace, label, tune
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.arm_source import load_arm

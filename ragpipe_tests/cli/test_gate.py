@@ -1,4 +1,4 @@
-"""``ragpipe compare`` / ``ragpipe gate`` on real evaluation runs (issue 9 run folders)."""
+"""``ragpipe compare`` / ``ragpipe gate`` on real evaluation runs (run folders of ragpipe eval)."""
 
 from __future__ import annotations
 

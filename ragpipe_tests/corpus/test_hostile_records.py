@@ -1,4 +1,4 @@
-"""Hostile and malformed records, IDs, registration and revision keys (issue 7, item 7); the
+"""Hostile and malformed records, IDs, registration and revision keys; the
 Markdown-folder cases (links, special and hidden files, front matter) are in test_corpus_hostile.py.
 """
 

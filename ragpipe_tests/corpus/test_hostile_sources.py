@@ -1,4 +1,4 @@
-"""Hostile and malformed corpus input (issue 7, item 7): each case with its exact outcome.
+"""Hostile and malformed corpus input: each case with its exact outcome.
 
 Markdown folders: symbolic links, special and hidden files, and ambiguous front matter. Records,
 IDs, registration and revision keys are in test_corpus_hostile_records.py.
@@ -334,7 +334,7 @@ BAD_FRONT_MATTER = [
         "3",
         "unknown front-matter key(s) scopes (allowed: title, access_scopes, source_role)",
     ),
-    # fence lookalikes (adversarial review of issue 7): each was read as text under the default scope
+    # fence lookalikes (found by an adversarial review): each was read as text under the default scope
     (
         "four_dashes_open",
         "----\naccess_scopes: [hr]\n----\nbody\n",

@@ -215,7 +215,7 @@ def test_bad_dagster_section_is_refused_naming_the_file(tmp_path: Path, section:
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     with pytest.raises(PipelineSpecError) as info:
         load_pipeline_spec(path)
-    assert str(info.value).startswith(f"{path}: invalid pipeline spec:\n")
+    assert str(info.value).startswith(f"{path}: invalid pipeline spec: ")
     assert message in str(info.value)
 
 

@@ -37,9 +37,9 @@ from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import load_targets
 from ragpipe.spec import load_pipeline_spec
-from ragpipe.stages.chain_ids import chain_plan
 from ragpipe.stages.eval_steps import attempt_version, run_evaluation_run
 from ragpipe.stages.gate_steps import run_gate_decision
+from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_steps import run_release_manifest
 from ragpipe.stages.stage_store import StageError, publish_output
 from ragpipe.stages.steps import read_stage_record
@@ -451,7 +451,7 @@ def test_query_serves_the_active_release_with_its_gated_plan(chain):
         (
             "--target",
             "production",
-        ): "target 'production' has no active release (activate one: ragpipe release activate RELEASE_ID --target production)",
+        ): "target 'production' has no active release: query a built revision with ragpipe query --revision KEY \"...\", or activate an eligible release (ragpipe release list) with ragpipe release activate RELEASE_ID --target production",
         (
             "--plan",
             "ragpipe/specs/query_plan.yaml",

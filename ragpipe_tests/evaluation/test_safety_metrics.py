@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragpipe.answer.generators import CandidateAnswer, GeneratorFailure
+from ragpipe.answer.results import AnswerResult
 from ragpipe.answer.validate import abstain, validate_candidate
 from ragpipe.evaluation.metrics import MetricValue, aggregate
 from ragpipe.evaluation.safety import answer_metric_specs, answer_metrics, safety_metric_specs, unauthorized_disclosures
@@ -14,7 +15,7 @@ from ragpipe.evaluation.suite import Case
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.context import Evidence, build_context
 from ragpipe.retrieval.plan import ContextPlan
-from ragpipe.retrieval.results import AnswerResult, QueryResult
+from ragpipe.retrieval.results import QueryResult
 
 CASE = Case(
     id="q",

@@ -1,4 +1,4 @@
-"""The gate's build-cost bounds (issue 10, phase ``cost``): the figures an evaluation run records
+"""The gate's build-cost bounds (phase ``cost``): the figures an evaluation run records
 about its bundle, the policy's bounds on them, and the checks of the decision.
 
 Synthetic arms (``gate_support``) for the decision's logic; real runs on the sample bundle for
@@ -623,9 +623,9 @@ def build_here(ws):
 def test_a_candidate_doubling_the_representations_doubles_the_vectors_in_the_comparison(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    from ragpipe.candidates.asset_ids import EvaluatorSettings
     from ragpipe.candidates.create import new_candidate, parent_from_revision
     from ragpipe.candidates.run import run_candidate
-    from ragpipe.candidates.snapshot import EvaluatorSettings
     from ragpipe.spec import load_pipeline_spec
 
     monkeypatch.delenv("RAGPIPE_PIPELINE_SPEC", raising=False)

@@ -1,4 +1,4 @@
-"""The scope-grouped layout of the lexical index and its verification (issue 7)."""
+"""The scope-grouped layout of the lexical index and its verification."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs.assets import POOLS
 from ragpipe.orchestration.launch import create_build_run
+from ragpipe.orchestration.progress import EmbeddingProgress, PoolWait, Tracker
 from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
 
 EXECUTE = (
@@ -91,11 +92,35 @@ def test_two_runs_of_one_partition_take_turns_per_pool(tmp_path: Path, monkeypat
     for p, (out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0 and out.strip() == "SUCCESS", err
 
+    progress: dict[str, list[EmbeddingProgress]] = {}
     for run_id in run_ids:
         assert instance.get_run_by_id(run_id).status == DagsterRunStatus.SUCCESS
         assert instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE) == []
         blocked = [e.message for e in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)]
         assert "Step blocked by limit for pool ragpipe_stage_files" in blocked
+        # What `ragpipe build` shows comes from the events' structured data, one wait line per step.
+        tracker = Tracker()
+        shown = [item for entry in instance.all_logs(run_id) for item in tracker.feed(entry)]
+        waits = [item for item in shown if isinstance(item, PoolWait)]
+        assert waits[0] == PoolWait("source_snapshot", "ragpipe_stage_files")
+        assert len(waits) == len({w.step for w in waits}) and {w.pool for w in waits} <= set(POOLS.values())
+        progress[run_id] = [item for item in shown if isinstance(item, EmbeddingProgress)]
+    # The run that embedded first observed its progress from 0 to every new text; the other found
+    # all of them in the shared cache and encoded nothing.
+    encoded = {
+        r: e.asset_materialization.metadata["encoded"].value
+        for r in run_ids
+        for e in instance.all_logs(r, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+        if e.step_key == "embeddings"
+    }
+    embedder = next(r for r in run_ids if encoded[r])
+    total = encoded[embedder]
+    assert sorted(encoded.values()) == [0, total] and total > 0
+    assert progress[embedder][0] == EmbeddingProgress(0, total) and progress[embedder][-1] == EmbeddingProgress(
+        total, total
+    )
+    assert [p.done for p in progress[embedder]] == sorted(p.done for p in progress[embedder])
+    assert progress[next(r for r in run_ids if r != embedder)] == []
     first, second = (_intervals(instance, r) for r in run_ids)
     assert set(POOLS) <= set(first) and set(POOLS) <= set(second)
     for pool in set(POOLS.values()):

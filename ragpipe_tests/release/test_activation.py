@@ -15,16 +15,14 @@ from ragpipe.release.history import read_history
 from ragpipe.release.manifest import ReleaseManifest, load_manifest, publish_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.rollback import rollback
-from ragpipe.release.status import Candidate, eligible_releases, resolve_active
+from ragpipe.release.status import EligibleRelease, eligible_releases, resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import DEFAULT_TARGETS_PATH, load_targets
 from ragpipe_tests.support.release_fixtures import (
     H,
     bundle_ids,
-    bundle_of,
     evaluation_arm,
     fixture_policy,
-    fresh_ws,
     keep_decision,
     manifest_for,
     publish,
@@ -32,16 +30,6 @@ from ragpipe_tests.support.release_fixtures import (
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
-
-
-@pytest.fixture(scope="module")
-def bundle(built_workspace) -> Path:
-    return bundle_of(built_workspace)
-
-
-@pytest.fixture
-def ws(bundle: Path, tmp_path: Path):
-    return fresh_ws(tmp_path, bundle)
 
 
 def test_activation_records_intent_and_observed(ws, bundle: Path):
@@ -181,7 +169,7 @@ def test_the_evaluation_run_a_release_binds_must_verify_and_be_its_own(ws, bundl
 def test_approval_required_by_production(ws, bundle: Path):
     rid = publish(ws, bundle)
     assert eligible_releases(ws, "production") == [
-        Candidate(rid, "r1", "approval missing", "target 'production' requires an approval")
+        EligibleRelease(rid, "r1", "approval missing", "target 'production' requires an approval")
     ]
     with pytest.raises(ReleaseError) as exc:
         activate(ws, rid, "production")
@@ -194,10 +182,10 @@ def test_approval_required_by_production(ws, bundle: Path):
     assert str(exc.value) == "the approver (--by) must be a non-empty name"
     approval = approve(ws, rid, "production", by="carol", note="change 42")
     assert (approval.by, approval.note, approval.seq) == ("carol", "change 42", 1)
-    assert eligible_releases(ws, "production") == [Candidate(rid, "r1", "ready", None)]
+    assert eligible_releases(ws, "production") == [EligibleRelease(rid, "r1", "ready", None)]
     assert activate(ws, rid, "production").generation == 1
     assert eligible_releases(ws, "production") == [
-        Candidate(rid, "r1", "active", "release is active on target 'production'")
+        EligibleRelease(rid, "r1", "active", "release is active on target 'production'")
     ]
     state, _ = read_history(ReleaseStore(ws), "production")
     assert [(a.by, a.note) for a in state.approvals[rid]] == [("carol", "change 42")]
@@ -210,8 +198,8 @@ def test_sensor_candidates_never_re_offer_a_previous_release(ws, bundle: Path):
     activate(ws, first, "staging")
     activate(ws, second, "staging")
     assert eligible_releases(ws, "staging") == [
-        Candidate(first, "r1", "superseded", "release is superseded on target 'staging'"),
-        Candidate(second, "r2", "active", "release is active on target 'staging'"),
+        EligibleRelease(first, "r1", "superseded", "release is superseded on target 'staging'"),
+        EligibleRelease(second, "r2", "active", "release is active on target 'staging'"),
     ]
 
 
@@ -220,7 +208,7 @@ def test_resolve_active(ws, bundle: Path):
         resolve_active(ws)
     assert (
         str(exc.value)
-        == "target 'staging' has no active release (activate one: ragpipe release activate RELEASE_ID --target staging)"
+        == "target 'staging' has no active release: query a built revision with ragpipe query --revision KEY \"...\", or activate an eligible release (ragpipe release list) with ragpipe release activate RELEASE_ID --target staging"
     )
     rid = publish(ws, bundle)
     activate(ws, rid)
@@ -246,8 +234,8 @@ def test_a_target_activates_only_releases_gated_under_a_policy_it_accepts(ws, bu
     assert str(exc.value) == f"release {a} {refusal}"
     assert read_pointer(store, "staging") is None and read_history(store, "staging")[1] == ()  # nothing written
     assert eligible_releases(ws, "staging", config=checked_in) == [
-        Candidate(a, "r1", "policy not accepted", refusal),
-        Candidate(b, "r2", "policy not accepted", refusal),
+        EligibleRelease(a, "r1", "policy not accepted", refusal),
+        EligibleRelease(b, "r2", "policy not accepted", refusal),
     ]
     activate(ws, a, "staging")  # $RAGPIPE_TARGETS accepts the fixture policies
     activate(ws, b, "staging")

@@ -17,7 +17,7 @@ from ragpipe.release.recovery import MOVED, NOT_MOVED, recover_target
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseStore
 from ragpipe_tests.conftest import REPO
-from ragpipe_tests.support.release_fixtures import bundle_of, fresh_ws, publish
+from ragpipe_tests.support.release_fixtures import fresh_ws, publish
 
 CRASH = """
 import os, signal, sys
@@ -85,11 +85,6 @@ def check_after_crash(ws, step: str, old: str, new: str, new_generation: int, be
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
-
-
-@pytest.fixture(scope="module")
-def bundle(built_workspace) -> Path:
-    return bundle_of(built_workspace)
 
 
 @pytest.mark.parametrize("step", ACTIVATION_STEPS)

@@ -27,10 +27,8 @@ from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe_tests.support.release_fixtures import (
     H,
-    bundle_of,
     evaluation_arm,
     fixture_policy,
-    fresh_ws,
     gate_of,
     manifest_for,
     new_evaluation_run,
@@ -39,16 +37,6 @@ from ragpipe_tests.support.release_fixtures import (
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
-
-
-@pytest.fixture(scope="module")
-def bundle(built_workspace) -> Path:
-    return bundle_of(built_workspace)
-
-
-@pytest.fixture
-def ws(bundle: Path, tmp_path: Path):
-    return fresh_ws(tmp_path, bundle)
 
 
 def refusal(ws, release_id: str) -> str:

@@ -14,20 +14,10 @@ from ragpipe.release.pointer import read_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.roots import pinned_releases, release_roots
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.support.release_fixtures import bundle_ids, bundle_of, fresh_ws, publish
+from ragpipe_tests.support.release_fixtures import bundle_ids, publish
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
-
-
-@pytest.fixture(scope="module")
-def bundle(built_workspace) -> Path:
-    return bundle_of(built_workspace)
-
-
-@pytest.fixture
-def ws(bundle: Path, tmp_path: Path):
-    return fresh_ws(tmp_path, bundle)
 
 
 def test_rollback_chain_walks_back_through_activations(ws, bundle: Path):

@@ -1,5 +1,5 @@
 """Audience views: exact BM25 statistics per audience, bounded and thread-safe caches, view
-lifetimes (issue 7). The index layout and its verification: test_scope_groups.py."""
+lifetimes. The index layout and its verification: test_scope_groups.py."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def test_score_fusion_is_in_the_plan_id():
 def test_invalid_fusions_are_refused_with_the_field_named(fusion, message):
     with pytest.raises(PlanError) as info:
         parse_plan(_with_fusion(fusion), "plan.yaml")
-    assert str(info.value) == f"plan.yaml: invalid query plan:\n  {message}"
+    assert str(info.value) == f"plan.yaml: invalid query plan: {message}"
 
 
 def test_a_score_fusion_plan_serves_queries(scoped_bundles):

@@ -1,4 +1,4 @@
-"""The throw-away PostgreSQL server the Postgres-backed Dagster instance tests will use (issue 8)."""
+"""The throw-away PostgreSQL server the Postgres-backed Dagster instance tests use."""
 
 from __future__ import annotations
 

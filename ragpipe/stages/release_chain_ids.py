@@ -1,7 +1,7 @@
 """The static side of the evaluation → gate → release chain: what the spec's ``evaluation:`` section
 names, loaded once, and the code versions of the three chain assets.
 
-Code versions (Dagster ``code_version``; DESIGN.md §2):
+Code versions (Dagster ``code_version``; docs/architecture.md):
 
 - ``evaluation_run``: the *static* evaluation spec ID: the evaluation spec body
   (``ragpipe.evaluation.eval_spec.SpecBody``: suite digest, query plan ID, mode, scopes, depth,

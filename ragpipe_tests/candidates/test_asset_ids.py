@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragpipe.candidates.snapshot import (
+from ragpipe.candidates.asset_ids import (
     ASSETS,
     LOCKED,
     EvaluatorSettings,
