@@ -26,13 +26,15 @@ from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.kernel.publish import write_file_atomic
 
-# (format, source digest) -> the parse of exactly those bytes: the last source parsed in this process.
-# Parsing is a pure function of the bytes, so reusing it for equal bytes changes nothing but time.
-_last_parse: dict[tuple[str, str], CorpusRead] = {}
+# (format, source path, source digest) -> the parse of exactly those bytes at that path: the last
+# source parsed in this process. A parse is a pure function of the bytes and the path (exclusions
+# name their location), so reusing it for an equal key changes nothing but time.
+_last_parse: dict[tuple[str, str, str], CorpusRead] = {}
 
 
 def _parse(loaded, fmt: str) -> CorpusRead:
-    key = (fmt, loaded.digest())
+    where = loaded.root if hasattr(loaded, "root") else loaded.path
+    key = (fmt, str(where), loaded.digest())
     found = _last_parse.get(key)
     if found is None:
         found = parse_source(loaded)  # raises CorpusError naming file/line/ID; nothing is remembered

@@ -44,4 +44,17 @@ def test_changed_bytes_are_parsed_again_and_only_the_last_source_is_kept(tmp_pat
     rb, _ = register_revision(tmp_path / "revisions", "b-1", b, "markdown")
     read_registered_corpus(ra)
     assert parses == [ra.source_digest, rb.source_digest, ra.source_digest]
-    assert list(registry._last_parse) == [("markdown", ra.source_digest)]
+    assert list(registry._last_parse) == [("markdown", str(a), ra.source_digest)]
+
+
+def test_equal_bytes_at_another_path_are_parsed_there(tmp_path: Path, parses: list[str]):
+    """Exclusions name their location: a copy of a tree is parsed again, not served from the first."""
+    files = {**HANDBOOK, "notes/short.md": "tiny\n"}
+    a, b = write_tree(tmp_path / "a", files), write_tree(tmp_path / "b", files)
+    ra, _ = register_revision(tmp_path / "revisions", "a-1", a, "markdown")
+    rb, _ = register_revision(tmp_path / "revisions", "b-1", b, "markdown")
+    assert ra.source_digest == rb.source_digest and parses == [ra.source_digest, rb.source_digest]
+    in_b, in_a = read_registered_corpus(rb), read_registered_corpus(ra)
+    assert [r.document_id for r in in_b] == [r.document_id for r in in_a]
+    assert all(r.location.startswith(str(b)) for r in in_b) and all(r.location.startswith(str(a)) for r in in_a)
+    assert len(parses) == 3  # b was the last parsed (served from memory); a is parsed again at its own path
