@@ -285,7 +285,12 @@ def init(
         for name, (text, _) in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         check_project(tmp)
-        os.replace(tmp, folder)  # onto an empty folder or none: complete or absent
+        if folder.is_dir():  # an existing empty folder (perhaps the caller's cwd) stays the same inode
+            for name in files:
+                os.replace(tmp / name, folder / name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, folder)  # no folder yet: complete or absent
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         fail(f"cannot write the project to {directory}: {exc}")

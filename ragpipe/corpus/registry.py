@@ -6,7 +6,7 @@ digest of the same bytes. Re-registering a key with the same source is a no-op; 
 bytes, options or format it is refused, because a revision key names one immutable revision.
 Reading a registered revision likewise reads the bytes once, checks their digest and parses that
 same buffer: a file swapped between check and parse is never parsed unverified. Within one
-process the parse of those bytes is remembered by (format, digest) for the last source parsed, so
+process the parse of those bytes is remembered by (format, path, digest) for the last source parsed, so
 ``ragpipe build`` — which registers and then snapshots the revision in the same process —
 parses its corpus once (a run executed by another process parses it there, once).
 
@@ -27,12 +27,15 @@ from ragpipe.corpus.normalize import CorpusError
 from ragpipe.kernel.publish import write_file_atomic
 
 # (format, source path, source digest) -> the parse of exactly those bytes at that path: the last
-# source parsed in this process. A parse is a pure function of the bytes and the path (exclusions
-# name their location), so reusing it for an equal key changes nothing but time.
+# source parsed in this process. A clean parse is a pure function of the bytes and the path
+# (exclusions name their location), so reusing it for an equal key changes nothing but time; a
+# source the walk found problems in is never served from here.
 _last_parse: dict[tuple[str, str, str], CorpusRead] = {}
 
 
 def _parse(loaded, fmt: str) -> CorpusRead:
+    if getattr(loaded, "problems", ()):  # not in the digest (bad names, unreadable entries): refuse afresh
+        return parse_source(loaded)
     where = loaded.root if hasattr(loaded, "root") else loaded.path
     key = (fmt, str(where), loaded.digest())
     found = _last_parse.get(key)

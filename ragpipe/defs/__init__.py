@@ -1,4 +1,4 @@
-"""The Dagster layer: the only package that imports dagster."""
+"""The Dagster layer: with ``orchestration/`` the only packages that import dagster."""
 
 from dagster import Definitions, in_process_executor
 

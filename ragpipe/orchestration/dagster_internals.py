@@ -32,8 +32,12 @@ from dagster._daemon.controller import get_daemon_statuses
 from dagster._grpc.impl import core_execute_run
 from dagster._utils.interrupts import capture_interrupts
 
+# The type of every event's error (failures are read from it); defined outside dagster's public API.
+from dagster_shared.error import SerializableErrorInfo
+
 __all__ = [
     "PARTITION_NAME_TAG",
+    "SerializableErrorInfo",
     "BaseWorkspaceRequestContext",
     "CodeLocation",
     "InProcessCodeLocationOrigin",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dagster import DagsterEvent, DagsterEventType
 
 if TYPE_CHECKING:  # the type of every event's error; not part of dagster's public API
-    from dagster_shared.error import SerializableErrorInfo
+    from ragpipe.orchestration.dagster_internals import SerializableErrorInfo
 
 # A failed blocking check also fails its step with this error; the check's own evaluation (with
 # its description) is the message worth showing.

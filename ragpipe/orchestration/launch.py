@@ -44,7 +44,7 @@ from ragpipe.orchestration.dagster_internals import (
 from ragpipe.stages.configuration import ConfigurationError
 
 if TYPE_CHECKING:
-    from dagster_shared.error import SerializableErrorInfo
+    from ragpipe.orchestration.dagster_internals import SerializableErrorInfo
 
 LOCATION = "ragpipe"
 REPOSITORY = "__repository__"

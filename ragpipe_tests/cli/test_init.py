@@ -127,6 +127,25 @@ def test_init_refuses_a_folder_that_is_not_empty(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "taken"]  # no temporary folder left
 
 
+def test_init_into_the_current_empty_folder_keeps_that_folder(tmp_path: Path):
+    """``ragpipe init .``: the files move into the caller's folder, which stays the same folder."""
+    here = tmp_path / "here"
+    here.mkdir()
+    inode = here.stat().st_ino
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "ragpipe.cli", "init", "."],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert here.stat().st_ino == inode and (here / "pipeline.yaml").is_file() and (here / "suite.jsonl").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no temporary folder left
+
+
 def test_a_build_with_no_applicable_case_says_so_in_one_line(first_build):
     _, notes, project, _, _, built = first_build
     assert built.returncode == 0, built.stderr

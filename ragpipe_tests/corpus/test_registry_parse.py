@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.corpus import registry
+from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.registry import load_revision, read_registered_corpus, register_revision
 from ragpipe_tests.conftest import HANDBOOK, write_tree
 
@@ -58,3 +59,14 @@ def test_equal_bytes_at_another_path_are_parsed_there(tmp_path: Path, parses: li
     assert [r.document_id for r in in_b] == [r.document_id for r in in_a]
     assert all(r.location.startswith(str(b)) for r in in_b) and all(r.location.startswith(str(a)) for r in in_a)
     assert len(parses) == 3  # b was the last parsed (served from memory); a is parsed again at its own path
+
+
+def test_a_tree_with_problems_is_refused_even_after_a_clean_parse_of_it(tmp_path: Path, parses: list[str]):
+    """Walk problems (a file name that is not UTF-8) are not part of the digest: never from memory."""
+    corpus = write_tree(tmp_path / "hb", HANDBOOK)
+    register_revision(tmp_path / "revisions", "hb-1", corpus, "markdown")
+    (corpus / "notes").joinpath(b"bad\xff.md".decode("utf-8", "surrogateescape")).write_text("# Bad\n\nA note.\n")
+    with pytest.raises(CorpusError) as exc:
+        register_revision(tmp_path / "revisions", "hb-2", corpus, "markdown")
+    assert "not valid UTF-8" in str(exc.value)
+    assert not (tmp_path / "revisions" / "hb-2.json").exists()
