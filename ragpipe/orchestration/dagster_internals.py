@@ -4,7 +4,8 @@ Dagster (pinned 1.13.27 in ``pyproject.toml``) offers no public API to load a co
 ``workspace.yaml`` *in process* and execute a run of it the way ``dagster api execute_run`` does,
 nor to read the daemon's heartbeats. ``ragpipe build`` needs both so that its runs are runs of the
 very job the UI shows (same location name, origins and job snapshot) and so that it can tell a
-queue no daemon serves from a busy one. Nothing else in ragpipe imports ``dagster._*``:
+queue no daemon serves from a busy one. Nothing else in ragpipe imports ``dagster._*`` or
+``dagster_shared``:
 ``ragpipe_tests/orchestration/test_dagster_internals.py`` resolves every name below with the
 parameters it is called with, so an upgrade that moves one fails there, loudly, by name.
 """

@@ -19,6 +19,7 @@ def test_every_private_dagster_api_resolves_with_the_parameters_it_is_called_wit
         CodeLocation,
         InProcessCodeLocationOrigin,
         InProcessWorkspaceLoadTarget,
+        SerializableErrorInfo,
         WorkspaceProcessContext,
         capture_interrupts,
         core_execute_run,
@@ -28,6 +29,8 @@ def test_every_private_dagster_api_resolves_with_the_parameters_it_is_called_wit
     )
 
     assert isinstance(CodeLocation, type) and isinstance(BaseWorkspaceRequestContext, type)
+    # failures and configuration errors are read from these fields of every event's error
+    assert {"message", "stack", "cls_name", "cause", "context"} <= set(SerializableErrorInfo._fields)
     assert {"instance", "workspace_load_target"} <= set(inspect.signature(WorkspaceProcessContext).parameters)
 
     assert PARTITION_NAME_TAG == "dagster/partition"
