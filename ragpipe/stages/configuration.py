@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from ragpipe.evaluation.eval_spec import metric_specs
 from ragpipe.evaluation.suite_rules import SuiteError
@@ -47,7 +48,14 @@ from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, PolicyError
 from ragpipe.release.store import ReleaseError
 from ragpipe.release.targets import TargetsConfig, load_targets, targets_path
 from ragpipe.retrieval.plan import DEFAULT_PLAN_PATH, PlanError
-from ragpipe.spec import EvaluationSection, PipelineSpec, PipelineSpecError, load_pipeline_spec, pipeline_spec_path
+from ragpipe.spec import (
+    EvaluationSection,
+    PipelineSpec,
+    PipelineSpecError,
+    load_pipeline_spec,
+    pipeline_spec_path,
+    validation_error_text,
+)
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
 
 # The files of an evaluation: section, in the order chain_plan loads them, with the error type
@@ -112,6 +120,8 @@ def _check_chain(path: Path, spec: PipelineSpec) -> ChainPlan:
         raise ConfigurationError(f"{path}: evaluation.cutoffs: {exc}") from None
     try:
         chain.code_versions()
+    except ValidationError as exc:  # the evaluation spec body the section makes (e.g. a bad scope name)
+        raise ConfigurationError(f"{path}: evaluation.{validation_error_text(exc)}") from None
     except ValueError as exc:
         raise ConfigurationError(f"{path}: evaluation: {exc}") from None
     return chain

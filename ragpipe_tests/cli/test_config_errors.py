@@ -83,6 +83,11 @@ def spec_invalid_fields(cfg: Path) -> str:
     )
 
 
+def spec_bad_scope(cfg: Path) -> str:
+    edit(cfg / "pipeline.yaml", "  scopes: [public] ", '  scopes: ["bad scope!"] ')
+    return f"{cfg}/pipeline.yaml: evaluation.scopes: invalid scope name 'bad scope!'"
+
+
 def suite_missing(cfg: Path) -> str:
     """The bug report: the checked-in spec copied elsewhere, its relative suite path now naming nothing."""
     shutil.copyfile(SPECS / "pipeline.yaml", cfg / "pipeline.yaml")
@@ -170,6 +175,7 @@ CASES: dict[str, Breaker] = {
         spec_bad_yaml,
         spec_unknown_field,
         spec_invalid_fields,
+        spec_bad_scope,
         suite_missing,
         suite_malformed_line,
         plan_invalid,
