@@ -10,7 +10,7 @@ by whoever picks a plan. Method (docs/retrieval.md, "Fusion"):
    (``k = 1000``: the evaluation runs' depth) collects each channel's ranking (``plan_cache``);
    queries are embedded once and the rankings cached on disk for later runs.
 2. Each variant (a patch of the checked-in plan: fusion kind and parameters, channel depth,
-   collapse) is fused from those rankings with ``fusion_score.fuse`` — the dispatch the query
+   collapse) is fused from those rankings with ``ragpipe.retrieval.fusion.fuse`` — the dispatch the query
    path uses — and scored at document level with ``ragpipe.evaluation.metrics``: nDCG@10 and
    recall@100 of the ``k = 1000`` query, and nDCG@10 of a ``k = 10`` query (the channels cut to
    ``max(depth, 10)`` units: a channel's ranking is exactly a prefix of its full collapsed

@@ -23,7 +23,7 @@ from ragpipe.evaluation.suite import Case
 
 __all__ = ["answer_metric_specs", "answer_metrics", "safety_metric_specs", "unauthorized_disclosures"]
 
-# Reasons ``ragpipe.answer.validate`` / ``Retriever.answer`` give for an abstention that is the
+# Reasons ``ragpipe.answer.validate`` / ``ragpipe.answer.answering.answer`` give for an abstention that is the
 # contract working as intended rather than output being replaced (pinned by test_safety_metrics).
 VALID_ABSTENTION_PREFIXES = ("model abstained: ", "no authorized evidence was retrieved")
 

@@ -118,7 +118,7 @@ def query_terms(text: str) -> list[str]:
 
 
 def _order(hit: Hit) -> tuple:
-    # ragpipe's total order (retrieval/fusion.py), which the index layer may not import.
+    # ragpipe's total order (retrieval/fusion/order.py), which the index layer may not import.
     return (-hit.score, hit.document_id, hit.chunk_id, hit.representation_id)
 
 

@@ -47,7 +47,7 @@ class DepthPolicy(_Plan):
 
 
 class RrfFusionPlan(_Plan):
-    """Weighted reciprocal-rank fusion: ``F(c) = Σ_a w_a / (k + rank_a(c))`` (``fusion.py``)."""
+    """Weighted reciprocal-rank fusion: ``F(c) = Σ_a w_a / (k + rank_a(c))`` (``fusion/rrf.py``)."""
 
     kind: Literal["weighted_rrf"] = "weighted_rrf"
     k: float = Field(60.0, gt=0)
@@ -55,7 +55,7 @@ class RrfFusionPlan(_Plan):
 
 class ScoreFusionPlan(_Plan):
     """Convex combination of per-channel normalised scores, coefficients ``w_a / Σ w``; each
-    channel's scores normalised per query over its first ``depth`` units (``fusion_score.py``)."""
+    channel's scores normalised per query over its first ``depth`` units (``fusion/convex.py``)."""
 
     kind: Literal["normalized_convex"]
     normalization: Literal["min_max", "z_score"]

@@ -163,7 +163,7 @@ TOP = "[E1] Aspirin and stroke\nLow-dose aspirin reduces the risk of a first str
 
 
 def certified(retriever, question=QUESTION, subject=None):
-    """The context ``Retriever.answer`` builds for ``question`` and a certificate over its evidence."""
+    """The context ``answer(retriever, ...)`` builds for ``question`` and a certificate over its evidence."""
     subject = subject or Subject.default()
     context = answer(retriever, question, subject, generator=ExtractiveGenerator()).context
     return context, issue_certificate(subject, retriever.policy, retriever.bundle_id, context.evidence)
@@ -200,7 +200,7 @@ def test_request_carries_exactly_the_certified_payload(retriever):
 
 
 def test_retriever_answer_sends_exactly_the_certified_payload(retriever):
-    """End to end: Retriever.answer certifies the context's evidence (titles included) and the
+    """End to end: answer(retriever, ...) certifies the context's evidence (titles included) and the
     server receives exactly the payload whose digest that certificate holds."""
     with LLMServer() as server:
         server.replies["valid"] = reply("Yes [E1].", ["E1"], False)

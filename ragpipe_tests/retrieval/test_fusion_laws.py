@@ -99,7 +99,7 @@ def test_fusion_example():
     ]
 
 
-# --- score-normalised convex fusion (fusion_score.py) -----------------------------------------
+# --- score-normalised convex fusion (fusion/convex.py) -----------------------------------------
 
 norms = st.sampled_from(["min_max", "z_score"])
 windows = st.integers(1, 15)
