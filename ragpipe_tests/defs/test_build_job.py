@@ -139,6 +139,29 @@ def test_lineage_in_dagster_matches_artifacts(sample_build):
         assert {r.chunk_id for r in read_representations(bundle.path / "representations.parquet")} == chunk_ids
 
 
+def test_up_to_date_is_what_the_instance_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Build state has one source of truth, the Dagster instance: a fresh instance over a built
+    workspace has built nothing, so its first build runs (and records every stage from the versions
+    already published: nothing is embedded again); the next one is up to date."""
+    ws = Workspace(tmp_path / "ragpipe")
+    monkeypatch.setenv("RAGPIPE_HOME", str(ws.home))
+    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown")
+    summaries = []
+    for name in ("first", "fresh"):
+        (tmp_path / name).mkdir()
+        instance = DagsterInstance.local_temp(str(tmp_path / name))
+        summaries.append(materialize_revision("hb", ws, instance=instance))
+    again = materialize_revision("hb", ws, instance=instance)
+    instance.dispose()
+    first, fresh = summaries
+    assert (first.up_to_date, first.cache_hits) == (False, 0) and first.embedded > 0
+    assert (fresh.up_to_date, fresh.embedded, fresh.cache_hits) == (False, 0, first.embedded)
+    assert fresh.run_id is not None and fresh.run_id != first.run_id
+    assert (again.up_to_date, again.run_id, again.embedded) == (True, None, 0)
+    assert fresh.bundle_id == first.bundle_id == again.bundle_id
+    assert again.release_id == fresh.release_id  # the summary names the release the instance recorded last
+
+
 def test_declared_deps_are_what_each_asset_reads():
     graph = build_definitions(load_pipeline_spec()).resolve_asset_graph()
     assert {a: sorted(k.to_user_string() for k in graph.get(AssetKey(a)).parent_keys) for a in UPSTREAM} == UPSTREAM

@@ -1,0 +1,220 @@
+"""What is built for a revision, read from one source of truth: the Dagster instance's event log.
+
+A revision is *built* (up to date) when the instance's latest ``index_bundle`` materialization of
+its partition carries the current code version, the bundle its data version names still verifies,
+and (with the evaluation → gate → release chain) the latest ``release_manifest`` materialization
+carries the current chain code version and was made, through the gate decision and evaluation run
+its record names, from that very bundle. Every record is read from the immutable version folder a
+materialization names (``read_version``), never through the stage store's ``latest.json`` pointers:
+those are how the stages inside a run find their upstream outputs, not a second record of what is
+built. So ``ragpipe build``, the revision sensor and the UI's staleness all answer from the same
+event log; a fresh ``$DAGSTER_HOME`` over an existing workspace has built nothing, and its first
+build re-records every stage from the versions already published (no text is embedded again).
+
+``BuildSummary`` (what ``ragpipe build --json`` prints) describes exactly that bundle's lineage:
+the snapshot, chunks, representations and embeddings the bundle record names as its inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+
+from ragpipe.bundle.verify import BundleVerificationError, open_bundle
+from ragpipe.experiment.decision import skipped_cases_text
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpec, PipelineSpecError, load_pipeline_spec
+from ragpipe.stages.eval_steps import recorded_skip_reasons
+from ragpipe.stages.gate_steps import read_decision
+from ragpipe.stages.release_chain_ids import chain_plan
+from ragpipe.stages.stage_store import StageError, StageOutput, read_version
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    revision: str
+    bundle_id: str
+    bundle_path: str
+    documents: int
+    excluded: int
+    chunks: int
+    representations: int
+    embedded: int
+    cache_hits: int
+    up_to_date: bool
+    run_id: str | None
+    launched: str | None  # "in_process" or "queue"; None when nothing ran
+    # The release manifest of the evaluation → gate → release chain; None when the spec has no
+    # evaluation: section (the chain did not run).
+    release_id: str | None = None
+    eligible: bool | None = None
+    decisive_phase: str | None = None
+    # The evaluation and gate that release binds: suite cases evaluated and skipped, the reasons of
+    # the decisive phase's failing checks (empty when eligible), and, when no suite case applies to
+    # the revision (every one skipped), one line saying so and what to do next.
+    evaluated_cases: int | None = None
+    skipped_cases: int | None = None
+    gate_reasons: tuple[str, ...] | None = None
+    evaluation_note: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class BuiltRevision:
+    """The outputs the instance's latest materializations name, each read from its version folder."""
+
+    bundle: StageOutput
+    release: StageOutput | None  # None without an evaluation: section
+    gate: StageOutput | None
+    evaluation: StageOutput | None
+
+
+class NotBuilt(Exception):
+    """The instance records no current build of the revision (the message says what is missing)."""
+
+
+def _latest_versions(instance: DagsterInstance, revision: str, asset: str) -> tuple[str | None, str | None]:
+    """(code version, data version) of the instance's latest materialization of ``asset`` for ``revision``."""
+    events = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[revision]), limit=1
+    ).records
+    if not events:
+        return None, None
+    tags = events[0].asset_materialization.tags or {}
+    return tags.get("dagster/code_version"), tags.get("dagster/data_version")
+
+
+def _materialized(
+    instance: DagsterInstance, ws: Workspace, revision: str, asset: str, code_version: str
+) -> StageOutput:
+    code, data = _latest_versions(instance, revision, asset)
+    if data is None:
+        raise NotBuilt(f"{asset} has no materialization for revision {revision!r}")
+    if code != code_version:
+        raise NotBuilt(f"{asset} of revision {revision!r} was materialized under {code}, not {code_version}")
+    return read_version(ws, revision, asset, data, "the Dagster instance")
+
+
+def _input(ws: Workspace, revision: str, out: StageOutput, upstream: str) -> StageOutput:
+    version = out.record.inputs.get(upstream)
+    if version is None:
+        raise NotBuilt(f"{out.record.stage} {out.data_version} names no {upstream} input")
+    return read_version(ws, revision, upstream, version, out.record.stage)
+
+
+def built_revision(instance: DagsterInstance, ws: Workspace, revision: str, spec: PipelineSpec) -> BuiltRevision:
+    """The current build of ``revision`` as the instance records it; ``NotBuilt`` when there is none
+    (never materialized, materialized under other code versions, a version folder gone, a bundle
+    that no longer verifies, or a release chain made from another bundle)."""
+    try:
+        bundle = _materialized(instance, ws, revision, "index_bundle", spec.spec_ids["index_bundle"])
+        try:
+            open_bundle(Path(str(bundle.record.facts["bundle_path"])))
+        except BundleVerificationError as exc:
+            raise NotBuilt(f"bundle of revision {revision!r} does not verify: {exc}") from None
+        if spec.evaluation is None:
+            return BuiltRevision(bundle, None, None, None)
+        release = _materialized(instance, ws, revision, "release_manifest", chain_plan(spec).release_code_version)
+        gate = _input(ws, revision, release, "gate_decision")
+        evaluation = _input(ws, revision, gate, "evaluation_run")
+        if evaluation.record.inputs.get("index_bundle") != bundle.data_version:
+            raise NotBuilt(f"the latest release of revision {revision!r} was made from another bundle")
+        return BuiltRevision(bundle, release, gate, evaluation)
+    except StageError as exc:
+        raise NotBuilt(str(exc)) from None
+
+
+def no_case_note(revision: str, suite: Path, facts: dict[str, object], sample_suite: bool) -> str | None:
+    """The one line a build prints when no case of ``suite`` applies to ``revision`` (its
+    ``evaluation_run`` facts: every case skipped, none evaluated or failed); None otherwise.
+    ``sample_suite``: ``suite`` is the checked-in spec's own, so the advice is a project of one's own."""
+    evaluated, skipped, failed, cases = (facts.get(k) for k in ("evaluated", "skipped", "failed", "cases"))
+    if evaluated or failed or not skipped or cases not in (None, skipped):  # cases: not recorded by older runs
+        return None
+    reasons = recorded_skip_reasons(facts)
+    why = skipped_cases_text(reasons) if sum(reasons.values()) == skipped else f"all {skipped} suite cases were skipped"
+    todo = (
+        f"{suite} is the default pipeline spec's sample suite: ragpipe init DIR makes a project with a suite of "
+        "this corpus' own (docs/your-corpus.md)"
+        if sample_suite
+        else f"add cases judged against this corpus' document IDs to {suite}, then build again"
+    )
+    return f'no suite case applies to revision {revision}: {why}; {todo}; meanwhile: ragpipe query --revision {revision} "..."'
+
+
+def _is_sample_suite(suite: Path) -> bool:
+    try:
+        default = load_pipeline_spec(DEFAULT_SPEC_PATH).evaluation
+    except PipelineSpecError:
+        return False
+    return default is not None and default.suite == suite
+
+
+def _release_fields(built: BuiltRevision, revision: str, spec: PipelineSpec) -> dict[str, object]:
+    """The release of the revision's chain, and the evaluation and gate decision it binds."""
+    if built.release is None or built.gate is None or built.evaluation is None or spec.evaluation is None:
+        return {}
+    facts, decision, ev = built.release.record.facts, read_decision(built.gate.path), built.evaluation.record
+    return {
+        "release_id": str(facts["release_id"]),
+        "eligible": bool(facts["eligible"]),
+        "decisive_phase": facts["decisive_phase"],
+        "evaluated_cases": ev.facts["evaluated"],
+        "skipped_cases": ev.facts["skipped"],
+        "gate_reasons": tuple(
+            str(c["reason"])
+            for c in decision["checks"]
+            if c["phase"] == decision["decisive_phase"] and c["verdict"] == "fail"
+        ),
+        "evaluation_note": no_case_note(
+            revision, spec.evaluation.suite, ev.facts, _is_sample_suite(spec.evaluation.suite)
+        ),
+    }
+
+
+def _embedding_counts(instance: DagsterInstance, run_id: str) -> tuple[int, int]:
+    """(texts encoded, cache hits) of the ``embeddings`` materialization of run ``run_id``: what
+    *this* build embedded (a version folder keeps the counts of the run that first published it)."""
+    for record in instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records:
+        materialization = record.event_log_entry.asset_materialization
+        if materialization is not None and materialization.asset_key == AssetKey("embeddings"):
+            metadata = materialization.metadata
+            return tuple(int(getattr(metadata.get(k), "value", 0) or 0) for k in ("encoded", "cache_hits"))  # type: ignore[return-value]
+    return 0, 0
+
+
+def build_summary(
+    instance: DagsterInstance,
+    ws: Workspace,
+    revision: str,
+    spec: PipelineSpec,
+    built: BuiltRevision,
+    run_id: str | None,
+    launched: str | None,
+) -> BuildSummary:
+    """The summary of ``built``; ``run_id`` None: nothing ran (up to date, so nothing was embedded)."""
+    up_to_date = run_id is None
+    bundle = built.bundle.record
+    snap, chunks, reps = (
+        _input(ws, revision, built.bundle, s).record for s in ("source_snapshot", "chunks", "representations")
+    )
+    embedded, cache_hits = (0, 0) if run_id is None else _embedding_counts(instance, run_id)
+    return BuildSummary(
+        revision=revision,
+        bundle_id=str(bundle.facts["bundle_id"]),
+        bundle_path=str(bundle.facts["bundle_path"]),
+        documents=int(snap.facts["documents"]),
+        excluded=int(snap.facts["excluded"]),
+        chunks=int(chunks.facts["chunks"]),
+        representations=int(reps.facts["representations"]),
+        embedded=embedded,
+        cache_hits=cache_hits,
+        up_to_date=up_to_date,
+        run_id=run_id,
+        launched=launched,
+        **_release_fields(built, revision, spec),  # type: ignore[arg-type]
+    )
