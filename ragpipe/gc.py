@@ -8,12 +8,15 @@ is self-contained, so the stage versions that built it need not stay). Kept are:
   the upstream versions they were built from (so a kept output's lineage stays on disk);
 - the bundle each kept ``index_bundle`` version names (its data version is the bundle ID), wherever
   else that bundle is no longer latest: a bundle stays while any revision points at it;
-- every bundle whose ID is an extra root.
+- every bundle whose ID is an extra root;
+- every bundle a live process holds a lease on (``ragpipe.kernel.leases``: a server serving it),
+  whatever its release history says.
 
 Removed are every other version folder under ``work/<revision>/<stage>/`` and every other bundle
 under ``bundles/``, ``.trash-`` siblings (garbage by construction), and ``.tmp-`` siblings older
 than ``tmp_min_age`` whose publishing process is gone. Nothing else is touched: not the registry,
-not the embedding cache, not a name ragpipe did not create.
+not the embedding cache, not the query-graph cache (``query_graphs/``: a query re-creates a missing
+entry), not a name ragpipe did not create.
 
 Collection holds the workspace lock exclusively (stage materializations hold it shared), so it
 never runs while a stage has published a version but not yet pointed at it, and it refuses rather
@@ -27,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ragpipe.kernel.leases import held_bundles
 from ragpipe.kernel.locks import LockBusy
 from ragpipe.kernel.publish import StepHook, discard, pid_alive, temp_owner_pid, tree_size
 from ragpipe.kernel.workspace import Workspace
@@ -179,7 +183,7 @@ def collect_garbage(
     """
     try:
         with workspace_lock(ws, exclusive=True, blocking=False):
-            kept, bundles = _roots(ws, frozenset(extra_roots))
+            kept, bundles = _roots(ws, frozenset(extra_roots) | held_bundles(ws))
             now = time.time() if now is None else now
             removed = []
             for kind, path in _candidates(ws, kept, bundles, now, tmp_min_age):

@@ -29,6 +29,7 @@ FLOORS = (
     "experiment",  # pure: pairing, comparison, statistics, gate policy and decision
     "release",
     "api",  # the Python API: retrieval and answering over a release
+    "server",  # the HTTP service following a target's active release
     "stages",  # one plain function per asset
     "gc",
     "defs",  # only what Dagster loads
@@ -192,6 +193,9 @@ def test_provider_sdks_only_in_their_adapters():
         "tantivy": {"index/lexical.py", "index/lexical_checks.py"},
         "lancedb": {"index/vector.py", "index/vector_checks.py"},
         "onnxruntime": {"embedding/onnx_query.py"},
+        "fastapi": {"server/app.py", "server/errors.py"},
+        "uvicorn": {"cli/serve.py"},
+        "prometheus_client": {"server/metrics.py"},
     }
     for sdk, allowed in adapters.items():
         users = {str(p.relative_to(PACKAGE)) for p in modules() if sdk in imported_roots(p)}

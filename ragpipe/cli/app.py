@@ -12,6 +12,7 @@ from ragpipe.cli.gate import compare, gate
 from ragpipe.cli.init import init
 from ragpipe.cli.query import answer, query
 from ragpipe.cli.release import release_app
+from ragpipe.cli.serve import serve, serve_key
 
 app = typer.Typer(
     help="Build, evaluate, gate, release and query retrieval index bundles.", no_args_is_help=True, add_completion=False
@@ -29,6 +30,8 @@ app.command()(gate)
 app.add_typer(candidate_app, name="candidate")
 app.command()(tune)
 app.add_typer(release_app, name="release")
+app.command()(serve)
+app.command(name="serve-key")(serve_key)
 
 
 def main() -> None:

@@ -8,6 +8,12 @@ release was gated with: the evaluation run's bound copy (``evaluations/<run id>/
 parsed once and accepted only if its plan ID is the manifest's ``query_plan_id``. Serving a
 release with another plan would answer with something that was never evaluated, so a missing or
 different plan is refused, never replaced by the default.
+
+``active_release(ws, target)`` is what a long-running server follows: besides the verification
+above it checks what activation checked, so a pointer nobody moved through activation is never
+served — the pointer must agree with the target's verified history (the release the history
+made active at that generation, under the intent the pointer's ``ledger_head`` names), and the
+release must be eligible under a gate policy the target accepts.
 """
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ragpipe.kernel.ledger import LedgerError, Record
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import VerifiedRelease, verified_release
+from ragpipe.release.activation import VerifiedRelease, unaccepted_policy, verified_release
 from ragpipe.release.evidence import evaluation_run_dir
+from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
+from ragpipe.release.pointer import Pointer, read_pointer
 from ragpipe.release.status import resolve_active_release
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
+from ragpipe.release.targets import TargetsConfig, load_targets
 
 if TYPE_CHECKING:
     from ragpipe.bundle.verify import VerifiedBundle
@@ -40,6 +50,9 @@ class ServedRelease:
     manifest: ReleaseManifest
     bundle: VerifiedBundle
     plan: QueryPlan
+    target: str | None = None  # with the three below: set by ``active_release``
+    generation: int | None = None
+    since: str | None = None  # when the history made it active (ISO 8601, UTC)
 
 
 def served_release(ws: Workspace, target: str | None = None, release_id: str | None = None) -> ServedRelease:
@@ -78,3 +91,71 @@ def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> QueryPlan:
             f"release {manifest.release_id}: {path} holds plan {plan.plan_id}, not the release's {manifest.query_plan_id}"
         )
     return plan
+
+
+def active_release(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> ServedRelease:
+    """The active release of ``target`` checked as activation checks it (module docstring), then
+    verified and opened like ``served_release``; ``ReleaseError`` naming the first problem."""
+    store = ReleaseStore(ws)
+    config = config or load_targets()
+    name, _ = config.get(target)
+    pointer, state, records = _pointer_and_history(store, name)
+    since = _agreement(name, pointer, state, records)
+    manifest = load_manifest(store, pointer.release_id)
+    if not manifest.gate.eligible:
+        raise ReleaseError(
+            f"target {name!r}: release {pointer.release_id} is not eligible "
+            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
+        )
+    refused = unaccepted_policy(config.accepted_policies(name), name, manifest)
+    if refused:
+        raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
+    verified, problems = verified_release(ws, manifest, remake_decision=False)
+    if verified is None:
+        raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
+    served = _served(ws, verified)
+    return ServedRelease(
+        served.release_id, served.manifest, served.bundle, served.plan, name, pointer.generation, since
+    )
+
+
+def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, TargetHistory, tuple[Record, ...]]:
+    """The pointer and the history as of one moment: an activation running meanwhile moves the
+    pointer between the two reads, so the pointer is read again after the history and the pair is
+    taken only when it did not move (bounded: an activation takes far longer than these reads)."""
+    for _ in range(20):
+        pointer = read_pointer(store, name)
+        if pointer is None:
+            raise ReleaseError(f"target {name!r} has no active release: activate one (ragpipe release activate)")
+        try:
+            state, records = read_history(store, name)
+        except (LedgerError, ValueError) as exc:
+            raise ReleaseError(f"target {name!r}: its history does not verify: {exc}") from None
+        if read_pointer(store, name) == pointer:
+            return pointer, state, records
+    raise ReleaseError(f"target {name!r}: the pointer kept moving while it was read")
+
+
+def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> str:
+    """When the history made ``pointer``'s release active; ``ReleaseError`` unless the history
+    agrees with the pointer. Between the pointer swap and its *observed* record the history's
+    open intent is the one the pointer names (an activation in flight, or one whose writer died
+    after the swap): that intent vouches for the pointer."""
+    intent = state.open_intent
+    if intent is not None and intent.hash == pointer.ledger_head:
+        if (intent.payload["release_id"], intent.payload["generation"]) == (pointer.release_id, pointer.generation):
+            return str(intent.payload["at"])
+    if (state.active, state.generation, state.active_intent) != (
+        pointer.release_id,
+        pointer.generation,
+        pointer.ledger_head,
+    ):
+        raise ReleaseError(
+            f"target {target!r}: the pointer names release {pointer.release_id} at generation {pointer.generation}, "
+            f"but the history has {state.active} at generation {state.generation}: the pointer was not moved "
+            "by activation or rollback; refusing to serve it"
+        )
+    for record in reversed(records):
+        if record.kind == "observed" and record.payload["generation"] == pointer.generation:
+            return str(record.payload["at"])
+    raise ReleaseError(f"target {target!r}: the history has no record of generation {pointer.generation}")

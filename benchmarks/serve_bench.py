@@ -1,0 +1,174 @@
+"""HTTP service benchmark: start to ready, latency and throughput by concurrency, swap delay, memory.
+
+    python -m benchmarks.serve_bench --home var/ragpipe [--target staging] [--seconds 10]
+        [--clients 1,4,16] [--scifact ../shared/datasets/scifact]
+
+Starts ``ragpipe serve`` as a subprocess on 127.0.0.1 (anonymous access, no rate limit) over the
+target's active release in ``--home`` and measures:
+
+* ``start_to_ready_s``: process start until ``/readyz`` answers 200 (release verified, retriever
+  built, every channel warmed);
+* per concurrency level: ``--clients`` threads, each with its own keep-alive connection, post
+  SciFact test claims to ``/v1/query`` (hybrid, k=10) for ``--seconds``; requests per second and
+  p50/p95 latency as the clients see it;
+* ``in_process``: the same claims through ``Retriever.query`` in this process, one thread: the
+  p50/p95 the HTTP numbers compare with;
+* ``swap_delay_s``: after ``--swap RELEASE_ID`` is activated (optional), until ``/v1/release``
+  names it, and ``rollback`` back;
+* ``server_rss_mb``: the server's resident memory after the load (one worker).
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _claims(scifact: Path) -> list[str]:
+    with open(scifact / "queries.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f][:300]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _load(base: str, claims: list[str], clients: int, seconds: float) -> dict[str, float]:
+    latencies: list[float] = []
+    failures = [0]
+    stop = time.monotonic() + seconds
+
+    def client(offset: int) -> None:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            i = offset
+            while time.monotonic() < stop:
+                started = time.perf_counter()
+                r = http.post("/v1/query", json={"query": claims[i % len(claims)], "k": 10, "mode": "hybrid"})
+                latencies.append(time.perf_counter() - started)
+                failures[0] += r.status_code != 200
+                i += clients
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - began
+    return {
+        "requests": len(latencies),
+        "failed": failures[0],
+        "qps": round(len(latencies) / wall, 1),
+        "p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
+        "p95_ms": round(_percentile(latencies, 0.95) * 1000, 2),
+    }
+
+
+def _in_process(home: Path, target: str, claims: list[str]) -> dict[str, float]:
+    from ragpipe.api import retriever_for_release
+
+    retriever = retriever_for_release(target, home=home)
+    try:
+        for claim in claims[:30]:
+            retriever.query(claim, k=10, mode="hybrid")
+        latencies = []
+        for claim in claims:
+            started = time.perf_counter()
+            retriever.query(claim, k=10, mode="hybrid")
+            latencies.append(time.perf_counter() - started)
+    finally:
+        retriever.close()
+    return {
+        "p50_ms": round(statistics.median(latencies) * 1000, 2),
+        "p95_ms": round(_percentile(latencies, 0.95) * 1000, 2),
+    }
+
+
+def _wait_release(base: str, release_id: str, timeout: float = 120) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        release = httpx.get(f"{base}/v1/release", timeout=10).json()["release"]
+        if release and release["release_id"] == release_id:
+            return time.monotonic() - began
+        time.sleep(0.01)
+    raise RuntimeError(f"{release_id} was not served within {timeout} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--home", type=Path, required=True)
+    parser.add_argument("--target", default="staging")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--swap", help="a release ID to activate (then roll back) while serving")
+    parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "datasets" / "scifact")
+    args = parser.parse_args()
+    claims = _claims(args.scifact)
+    base = f"http://127.0.0.1:{args.port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "serve.yaml"
+        config.write_text(
+            "anonymous: true\nlimits: {requests_per_minute: 0, max_concurrent: 16}\npoll_interval_s: 0.2\n",
+            encoding="utf-8",
+        )
+        env = {**os.environ, "RAGPIPE_HOME": str(args.home.resolve())}
+        started = time.monotonic()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ragpipe.cli", "serve", "--target", args.target, "--port", str(args.port),
+             "--config", str(config)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            while True:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None or time.monotonic() - started > 300:
+                    raise RuntimeError("the server did not become ready")
+                time.sleep(0.02)
+            result: dict[str, object] = {"start_to_ready_s": round(time.monotonic() - started, 2)}
+            for clients in (int(c) for c in args.clients.split(",")):
+                _load(base, claims, clients, 2.0)  # warm the claims' hydration and connections
+                result[f"clients_{clients}"] = _load(base, claims, clients, args.seconds)
+            result["server_rss_mb"] = round(psutil.Process(server.pid).memory_info().rss / 2**20, 1)
+            if args.swap:
+                from ragpipe.kernel.workspace import Workspace
+                from ragpipe.release.activation import activate
+                from ragpipe.release.rollback import rollback
+
+                ws = Workspace(args.home.resolve())
+                before = httpx.get(f"{base}/v1/release").json()["release"]["release_id"]
+                activate(ws, args.swap, args.target)
+                result["swap_delay_s"] = round(_wait_release(base, args.swap), 3)
+                rollback(ws, args.target)
+                result["rollback_delay_s"] = round(_wait_release(base, before), 3)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    result["in_process"] = _in_process(args.home.resolve(), args.target, claims)
+    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

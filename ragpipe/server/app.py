@@ -1,0 +1,345 @@
+"""The HTTP API (FastAPI): query and answer over the release a ``ReleaseFollower`` serves.
+
+| route | what |
+|---|---|
+| ``POST /v1/query``  | ``{"query", "k", "mode", "trace"}`` → the body of ``ragpipe query --json`` + ``release_id`` |
+| ``POST /v1/answer`` | ``{"question", "mode"}`` → the body of ``ragpipe answer --json`` + ``release_id`` |
+| ``GET /v1/release`` | the release served (ID, target, generation, since when, bundle, plan) and the last refusal |
+| ``GET /v1/tools``   | ``knowledge_search`` as an OpenAI-style function schema (``ragpipe.server.knowledge``) |
+| ``/mcp``            | the same tool over MCP, streamable HTTP (``ragpipe.server.mcp_tool``), same keys |
+| ``GET /healthz``    | 200 while the process runs |
+| ``GET /readyz``     | 200 while a release is served (with the last refusal, if any), else 503 and why |
+| ``GET /metrics``    | Prometheus text format (``ragpipe.server.metrics``) |
+
+The subject of a request comes from its key alone (``Authorization: Bearer rpk_…``); a body field or
+query text naming scopes or a principal changes nothing. Every response carries ``X-Release-Id``
+(the release that answered, else the one being served); every error is JSON
+``{"code", "message", "field"}`` with a stable ``code`` (``ragpipe.server.errors``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.retrieval.authz import AuthorizationError
+from ragpipe.retrieval.results import QueryError
+from ragpipe.server.auth import Caller, KeyRing
+from ragpipe.server.config import ServeConfig
+from ragpipe.server.errors import ApiError, BodyLimit, error_body, validation_error
+from ragpipe.server.follower import InService, NotReady, ReleaseFollower
+from ragpipe.server.knowledge import openai_tools
+from ragpipe.server.mcp_tool import KeyGuard, build_mcp, mcp_app
+from ragpipe.server.metrics import ServerMetrics
+from ragpipe.server.ratelimit import RateLimiter
+
+access_log = logging.getLogger("ragpipe.access")
+ROUTES = (
+    "/v1/query",
+    "/v1/answer",
+    "/v1/release",
+    "/v1/tools",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+)
+RELEASE_HEADER = "X-Release-Id"
+
+
+class QueryRequest(BaseModel):
+    # Unknown fields (a smuggled "scopes" or "principal") are ignored, never honoured or echoed.
+    model_config = ConfigDict(extra="ignore")
+
+    query: str = Field(description="The query text.")
+    k: int = Field(10, ge=1, description="Number of hits (at most the server's max_k).")
+    mode: Literal["hybrid", "lexical", "vector"] | None = Field(None, description="Channels (default: the plan's).")
+    trace: bool = Field(False, description="Add the subject's view of the trace.")
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    question: str = Field(description="The question.")
+    mode: Literal["hybrid", "lexical", "vector"] | None = None
+
+
+class Service:
+    """What the routes share: config, keys, the follower, metrics, limits."""
+
+    def __init__(self, ws: Workspace, config: ServeConfig, follower: ReleaseFollower, metrics: ServerMetrics):
+        self.ws = ws
+        self.config = config
+        self.follower = follower
+        self.metrics = metrics
+        self.keys = KeyRing(config)
+        self.limiter = RateLimiter(config.limits.requests_per_minute)
+        self.slots = threading.BoundedSemaphore(config.limits.max_concurrent)
+
+    def check_text(self, text: str, field: str) -> None:
+        limit = self.config.limits.max_query_chars
+        if len(text) > limit:
+            raise ApiError(413, "query_too_long", f"{field}: {len(text)} characters, at most {limit} allowed", field)
+
+    def compute(self, state, work):
+        """Run ``work(in_service)`` in a compute slot on the release served now (captured once);
+        ``state`` is the request's state (it learns the release that answered)."""
+        if not self.slots.acquire(timeout=self.config.limits.queue_timeout_s):
+            raise ApiError(503, "overloaded", "all compute slots are busy: retry shortly", headers={"Retry-After": "1"})
+        try:
+            try:
+                in_service = self.follower.acquire()
+            except NotReady as exc:
+                raise ApiError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
+            state.release_id = in_service.release_id
+            self.metrics.in_flight.inc()
+            try:
+                return work(in_service)
+            finally:
+                self.metrics.in_flight.dec()
+                self.follower.release(in_service)
+        finally:
+            self.slots.release()
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def _caller(request: Request, service: Annotated[Service, Depends(_service)]) -> Caller:
+    caller = service.keys.authenticate(
+        request.headers.get("authorization"), request.client.host if request.client else "-"
+    )
+    request.state.subject = caller.subject.principal
+    retry_after = service.limiter.hit(caller.rate_key)
+    if retry_after is not None:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"rate limit of {service.config.limits.requests_per_minute} requests a minute reached",
+            headers={"Retry-After": str(retry_after)},
+        )
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(_caller)]
+
+
+def _query(service: Service, body: QueryRequest, caller: Caller, request: Request) -> dict[str, object]:
+    service.check_text(body.query, "query")
+    if service.config.log_query_text:
+        request.state.query_text = body.query
+    if body.k > service.config.limits.max_k:
+        raise ApiError(422, "invalid_request", f"k: at most {service.config.limits.max_k}", "k")
+    request.state.mode = body.mode
+
+    def work(in_service: InService) -> dict[str, object]:
+        result = in_service.retriever.query(body.query, caller.subject, k=body.k, mode=body.mode, trace=body.trace)
+        request.state.mode = result.mode
+        request.state.hits = len(result.hits)
+        return {**result.as_dict(), "release_id": in_service.release_id}
+
+    return service.compute(request.state, work)
+
+
+def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Request) -> dict[str, object]:
+    from ragpipe.answer.answering import answer, make_generator
+
+    service.check_text(body.question, "question")
+    if service.config.log_query_text:
+        request.state.query_text = body.question
+    request.state.mode = body.mode
+
+    def work(in_service: InService) -> dict[str, object]:
+        plan = in_service.served.plan.answer.generator
+        timeout = min(plan.timeout_seconds, service.config.limits.llm_timeout_s)
+        generator = in_service.generators.get("answer")
+        if generator is None:
+            bounded = plan.model_copy(update={"timeout_seconds": timeout})
+            generator = in_service.generators.setdefault(
+                "answer", make_generator(bounded, in_service.served.bundle.bundle_id, service.ws.home / "answer_cache")
+            )
+        result = answer(in_service.retriever, body.question, caller.subject, generator=generator, mode=body.mode)
+        data = result.as_dict()
+        request.state.hits = len(data.get("evidence", []))  # type: ignore[arg-type]
+        return {**data, "release_id": in_service.release_id}
+
+    return service.compute(request.state, work)
+
+
+def create_app(
+    ws: Workspace,
+    config: ServeConfig,
+    follower: ReleaseFollower,
+    metrics: ServerMetrics,
+) -> Observed:
+    """The app over ``follower`` (started by the app's lifespan, stopped when it ends)."""
+    service = Service(ws, config, follower, metrics)
+    mcp = build_mcp(service)
+    tool_app = KeyGuard(mcp_app(mcp), service)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        follower.start()
+        try:
+            async with mcp.session_manager.run():  # a mounted app's own lifespan is not run
+                yield
+        finally:
+            follower.stop()
+
+    app = FastAPI(
+        title="ragpipe",
+        summary="Retrieval and grounded answers from the active, verified release of a target.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = validation_error(exc)
+        return JSONResponse(error_body(error), status_code=error.status)
+
+    @app.post("/v1/query")
+    def query(request: Request, body: QueryRequest, caller: CallerDep) -> dict[str, object]:
+        """Ranked chunks visible to the caller's subject, from the release served now."""
+        try:
+            return _query(service, body, caller, request)
+        except QueryError as exc:
+            raise ApiError(422, "invalid_query", str(exc), "query") from None
+        except AuthorizationError as exc:
+            raise ApiError(500, "authorization_check_failed", str(exc)) from None
+
+    @app.post("/v1/answer")
+    def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> dict[str, object]:
+        """A grounded answer with citations, or an abstention, from the release served now."""
+        try:
+            return _answer(service, body, caller, request)
+        except QueryError as exc:
+            raise ApiError(422, "invalid_query", str(exc), "question") from None
+        except AuthorizationError as exc:
+            raise ApiError(500, "authorization_check_failed", str(exc)) from None
+
+    @app.get("/v1/release")
+    def release(request: Request) -> dict[str, object]:
+        """The release being served and the last refused pointer change."""
+        return follower.status()
+
+    @app.get("/v1/tools")
+    def tools() -> list[dict[str, object]]:
+        """The tools this server offers, as OpenAI-style function schemas (served over MCP at /mcp)."""
+        return openai_tools()
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        status = follower.status()
+        if status["ready"]:
+            return JSONResponse(status)
+        reason = status["refusal"]["reason"] if status["refusal"] else "starting"  # type: ignore[index]
+        return JSONResponse(error_body(ApiError(503, "not_ready", str(reason))) | {"status": status}, status_code=503)
+
+    @app.get("/metrics")
+    def metrics_route() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    app.mount("/mcp", tool_app)
+    app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes)
+    return Observed(app, service)
+
+
+def route_label(path: str) -> str:
+    """The metrics/log label of ``path``: a known route, ``/mcp``, or ``other`` (bounded cardinality)."""
+    if path in ROUTES:
+        return path
+    return "/mcp" if path == "/mcp" or path.startswith("/mcp/") else "other"
+
+
+class Observed:
+    """Outermost ASGI layer: the ``X-Release-Id`` header, metrics and the access log line of every
+    HTTP response (a pure ASGI wrapper: no per-request task or body copy)."""
+
+    def __init__(self, app: FastAPI, service: Service):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})
+        status_holder = {"status": 500}
+
+        async def send_observed(message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+                release_id = state.get("release_id") or self._serving()
+                if release_id:
+                    headers = list(message.get("headers", []))
+                    headers.append((RELEASE_HEADER.lower().encode(), release_id.encode()))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            self._record(scope, state, status_holder["status"], time.perf_counter() - started)
+
+    def _serving(self) -> str | None:
+        release = self.service.follower.status()["release"]
+        return release["release_id"] if release else None  # type: ignore[index]
+
+    def _record(self, scope, state: dict, status: int, seconds: float) -> None:
+        route = route_label(scope.get("path", ""))
+        self.service.metrics.observe(route, status, state.get("mode"), seconds)
+        line = {
+            "route": route,
+            "status": status,
+            "latency_ms": round(seconds * 1000, 3),
+            "release_id": state.get("release_id"),
+            "subject": state.get("subject"),
+            "hits": state.get("hits"),
+        }
+        if self.service.config.log_query_text and "query_text" in state:
+            line["query"] = state["query_text"]
+        access_log.info(json.dumps(line, sort_keys=True))
+
+
+def app_from(
+    home: Path, config: ServeConfig, target: str | None, targets_path: Path | None = None, **retriever_options
+) -> Observed:
+    """The whole server for ``home`` (its follower, metrics and app); what ``ragpipe serve`` runs."""
+    ws = Workspace(home)
+    follower_holder: dict[str, ServerMetrics] = {}
+    follower = ReleaseFollower(
+        ws,
+        target or config.target,
+        config.poll_interval_s,
+        targets_path,
+        retriever_options,
+        on_swap=lambda s: follower_holder["m"].swapped(s.served.generation),
+        on_refusal=lambda _: follower_holder["m"].refusal(),
+    )
+    metrics = follower_holder["m"] = ServerMetrics(follower.target)
+    return create_app(ws, config, follower, metrics)

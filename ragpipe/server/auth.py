@@ -1,0 +1,43 @@
+"""Who is calling: the subject comes from the key alone, never from the request.
+
+``KeyRing.authenticate(header, client)``: a ``Bearer`` key in the config → its subject and scopes;
+no ``Authorization`` header → the public subject when the config allows anonymous access, else
+401; anything else (unknown ID, wrong secret, malformed header) → 401 with one message for all, so
+a caller cannot tell which keys exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragpipe.retrieval.authz import Subject
+from ragpipe.server.config import KeyEntry, ServeConfig
+from ragpipe.server.errors import ApiError
+from ragpipe.server.keys import key_matches, split_key
+
+UNAUTHORIZED = "missing or unknown API key (Authorization: Bearer rpk_...)"
+
+
+@dataclass(frozen=True)
+class Caller:
+    subject: Subject
+    rate_key: str  # what the rate limit counts: the key ID, or the anonymous caller's address
+
+
+class KeyRing:
+    def __init__(self, config: ServeConfig):
+        self.anonymous = config.anonymous
+        self.entries: dict[str, KeyEntry] = {e.id: e for e in config.keys}
+        self.subjects = {e.id: Subject(principal=e.subject, scopes=e.scopes) for e in config.keys}
+
+    def authenticate(self, header: str | None, client: str) -> Caller:
+        if header is None:
+            if self.anonymous:
+                return Caller(Subject.default(), f"anonymous:{client}")
+            raise ApiError(401, "unauthorized", UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+        scheme, _, key = header.partition(" ")
+        parts = split_key(key.strip()) if scheme.lower() == "bearer" else None
+        entry = self.entries.get(parts[0]) if parts else None
+        if parts is None or entry is None or not key_matches(parts[1], entry.hash):
+            raise ApiError(401, "unauthorized", UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+        return Caller(self.subjects[entry.id], f"key:{entry.id}")

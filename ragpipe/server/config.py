@@ -1,0 +1,116 @@
+"""``serve.yaml``: who may call the server, with which subject, and the bounds of every request.
+
+```yaml
+schema: ragpipe.serve/v1
+target: staging            # optional: the target whose active release is served (--target wins)
+anonymous: false           # requests without a key are served as the public subject
+keys:                      # made by `ragpipe serve-key`; the key itself is never stored
+  - id: alice              # the key's ID, the part of the key between "rpk_" and the next "_"
+    hash: sha256:<salt hex>:<digest hex>
+    subject: alice
+    scopes: [public, staff]
+limits:                    # every field optional; defaults below
+  max_body_bytes: 65536
+  max_query_chars: 2000
+  max_k: 100
+  max_concurrent: 8        # requests computing at once; more wait up to queue_timeout_s, then 503
+  queue_timeout_s: 2.0
+  requests_per_minute: 600 # per key (anonymous callers: per client address); 0 = unlimited
+  llm_timeout_s: 30.0
+poll_interval_s: 0.5       # how often the target's pointer is read
+log_query_text: false      # access log lines carry no query text unless set (privacy)
+```
+
+Configuration is operational: nothing here enters an ID. A bad file is one line naming the file
+and the field (``ServeConfigError``), like every other ragpipe configuration file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ragpipe.corpus.models import SCOPE_PATTERN
+from ragpipe.server.keys import KEY_ID, parse_key_hash
+from ragpipe.spec import read_error_text, validation_error_text, yaml_error_text
+
+
+class ServeConfigError(ValueError):
+    pass
+
+
+class KeyEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=KEY_ID.pattern)
+    hash: str
+    subject: str = Field(min_length=1, max_length=200)
+    scopes: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("hash")
+    @classmethod
+    def _hash(cls, value: str) -> str:
+        parse_key_hash(value)  # ValueError with the rule
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for scope in value:
+            if not SCOPE_PATTERN.match(scope):
+                raise ValueError(f"invalid scope name {scope!r}")
+        return value
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(65536, ge=256, le=16 * 1024 * 1024)
+    max_query_chars: int = Field(2000, ge=1, le=100_000)
+    max_k: int = Field(100, ge=1, le=10_000)
+    max_concurrent: int = Field(8, ge=1, le=1024)
+    queue_timeout_s: float = Field(2.0, ge=0, le=60)
+    requests_per_minute: int = Field(600, ge=0)
+    llm_timeout_s: float = Field(30.0, gt=0, le=600)
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: str = Field("ragpipe.serve/v1", alias="schema", pattern=r"^ragpipe\.serve/v1$")
+    target: str | None = None
+    anonymous: bool = False
+    keys: tuple[KeyEntry, ...] = ()
+    limits: Limits = Limits()
+    poll_interval_s: float = Field(0.5, gt=0, le=60)
+    log_query_text: bool = False  # access logs leave the query text out unless this is set
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> ServeConfig:
+        seen: set[str] = set()
+        for i, entry in enumerate(self.keys):
+            if entry.id in seen:
+                raise ValueError(f"keys.{i}.id: key ID {entry.id!r} is declared twice")
+            seen.add(entry.id)
+        return self
+
+
+def load_serve_config(path: Path | None) -> ServeConfig:
+    """The config at ``path``; None gives the defaults: no keys and no anonymous access, so only
+    ``/healthz``, ``/readyz``, ``/metrics`` and the OpenAPI document answer without a 401."""
+    if path is None:
+        return ServeConfig()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ServeConfigError(f"{path}: cannot read serve config: {read_error_text(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ServeConfigError(f"{path}: cannot read serve config: {read_error_text(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ServeConfigError(f"{path}: cannot read serve config: {yaml_error_text(exc)}") from None
+    try:
+        return ServeConfig.model_validate(raw if raw is not None else {})
+    except ValidationError as exc:
+        raise ServeConfigError(f"{path}: invalid serve config: {validation_error_text(exc)}") from None

@@ -1,0 +1,168 @@
+"""``knowledge_search``: the evidence tool an LLM application calls, and its per-session evidence ledger.
+
+A call retrieves ``limit`` chunks for the caller's subject from the release being served and
+returns them as evidence items labelled ``E1…En``. Labels come from an **evidence ledger** scoped
+to the caller's session: the MCP session (``Mcp-Session-Id``), else a run ID the caller passes,
+else the call alone. Within a ledger a chunk keeps the label it got first (items are deduplicated
+by chunk), so a model can cite ``[E3]`` across several calls; ledgers are keyed by the subject too,
+so no label, and no chunk behind one, ever crosses from one caller or session to another.
+
+Bounds: at most ``MAX_LIMIT`` items a call, ``MAX_CHARS`` characters of evidence text a response
+(items past the budget are left out, ``truncated`` says so), ``MAX_LEDGER_ITEMS`` labels a ledger
+and ``MAX_LEDGERS`` ledgers kept (least recently used dropped).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ragpipe.retrieval.authz import Subject
+from ragpipe.server.follower import InService
+
+MAX_LIMIT = 20
+MAX_CHARS = 20_000
+MAX_LEDGER_ITEMS = 500
+MAX_LEDGERS = 10_000
+TOOL_NAME = "knowledge_search"
+TOOL_DESCRIPTION = (
+    "Search the knowledge base (the active, verified release). Returns evidence items labelled E1..En; "
+    "a label is stable for the whole session, so cite evidence as [E1], [E2]. Only items the caller may see "
+    "are returned."
+)
+PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "What to search for, in natural language."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 5},
+        "source_roles": {
+            "type": ["array", "null"],
+            "items": {"type": "string"},
+            "description": "Only evidence from documents with one of these source roles.",
+        },
+        "run_id": {
+            "type": ["string", "null"],
+            "description": "Scope the evidence labels to this run when the transport has no session.",
+        },
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+class ToolError(ValueError):
+    """A call the tool refuses; the message names the argument and the rule."""
+
+
+@dataclass
+class EvidenceLedger:
+    scope: str
+    labels: dict[str, str] = field(default_factory=dict)  # chunk ID -> label
+
+    def label(self, chunk_id: str) -> str:
+        found = self.labels.get(chunk_id)
+        if found is None:
+            if len(self.labels) >= MAX_LEDGER_ITEMS:
+                raise ToolError(
+                    f"the evidence ledger of {self.scope} is full ({MAX_LEDGER_ITEMS} items): start a new session"
+                )
+            found = self.labels[chunk_id] = f"E{len(self.labels) + 1}"
+        return found
+
+
+class EvidenceLedgers:
+    """Ledgers by scope, least recently used dropped past ``MAX_LEDGERS``; thread-safe."""
+
+    def __init__(self, max_ledgers: int = MAX_LEDGERS):
+        self.max_ledgers = max_ledgers
+        self._ledgers: OrderedDict[str, EvidenceLedger] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def scope_of(self, subject: Subject, session_id: str | None, run_id: str | None) -> str | None:
+        """The ledger scope of a call: its session, else its run, each per subject; None: the call alone."""
+        if session_id:
+            return f"session:{subject.principal}:{session_id}"
+        if run_id:
+            return f"run:{subject.principal}:{run_id}"
+        return None
+
+    def ledger(self, scope: str | None) -> EvidenceLedger:
+        if scope is None:
+            return EvidenceLedger("call")
+        with self._lock:
+            found = self._ledgers.get(scope)
+            if found is None:
+                found = self._ledgers[scope] = EvidenceLedger(scope)
+                while len(self._ledgers) > self.max_ledgers:
+                    self._ledgers.popitem(last=False)
+            else:
+                self._ledgers.move_to_end(scope)
+            return found
+
+    def forget(self, scope: str) -> None:
+        with self._lock:
+            self._ledgers.pop(scope, None)
+
+
+def check_arguments(query: object, limit: object, source_roles: object, run_id: object, max_chars: int) -> None:
+    if not isinstance(query, str) or not query.strip():
+        raise ToolError("query: must be a non-empty string")
+    if len(query) > max_chars:
+        raise ToolError(f"query: {len(query)} characters, at most {max_chars} allowed")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ToolError(f"limit: must be an integer from 1 to {MAX_LIMIT}")
+    if source_roles is not None and (
+        not isinstance(source_roles, list) or not source_roles or not all(isinstance(r, str) for r in source_roles)
+    ):
+        raise ToolError("source_roles: must be a non-empty list of strings, or null")
+    if run_id is not None and (not isinstance(run_id, str) or not 1 <= len(run_id) <= 200):
+        raise ToolError("run_id: must be a string of 1 to 200 characters, or null")
+
+
+def search(
+    in_service: InService,
+    ledger: EvidenceLedger,
+    subject: Subject,
+    query: str,
+    limit: int,
+    source_roles: list[str] | None,
+) -> dict[str, object]:
+    """One ``knowledge_search`` call on ``in_service`` (captured once by the caller)."""
+    options = {"source_roles": tuple(source_roles)} if source_roles else {}
+    result = in_service.retriever.query(query, subject, k=limit, **options)
+    items, used, truncated = [], 0, False
+    for hit, evidence in zip(result.hits, result.evidence):
+        if used + len(evidence.text) > MAX_CHARS:
+            truncated = True
+            break
+        used += len(evidence.text)
+        items.append(
+            {
+                "label": ledger.label(evidence.chunk_id),
+                "chunk_id": evidence.chunk_id,
+                "document_id": evidence.document_id,
+                "title": evidence.title,
+                "byte_start": evidence.byte_start,
+                "byte_end": evidence.byte_end,
+                "score": hit["score"],
+                "text": evidence.text,
+            }
+        )
+    return {
+        "items": items,
+        "truncated": truncated,
+        "release_id": in_service.release_id,
+        "bundle_id": in_service.served.bundle.bundle_id,
+        "ledger_scope": ledger.scope,
+    }
+
+
+def openai_tools() -> list[dict[str, object]]:
+    """``/v1/tools``: the tool as an OpenAI-style function schema."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": PARAMETERS},
+        }
+    ]

@@ -1,0 +1,106 @@
+"""``knowledge_search`` over MCP: the official SDK's server, streamable HTTP, mounted at ``/mcp``.
+
+The MCP app sits behind ``KeyGuard``, which authenticates every HTTP request with the server's own
+``KeyRing`` (the same keys, the same 401, the same rate limit) and hands the subject to the tool
+through the request state; the SDK also binds each MCP session to the authenticated user, so
+another key presenting a session's ID is refused. The tool runs the query in a worker thread and
+in one of the server's compute slots, on the release captured once for the call.
+
+The session ID the evidence ledger is scoped to is the ``Mcp-Session-Id`` header. Clients on a
+protocol version without sessions (or in stateless mode) have none: they pass ``run_id`` to keep
+labels across calls, else every call starts at ``E1``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError as McpToolError
+from mcp.server.transport_security import TransportSecuritySettings
+
+from ragpipe.server.errors import ApiError, error_body
+from ragpipe.server.knowledge import TOOL_DESCRIPTION, TOOL_NAME, EvidenceLedgers, ToolError, check_arguments, search
+
+
+def build_mcp(service) -> MCPServer:
+    """The MCP server with its one tool, answering from ``service`` (``ragpipe.server.app.Service``)."""
+    mcp = MCPServer("ragpipe", instructions=TOOL_DESCRIPTION, log_level="WARNING")
+    ledgers = EvidenceLedgers()
+
+    @mcp.tool(name=TOOL_NAME, description=TOOL_DESCRIPTION)
+    async def knowledge_search(
+        query: str, ctx: Context, limit: int = 5, source_roles: list[str] | None = None, run_id: str | None = None
+    ) -> dict[str, object]:
+        # The SDK shows a ToolError's message to the caller (any other exception becomes a bare
+        # "Error executing tool" and a logged traceback).
+        request = ctx.request_context.request
+        try:
+            check_arguments(query, limit, source_roles, run_id, service.config.limits.max_query_chars)
+            subject = request.state.caller.subject
+            ledger = ledgers.ledger(ledgers.scope_of(subject, request.headers.get("mcp-session-id"), run_id))
+
+            def work(in_service):
+                return search(in_service, ledger, subject, query, limit, source_roles)
+
+            return await anyio.to_thread.run_sync(service.compute, request.state, work)
+        except ToolError as exc:
+            raise McpToolError(str(exc)) from None
+        except ApiError as exc:
+            raise McpToolError(f"{exc.code}: {exc.message}") from None
+        except ValueError as exc:  # QueryError, AuthorizationError: the retriever's one-line refusals
+            raise McpToolError(str(exc)) from None
+
+    return mcp
+
+
+def mcp_app(mcp: MCPServer):
+    """The streamable-HTTP ASGI app of ``mcp`` (mount it at ``/mcp``; run ``mcp.session_manager``
+    in the host app's lifespan). Host-header checks are the deployment's proxy's job: the SDK's
+    default allows only 127.0.0.1/localhost with a port, which would refuse a server behind one."""
+    return mcp.streamable_http_app(
+        streamable_http_path="/",
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+
+
+class KeyGuard:
+    """Authenticate (and rate-limit) each HTTP request to the MCP app with the server's keys."""
+
+    def __init__(self, app, service):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        client = scope.get("client") or ("-", 0)
+        state = scope.setdefault("state", {})
+        try:
+            caller = self.service.keys.authenticate(headers.get("authorization"), client[0])
+            retry_after = self.service.limiter.hit(caller.rate_key)
+            if retry_after is not None:
+                raise ApiError(429, "rate_limited", "rate limit reached", headers={"Retry-After": str(retry_after)})
+        except ApiError as exc:
+            await _send_error(send, exc)
+            return
+        state["caller"] = caller
+        state["subject"] = caller.subject.principal
+        token = AccessToken(
+            token="-", client_id=caller.rate_key, scopes=list(caller.subject.scopes), subject=caller.subject.principal
+        )
+        scope["user"] = AuthenticatedUser(token)  # the SDK binds a session to the user that opened it
+        await self.app(scope, receive, send)
+
+
+async def _send_error(send, exc: ApiError) -> None:
+    body = json.dumps(error_body(exc)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in exc.headers.items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,70 @@
+"""``ragpipe serve-key`` and ``ragpipe serve``'s configuration errors, through the real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ragpipe.server.config import ServeConfig
+from ragpipe.server.keys import key_matches, split_key
+from ragpipe_tests.conftest import REPO
+
+
+def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ragpipe.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "RAGPIPE_HOME": str(home), "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def test_serve_key_prints_a_key_and_the_entry_that_accepts_it(tmp_path: Path):
+    text = ragpipe("serve-key", "ops", "--subject", "ops: bot", "--scope", "public", "--scope", "staff", home=tmp_path)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    key = lines[0].removeprefix("key (shown once, store it now): ")
+    assert lines[1] == "add to serve.yaml:"
+    config = ServeConfig.model_validate(yaml.safe_load("\n".join(lines[2:])))
+    (entry,) = config.keys
+    assert (entry.id, entry.subject, entry.scopes) == ("ops", "ops: bot", ("public", "staff"))
+    assert key_matches(split_key(key)[1], entry.hash)
+    as_json = json.loads(
+        ragpipe("serve-key", "ops", "--subject", "s", "--scope", "public", "--json", home=tmp_path).stdout
+    )
+    assert set(as_json) == {"key", "entry"} and as_json["key"] != key
+
+
+def test_bad_input_is_one_line_and_exit_1(tmp_path: Path):
+    (tmp_path / "serve.yaml").write_text("limits: {max_k: -1}\n", encoding="utf-8")
+    cases = {
+        (
+            "serve-key",
+            "Bad",
+            "--subject",
+            "s",
+            "--scope",
+            "public",
+        ): "error: key ID 'Bad' must match ^[a-z0-9][a-z0-9-]{0,31}$",
+        (
+            "serve-key",
+            "ok",
+            "--subject",
+            "s",
+            "--scope",
+            "no spaces",
+        ): "error: scopes: invalid scope name 'no spaces'",
+        ("serve", "--config", str(tmp_path / "serve.yaml")): (
+            f"error: {tmp_path / 'serve.yaml'}: invalid serve config: limits.max_k: Input should be greater than or equal to 1"
+        ),
+        ("serve", "--target", "nope"): "error: unknown target 'nope': declared targets are production, staging",
+    }
+    for args, message in cases.items():
+        result = ragpipe(*args, home=tmp_path)
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", message + "\n"), args

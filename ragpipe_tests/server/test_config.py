@@ -1,0 +1,75 @@
+"""serve.yaml and API keys: one-line errors naming the file and field; keys checked by their hash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragpipe.server.config import ServeConfigError, load_serve_config
+from ragpipe.server.keys import key_matches, new_key, split_key
+
+
+def test_a_new_key_matches_only_its_own_hash():
+    key, stored = new_key("alice")
+    key_id, secret = split_key(key)
+    assert key_id == "alice" and key.startswith("rpk_alice_") and len(secret) == 43
+    assert key_matches(secret, stored)
+    assert not key_matches(secret[:-1] + ("A" if secret[-1] != "A" else "B"), stored)
+    _, other = new_key("alice")
+    assert other != stored and not key_matches(secret, other)  # salted: one key, two hashes
+    assert split_key("rpk_alice") is None and split_key("sk_alice_x") is None and split_key("rpk_Al_x") is None
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "serve.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "schema: ragpipe.serve/v2\n",
+            "invalid serve config: schema: String should match pattern '^ragpipe\\.serve/v1$'",
+        ),
+        (
+            "anonymous: maybe\n",
+            "invalid serve config: anonymous: Input should be a valid boolean, unable to interpret input",
+        ),
+        ("limits: {max_k: 0}\n", "invalid serve config: limits.max_k: Input should be greater than or equal to 1"),
+        ("limitz: {}\n", "invalid serve config: limitz: Extra inputs are not permitted"),
+        (
+            "keys: [{id: a, hash: nope, subject: s, scopes: [public]}]\n",
+            "invalid serve config: keys.0.hash: must be sha256:<32 hex salt>:<64 hex digest> (made by ragpipe serve-key)",
+        ),
+        (
+            f"keys: [{{id: a, hash: 'sha256:{'0' * 32}:{'0' * 64}', subject: s, scopes: ['bad scope']}}]\n",
+            "invalid serve config: keys.0.scopes: invalid scope name 'bad scope'",
+        ),
+        (
+            "keys: [\n",
+            "cannot read serve config: invalid YAML at line 2, column 1: expected the node content, but found '<stream end>' (while parsing a flow node)",
+        ),
+    ],
+)
+def test_a_bad_config_is_one_line_naming_the_field(tmp_path: Path, text: str, problem: str):
+    path = write(tmp_path, text)
+    with pytest.raises(ServeConfigError) as err:
+        load_serve_config(path)
+    assert str(err.value) == f"{path}: {problem}"
+
+
+def test_a_key_id_declared_twice_is_refused(tmp_path: Path):
+    entry = f"{{id: a, hash: 'sha256:{'0' * 32}:{'0' * 64}', subject: s, scopes: [public]}}"
+    path = write(tmp_path, f"keys: [{entry}, {entry}]\n")
+    with pytest.raises(ServeConfigError) as err:
+        load_serve_config(path)
+    assert str(err.value) == f"{path}: invalid serve config: (top): keys.1.id: key ID 'a' is declared twice"
+
+
+def test_a_missing_file(tmp_path: Path):
+    with pytest.raises(ServeConfigError) as err:
+        load_serve_config(tmp_path / "nope.yaml")
+    assert str(err.value) == f"{tmp_path / 'nope.yaml'}: cannot read serve config: No such file or directory"

@@ -1,0 +1,193 @@
+"""The server over HTTP (a real uvicorn on 127.0.0.1): bodies, headers, keys, bounds, readiness."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from ragpipe.release.activation import activate
+from ragpipe.retrieval.authz import Subject
+from ragpipe.retrieval.retriever import Retriever
+from ragpipe.server.app import app_from
+from ragpipe_tests.server.conftest import Serving, config_for
+from ragpipe_tests.support.http_server import release_of, running, wait_for
+
+STAFF_DOC = "guide/ops.md"  # access_scopes: [staff]
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def server(serving: Serving, **config):
+    return running(app_from(serving.ws.home, config_for(serving, **config), "staging", serving.targets))
+
+
+@pytest.fixture
+def active(serving: Serving) -> Serving:
+    activate(serving.ws, serving.releases["a1"], "staging")
+    return serving
+
+
+def test_query_body_is_the_cli_json_plus_release_id(active: Serving):
+    release = active.releases["a1"]
+    with server(active) as base:
+        wait_for(lambda: release_of(base) == release)
+        r = httpx.post(f"{base}/v1/query", json={"query": "signing keys", "k": 3}, headers=auth(active.keys["bob"]))
+    assert r.status_code == 200 and r.headers["x-release-id"] == release
+    body = r.json()
+    retriever = Retriever(active.ws.bundles / active.bundles[release].removeprefix("sha256:"))
+    try:
+        expected = retriever.query("signing keys", Subject("bob", ("public", "staff")), k=3).as_dict()
+    finally:
+        retriever.close()
+    # the server serves the release's gated plan, the default plan here: the same hits, exactly
+    assert body == {**expected, "release_id": release}
+    assert STAFF_DOC in {h["document_id"] for h in body["hits"]}
+
+
+def test_subject_comes_from_the_key_only(active: Serving):
+    smuggled = {
+        "query": "rotate the signing keys; scopes: staff principal: bob",
+        "k": 10,
+        "scopes": ["staff"],
+        "principal": "bob",
+        "subject": {"principal": "bob", "scopes": ["staff"]},
+    }
+    with server(active) as base:
+        wait_for(lambda: release_of(base))
+        r = httpx.post(f"{base}/v1/query", json=smuggled, headers=auth(active.keys["alice"]))
+        staff = httpx.post(f"{base}/v1/query", json=smuggled, headers=auth(active.keys["bob"]))
+    assert r.status_code == 200
+    assert r.json()["subject"] == {"principal": "alice", "scopes": ["public"]}
+    assert STAFF_DOC not in {h["document_id"] for h in r.json()["hits"]}  # zero unauthorized chunks
+    assert STAFF_DOC in {h["document_id"] for h in staff.json()["hits"]}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer rpk_mallory_" + "x" * 43, "Basic abc", "Bearer not-a-key", "Bearer rpk_alice_wrong-secret"],
+)
+def test_a_missing_or_unknown_key_is_401(active: Serving, header: str | None):
+    with server(active) as base:
+        r = httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers={"Authorization": header} if header else {})
+    assert r.status_code == 401
+    assert r.json() == {
+        "code": "unauthorized",
+        "message": "missing or unknown API key (Authorization: Bearer rpk_...)",
+        "field": None,
+    }
+
+
+def test_anonymous_callers_get_the_public_subject_only_when_allowed(active: Serving):
+    with server(active, anonymous=True) as base:
+        wait_for(lambda: release_of(base))
+        r = httpx.post(f"{base}/v1/query", json={"query": "signing keys", "scopes": ["staff"]})
+    assert r.status_code == 200 and r.json()["subject"] == {"principal": "anonymous", "scopes": ["public"]}
+    assert STAFF_DOC not in {h["document_id"] for h in r.json()["hits"]}
+
+
+def test_rate_limit_is_per_key_with_retry_after(active: Serving):
+    with server(active, limits={"requests_per_minute": 3}) as base:
+        wait_for(lambda: release_of(base))
+        codes = [
+            httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=auth(active.keys["alice"])).status_code
+            for _ in range(3)
+        ]
+        limited = httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=auth(active.keys["alice"]))
+        other = httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=auth(active.keys["bob"]))
+    assert codes == [200, 200, 200] and other.status_code == 200
+    assert limited.status_code == 429 and 1 <= int(limited.headers["retry-after"]) <= 60
+    assert limited.json() == {
+        "code": "rate_limited",
+        "message": "rate limit of 3 requests a minute reached",
+        "field": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"query": "x" * 101}, 413, ("query_too_long", "query: 101 characters, at most 100 allowed", "query")),
+        ({"query": "keys", "k": 51}, 422, ("invalid_request", "k: at most 50", "k")),
+        ({"query": "keys", "k": 0}, 422, ("invalid_request", "k: Input should be greater than or equal to 1", "k")),
+        (
+            {"query": "keys", "mode": "fuzzy"},
+            422,
+            ("invalid_request", "mode: Input should be 'hybrid', 'lexical' or 'vector'", "mode"),
+        ),
+        ({"k": 3}, 422, ("invalid_request", "query: Field required", "query")),
+        ({"query": "   "}, 422, ("invalid_query", "query text is empty (or only whitespace)", "query")),
+    ],
+)
+def test_bounds_and_bad_fields_are_json_errors_naming_the_field(active: Serving, body, status, error):
+    with server(active, limits={"max_query_chars": 100, "max_k": 50}) as base:
+        wait_for(lambda: release_of(base))
+        r = httpx.post(f"{base}/v1/query", json=body, headers=auth(active.keys["alice"]))
+    assert r.status_code == status
+    assert r.json() == dict(zip(("code", "message", "field"), error))
+
+
+def test_body_size_and_malformed_json(active: Serving):
+    with server(active, limits={"max_body_bytes": 1024}) as base:
+        big = httpx.post(
+            f"{base}/v1/query", content=b'{"query": "' + b"a" * 2000 + b'"}', headers=auth(active.keys["alice"])
+        )
+        bad = httpx.post(
+            f"{base}/v1/query",
+            content=b'{"query": ',
+            headers={**auth(active.keys["alice"]), "content-type": "application/json"},
+        )
+    assert big.status_code == 413
+    assert big.json() == {"code": "body_too_large", "message": "request body: at most 1024 bytes", "field": "body"}
+    assert bad.status_code == 422
+    assert bad.json() == {"code": "invalid_request", "message": "body: not valid JSON", "field": "body"}
+
+
+def test_not_ready_without_an_active_release(serving: Serving):
+    with server(serving) as base:
+        wait_for(lambda: httpx.get(f"{base}/v1/release").json()["refusal"])
+        ready = httpx.get(f"{base}/readyz")
+        q = httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=auth(serving.keys["alice"]))
+        health = httpx.get(f"{base}/healthz")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert ready.status_code == 503 and ready.json()["code"] == "not_ready"
+    assert ready.json()["message"] == "target 'staging' has no active release: activate one (ragpipe release activate)"
+    assert q.status_code == 503 and q.json()["code"] == "not_ready" and "x-release-id" not in q.headers
+
+
+def test_release_route_and_metrics(active: Serving):
+    release = active.releases["a1"]
+    with server(active) as base:
+        wait_for(lambda: release_of(base) == release)
+        described = httpx.get(f"{base}/v1/release").json()
+        httpx.post(f"{base}/v1/query", json={"query": "keys", "mode": "lexical"}, headers=auth(active.keys["alice"]))
+        metrics = httpx.get(f"{base}/metrics").text
+    assert described["ready"] is True and described["refusal"] is None
+    assert {k: described["release"][k] for k in ("release_id", "target", "generation", "revision", "bundle_id")} == {
+        "release_id": release,
+        "target": "staging",
+        "generation": 1,
+        "revision": "r1",
+        "bundle_id": active.bundles[release],
+    }
+    assert described["release"]["plan_id"].startswith("sha256:") and described["release"]["active_since"]
+    assert 'ragpipe_release_generation{target="staging"} 1.0' in metrics
+    assert 'ragpipe_release_swaps_total{target="staging"} 1.0' in metrics
+    assert 'ragpipe_requests_total{route="/v1/query",status="200"} 1.0' in metrics
+    assert 'ragpipe_request_duration_seconds_count{mode="lexical",route="/v1/query"} 1.0' in metrics
+
+
+def test_openapi_document_names_every_route(active: Serving):
+    with server(active) as base:
+        doc = httpx.get(f"{base}/openapi.json").json()
+    assert sorted(doc["paths"]) == [
+        "/healthz",
+        "/metrics",
+        "/readyz",
+        "/v1/answer",
+        "/v1/query",
+        "/v1/release",
+        "/v1/tools",
+    ]
+    assert set(doc["components"]["schemas"]["QueryRequest"]["properties"]) == {"query", "k", "mode", "trace"}

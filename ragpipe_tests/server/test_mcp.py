@@ -1,0 +1,137 @@
+"""``knowledge_search`` through the MCP SDK's own client against the running server, and ``/v1/tools``."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from ragpipe.release.activation import activate
+from ragpipe.server.app import app_from
+from ragpipe.server.knowledge import PARAMETERS, TOOL_NAME
+from ragpipe_tests.server.conftest import Serving, config_for
+from ragpipe_tests.support.http_server import release_of, running, wait_for
+
+STAFF_DOC = "guide/ops.md"
+
+
+@pytest.fixture
+def base(serving: Serving):
+    activate(serving.ws, serving.releases["a1"], "staging")
+    app = app_from(serving.ws.home, config_for(serving), "staging", serving.targets)
+    with running(app) as url:
+        wait_for(lambda: release_of(url) == serving.releases["a1"])
+        yield url
+
+
+@asynccontextmanager
+async def session(base: str, key: str, mode: str = "legacy"):
+    """An MCP client session (``legacy``: the handshake that has session IDs)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30)) as http:
+        async with Client(streamable_http_client(f"{base}/mcp/", http_client=http), mode=mode) as client:
+            yield client
+
+
+async def call(client, **arguments) -> dict:
+    result = await client.call_tool(TOOL_NAME, arguments)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def test_two_concurrent_sessions_get_their_own_labels(serving: Serving, base: str):
+    out: dict[str, list[dict]] = {}
+
+    async def one(name: str, key: str, queries: list[str]) -> None:
+        async with session(base, key) as client:
+            tools = await client.list_tools()
+            assert [t.name for t in tools.tools] == [TOOL_NAME]
+            out[name] = [await call(client, query=q, limit=3) for q in queries]
+
+    async def main() -> None:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    one, "alice", serving.keys["alice"], ["signing keys", "honest evaluation", "signing keys"]
+                )
+                tg.start_soon(one, "bob", serving.keys["bob"], ["rotate the signing keys"])
+
+    anyio.run(main)
+    first, second, again = out["alice"]
+    (bob,) = out["bob"]
+    for response in (first, second, again, bob):
+        assert (response["release_id"], response["bundle_id"]) == (
+            serving.releases["a1"],
+            serving.bundles[serving.releases["a1"]],
+        )
+    # labels in order of first sight, stable within the session, deduplicated by chunk
+    labels = {}
+    for item in first["items"] + second["items"]:
+        labels.setdefault(item["chunk_id"], item["label"])
+    assert sorted(labels.values(), key=lambda label: int(label[1:])) == [f"E{i}" for i in range(1, len(labels) + 1)]
+    assert [(i["chunk_id"], i["label"]) for i in again["items"]] == [
+        (i["chunk_id"], labels[i["chunk_id"]]) for i in first["items"]
+    ]
+    # another session starts at E1; alice never sees the staff document, bob does
+    assert [i["label"] for i in bob["items"]] == [f"E{i}" for i in range(1, len(bob["items"]) + 1)]
+    assert first["ledger_scope"].startswith("session:alice:") and bob["ledger_scope"].startswith("session:bob:")
+    assert first["ledger_scope"] != bob["ledger_scope"] and first["ledger_scope"] == again["ledger_scope"]
+    assert STAFF_DOC not in {i["document_id"] for r in out["alice"] for i in r["items"]}
+    assert STAFF_DOC in {i["document_id"] for i in bob["items"]}
+    item = first["items"][0]
+    assert set(item) == {"label", "chunk_id", "document_id", "title", "byte_start", "byte_end", "score", "text"}
+
+
+def test_without_a_session_a_run_id_scopes_the_labels(serving: Serving, base: str):
+    async def main():
+        with anyio.fail_after(60):
+            async with session(base, serving.keys["alice"], mode="auto") as client:
+                alone = [await call(client, query="signing keys", limit=2) for _ in range(2)]
+                run = [
+                    await call(client, query=q, limit=2, run_id="run-7") for q in ("signing keys", "honest evaluation")
+                ]
+                return alone, run
+
+    alone, run = anyio.run(main)
+    assert [r["ledger_scope"] for r in alone] == ["call", "call"]
+    assert [i["label"] for i in alone[1]["items"]] == ["E1", "E2"]  # a call alone starts again at E1
+    assert {r["ledger_scope"] for r in run} == {"run:alice:run-7"}
+    assert all(int(i["label"][1:]) >= 1 for i in run[1]["items"])
+    seen = {i["chunk_id"]: i["label"] for i in run[0]["items"]}
+    assert all(seen.get(i["chunk_id"], i["label"]) == i["label"] for i in run[1]["items"])
+
+
+def test_an_unknown_key_is_refused_before_any_mcp_message(serving: Serving, base: str):
+    r = httpx.post(
+        f"{base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers={"Authorization": "Bearer x"}
+    )
+    assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+
+
+def test_a_bad_argument_is_a_tool_error_naming_it(serving: Serving, base: str):
+    async def main():
+        with anyio.fail_after(60):
+            async with session(base, serving.keys["alice"]) as client:
+                return await client.call_tool(TOOL_NAME, {"query": "keys", "limit": 500})
+
+    result = anyio.run(main)
+    assert result.is_error
+    assert result.content[0].text == "Error executing tool knowledge_search: limit: must be an integer from 1 to 20"
+
+
+def test_tools_route_is_the_function_schema(base: str):
+    tools = httpx.get(f"{base}/v1/tools").json()
+    assert tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": TOOL_NAME,
+                "description": tools[0]["function"]["description"],
+                "parameters": PARAMETERS,
+            },
+        }
+    ]
