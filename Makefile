@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint ui ui-check bench query-bench clean dagster-home
+.PHONY: install demo serve-demo test lint ui ui-check bench query-bench clean dagster-home
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,24 @@ demo: install dagster-home
 	$(BIN)/ragpipe query "ALDH1 expression and breast cancer outcome" --revision scifact-2 --k 3 --mode lexical
 	$(BIN)/ragpipe query "vitamin D deficiency and tuberculosis" --revision scifact-2 --k 3 --mode vector
 	$(BIN)/ragpipe answer "Does aspirin reduce the risk of cardiovascular events?"
+	$(MAKE) --no-print-directory serve-demo
+
+# The HTTP service on the active release of staging: query it with curl, then activate revision 2
+# and roll back while it runs, showing /v1/release follow each step; the server stops at the end.
+DEMO_PORT ?= 8089
+serving = until curl -sf localhost:$(DEMO_PORT)/v1/release | grep -q "$(1)"; do sleep 0.2; done; curl -s localhost:$(DEMO_PORT)/v1/release; echo
+serve-demo: install
+	@set -e; mkdir -p var; \
+	$(BIN)/ragpipe serve --port $(DEMO_PORT) --config deploy/serve-local.yaml 2> var/serve-demo.log & pid=$$!; \
+	trap "kill $$pid" EXIT; \
+	rel1=$(call release_of,1); rel2=$(call release_of,2); \
+	$(call serving,$$rel1); \
+	curl -s localhost:$(DEMO_PORT)/v1/query -d '{"query": "Aspirin reduces the risk of cardiovascular events", "k": 2}' \
+	  | $(BIN)/python -c 'import json,sys; d=json.load(sys.stdin); print(d["release_id"], [(h["rank"], h["document_id"], h["title"][:60]) for h in d["hits"]])'; \
+	$(BIN)/ragpipe release activate $$rel2 --target staging || echo "revision 2 was not activated"; \
+	$(call serving,$$rel2); \
+	$(BIN)/ragpipe release rollback --target staging; \
+	$(call serving,$$rel1)
 
 query-bench: install
 	$(BIN)/python -m benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"

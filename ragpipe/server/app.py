@@ -36,8 +36,9 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.authz import AuthorizationError
 from ragpipe.retrieval.results import QueryError
 from ragpipe.server.auth import Caller, KeyRing
+from ragpipe.server.bodies import BodyLimit
 from ragpipe.server.config import ServeConfig
-from ragpipe.server.errors import ApiError, BodyLimit, error_body, validation_error
+from ragpipe.server.errors import ApiError, error_body, validation_error
 from ragpipe.server.follower import InService, NotReady, ReleaseFollower
 from ragpipe.server.knowledge import openai_tools
 from ragpipe.server.mcp_tool import KeyGuard, build_mcp, mcp_app

@@ -46,6 +46,25 @@ def test_query_body_is_the_cli_json_plus_release_id(active: Serving):
     assert STAFF_DOC in {h["document_id"] for h in body["hits"]}
 
 
+def test_answer_body_is_the_cli_json_plus_release_id(active: Serving):
+    from ragpipe.answer.answering import answer, make_generator
+
+    release = active.releases["a1"]
+    question = "How often are the signing keys rotated?"
+    with server(active) as base:
+        wait_for(lambda: release_of(base) == release)
+        r = httpx.post(f"{base}/v1/answer", json={"question": question}, headers=auth(active.keys["bob"]))
+    assert r.status_code == 200 and r.headers["x-release-id"] == release
+    retriever = Retriever(active.ws.bundles / active.bundles[release].removeprefix("sha256:"))
+    try:
+        generator = make_generator(retriever.plan.answer.generator, retriever.bundle_id)
+        expected = answer(retriever, question, Subject("bob", ("public", "staff")), generator=generator).as_dict()
+    finally:
+        retriever.close()
+    assert r.json() == {**expected, "release_id": release}
+    assert r.json()["abstained"] is False and r.json()["citations"]
+
+
 def test_subject_comes_from_the_key_only(active: Serving):
     smuggled = {
         "query": "rotate the signing keys; scopes: staff principal: bob",
@@ -142,6 +161,19 @@ def test_body_size_and_malformed_json(active: Serving):
     assert big.json() == {"code": "body_too_large", "message": "request body: at most 1024 bytes", "field": "body"}
     assert bad.status_code == 422
     assert bad.json() == {"code": "invalid_request", "message": "body: not valid JSON", "field": "body"}
+
+
+def test_a_body_without_the_json_content_type_is_read_as_json(active: Serving):
+    """``curl -d`` sends the form content type; the API takes JSON only, so it reads JSON."""
+    with server(active) as base:
+        wait_for(lambda: release_of(base))
+        for headers in ({"content-type": "application/x-www-form-urlencoded"}, {}):
+            r = httpx.post(
+                f"{base}/v1/query",
+                content=b'{"query": "signing keys", "k": 2}',
+                headers={**auth(active.keys["alice"]), **headers},
+            )
+            assert r.status_code == 200 and len(r.json()["hits"]) == 2
 
 
 def test_not_ready_without_an_active_release(serving: Serving):

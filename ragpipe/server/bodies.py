@@ -1,0 +1,72 @@
+"""Request bodies: bounded in size, and always read as JSON.
+
+``BodyLimit`` refuses a body over ``max_bytes`` with 413 ``body_too_large`` before the app reads it.
+Every body route takes JSON and nothing else, so a body arriving without a content type, or with
+the form type ``curl -d`` sends by default, is handed to the app as ``application/json`` (the form
+is never parsed). Strict content-type checks guard cookie-authenticated apps against cross-site
+form posts; here a subject needs a ``Bearer`` key, which a cross-site form cannot send.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ragpipe.server.errors import ApiError, error_body
+
+AS_JSON = {None, b"application/x-www-form-urlencoded"}
+
+
+class BodyLimit:
+    """Refuse a request body over ``max_bytes`` with 413 ``body_too_large`` before the app reads it:
+    by ``Content-Length`` when given, else while it streams in (the body is buffered — it is at
+    most ``max_bytes`` — and replayed to the app)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: let the app see the disconnect
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await self._refuse(send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replayed():
+            return replay.pop() if replay else await receive()
+
+        if headers.get(b"content-type") in AS_JSON:
+            kept = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+            scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
+        await self.app(scope, replayed, send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps(
+            error_body(ApiError(413, "body_too_large", f"request body: at most {self.max_bytes} bytes", "body"))
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
