@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -30,7 +31,7 @@ def serve(
         str | None, typer.Option("--target", "-t", help="Serve this target's active release (default: the config's).")
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
     config: Annotated[
         Path | None, typer.Option("--config", help="serve.yaml: keys, anonymous access, limits (docs/serving.md).")
     ] = None,
@@ -48,9 +49,19 @@ def serve(
         fail(str(exc))
     import uvicorn
 
+    try:  # bound here, so a bad address is one line, not uvicorn's log and exit code 3
+        sock = socket.create_server((host, port), reuse_port=False)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     _log_lines()
+    limits = settings.limits
     out.print(f"serving target {app.service.follower.target!r} on http://{host}:{port} (ready at /readyz)")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", limit_concurrency=limits.max_connections
+        )
+    )
+    server.run(sockets=[sock])
 
 
 def serve_key(

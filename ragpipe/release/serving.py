@@ -9,11 +9,13 @@ parsed once and accepted only if its plan ID is the manifest's ``query_plan_id``
 release with another plan would answer with something that was never evaluated, so a missing or
 different plan is refused, never replaced by the default.
 
-``active_release(ws, target)`` is what a long-running server follows: besides the verification
-above it checks what activation checked, so a pointer nobody moved through activation is never
+``active_release(ws, target)`` is what a long-running server follows: it checks what the swap
+that moved the pointer checked, so a pointer nobody moved through activation or rollback is never
 served — the pointer must agree with the target's verified history (the release the history
-made active at that generation, under the intent the pointer's ``ledger_head`` names), and the
-release must be eligible under a gate policy the target accepts.
+made active at that generation, under the intent the pointer's ``ledger_head`` names); a release
+made active by an activation must be eligible under a gate policy the target accepts (and
+approved where the target requires it); and every release is verified with its gate decision
+made again from its runs, as activation and rollback verify it.
 """
 
 from __future__ import annotations
@@ -94,29 +96,49 @@ def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> QueryPlan:
 
 
 def active_release(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> ServedRelease:
-    """The active release of ``target`` checked as activation checks it (module docstring), then
-    verified and opened like ``served_release``; ``ReleaseError`` naming the first problem."""
+    """The active release of ``target`` checked as the swap that made it active checked it
+    (module docstring), then verified and opened like ``served_release``; ``ReleaseError`` naming
+    the first problem. An *activation* needed an eligible release gated under a policy the target
+    accepts (and an approval where the target requires one); a *rollback* returns to a release that
+    was active before, which ``rollback`` does not re-gate; both verified the release with its gate
+    decision made again from its runs, and so does this (seconds, on the caller's thread: a server
+    runs it beside the requests, never in one)."""
     store = ReleaseStore(ws)
     config = config or load_targets()
-    name, _ = config.get(target)
+    name, spec = config.get(target)
     pointer, state, records = _pointer_and_history(store, name)
-    since = _agreement(name, pointer, state, records)
+    since, action = _agreement(name, pointer, state, records)
     manifest = load_manifest(store, pointer.release_id)
-    if not manifest.gate.eligible:
-        raise ReleaseError(
-            f"target {name!r}: release {pointer.release_id} is not eligible "
-            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
-        )
-    refused = unaccepted_policy(config.accepted_policies(name), name, manifest)
-    if refused:
-        raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
-    verified, problems = verified_release(ws, manifest, remake_decision=False)
+    if action == "activate":
+        _check_activation(config, name, pointer.release_id, manifest, state, spec.approval_required)
+    verified, problems = verified_release(ws, manifest, remake_decision=True)
     if verified is None:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
     served = _served(ws, verified)
     return ServedRelease(
         served.release_id, served.manifest, served.bundle, served.plan, name, pointer.generation, since
     )
+
+
+def _check_activation(
+    config: TargetsConfig,
+    name: str,
+    release_id: str,
+    manifest: ReleaseManifest,
+    state: TargetHistory,
+    approval_required: bool,
+) -> None:
+    """What ``activate`` requires of a release before it swaps the pointer (its verification aside)."""
+    if not manifest.gate.eligible:
+        raise ReleaseError(
+            f"target {name!r}: release {release_id} is not eligible "
+            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
+        )
+    refused = unaccepted_policy(config.accepted_policies(name), name, manifest)
+    if refused:
+        raise ReleaseError(f"target {name!r}: release {release_id} {refused}")
+    if approval_required and not state.approved(release_id):
+        raise ReleaseError(f"target {name!r} requires an approval, and release {release_id} has none")
 
 
 def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, TargetHistory, tuple[Record, ...]]:
@@ -136,15 +158,15 @@ def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, Targe
     raise ReleaseError(f"target {name!r}: the pointer kept moving while it was read")
 
 
-def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> str:
-    """When the history made ``pointer``'s release active; ``ReleaseError`` unless the history
-    agrees with the pointer. Between the pointer swap and its *observed* record the history's
-    open intent is the one the pointer names (an activation in flight, or one whose writer died
-    after the swap): that intent vouches for the pointer."""
+def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> tuple[str, str]:
+    """(when, by which action) the history made ``pointer``'s release active; ``ReleaseError``
+    unless the history agrees with the pointer. Between the pointer swap and its *observed* record
+    the history's open intent is the one the pointer names (an activation in flight, or one whose
+    writer died after the swap): that intent vouches for the pointer."""
     intent = state.open_intent
     if intent is not None and intent.hash == pointer.ledger_head:
         if (intent.payload["release_id"], intent.payload["generation"]) == (pointer.release_id, pointer.generation):
-            return str(intent.payload["at"])
+            return str(intent.payload["at"]), str(intent.payload["action"])
     if (state.active, state.generation, state.active_intent) != (
         pointer.release_id,
         pointer.generation,
@@ -155,7 +177,8 @@ def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tup
             f"but the history has {state.active} at generation {state.generation}: the pointer was not moved "
             "by activation or rollback; refusing to serve it"
         )
+    action = next(a for generation, _, a in reversed(state.activations) if generation == pointer.generation)
     for record in reversed(records):
         if record.kind == "observed" and record.payload["generation"] == pointer.generation:
-            return str(record.payload["at"])
+            return str(record.payload["at"]), action
     raise ReleaseError(f"target {target!r}: the history has no record of generation {pointer.generation}")

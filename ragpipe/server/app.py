@@ -27,10 +27,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.authz import AuthorizationError
@@ -46,6 +48,7 @@ from ragpipe.server.metrics import ServerMetrics
 from ragpipe.server.ratelimit import RateLimiter
 
 access_log = logging.getLogger("ragpipe.access")
+log = logging.getLogger("ragpipe.server")
 ROUTES = (
     "/v1/query",
     "/v1/answer",
@@ -65,9 +68,9 @@ class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     query: str = Field(description="The query text.")
-    k: int = Field(10, ge=1, description="Number of hits (at most the server's max_k).")
+    k: StrictInt = Field(10, ge=1, description="Number of hits (at most the server's max_k).")
     mode: Literal["hybrid", "lexical", "vector"] | None = Field(None, description="Channels (default: the plan's).")
-    trace: bool = Field(False, description="Add the subject's view of the trace.")
+    trace: StrictBool = Field(False, description="Add the subject's view of the trace.")
 
 
 class AnswerRequest(BaseModel):
@@ -89,10 +92,25 @@ class Service:
         self.limiter = RateLimiter(config.limits.requests_per_minute)
         self.slots = threading.BoundedSemaphore(config.limits.max_concurrent)
 
+    def limit(self, rate_key: str) -> None:
+        """429 ``rate_limited`` once ``rate_key`` has used up its requests of the last minute."""
+        retry_after = self.limiter.hit(rate_key)
+        if retry_after is not None:
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"rate limit of {self.config.limits.requests_per_minute} requests a minute reached",
+                headers={"Retry-After": str(retry_after)},
+            )
+
     def check_text(self, text: str, field: str) -> None:
         limit = self.config.limits.max_query_chars
         if len(text) > limit:
             raise ApiError(413, "query_too_long", f"{field}: {len(text)} characters, at most {limit} allowed", field)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a JSON \ud800 escape: no tokenizer takes it
+            raise ApiError(422, "invalid_request", f"{field}: not valid Unicode text (lone surrogate)", field) from None
 
     def compute(self, state, work):
         """Run ``work(in_service)`` in a compute slot on the release served now (captured once);
@@ -120,18 +138,14 @@ def _service(request: Request) -> Service:
 
 
 def _caller(request: Request, service: Annotated[Service, Depends(_service)]) -> Caller:
-    caller = service.keys.authenticate(
-        request.headers.get("authorization"), request.client.host if request.client else "-"
-    )
+    client = request.client.host if request.client else "-"
+    try:
+        caller = service.keys.authenticate(request.headers.get("authorization"), client)
+    except ApiError:
+        service.limit(f"refused:{client}")  # guessing keys counts against the caller's address
+        raise
     request.state.subject = caller.subject.principal
-    retry_after = service.limiter.hit(caller.rate_key)
-    if retry_after is not None:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"rate limit of {service.config.limits.requests_per_minute} requests a minute reached",
-            headers={"Retry-After": str(retry_after)},
-        )
+    service.limit(caller.rate_key)
     return caller
 
 
@@ -193,6 +207,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Sync routes and the MCP tool run in anyio's worker threads (40 by default): room for every
+        # compute slot plus the requests queued for one, so max_concurrent is never capped by the pool.
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, 2 * config.limits.max_concurrent + 16)
         follower.start()
         try:
             async with mcp.session_manager.run():  # a mounted app's own lifespan is not run
@@ -211,6 +229,19 @@ def create_app(
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        error = ApiError(exc.status_code, code, message.get(exc.status_code, "body: cannot be parsed as JSON"))
+        return JSONResponse(error_body(error), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The traceback is for the operator's log; the caller gets one line and a stable code.
+        log.error("internal error on %s", request.url.path, exc_info=exc)
+        return JSONResponse(error_body(ApiError(500, "internal_error", "internal error")), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -237,22 +268,23 @@ def create_app(
         except AuthorizationError as exc:
             raise ApiError(500, "authorization_check_failed", str(exc)) from None
 
+    # The light routes are coroutines: they never wait behind queries for a worker thread.
     @app.get("/v1/release")
-    def release(request: Request) -> dict[str, object]:
+    async def release(request: Request) -> dict[str, object]:
         """The release being served and the last refused pointer change."""
         return follower.status()
 
     @app.get("/v1/tools")
-    def tools() -> list[dict[str, object]]:
+    async def tools() -> list[dict[str, object]]:
         """The tools this server offers, as OpenAI-style function schemas (served over MCP at /mcp)."""
         return openai_tools()
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/readyz")
-    def readyz() -> Response:
+    async def readyz() -> Response:
         status = follower.status()
         if status["ready"]:
             return JSONResponse(status)
@@ -260,12 +292,12 @@ def create_app(
         return JSONResponse(error_body(ApiError(503, "not_ready", str(reason))) | {"status": status}, status_code=503)
 
     @app.get("/metrics")
-    def metrics_route() -> Response:
+    async def metrics_route() -> Response:
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
     app.mount("/mcp", tool_app)
-    app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes, timeout_s=config.limits.body_timeout_s)
     return Observed(app, service)
 
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from ragpipe.retrieval.authz import Subject
 from ragpipe.server.config import KeyEntry, ServeConfig
 from ragpipe.server.errors import ApiError
-from ragpipe.server.keys import key_matches, split_key
+from ragpipe.server.keys import key_matches, new_key, split_key
 
 UNAUTHORIZED = "missing or unknown API key (Authorization: Bearer rpk_...)"
+DUMMY_HASH = new_key("dummy")[1]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class KeyRing:
         scheme, _, key = header.partition(" ")
         parts = split_key(key.strip()) if scheme.lower() == "bearer" else None
         entry = self.entries.get(parts[0]) if parts else None
-        if parts is None or entry is None or not key_matches(parts[1], entry.hash):
+        # An unknown ID costs the same digest as a known one, so timing does not tell which IDs exist.
+        matches = key_matches(parts[1] if parts else "", entry.hash if entry else DUMMY_HASH)
+        if entry is None or not matches:
             raise ApiError(401, "unauthorized", UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
         return Caller(self.subjects[entry.id], f"key:{entry.id}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import anyio
+
 from ragpipe.server.errors import ApiError, error_body
 
 AS_JSON = {None, b"application/x-www-form-urlencoded"}
@@ -21,9 +23,10 @@ class BodyLimit:
     by ``Content-Length`` when given, else while it streams in (the body is buffered — it is at
     most ``max_bytes`` — and replayed to the app)."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, timeout_s: float = 10.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -34,20 +37,17 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._refuse(send)
             return
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break  # the client went away: let the app see the disconnect
-            body = message.get("body", b"")
-            total += len(body)
-            if total > self.max_bytes:
-                await self._refuse(send)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
+        try:
+            with anyio.fail_after(self.timeout_s):  # a body trickling in must not hold a connection forever
+                chunks = await self._read(receive)
+        except TimeoutError:
+            await self._send(
+                send, ApiError(408, "request_timeout", f"request body: not received within {self.timeout_s} s", "body")
+            )
+            return
+        if chunks is None:
+            await self._refuse(send)
+            return
         replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
         async def replayed():
@@ -58,14 +58,31 @@ class BodyLimit:
             scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
         await self.app(scope, replayed, send)
 
+    async def _read(self, receive) -> list[bytes] | None:
+        """The body's chunks; None once more than ``max_bytes`` arrived."""
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return chunks  # the client went away: let the app see an empty body
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                return None
+            chunks.append(body)
+            if not message.get("more_body", False):
+                return chunks
+
     async def _refuse(self, send) -> None:
-        body = json.dumps(
-            error_body(ApiError(413, "body_too_large", f"request body: at most {self.max_bytes} bytes", "body"))
-        ).encode()
+        await self._send(send, ApiError(413, "body_too_large", f"request body: at most {self.max_bytes} bytes", "body"))
+
+    async def _send(self, send, error: ApiError) -> None:
+        body = json.dumps(error_body(error)).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": error.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
             }
         )

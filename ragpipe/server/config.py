@@ -74,6 +74,8 @@ class Limits(BaseModel):
     queue_timeout_s: float = Field(2.0, ge=0, le=60)
     requests_per_minute: int = Field(600, ge=0)
     llm_timeout_s: float = Field(30.0, gt=0, le=600)
+    body_timeout_s: float = Field(10.0, gt=0, le=300)
+    max_connections: int = Field(256, ge=1, le=65536)
 
 
 class ServeConfig(BaseModel):

@@ -1,11 +1,12 @@
 """Errors as JSON with a stable ``code``.
 
 Codes: ``unauthorized`` (401), ``rate_limited`` (429, ``Retry-After``), ``invalid_request`` (422: a
-field breaks its rule; ``field`` names it), ``invalid_query`` (422: the retriever refused the text
-or mode), ``body_too_large`` / ``query_too_long`` (413), ``not_ready`` (503: no release served
-yet, and why), ``overloaded`` (503: every compute slot stayed busy for ``queue_timeout_s``),
-``authorization_check_failed`` (500: an index row contradicted the verified tables; nothing is
-returned). Validation messages name the field and the rule, never echo the input.
+field breaks its rule, ``field`` names it; 400: a body that cannot be parsed), ``invalid_query``
+(422: the retriever refused the text or mode), ``body_too_large`` / ``query_too_long`` (413),
+``request_timeout`` (408), ``not_found`` (404), ``method_not_allowed`` (405), ``not_ready`` (503:
+no release served yet, and why), ``overloaded`` (503: every compute slot stayed busy for
+``queue_timeout_s``), ``authorization_check_failed`` (500: an index row contradicted the verified
+tables; nothing is returned), ``internal_error`` (500: the traceback is logged, never returned). Validation messages name the field and the rule, never echo the input.
 """
 
 from __future__ import annotations

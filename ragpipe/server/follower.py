@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from ragpipe.retrieval.retriever import MODES, Retriever
 
 log = logging.getLogger("ragpipe.server")
 WARM_QUERY = "warm up the query path"
+RECHECK_S = 30.0  # a failed look is retried after poll_interval * 2**failures seconds, at most this
 
 
 class NotReady(RuntimeError):
@@ -55,6 +57,7 @@ class InService:
     serving_since: str  # when this server swapped it in
     users: int = 0
     retired: bool = False
+    closed: bool = False
     generators: dict[str, object] = field(default_factory=dict)  # answer generators, built on first use
 
     @property
@@ -75,6 +78,10 @@ class InService:
         }
 
     def close(self) -> None:
+        """Close the retriever and give up the lease (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.retriever.close()
         finally:
@@ -124,6 +131,8 @@ class ReleaseFollower:
         self._current: InService | None = None
         self._refusal: Refusal | None = None
         self._seen: tuple[bytes | None, tuple[int, int] | None] | None = None
+        self._failures = 0  # consecutive failed looks: the next re-check backs off to RECHECK_S
+        self._recheck_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swaps = 0
@@ -175,9 +184,11 @@ class ReleaseFollower:
         return pointer, history
 
     def poll(self) -> None:
-        """Look once; when the pointer or history changed, load what the pointer names."""
+        """Look once; load what the pointer names when the pointer or history changed, or when the
+        last look failed and its re-check is due (a refusal can be cured by files other than these
+        two: a restored evaluation folder, a repaired bundle, a lease that could not be taken)."""
         seen = self._observed()
-        if seen == self._seen:
+        if seen == self._seen and (self._failures == 0 or time.monotonic() < self._recheck_at):
             return
         self._seen = seen
         self._load()
@@ -194,10 +205,11 @@ class ReleaseFollower:
             served.generation,
         ):
             with self._lock:
-                self._refusal = None  # the served release checks again (e.g. history only grew)
+                self._refusal, self._failures = None, 0  # the served release checks again (history only grew)
             return
-        lease = BundleLease(self.ws, served.bundle.bundle_id)
+        lease = None
         try:
+            lease = BundleLease(self.ws, served.bundle.bundle_id)
             retriever = Retriever(served.bundle, plan=served.plan, **self.retriever_options)  # type: ignore[arg-type]
             try:
                 warm(retriever)
@@ -205,7 +217,8 @@ class ReleaseFollower:
                 retriever.close()
                 raise
         except Exception as exc:  # a release that cannot answer a query is refused like one that does not verify
-            lease.release()
+            if lease is not None:
+                lease.release()
             self._refuse(served.release_id, served.generation, f"release {served.release_id} cannot serve: {exc}")
             return
         retriever.release_id = served.release_id
@@ -213,29 +226,42 @@ class ReleaseFollower:
 
     def _swap(self, new: InService) -> None:
         with self._lock:
-            old, self._current = self._current, new
-            self._refusal = None
-            self.swaps += 1
-            close_old = False
-            if old is not None:
-                old.retired = True
-                close_old = old.users == 0
+            if self._stop.is_set():  # stopped while this release was being opened: never install it
+                old, close_old, stopped = None, False, True
+            else:
+                old, self._current, stopped = self._current, new, False
+                self._refusal, self._failures = None, 0
+                self.swaps += 1
+                close_old = False
+                if old is not None:
+                    old.retired = True
+                    close_old = old.users == 0
+        if stopped:
+            new.close()
+            return
         log.info("serving release %s (generation %s)", new.release_id, new.served.generation)
         self.on_swap(new)
         if close_old and old is not None:
             old.close()
 
     def _refuse(self, release_id: str | None, generation: int | None, reason: str) -> None:
+        """Record a refusal; counted (and told) once per distinct reason, however often it is re-checked."""
         refusal = Refusal(release_id, generation, reason, _now())
         with self._lock:
-            self._refusal = refusal
-            self.refused += 1
-        log.warning("not serving: %s", reason)
-        self.on_refusal(refusal)
+            new = self._refusal is None or self._refusal.reason != reason
+            if new:
+                self._refusal = refusal
+                self.refused += 1
+            self._failures += 1
+            self._recheck_at = time.monotonic() + min(RECHECK_S, self.poll_interval * 2**self._failures)
+        if new:
+            log.warning("not serving: %s", reason)
+            self.on_refusal(refusal)
 
     def start(self) -> None:
         """Follow in the background: the first look happens at once, so ``/healthz`` answers while
         the first release is still being verified (``/readyz`` says ``starting`` until then)."""
+        self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ragpipe-release-follower", daemon=True)
         self._thread.start()
 
@@ -249,13 +275,15 @@ class ReleaseFollower:
                 return
 
     def stop(self) -> None:
-        """Stop following and close the served release (call once no request is in flight)."""
+        """Stop following and close the served release once its in-flight requests are done (a
+        release still being opened is closed instead of installed)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=120)
         with self._lock:
             current, self._current = self._current, None
-        if current is not None:
-            current.retired = True
-            if current.users == 0:
-                current.close()
+            close_now = current is not None and current.users == 0
+            if current is not None:
+                current.retired = True
+        if close_now and current is not None:
+            current.close()

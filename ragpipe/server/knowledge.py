@@ -4,12 +4,14 @@ A call retrieves ``limit`` chunks for the caller's subject from the release bein
 returns them as evidence items labelled ``E1…En``. Labels come from an **evidence ledger** scoped
 to the caller's session: the MCP session (``Mcp-Session-Id``), else a run ID the caller passes,
 else the call alone. Within a ledger a chunk keeps the label it got first (items are deduplicated
-by chunk), so a model can cite ``[E3]`` across several calls; ledgers are keyed by the subject too,
-so no label, and no chunk behind one, ever crosses from one caller or session to another.
+by chunk), so a model can cite ``[E3]`` across several calls; ledgers are keyed by the caller's
+credential and scopes too, so no label, and no chunk behind one, ever crosses from one caller or
+session to another.
 
 Bounds: at most ``MAX_LIMIT`` items a call, ``MAX_CHARS`` characters of evidence text a response
 (items past the budget are left out, ``truncated`` says so), ``MAX_LEDGER_ITEMS`` labels a ledger
-and ``MAX_LEDGERS`` ledgers kept (least recently used dropped).
+and ``MAX_LEDGERS`` ledgers kept, ``MAX_LEDGERS_PER_CALLER`` of them per caller (least recently
+used dropped).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ragpipe.retrieval.authz import Subject
+from ragpipe.server.auth import Caller
 from ragpipe.server.follower import InService
 
 MAX_LIMIT = 20
 MAX_CHARS = 20_000
 MAX_LEDGER_ITEMS = 500
 MAX_LEDGERS = 10_000
+MAX_LEDGERS_PER_CALLER = 64
 TOOL_NAME = "knowledge_search"
 TOOL_DESCRIPTION = (
     "Search the knowledge base (the active, verified release). Returns evidence items labelled E1..En; "
@@ -72,37 +76,38 @@ class EvidenceLedger:
 
 
 class EvidenceLedgers:
-    """Ledgers by scope, least recently used dropped past ``MAX_LEDGERS``; thread-safe."""
+    """Ledgers by (caller, scope); least recently used dropped past ``MAX_LEDGERS`` in all and past
+    ``MAX_LEDGERS_PER_CALLER`` for one caller, so one key cannot push out everyone else's; thread-safe."""
 
-    def __init__(self, max_ledgers: int = MAX_LEDGERS):
+    def __init__(self, max_ledgers: int = MAX_LEDGERS, per_caller: int = MAX_LEDGERS_PER_CALLER):
         self.max_ledgers = max_ledgers
-        self._ledgers: OrderedDict[str, EvidenceLedger] = OrderedDict()
+        self.per_caller = per_caller
+        self._ledgers: OrderedDict[tuple[str, tuple[str, ...], str], EvidenceLedger] = OrderedDict()
         self._lock = threading.Lock()
 
-    def scope_of(self, subject: Subject, session_id: str | None, run_id: str | None) -> str | None:
-        """The ledger scope of a call: its session, else its run, each per subject; None: the call alone."""
+    def ledger(self, caller: Caller, session_id: str | None, run_id: str | None) -> EvidenceLedger:
+        """The ledger of a call: its MCP session, else its run, else the call alone. The key is the
+        caller's credential (its key ID, or an anonymous caller's address) and scopes, never only a
+        name: two keys of one principal, or two anonymous callers, never share labels."""
         if session_id:
-            return f"session:{subject.principal}:{session_id}"
-        if run_id:
-            return f"run:{subject.principal}:{run_id}"
-        return None
-
-    def ledger(self, scope: str | None) -> EvidenceLedger:
-        if scope is None:
+            scope = f"session:{session_id}"
+        elif run_id:
+            scope = f"run:{run_id}"
+        else:
             return EvidenceLedger("call")
+        key = (caller.rate_key, caller.subject.scopes, scope)
         with self._lock:
-            found = self._ledgers.get(scope)
-            if found is None:
-                found = self._ledgers[scope] = EvidenceLedger(scope)
-                while len(self._ledgers) > self.max_ledgers:
-                    self._ledgers.popitem(last=False)
-            else:
-                self._ledgers.move_to_end(scope)
+            found = self._ledgers.get(key)
+            if found is not None:
+                self._ledgers.move_to_end(key)
+                return found
+            found = self._ledgers[key] = EvidenceLedger(scope)
+            own = [k for k in self._ledgers if k[0] == caller.rate_key]
+            for old in own[: max(0, len(own) - self.per_caller)]:
+                del self._ledgers[old]
+            while len(self._ledgers) > self.max_ledgers:
+                self._ledgers.popitem(last=False)
             return found
-
-    def forget(self, scope: str) -> None:
-        with self._lock:
-            self._ledgers.pop(scope, None)
 
 
 def check_arguments(query: object, limit: object, source_roles: object, run_id: object, max_chars: int) -> None:

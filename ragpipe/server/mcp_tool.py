@@ -41,7 +41,7 @@ def build_mcp(service) -> MCPServer:
         try:
             check_arguments(query, limit, source_roles, run_id, service.config.limits.max_query_chars)
             subject = request.state.caller.subject
-            ledger = ledgers.ledger(ledgers.scope_of(subject, request.headers.get("mcp-session-id"), run_id))
+            ledger = ledgers.ledger(request.state.caller, request.headers.get("mcp-session-id"), run_id)
 
             def work(in_service):
                 return search(in_service, ledger, subject, query, limit, source_roles)
@@ -82,10 +82,12 @@ class KeyGuard:
         client = scope.get("client") or ("-", 0)
         state = scope.setdefault("state", {})
         try:
-            caller = self.service.keys.authenticate(headers.get("authorization"), client[0])
-            retry_after = self.service.limiter.hit(caller.rate_key)
-            if retry_after is not None:
-                raise ApiError(429, "rate_limited", "rate limit reached", headers={"Retry-After": str(retry_after)})
+            try:
+                caller = self.service.keys.authenticate(headers.get("authorization"), client[0])
+            except ApiError:
+                self.service.limit(f"refused:{client[0]}")
+                raise
+            self.service.limit(caller.rate_key)
         except ApiError as exc:
             await _send_error(send, exc)
             return

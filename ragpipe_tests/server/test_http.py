@@ -223,3 +223,83 @@ def test_openapi_document_names_every_route(active: Serving):
         "/v1/tools",
     ]
     assert set(doc["components"]["schemas"]["QueryRequest"]["properties"]) == {"query", "k", "mode", "trace"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content", "status", "error"),
+    [
+        ("GET", "/v2/nothing", None, 404, ("not_found", "no route /v2/nothing", None)),
+        ("GET", "/v1/query", None, 405, ("method_not_allowed", "GET is not allowed on /v1/query", None)),
+        (
+            "POST",
+            "/v1/query",
+            b'{"query": "a", "k": ' + b"9" * 5000 + b"}",
+            400,
+            ("invalid_request", "body: cannot be parsed as JSON", None),
+        ),
+        (
+            "POST",
+            "/v1/query",
+            b'{"query": "\xff\xfe"}',
+            400,
+            ("invalid_request", "body: cannot be parsed as JSON", None),
+        ),
+        (
+            "POST",
+            "/v1/query",
+            b'{"query": "a\\ud800b"}',
+            422,
+            ("invalid_request", "query: not valid Unicode text (lone surrogate)", "query"),
+        ),
+        (
+            "POST",
+            "/v1/answer",
+            b'{"question": "\\udfff"}',
+            422,
+            ("invalid_request", "question: not valid Unicode text (lone surrogate)", "question"),
+        ),
+        (
+            "POST",
+            "/v1/query",
+            b'{"query": "a", "k": true}',
+            422,
+            ("invalid_request", "k: Input should be a valid integer", "k"),
+        ),
+        (
+            "POST",
+            "/v1/query",
+            b'{"query": "a", "k": 2.0}',
+            422,
+            ("invalid_request", "k: Input should be a valid integer", "k"),
+        ),
+    ],
+)
+def test_every_error_is_json_with_a_code(active: Serving, method, path, content, status, error):
+    with server(active) as base:
+        wait_for(lambda: release_of(base))
+        r = httpx.request(
+            method,
+            f"{base}{path}",
+            content=content,
+            headers={**auth(active.keys["alice"]), "content-type": "application/json"},
+        )
+    assert r.status_code == status
+    assert r.json() == dict(zip(("code", "message", "field"), error))
+
+
+def test_a_body_that_trickles_in_times_out_with_408(active: Serving):
+    import socket
+
+    with server(active, limits={"body_timeout_s": 0.5}) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+                + f"Authorization: Bearer {active.keys['alice']}\r\n\r\n".encode()
+                + b'{"query": '
+            )
+            reply = sock.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 408 ")
+    assert reply.endswith(
+        '{"code": "request_timeout", "message": "request body: not received within 0.5 s", "field": "body"}'
+    )
