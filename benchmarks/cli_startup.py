@@ -6,10 +6,14 @@
 Each repeat starts a fresh interpreter that runs the `ragpipe` command's entry point exactly as the
 console script does (``ragpipe.cli.main``) with the given arguments (default: ``query TEXT --k 3
 --json`` against the home's active release), and reports, from inside that process at exit, how
-many ``ragpipe`` modules and how many modules in all it imported. ``$DAGSTER_HOME`` is passed on
-as set (a build needs it). ``--source DIR`` puts another checkout first on ``sys.path`` (to
-measure an earlier layout against the same home). Prints one JSON object: wall seconds per repeat
-(min and median), the module counts and the command's exit code.
+many ``ragpipe`` modules and how many modules in all it imported, and which of the heavy libraries
+(torch, transformers, sentence_transformers, onnxruntime, lancedb, tantivy). ``$DAGSTER_HOME`` is
+passed on as set (a build needs it). ``--source DIR`` puts another checkout first on ``sys.path``
+(to measure an earlier layout against the same home). One run before the measured ones warms the
+page cache and, for a query, the home's query-graph cache (``query_graphs/``): it creates the
+embedder's entry if there is none, so the measured runs are a warm machine's; the report says how
+many entries there were before and after it, and how long it took. Prints one JSON object: wall
+seconds per repeat (min and median), the module counts, the warm-up and the command's exit code.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from pathlib import Path
 
 CHILD = """
 import atexit, json, sys
+HEAVY = ("torch", "transformers", "sentence_transformers", "onnxruntime", "lancedb", "tantivy")
 def report():
     names = sorted(sys.modules)
     ours = [n for n in names if n == "ragpipe" or n.startswith("ragpipe.")]
-    counts = {"ragpipe": len(ours), "all": len(names), "source": sys.modules["ragpipe"].__file__}
+    counts = {"ragpipe": len(ours), "all": len(names), "source": sys.modules["ragpipe"].__file__,
+              "heavy": [n for n in HEAVY if n in sys.modules]}
     sys.stderr.write("\\nMODULES " + json.dumps(counts) + "\\n")
 atexit.register(report)
 sys.argv = ["ragpipe", *sys.argv[1:]]
@@ -67,8 +73,11 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=None, help="a checkout to import ragpipe from instead")
     args = parser.parse_args()
     command = args.command or ["query", "Aspirin reduces the risk of cardiovascular events", "--k", "3", "--json"]
-    run_once(args.home.resolve(), command, args.source)  # warm the page cache: the figure is a warm machine's
-    runs = [run_once(args.home.resolve(), command, args.source) for _ in range(args.repeat)]
+    home = args.home.resolve()
+    entries_before = query_graph_entries(home)
+    # warm the page cache (and create a missing query-graph entry): the figure is a warm machine's
+    warmup, _, _ = run_once(home, command, args.source)
+    runs = [run_once(home, command, args.source) for _ in range(args.repeat)]
     walls = [round(w, 3) for w, _, _ in runs]
     print(
         json.dumps(
@@ -79,9 +88,20 @@ def main() -> None:
                 "modules": runs[-1][1],
                 "exit_code": runs[-1][2],
                 "command": command,
+                "warmup": {
+                    "wall_seconds": round(warmup, 3),
+                    "query_graph_entries_before": entries_before,
+                    "query_graph_entries_after": query_graph_entries(home),
+                },
             }
         )
     )
+
+
+def query_graph_entries(home: Path) -> int:
+    """Published entries of the home's query-graph cache (temp and trash siblings not counted)."""
+    folder = home / "query_graphs"
+    return sum(1 for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else 0
 
 
 if __name__ == "__main__":

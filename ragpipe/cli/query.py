@@ -34,14 +34,18 @@ def _retriever(
     or the default plan), else a release — ``--release ID``, the active release of ``--target``,
     or, with none of these, the active release of the default target, served with the plan it
     was gated with."""
-    from ragpipe.api import Retriever, retriever_for_release  # the retrieval stack: only when a query runs
-    from ragpipe.retrieval.plan import load_plan
-
     if bundle is not None or revision is not None:
+        from ragpipe.api import Retriever  # the retrieval stack: only when a query runs
+        from ragpipe.retrieval.plan import load_plan
+
         if release is not None or target is not None:
             raise ValueError("give a bundle (--bundle or --revision) or a release (--release or --target), not both")
         plan = load_plan(plan_path)
         return Retriever(bundle_path(bundle, revision), plan=plan), plan
+    # not Retriever here: retriever_for_release starts loading the query graph before it imports the
+    # retrieval stack (lancedb), so that the two overlap
+    from ragpipe.api import retriever_for_release
+
     if plan_path is not None:
         raise ValueError("--plan applies to --bundle or --revision; a release serves the plan it was gated with")
     if release is not None and target is not None:
@@ -65,14 +69,23 @@ def _subject(principal: str, scopes: list[str] | None):
 def _or_fail(action):
     """Run a query-side action; its expected errors become one clear message and exit code 1."""
     from ragpipe.bundle.verify import BundleVerificationError  # pyarrow: only when a command runs
+    from ragpipe.embedding.embedder import EmbedderError
     from ragpipe.retrieval.authz import AuthorizationError
     from ragpipe.retrieval.plan import PlanError
     from ragpipe.retrieval.rerank import RerankerError
-    from ragpipe.retrieval.retriever import QueryError
+    from ragpipe.retrieval.results import QueryError
 
     try:
         return action()
-    except (BundleVerificationError, PlanError, QueryError, AuthorizationError, RerankerError, ValueError) as exc:
+    except (
+        BundleVerificationError,
+        EmbedderError,  # a refused query-graph entry or embedder model: one line saying what to do
+        PlanError,
+        QueryError,
+        AuthorizationError,
+        RerankerError,
+        ValueError,
+    ) as exc:
         fail(str(exc))  # ReleaseError and LedgerError are ValueErrors too
 
 

@@ -7,12 +7,16 @@ work/<key>/<stage>/<version hex>/    one immutable folder per distinct output of
 work/<key>/<stage>/latest.json       the revision's latest materialization of the stage: which
                                      version folder, under which spec (replaced atomically)
 embedding_cache/<spec hex>/          embedding cache shards, shared by all revisions
+query_graphs/<key hex>/              exported query-side ONNX graphs, one per embedder (verified
+                                     on every load; ragpipe.embedding.query_graph)
 bundles/<bundle id hex>/             published, immutable index bundles
 locks/                               flock files (workspace.lock, build-<key>.lock)
 ```
 
 Stage outputs and bundles accumulate until ``ragpipe.gc.collect_garbage`` removes those no
-``latest.json`` references (see ``docs/operations.md``).
+``latest.json`` references (see ``docs/operations.md``); query graphs are a cache that garbage
+collection leaves alone: remove ``query_graphs/`` (or one entry) at any time, the next query
+re-creates what it needs.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class Workspace:
     @property
     def embedding_cache(self) -> Path:
         return self.home / "embedding_cache"
+
+    @property
+    def query_graphs(self) -> Path:
+        return self.home / "query_graphs"
 
     @property
     def bundles(self) -> Path:

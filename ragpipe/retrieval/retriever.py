@@ -25,6 +25,7 @@ from ragpipe.chunking.models import Chunk
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
 from ragpipe.index.vector import VectorSearcher
+from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject
 from ragpipe.retrieval.channels import ChannelRanking, LexicalBackend, VectorBackend, rank_channel, recheck
@@ -61,13 +62,19 @@ class Retriever:
         channel_workers: int = 4,
         max_views: int = 8,
         max_audiences: int = 4096,
+        query_graph_dir: Path | None = None,
     ):
         """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
         lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
-        audience views and audience verdicts kept, least recently used dropped (docs/retrieval.md).
+        audience views and audience verdicts kept, least recently used dropped (docs/retrieval.md);
+        ``query_graph_dir``: the query-graph cache the ``onnxruntime`` query runtime loads from
+        (default ``$RAGPIPE_HOME/query_graphs``; ``ragpipe.embedding.query_graph``).
         All operational, never part of an ID."""
         if channel_workers < 1:
             raise ValueError("channel_workers must be >= 1")
+        self.query_graph_dir = (
+            Path(query_graph_dir) if query_graph_dir is not None else Workspace(default_home()).query_graphs
+        )
         # an opened bundle was verified by whoever opened it: never verify it twice
         self.bundle = bundle if isinstance(bundle, VerifiedBundle) else open_bundle(Path(bundle))
         self.threads = threads
@@ -128,19 +135,23 @@ class Retriever:
             )
 
     def embedder(self):
-        """The query embedder, loaded (once, whichever thread asks first) on first use."""
+        """The query embedder, loaded (once, whichever thread asks first) on first use: for the
+        ``onnxruntime`` runtime the cached query graph of the bundle's embedder, created on first
+        use and verified on every load (``QueryGraphError``, an ``EmbedderError``, when refused)."""
         if self._embedder is not None:
             return self._embedder
         with self._lock:
             if self._embedder is None:
-                from ragpipe.embedding.embedder import SentenceTransformerEmbedder
-
                 self._check_embedder(self.embedder_spec)
-                embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=self.threads)
                 if self.plan.query_embedding.runtime == "onnxruntime":
-                    from ragpipe.embedding.onnx_query import OnnxQueryEncoder
+                    # the verified cached graph: no torch on this path once the entry exists
+                    from ragpipe.embedding.query_graph import query_encoder
 
-                    embedder = OnnxQueryEncoder(embedder, threads=self.threads)
+                    embedder = query_encoder(self.query_graph_dir, self.embedder_spec, threads=self.threads)
+                else:
+                    from ragpipe.embedding.embedder import SentenceTransformerEmbedder
+
+                    embedder = SentenceTransformerEmbedder(self.embedder_spec, threads=self.threads)
                 self._embedder = embedder
         return self._embedder
 

@@ -364,6 +364,7 @@ def app_from(
 ) -> Observed:
     """The whole server for ``home`` (its follower, metrics and app); what ``ragpipe serve`` runs."""
     ws = Workspace(home)
+    retriever_options = {"query_graph_dir": ws.query_graphs, **retriever_options}  # the served home's cache
     follower_holder: dict[str, ServerMetrics] = {}
     follower = ReleaseFollower(
         ws,

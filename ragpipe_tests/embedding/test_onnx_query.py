@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from ragpipe.embedding.embedder import EmbedderError, SentenceTransformerEmbedder
 from ragpipe.embedding.onnx_query import PARITY_TOLERANCE, OnnxQueryEncoder
+from ragpipe.embedding.query_graph import create_entry, entry_dir, load_entry
 from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.spec import load_pipeline_spec
 
@@ -24,8 +27,16 @@ def st_embedder():
 
 
 @pytest.fixture(scope="module")
-def encoder(st_embedder):
-    return OnnxQueryEncoder(st_embedder, threads=2)
+def graph_root(tmp_path_factory: pytest.TempPathFactory, st_embedder) -> Path:
+    """A query-graph cache holding the default embedder's entry."""
+    root = tmp_path_factory.mktemp("query_graphs")
+    create_entry(root, st_embedder.spec, st_embedder=st_embedder)
+    return root
+
+
+@pytest.fixture(scope="module")
+def encoder(graph_root, st_embedder):
+    return load_entry(graph_root, st_embedder.spec, threads=2)
 
 
 def test_onnx_vectors_match_sentence_transformers(encoder, st_embedder):
@@ -36,11 +47,12 @@ def test_onnx_vectors_match_sentence_transformers(encoder, st_embedder):
         assert float(np.abs(got - expected).max()) <= PARITY_TOLERANCE, text[:20]
 
 
-def test_query_prefix_is_applied(st_embedder):
+def test_query_prefix_is_applied(st_embedder, tmp_path: Path):
     spec = st_embedder.spec.model_copy(update={"query_prefix": "query: "})
     prefixed = SentenceTransformerEmbedder.__new__(SentenceTransformerEmbedder)
     prefixed.__dict__.update(st_embedder.__dict__, spec=spec)
-    encoder = OnnxQueryEncoder(prefixed, threads=1)
+    create_entry(tmp_path, spec, st_embedder=prefixed)
+    encoder = load_entry(tmp_path, spec, threads=1)
     assert np.abs(encoder.embed_query("aspirin") - st_embedder.embed_query("query: aspirin")).max() <= PARITY_TOLERANCE
     assert np.abs(encoder.embed_query("aspirin") - st_embedder.embed_query("aspirin")).max() > 1e-3
 
@@ -52,16 +64,17 @@ class _Drifting(SentenceTransformerEmbedder):
         return super().embed_query(text) + np.float32(1e-3)
 
 
-def test_parity_failure_refuses_the_onnx_runtime(st_embedder):
+def test_parity_failure_refuses_the_onnx_runtime(st_embedder, tmp_path: Path):
     drifting = _Drifting.__new__(_Drifting)
     drifting.__dict__.update(st_embedder.__dict__)
     with pytest.raises(
         EmbedderError, match=r"onnxruntime query vectors differ from sentence-transformers by 0\.001 .*probe 'aspirin'"
     ):
-        OnnxQueryEncoder(drifting)
+        create_entry(tmp_path, st_embedder.spec, st_embedder=drifting)
+    assert list(tmp_path.iterdir()) == []  # nothing published, no temp left
 
 
-def test_unsupported_pooling_is_refused(st_embedder):
+def test_unsupported_pooling_is_refused(st_embedder, tmp_path: Path):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Pooling
 
@@ -71,7 +84,8 @@ def test_unsupported_pooling_is_refused(st_embedder):
         modules=[st_embedder.model[0], Pooling(384, pooling_mode="cls")], device="cpu"
     )
     with pytest.raises(EmbedderError, match="supports mean pooling only, model uses 'cls'"):
-        OnnxQueryEncoder(cls_pooled)
+        create_entry(tmp_path, st_embedder.spec, st_embedder=cls_pooled)
+    assert not entry_dir(tmp_path, st_embedder.spec).exists()
 
 
 def test_runtime_is_a_plan_field_in_the_plan_id():
@@ -87,7 +101,7 @@ def test_runtime_is_a_plan_field_in_the_plan_id():
         parse_plan({"channels": {"lexical": {}}, "query_embedding": {"runtime": "tensorrt"}}, "plan.yaml")
 
 
-def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, st_embedder):
+def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, graph_root):
     from ragpipe.retrieval.retriever import Retriever
 
     full, _ = scoped_bundles
@@ -95,11 +109,13 @@ def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, st_embed
     torch_plan = plan.model_copy(
         update={"query_embedding": plan.query_embedding.model_copy(update={"runtime": "sentence_transformers"})}
     )
-    onnx_side, torch_side = Retriever(full), Retriever(full, plan=torch_plan)
+    onnx_side = Retriever(full, query_graph_dir=graph_root)
+    torch_side = Retriever(full, plan=torch_plan, query_graph_dir=graph_root)
     first = onnx_side.query("aspirin", trace=True).trace["timings_ms"]
     again = onnx_side.query("aspirin", trace=True).trace["timings_ms"]
     assert (set(first), set(again)) == ({"embedder_load", "lexical", "vector"}, {"lexical", "vector"})  # names only
     assert type(onnx_side.embedder()) is OnnxQueryEncoder
+    assert onnx_side.embedder().entry == entry_dir(graph_root, onnx_side.embedder_spec)
     assert type(torch_side.embedder()) is SentenceTransformerEmbedder
     for query in ("aspirin stroke", "statins cholesterol", "who may read a document"):
         a = onnx_side.query(query, mode="vector").hits
@@ -111,7 +127,7 @@ def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, st_embed
 
 
 def test_concurrent_queries_get_the_sequential_vectors(encoder):
-    """onnxruntime sessions take concurrent runs; the shared tokenizer is locked."""
+    """onnxruntime sessions take concurrent runs; the tokenizer is only read after loading."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 

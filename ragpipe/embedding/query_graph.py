@@ -1,0 +1,428 @@
+"""The query-graph cache: an embedder's query-side ONNX graph, exported once, verified on every load.
+
+Exporting the query model to ONNX needs torch and sentence-transformers (seconds of imports, a
+second of tracing); running it needs only onnxruntime and ``tokenizers``. One cache entry per
+embedder holds what the fast path needs::
+
+    <root>/<key hex>/model.onnx       the graph: transformer, mean pooling, L2 normalisation
+    <root>/<key hex>/tokenizer.json   the model folder's tokenizer file, byte for byte
+    <root>/<key hex>/manifest.json    written last: key, embedder spec ID, weights digest, format
+                                      version, size and sha256 of both files, max_seq_length, query
+                                      prefix, the sentence-transformers vector of every parity
+                                      probe, the worst parity difference, and (execution facts,
+                                      in no ID) the library versions that created it
+
+``key = content_id("query_graph", 1, {format_version, embedder_spec_id, weights_sha256})``: the
+embedder spec ID covers the model, prefix, truncation and normalisation, the weights digest the
+exact weights the graph was exported from (checked by ``weights_digest`` when the model is loaded
+for export), and ``FORMAT_VERSION`` what the exporter writes (bump it when the export, the entry
+layout or the probes change). Nothing operational — threads, paths, library versions — enters it.
+
+Creation (``create_entry``, only when the entry is missing) loads the sentence-transformers model,
+exports it with torch, then runs the *standalone* path — ``OnnxQueryEncoder`` over the files just
+written, exactly what a load uses — on every probe and refuses (``QueryGraphError``, one line
+naming the probe and the difference) unless its token IDs equal sentence-transformers' and its
+vectors are within ``PARITY_TOLERANCE``. The entry is published atomically
+(``ragpipe.kernel.publish.publish_directory``) after the loader's own checks passed on the temp
+folder; a concurrent creator that loses the race uses the winner's entry.
+
+Loading (``load_entry``) reads the manifest, checks that it is this embedder's entry, checks the
+size and sha256 of every file (and that no other file is there), builds the session from the
+verified bytes and re-runs the probes through it against the stored vectors (~50 ms; catches a
+different graph behind consistently forged digests). A refused entry is never used and **never
+re-created automatically**: a published entry that fails verification was altered or damaged after
+it passed every check, which is worth an operator's attention, not a silent 10-second repair on the
+serving path. The message names the file and the rule and says to remove the entry folder, after
+which the next query re-creates it.
+
+torch is imported only by ``_export`` (lazily), sentence-transformers only through
+``ragpipe.embedding.embedder`` on the creation path; onnxruntime only by
+``ragpipe.embedding.onnx_query``. A warm load imports none of torch, transformers or
+sentence_transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ragpipe.embedding.embedder import EmbedderError, SentenceTransformerEmbedder, model_directory
+from ragpipe.embedding.onnx_query import INPUTS, PARITY_PROBES, PARITY_TOLERANCE, OnnxQueryEncoder
+from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.publish import PublishOutcome, StepHook, publish_directory
+from ragpipe.spec import EmbedderSpec, own_spec_id
+
+FORMAT_VERSION = 1
+MODEL = "model.onnx"
+TOKENIZER = "tokenizer.json"
+MANIFEST = "manifest.json"
+PAYLOAD = (MODEL, TOKENIZER)
+MANIFEST_KIND = "ragpipe.query_graph"
+# builds the one-line refusal of an entry: (file in the entry or None, the rule broken)
+Refuse = Callable[[str | None, str], "QueryGraphError"]
+
+
+class QueryGraphError(EmbedderError):
+    """A query graph that cannot be created, or a cache entry that is refused."""
+
+
+class EntryFile(FrozenModel):
+    bytes: int
+    sha256: str
+
+
+class Probe(FrozenModel):
+    text: str
+    vector: tuple[float, ...]  # sentence-transformers' vector, float32 values
+
+
+class QueryGraphManifest(FrozenModel):
+    kind: Literal["ragpipe.query_graph"]
+    format_version: int
+    key: str
+    embedder_spec_id: str
+    weights_sha256: str
+    dimensions: int
+    max_seq_length: int
+    query_prefix: str
+    files: dict[str, EntryFile]
+    probes: tuple[Probe, ...]
+    parity_tolerance: float
+    max_difference: float
+    created_with: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """What creation publishes: torch's export of the model, the tokenizer file, and the
+    sentence-transformers side of every probe (vector and token IDs, query prefix included)."""
+
+    spec: EmbedderSpec
+    graph: bytes
+    tokenizer: bytes
+    reference_vectors: tuple[np.ndarray, ...]
+    reference_tokens: tuple[tuple[int, ...], ...]
+    created_with: dict[str, str]
+
+
+def entry_key(spec: EmbedderSpec) -> str:
+    """The cache key of ``spec``'s query graph (``sha256:<hex>``); see the module docstring."""
+    return content_id(
+        "query_graph",
+        1,
+        {
+            "format_version": FORMAT_VERSION,
+            "embedder_spec_id": own_spec_id("embeddings", spec),
+            "weights_sha256": spec.weights_sha256,
+        },
+    )
+
+
+def entry_dir(root: Path, spec: EmbedderSpec) -> Path:
+    """The folder of ``spec``'s entry under ``root`` (it may not exist)."""
+    return Path(root) / entry_key(spec).removeprefix("sha256:")
+
+
+def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxQueryEncoder:
+    """The verified ``OnnxQueryEncoder`` of ``spec`` from the cache under ``root``, creating the
+    entry first if it does not exist (slow: torch and sentence-transformers are loaded then).
+    Raises ``QueryGraphError`` when creation is refused or the existing entry does not verify."""
+    path = entry_dir(root, spec)
+    if not (path.exists() or path.is_symlink()):
+        create_entry(root, spec, threads=threads)
+    return load_entry(root, spec, threads=threads)
+
+
+def load_entry(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxQueryEncoder:
+    """The encoder of ``spec``'s existing entry, after every check of the module docstring;
+    ``QueryGraphError`` (one line: file, rule, what to do) when it is missing or refused."""
+    path = entry_dir(root, spec)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise QueryGraphError(f"query graph {path}: is not an entry folder; remove {path} to re-create it")
+    if not path.is_dir():
+        raise QueryGraphError(f"query graph {path}: no such entry (query_encoder creates it)")
+    return _verified(path, spec, threads)
+
+
+def create_entry(
+    root: Path,
+    spec: EmbedderSpec,
+    st_embedder: SentenceTransformerEmbedder | None = None,
+    threads: int = 2,
+    on_step: StepHook | None = None,
+) -> tuple[Path, PublishOutcome]:
+    """Export ``spec``'s query graph and publish it under ``root``; ``existing`` (nothing loaded,
+    nothing written) when the entry is already there — the caller verifies it by loading.
+    ``st_embedder``: the model, already loaded (loaded here when None)."""
+    path = entry_dir(root, spec)
+    if path.exists() or path.is_symlink():
+        return path, PublishOutcome.existing
+    st = st_embedder or SentenceTransformerEmbedder(spec, threads=threads)
+    if st.spec != spec:
+        raise ValueError(
+            f"the sentence-transformers model is of spec {own_spec_id('embeddings', st.spec)}, not of {own_spec_id('embeddings', spec)}"
+        )
+    return publish_graph(root, export_graph(st), threads=threads, on_step=on_step)
+
+
+def export_graph(st: SentenceTransformerEmbedder) -> ExportedGraph:
+    """The graph and tokenizer of ``st``'s model with its own probe vectors and token IDs (torch)."""
+    tokenizer = model_directory(st.spec) / TOKENIZER
+    if not tokenizer.is_file():
+        raise QueryGraphError(
+            f"{tokenizer.parent} has no {TOKENIZER}: the onnxruntime query runtime tokenizes with the "
+            "model's fast-tokenizer file; use query_embedding.runtime: sentence_transformers"
+        )
+    texts = [st.spec.query_prefix + probe for probe in PARITY_PROBES]
+    return ExportedGraph(
+        spec=st.spec,
+        graph=_export(st),
+        tokenizer=tokenizer.read_bytes(),
+        reference_vectors=tuple(st.embed_query(probe) for probe in PARITY_PROBES),
+        reference_tokens=tuple(_st_token_ids(st, text) for text in texts),
+        created_with=_versions("torch", "sentence-transformers", "onnxruntime", "tokenizers"),
+    )
+
+
+def publish_graph(
+    root: Path, exported: ExportedGraph, threads: int = 2, on_step: StepHook | None = None
+) -> tuple[Path, PublishOutcome]:
+    """Publish ``exported`` as its spec's entry under ``root`` (no torch needed): the standalone
+    path must reproduce the reference on every probe, and the temp entry must pass the loader's
+    checks, before it becomes visible."""
+    spec = exported.spec
+    final = entry_dir(root, spec)
+
+    def write_data(tmp: Path) -> None:
+        (tmp / MODEL).write_bytes(exported.graph)
+        (tmp / TOKENIZER).write_bytes(exported.tokenizer)
+
+    def write_manifest(tmp: Path) -> None:
+        # the standalone path over the files as written, exactly what a load runs
+        encoder = OnnxQueryEncoder(spec, (tmp / MODEL).read_bytes(), (tmp / TOKENIZER).read_text("utf-8"), threads)
+        worst = _check_parity(encoder, exported)
+        (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, worst))
+
+    outcome = publish_directory(
+        final, write_data, write_manifest, on_step=on_step, validate=lambda tmp: _verified(tmp, spec, threads)
+    )
+    return final, outcome
+
+
+def _check_parity(encoder: OnnxQueryEncoder, exported: ExportedGraph) -> float:
+    """The worst component difference between ``encoder`` and the reference over the probes;
+    ``QueryGraphError`` at the first probe tokenized differently or beyond the tolerance."""
+    prefix = exported.spec.query_prefix
+    worst = 0.0
+    for probe, expected, tokens in zip(PARITY_PROBES, exported.reference_vectors, exported.reference_tokens):
+        got = tuple(encoder.token_ids(prefix + probe))
+        if got != tokens:
+            raise QueryGraphError(
+                f"the model's {TOKENIZER} tokenizes probe {probe[:40]!r} into other token IDs than sentence-transformers "
+                f"({len(got)} vs {len(tokens)} tokens); use query_embedding.runtime: sentence_transformers"
+            )
+        difference = float(np.abs(encoder.embed_query(probe) - expected).max())
+        if not difference <= PARITY_TOLERANCE:
+            raise QueryGraphError(
+                f"onnxruntime query vectors differ from sentence-transformers by {difference:.3g} "
+                f"(> {PARITY_TOLERANCE}) on probe {probe[:40]!r}; use query_embedding.runtime: sentence_transformers"
+            )
+        worst = max(worst, difference)
+    return worst
+
+
+def _manifest_bytes(folder: Path, exported: ExportedGraph, worst: float) -> bytes:
+    spec = exported.spec
+    manifest = QueryGraphManifest(
+        kind=MANIFEST_KIND,
+        format_version=FORMAT_VERSION,
+        key=entry_key(spec),
+        embedder_spec_id=own_spec_id("embeddings", spec),
+        weights_sha256=spec.weights_sha256,
+        dimensions=spec.dimensions,
+        max_seq_length=spec.max_seq_length,
+        query_prefix=spec.query_prefix,
+        files={name: _file_facts((folder / name).read_bytes()) for name in PAYLOAD},
+        probes=tuple(
+            Probe(text=text, vector=tuple(float(x) for x in vector))
+            for text, vector in zip(PARITY_PROBES, exported.reference_vectors)
+        ),
+        parity_tolerance=PARITY_TOLERANCE,
+        max_difference=worst,
+        created_with=exported.created_with,
+    )
+    return json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True).encode() + b"\n"
+
+
+def _file_facts(data: bytes) -> EntryFile:
+    return EntryFile(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
+
+
+def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxQueryEncoder:
+    """The encoder of the entry in ``folder`` (published, or the temp folder being published)
+    once every load rule holds."""
+
+    def refuse(file: str | None, rule: str) -> QueryGraphError:
+        where = f"{folder}/{file}" if file else str(folder)
+        return QueryGraphError(f"query graph {where}: {rule}; remove {folder} to re-create it")
+
+    manifest = _read_manifest(folder, refuse)
+    _check_identity(manifest, spec, refuse)
+    payload = _read_payload(folder, manifest, refuse)
+    try:
+        encoder = OnnxQueryEncoder(spec, payload[MODEL], payload[TOKENIZER].decode("utf-8"), threads)
+    except Exception as exc:  # onnxruntime and tokenizers raise their own types for bytes they cannot parse
+        raise refuse(None, f"cannot be loaded ({_first_line(exc)})") from None
+    worst = 0.0
+    for probe in manifest.probes:
+        expected = np.asarray(probe.vector, dtype=np.float32)
+        difference = float(np.abs(encoder.embed_query(probe.text) - expected).max())
+        if not difference <= PARITY_TOLERANCE:
+            raise refuse(
+                None,
+                f"{MODEL} and {TOKENIZER} give probe {probe.text[:40]!r} a vector {difference:.3g} away from "
+                f"the recorded sentence-transformers vector (> {PARITY_TOLERANCE})",
+            )
+        worst = max(worst, difference)
+    encoder.entry = Path(folder)
+    encoder.max_difference = worst
+    return encoder
+
+
+def _read_manifest(folder: Path, refuse: Refuse) -> QueryGraphManifest:
+    try:
+        return QueryGraphManifest.model_validate_json((folder / MANIFEST).read_bytes())
+    except OSError as exc:
+        raise refuse(MANIFEST, f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # pydantic's ValidationError, for malformed JSON too
+        raise refuse(MANIFEST, f"is not a query-graph manifest ({_first_error(exc)})") from None
+
+
+def _check_identity(manifest: QueryGraphManifest, spec: EmbedderSpec, refuse: Refuse) -> None:
+    """The manifest describes ``spec``'s entry of this format, with this version's probes."""
+    key = entry_key(spec)
+    if manifest.key != key:
+        raise refuse(MANIFEST, f"key {manifest.key} is not this embedder's key {key}")
+    expected = {
+        "format_version": FORMAT_VERSION,
+        "embedder_spec_id": own_spec_id("embeddings", spec),
+        "weights_sha256": spec.weights_sha256,
+        "dimensions": spec.dimensions,
+        "max_seq_length": spec.max_seq_length,
+        "query_prefix": spec.query_prefix,
+    }
+    for field, value in expected.items():
+        if getattr(manifest, field) != value:
+            raise refuse(MANIFEST, f"{field} {getattr(manifest, field)!r} is not the embedder's {value!r}")
+    if tuple(p.text for p in manifest.probes) != PARITY_PROBES:
+        raise refuse(MANIFEST, "its probes are not the parity probes of this version")
+    if any(len(p.vector) != spec.dimensions for p in manifest.probes):
+        raise refuse(MANIFEST, f"a probe vector does not have {spec.dimensions} components")
+
+
+def _read_payload(folder: Path, manifest: QueryGraphManifest, refuse: Refuse) -> dict[str, bytes]:
+    """Each payload file's bytes, once its size and sha256 match the manifest."""
+    if sorted(manifest.files) != sorted(PAYLOAD):
+        raise refuse(MANIFEST, f"lists files {sorted(manifest.files)}, not {sorted(PAYLOAD)}")
+    present = sorted(entry.name for entry in os.scandir(folder))
+    if present != sorted((*PAYLOAD, MANIFEST)):
+        raise refuse(None, f"holds {present}, not exactly {sorted((*PAYLOAD, MANIFEST))}")
+    payload = {}
+    for name in PAYLOAD:
+        recorded = manifest.files[name]
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            raise refuse(name, "is not a regular file")
+        size = path.stat().st_size
+        if size != recorded.bytes:  # a truncated file, told apart before hashing it
+            raise refuse(name, f"has {size} bytes, the manifest records {recorded.bytes}")
+        data = path.read_bytes()
+        actual = _file_facts(data).sha256
+        if actual != recorded.sha256:
+            raise refuse(name, f"sha256 {actual} does not match the manifest's {recorded.sha256}")
+        payload[name] = data
+    return payload
+
+
+def _export(st: SentenceTransformerEmbedder) -> bytes:
+    """The ONNX graph of ``st``'s model: transformer, mean pooling, L2 normalisation (per spec or model)."""
+    import torch
+
+    model = st.model
+    kinds = [type(m).__name__ for m in model]
+    if kinds[:2] != ["Transformer", "Pooling"] or set(kinds[2:]) - {"Normalize"}:
+        raise QueryGraphError(
+            f"onnxruntime query runtime supports Transformer + Pooling (+ Normalize) models, not {kinds}"
+        )
+    pooling = model[1].get_config_dict().get("pooling_mode")
+    if pooling != "mean":
+        raise QueryGraphError(f"onnxruntime query runtime supports mean pooling only, model uses {pooling!r}")
+    normalize = st.spec.normalize or "Normalize" in kinds
+    transformer = model[0].auto_model.eval()
+
+    class MeanPooled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = transformer
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            tokens = self.transformer(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
+            pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=1) if normalize else pooled
+
+    encoded = model.tokenizer(["example query"], return_tensors="np")
+    example = tuple(torch.tensor(np.asarray(encoded[k], dtype=np.int64)) for k in INPUTS)
+    buffer = io.BytesIO()
+    # The tracer's warnings are about shapes it treats as constants; the parity check (not the
+    # warnings) is what proves the exported graph right.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            MeanPooled().eval(),
+            example,
+            buffer,
+            input_names=list(INPUTS),
+            output_names=["embedding"],
+            dynamic_axes={k: {0: "batch", 1: "tokens"} for k in INPUTS},
+            opset_version=17,
+            dynamo=False,
+        )
+    return buffer.getvalue()
+
+
+def _st_token_ids(st: SentenceTransformerEmbedder, text: str) -> tuple[int, ...]:
+    """The token IDs sentence-transformers' own encode path feeds its model for ``text``."""
+    tokenize = getattr(st.model, "preprocess", None) or st.model.tokenize  # preprocess: sentence-transformers >= 6
+    return tuple(int(i) for i in np.asarray(tokenize([text])["input_ids"])[0])
+
+
+def _versions(*packages: str) -> dict[str, str]:
+    return {name: metadata.version(name) for name in packages}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "document"
+        return f"{where}: {first.get('msg')}"
+    return _first_line(exc)
