@@ -2,6 +2,7 @@
 
     python -m benchmarks.query_bench --bundle PATH [--scifact ../shared/datasets/scifact]
         [--torch-threads 1] [--warmup 30] [--threads 1,2,4] [--limit N]
+        [--vector-engine retriever|lancedb|factory]
 
 For each mode (lexical, vector, hybrid) of the default query plan, in one process:
 
@@ -16,7 +17,11 @@ For each mode (lexical, vector, hybrid) of the default query plan, in one proces
   recall@100 from ``k=1000`` rankings, and recall@100 of a plain ``k=100`` query (what a caller
   asking for 100 hits gets), with the mean number of hits such a query returned.
 
-``--limit N`` uses the first N test claims (a quick run on a small bundle). Prints one JSON object.
+``--limit N`` uses the first N test claims (a quick run on a small bundle). ``--vector-engine``
+chooses the vector searcher: ``retriever`` (default) keeps the one the ``Retriever`` opened,
+``lancedb`` forces lancedb's ``VectorSearcher``, ``factory`` takes what
+``ragpipe.index.vector_memory.open_vector_searcher`` chooses (memory up to its default size) — so a
+before/after of the vector engine runs the same code otherwise. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from pathlib import Path
 from ragpipe.evaluation.metrics import aggregate, collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.index.rows import index_rows
+from ragpipe.index.vector import VectorSearcher
+from ragpipe.index.vector_memory import open_vector_searcher
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 
@@ -58,12 +66,37 @@ def latency(retriever: Retriever, texts: list[str], mode: str) -> dict[str, floa
     }
 
 
+def use_vector_engine(retriever: Retriever, engine: str) -> None:
+    """Replace ``retriever.vector`` by the searcher ``engine`` names (module docstring), built from
+    the bundle's verified tables exactly as the ``Retriever`` builds its own."""
+    if engine == "retriever" or retriever.vector is None:
+        return
+    bundle = retriever.bundle
+    rows = index_rows(bundle.tables.documents, bundle.tables.representations)
+    ids = [(r.representation_id, r.chunk_id, r.document_id) for r in rows]
+    metric = bundle.manifest.semantic.specs["vector_index"].spec["metric"]
+    retriever.vector.close()
+    if engine == "lancedb":
+        retriever.vector = VectorSearcher(bundle.path / "vector", metric, ids)
+    elif engine == "factory":
+        retriever.vector = open_vector_searcher(
+            bundle.path / "vector",
+            metric,
+            ids,
+            row_scopes=[r.access_scopes for r in rows],
+            embeddings_digest=bundle.manifest.material.embeddings_digest,
+        )
+    else:
+        raise ValueError(f"unknown vector engine {engine!r} (retriever, lancedb, factory)")
+
+
 def vector_components(retriever: Retriever, texts: list[str]) -> dict[str, object]:
     """The vector channel's two native steps, p50 in ms: the query embedding alone (back to back),
-    the lancedb search alone (pre-embedded vectors, back to back, the first request of a
-    ``k = 10`` query: ``request_multiple × max(depth, 10)`` rows, public scope), and the two one
-    after the other, as a vector query runs them. The last minus the sum of the first two is what
-    handing the cores from onnxruntime's threads to lancedb's costs (docs/benchmarks.md)."""
+    the vector search alone (``engine``: lancedb or memory; pre-embedded vectors, back to back, the
+    first request of a ``k = 10`` query: ``request_multiple × max(depth, 10)`` rows, public scope),
+    and the two one after the other, as a vector query runs them. The last minus the sum of the
+    first two is what handing the cores from onnxruntime's threads to the search costs
+    (docs/benchmarks.md)."""
     plan = retriever.plan
     rows = plan.depth_policy.request_multiple * max(plan.channels["vector"].depth, 10)
     embedder, searcher, scopes = retriever.embedder(), retriever.vector, Subject.default().scopes
@@ -83,6 +116,7 @@ def vector_components(retriever: Retriever, texts: list[str]) -> dict[str, objec
     search = p50(lambda v: searcher.search(v, rows, scopes), vectors)
     both = p50(lambda t: searcher.search(embedder.embed_query(t), rows, scopes), texts)
     return {
+        "engine": searcher.engine,
         "rows": rows,
         "embed_p50_ms": embed,
         "search_p50_ms": search,
@@ -144,6 +178,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--threads", default="1,2,4", help="thread counts for the throughput runs")
     ap.add_argument("--limit", type=int, default=None, help="use the first N test claims only")
+    ap.add_argument("--vector-engine", default="retriever", choices=("retriever", "lancedb", "factory"))
     args = ap.parse_args()
     thread_counts = [int(n) for n in args.threads.split(",")]
 
@@ -152,6 +187,7 @@ def main() -> None:
     cases = sorted(load_suite(args.scifact, split="test").cases, key=lambda c: int(c.id))[: args.limit]
     claims = [case.query for case in cases]
     retriever = Retriever(args.bundle)
+    use_vector_engine(retriever, args.vector_engine)
     modes = MODES if retriever.vector is not None else ("lexical",)
     if retriever.vector is not None:
         retriever.embedder()
@@ -179,6 +215,7 @@ def main() -> None:
                 "torch_threads": args.torch_threads,
                 "channel_workers": retriever.channel_workers,
                 "query_embedding_runtime": retriever.plan.query_embedding.runtime,
+                "vector_engine": retriever.vector.engine if retriever.vector is not None else None,
                 "latency": latencies,
                 "vector_components": components,
                 "throughput": throughputs,

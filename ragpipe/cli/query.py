@@ -14,6 +14,10 @@ from ragpipe.kernel.workspace import default_home
 ScopeOpt = Annotated[
     list[str] | None, typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")
 ]
+RoleOpt = Annotated[
+    list[str] | None,
+    typer.Option("--source-role", help="Only chunks of documents with this source role (repeatable)."),
+]
 PrincipalOpt = Annotated[str, typer.Option("--principal", help="Who is asking (recorded in the result).")]
 PlanOpt = Annotated[
     Path | None, typer.Option("--plan", help="Query plan file (default: ragpipe/specs/query_plan.yaml).")
@@ -107,6 +111,7 @@ def query(
     audit: Annotated[
         bool, typer.Option("--audit", help="Operator only: the trace plus counts of documents hidden from the subject.")
     ] = False,
+    source_role: RoleOpt = None,
 ) -> None:
     """Ranked chunks for TEXT, visible to the caller's scopes only, from a verified bundle or (by
     default) the active release of the default target."""
@@ -114,7 +119,13 @@ def query(
     def run():
         retriever, _ = _retriever(bundle, revision, release, target, plan)
         result = retriever.query(
-            text, _subject(principal, scope), k=k, mode=mode.value if mode else None, trace=trace or audit, audit=audit
+            text,
+            _subject(principal, scope),
+            k=k,
+            mode=mode.value if mode else None,
+            trace=trace or audit,
+            audit=audit,
+            source_roles=tuple(source_role) if source_role else None,
         )
         return result, _with_release(result.as_dict(), retriever)
 

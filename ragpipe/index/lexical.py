@@ -142,7 +142,7 @@ class LexicalSearcher:
         self.view = view
         self.schema = index.schema
         self.searcher = index.searcher()
-        self._filters: OrderedDict[tuple[str, ...], tantivy.Query] = OrderedDict()
+        self._filters: OrderedDict[tuple[str, tuple[str, ...]], tantivy.Query] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
@@ -171,17 +171,28 @@ class LexicalSearcher:
     def num_docs(self) -> int:
         return self.searcher.num_docs
 
-    def search(self, text: str, k: int, scopes: tuple[str, ...], exclude_documents: Collection[str] = ()) -> list[Hit]:
+    def search(
+        self,
+        text: str,
+        k: int,
+        scopes: tuple[str, ...],
+        exclude_documents: Collection[str] = (),
+        source_roles: tuple[str, ...] = (),
+    ) -> list[Hit]:
         """The ``k`` best hits under ragpipe's total order (score, then IDs). Hits tying with the
         k-th score are all fetched before the cut, so which of them are returned never depends
         on tantivy's document addresses (which differ between a view and a rebuilt index).
         ``exclude_documents``: documents whose rows are left out (a must-not clause, so deepening
-        a document-level ranking never re-reads the rows of documents already ranked)."""
+        a document-level ranking never re-reads the rows of documents already ranked).
+        ``source_roles``: when given, only rows of documents with one of these roles (a
+        zero-score filter, like the scopes: BM25 scores are those of the unfiltered view)."""
         terms = query_terms(text)
         if not terms or not scopes or k < 1:
             return []
         text_query = self.index.parse_query(" ".join(terms), ["text"])
-        clauses = [(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._scope_filter(scopes))]
+        clauses = [(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._filter("access_scope", scopes))]
+        if source_roles:
+            clauses.append((tantivy.Occur.Must, self._filter("source_role", source_roles)))
         if exclude_documents:
             excluded = tantivy.Query.term_set_query(self.schema, "document_id", sorted(exclude_documents))
             clauses.append((tantivy.Occur.MustNot, excluded))
@@ -200,20 +211,22 @@ class LexicalSearcher:
             del hits[k:]
         return hits
 
-    def _scope_filter(self, scopes: tuple[str, ...]) -> tantivy.Query:
-        """Must-clause on ``access_scope`` with zero score: filters without changing BM25 scores.
-        A disjunction of term queries, not a term-set query: the term set builds a bitset of the
-        whole index per search (~0.3 ms on SciFact), the term postings are merely intersected."""
+    def _filter(self, field: str, values: tuple[str, ...]) -> tantivy.Query:
+        """Must-clause on ``field`` (``access_scope`` or ``source_role``) with zero score: filters
+        without changing BM25 scores. A disjunction of term queries, not a term-set query: the term
+        set builds a bitset of the whole index per search (~0.3 ms on SciFact), the term postings
+        are merely intersected."""
+        key = (field, values)
         with self._lock:
-            query = self._filters.get(scopes)
+            query = self._filters.get(key)
             if query is not None:
-                self._filters.move_to_end(scopes)
+                self._filters.move_to_end(key)
                 return query
-            terms = [tantivy.Query.term_query(self.schema, "access_scope", s) for s in scopes]
+            terms = [tantivy.Query.term_query(self.schema, field, v) for v in values]
             either = (
                 terms[0] if len(terms) == 1 else tantivy.Query.boolean_query([(tantivy.Occur.Should, t) for t in terms])
             )
-            query = self._filters[scopes] = tantivy.Query.const_score_query(either, 0.0)
+            query = self._filters[key] = tantivy.Query.const_score_query(either, 0.0)
             if len(self._filters) > _MAX_FILTERS:
                 self._filters.popitem(last=False)
             return query

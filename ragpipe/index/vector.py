@@ -84,6 +84,14 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def role_predicate(roles: tuple[str, ...]) -> str:
+    """``source_role IN (...)``; role names are validated identifiers (the scope rule), never free text."""
+    for r in roles:
+        if not SCOPE_PATTERN.match(r):
+            raise ValueError(f"invalid source role {r!r}")
+    return "source_role IN (" + ", ".join(f"'{r}'" for r in sorted(set(roles))) + ")"
+
+
 def exclusion_predicate(documents: Collection[str]) -> str:
     """``document_id NOT IN (...)`` over ``documents`` in sorted order (deterministic SQL)."""
     return "document_id NOT IN (" + ", ".join(sql_string(d) for d in sorted(documents)) + ")"
@@ -141,6 +149,8 @@ class VectorSearcher:
     string columns. Thread-safe: any number of threads may search at once (one loop each, the
     table and the read-only row maps shared)."""
 
+    engine = "lancedb"  # which engine serves (``ragpipe.index.vector_memory``): operational, in no ID
+
     def __init__(self, directory: Path, metric: str, rows: Sequence[tuple[str, str, str]]):
         self.rows = rows
         self.metric = metric
@@ -150,6 +160,7 @@ class VectorSearcher:
         indexed = any(i.name == VECTOR_INDEX_NAME for i in run(self.table.list_indices()))
         # probing every partition keeps the search exact (see module docstring)
         self.nprobes = ivf_partitions(run(self.table.count_rows())) if indexed else None
+        self.dimension: int = run(self.table.schema()).field("vector").type.list_size
         # lancedb row IDs -> our row positions, read once: a search then returns only _rowid and
         # _distance, and skips the per-search read of the ``row`` column (~0.4 ms).
         ids = run(self.table.query().select(["row"]).with_row_id().to_arrow())
@@ -161,16 +172,24 @@ class VectorSearcher:
         return await db.open_table(TABLE_NAME)
 
     def search(
-        self, vector: np.ndarray, k: int, scopes: tuple[str, ...], exclude_documents: Collection[str] = ()
+        self,
+        vector: np.ndarray,
+        k: int,
+        scopes: tuple[str, ...],
+        exclude_documents: Collection[str] = (),
+        source_roles: tuple[str, ...] = (),
     ) -> list[Hit]:
         """The ``k`` nearest rows visible to ``scopes`` (none for no scopes), skipping the rows
-        of ``exclude_documents``; both filters are prefilters, applied before the top ``k``."""
+        of ``exclude_documents`` and, when ``source_roles`` is given, the rows of documents with
+        another role; every filter is a prefilter, applied before the top ``k``."""
         if not scopes:
             return []
         query = self.table.query().nearest_to(vector.astype(np.float32)).distance_type(self.metric)
         if self.nprobes is not None:
             query = query.nprobes(self.nprobes)
         predicate = scope_predicate(scopes)
+        if source_roles:
+            predicate = f"{predicate} AND {role_predicate(source_roles)}"
         if exclude_documents:
             predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
         # where() on a vector query is a prefilter unless postfilter() is asked for
@@ -184,6 +203,22 @@ class VectorSearcher:
             Hit("vector", *rows[row_of[rowid]], offset + sign * d)
             for rowid, d in zip(result.column("_rowid").to_pylist(), distances)
         ]
+
+    @property
+    def indexed(self) -> bool:
+        """Whether searches go through the IVF_FLAT index (else a flat scan)."""
+        return self.nprobes is not None
+
+    def read_vectors(self) -> np.ndarray:
+        """Every stored vector as one C-contiguous float32 matrix, row ``i`` at position ``i``
+        (read once, for ``ragpipe.index.vector_memory``, which checks it against the manifest's
+        embeddings digest before using it)."""
+        table = self._loops.run(self.table.query().select(["row", "vector"]).to_arrow()).sort_by("row")
+        if table.column("row").to_pylist() != list(range(table.num_rows)):
+            raise ValueError(f"vector table rows are not exactly 0..{table.num_rows - 1} once each")
+        column = table.column("vector").combine_chunks()
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(flat, dtype=np.float32).reshape(len(column), self.dimension)
 
     def close(self) -> None:
         """Close the event loops. Call once no search is in flight."""

@@ -33,6 +33,7 @@ import numpy as np
 from ragpipe.index.hits import Hit
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.vector import VectorSearcher
+from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.fusion.order import RankedHit, hit_key
 from ragpipe.retrieval.plan import DepthPolicy
 
@@ -154,6 +155,8 @@ def _settled(best: dict[str, Hit], last: Sequence[Hit], complete: bool) -> dict[
     return {key: h for key, h in best.items() if h.score > boundary}
 
 
+# ``roles``: when given, only rows of documents with one of these source roles (a prefilter in
+# both channels, like the scopes).
 # ``size`` of both backends: the rows the subject may see (an upper bound on any request's hits
 # that does not depend on hidden rows, so the trace's request sizes reveal nothing about them).
 
@@ -164,11 +167,15 @@ class LexicalBackend:
 
     excludes_documents = True
 
-    def __init__(self, searcher: LexicalSearcher, text: str, scopes: tuple[str, ...], size: int):
-        self.searcher, self.text, self.scopes, self.size = searcher, text, scopes, size
+    def __init__(
+        self, searcher: LexicalSearcher, text: str, scopes: tuple[str, ...], size: int, roles: tuple[str, ...] = ()
+    ):
+        self.searcher, self.text, self.scopes, self.size, self.roles = searcher, text, scopes, size, roles
 
     def search(self, depth: int, exclude_documents: Collection[str]) -> list[Hit]:
-        return self.searcher.search(self.text, depth, self.scopes, exclude_documents=exclude_documents)
+        return self.searcher.search(
+            self.text, depth, self.scopes, exclude_documents=exclude_documents, source_roles=self.roles
+        )
 
 
 class VectorBackend:
@@ -176,8 +183,15 @@ class VectorBackend:
 
     excludes_documents = True
 
-    def __init__(self, searcher: VectorSearcher, vector: np.ndarray, scopes: tuple[str, ...], size: int):
-        self.searcher, self.vector, self.scopes, self.size = searcher, vector, scopes, size
+    def __init__(
+        self,
+        searcher: VectorSearcher | MemoryVectorSearcher,
+        vector: np.ndarray,
+        scopes: tuple[str, ...],
+        size: int,
+        roles: tuple[str, ...] = (),
+    ):
+        self.searcher, self.vector, self.scopes, self.size, self.roles = searcher, vector, scopes, size, roles
 
     def search(self, depth: int, exclude_documents: Collection[str]) -> list[Hit]:
-        return self.searcher.search(self.vector, depth, self.scopes, exclude_documents)
+        return self.searcher.search(self.vector, depth, self.scopes, exclude_documents, self.roles)

@@ -34,6 +34,7 @@ class QueryResult:
     trace: dict[str, object] | None = None
     evidence: list[Evidence] = field(default_factory=list)
     rankings: Rankings | None = None  # never serialised: ``trace`` is the public view
+    source_roles: tuple[str, ...] | None = None  # the roles the query was filtered on, if any
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -43,6 +44,8 @@ class QueryResult:
             "subject": self.subject.as_dict(),
             "hits": self.hits,
         }
+        if self.source_roles is not None:
+            out["source_roles"] = list(self.source_roles)
         if self.trace is not None:
             out["trace"] = self.trace
         return out

@@ -22,9 +22,10 @@ from typing import TypeVar
 
 from ragpipe.bundle.verify import VerifiedBundle, open_bundle
 from ragpipe.chunking.models import Chunk
+from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
-from ragpipe.index.vector import VectorSearcher
+from ragpipe.index.vector_memory import DEFAULT_MEMORY_LIMIT_BYTES, open_vector_searcher
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject
@@ -48,8 +49,9 @@ class Retriever:
 
     Thread safety: the bundle's tables are read-only after opening; lazily built state (plans,
     the query embedder, the channel worker pool) is created once under a lock; the lexical
-    searchers and audience views are thread-safe (``AudienceIndexes``), the vector searcher runs
-    one event loop per calling thread, and an embedder or reranker that does not declare itself
+    searchers and audience views are thread-safe (``AudienceIndexes``), the vector searcher is
+    either lock-free over a read-only matrix (in memory) or runs one event loop per calling thread
+    (lancedb), and an embedder or reranker that does not declare itself
     safe for concurrent calls (``thread_safe = True``) is called under a lock."""
 
     def __init__(
@@ -63,12 +65,15 @@ class Retriever:
         max_views: int = 8,
         max_audiences: int = 4096,
         query_graph_dir: Path | None = None,
+        vector_memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
     ):
         """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
         lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
         audience views and audience verdicts kept, least recently used dropped (docs/retrieval.md);
         ``query_graph_dir``: the query-graph cache the ``onnxruntime`` query runtime loads from
-        (default ``$RAGPIPE_HOME/query_graphs``; ``ragpipe.embedding.query_graph``).
+        (default ``$RAGPIPE_HOME/query_graphs``; ``ragpipe.embedding.query_graph``);
+        ``vector_memory_limit_bytes``: the largest vector matrix served from memory instead of
+        lancedb (same results; ``ragpipe.index.vector_memory``; 0: always lancedb).
         All operational, never part of an ID."""
         if channel_workers < 1:
             raise ValueError("channel_workers must be >= 1")
@@ -105,8 +110,19 @@ class Retriever:
             max_views=max_views,
             max_audiences=max_audiences,
         )
+        # Rows per (scope group, source role): what a query filtered on roles may see.
+        self._group_role_rows = Counter((tuple(sorted(set(r.access_scopes))), r.source_role) for r in index_rows)
+        self.roles = {d.document_id: d.source_role for d in docs}
         self.vector = (
-            VectorSearcher(root / "vector", sem.specs["vector_index"].spec["metric"], rows)
+            open_vector_searcher(
+                root / "vector",
+                sem.specs["vector_index"].spec["metric"],
+                rows,
+                row_scopes=[r.access_scopes for r in index_rows],
+                row_roles=[r.source_role for r in index_rows],
+                embeddings_digest=self.bundle.manifest.material.embeddings_digest,
+                memory_limit_bytes=vector_memory_limit_bytes,
+            )
             if sem.has_vector_index
             else None
         )
@@ -197,13 +213,16 @@ class Retriever:
         trace: bool = False,
         audit: bool = False,
         rankings: bool = False,
+        source_roles: tuple[str, ...] | None = None,
     ) -> QueryResult:
         """The top ``k`` chunks (or documents, per the plan's ``collapse``) visible to ``subject``:
         exactly ``min(k, matching units)`` hits. ``trace`` adds the subject view of the trace.
         ``audit`` (operator-only, implies ``trace``) adds figures about documents the subject may
         not see; never set it for a query run on a subject's behalf. ``rankings`` keeps the
         channel rankings and the fused list as objects (``QueryResult.rankings``): what the
-        trace's ``channels`` and ``fusion.items`` show, at no cost."""
+        trace's ``channels`` and ``fusion.items`` show, at no cost. ``source_roles``: only chunks
+        of documents with one of these roles, filtered inside both channels (before their top
+        rows, like the scopes); the result names them."""
         if self._closed:
             raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -211,12 +230,20 @@ class Retriever:
         if not isinstance(text, str) or not text.strip():
             raise QueryError(EMPTY_QUERY)
         subject = subject or Subject.default()
+        roles = self._check_roles(source_roles)
         plan, mode, plan_id = self._plan_for(mode)
         audience = self.lexical.audience(subject)  # the policy's verdict per scope group
-        visible_rows = sum(self._group_rows[g] for g in audience.groups)
-        ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows)
+        if roles:
+            visible_rows = sum(self._group_role_rows[(g, r)] for g in audience.groups for r in roles)
+        else:
+            visible_rows = sum(self._group_rows[g] for g in audience.groups)
+        ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows, roles)
         ranked, dropped = recheck(
-            ranked, lambda document_id: self.lexical.group_of.get(document_id) in audience.admitted
+            ranked,
+            lambda document_id: (
+                self.lexical.group_of.get(document_id) in audience.admitted
+                and (not roles or self.roles.get(document_id) in roles)
+            ),
         )
         fused = fuse(plan, {n: r.ranked for n, r in ranked.items()})
         rerank_trace, ordered = self._rerank(text, plan, fused)
@@ -236,7 +263,9 @@ class Retriever:
             }
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
-        result = QueryResult(plan_id, self.bundle_id, mode, subject, hits, evidence=evidence)
+        result = QueryResult(
+            plan_id, self.bundle_id, mode, subject, hits, evidence=evidence, source_roles=roles or None
+        )
         if rankings:
             result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
         if trace or audit:
@@ -249,8 +278,20 @@ class Retriever:
             )
         return result
 
+    @staticmethod
+    def _check_roles(source_roles: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The roles a query filters on, sorted and deduplicated; () when none is given."""
+        if source_roles is None:
+            return ()
+        if isinstance(source_roles, str) or not source_roles:
+            raise QueryError("source_roles must be a non-empty list of role names, or none")
+        for role in source_roles:
+            if not isinstance(role, str) or not SCOPE_PATTERN.match(role):
+                raise QueryError(f"invalid source role {role!r} (letters, digits, . _ : -)")
+        return tuple(sorted(set(source_roles)))
+
     def _search_channels(
-        self, text: str, plan: QueryPlan, subject: Subject, k: int, visible_rows: int
+        self, text: str, plan: QueryPlan, subject: Subject, k: int, visible_rows: int, roles: tuple[str, ...] = ()
     ) -> tuple[dict[str, ChannelRanking], dict[str, float], LexicalStatistics | None]:
         """Each channel's top ``max(depth, k)`` units (see ``channels.rank_channel``), asking no
         backend for more than the ``visible_rows`` the subject may see. With both
@@ -273,7 +314,7 @@ class Retriever:
         lexical: Callable[[], ChannelRanking] | None = None
         if "lexical" in plan.channels:
             searcher, statistics = self.lexical.searcher_for(subject)
-            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows)
+            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows, roles)
             lexical = partial(
                 timed, "lexical", partial(rank_channel, backend, units("lexical"), plan.collapse, plan.depth_policy)
             )
@@ -282,7 +323,9 @@ class Retriever:
             embedder = self._embedder if self._embedder is not None else timed("embedder_load", self.embedder)
 
             def vector() -> ChannelRanking:
-                backend = VectorBackend(self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows)
+                backend = VectorBackend(
+                    self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows, roles
+                )
                 return rank_channel(backend, units("vector"), plan.collapse, plan.depth_policy)
 
             if lexical is None:
@@ -309,7 +352,7 @@ class Retriever:
         return worker
 
     def close(self) -> None:
-        """Stop the worker threads, the vector searcher's event loops and the audience views, and
+        """Stop the worker threads, the vector searcher (and lancedb's event loops) and the audience views, and
         drop the hydrated ``Evidence`` cache. Call once no query is in flight (one still running
         may put entries back: harmless, they are immutable); every later query is refused."""
         with self._lock:

@@ -71,6 +71,9 @@ class QueryRequest(BaseModel):
     k: StrictInt = Field(10, ge=1, description="Number of hits (at most the server's max_k).")
     mode: Literal["hybrid", "lexical", "vector"] | None = Field(None, description="Channels (default: the plan's).")
     trace: StrictBool = Field(False, description="Add the subject's view of the trace.")
+    source_roles: list[str] | None = Field(
+        None, min_length=1, max_length=32, description="Only chunks of documents with one of these source roles."
+    )
 
 
 class AnswerRequest(BaseModel):
@@ -161,7 +164,10 @@ def _query(service: Service, body: QueryRequest, caller: Caller, request: Reques
     request.state.mode = body.mode
 
     def work(in_service: InService) -> dict[str, object]:
-        result = in_service.retriever.query(body.query, caller.subject, k=body.k, mode=body.mode, trace=body.trace)
+        roles = tuple(body.source_roles) if body.source_roles else None
+        result = in_service.retriever.query(
+            body.query, caller.subject, k=body.k, mode=body.mode, trace=body.trace, source_roles=roles
+        )
         request.state.mode = result.mode
         request.state.hits = len(result.hits)
         return {**result.as_dict(), "release_id": in_service.release_id}

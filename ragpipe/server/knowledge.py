@@ -134,8 +134,9 @@ def search(
     source_roles: list[str] | None,
 ) -> dict[str, object]:
     """One ``knowledge_search`` call on ``in_service`` (captured once by the caller)."""
-    options = {"source_roles": tuple(source_roles)} if source_roles else {}
-    result = in_service.retriever.query(query, subject, k=limit, **options)
+    result = in_service.retriever.query(
+        query, subject, k=limit, source_roles=tuple(source_roles) if source_roles else None
+    )
     items, used, truncated = [], 0, False
     for hit, evidence in zip(result.hits, result.evidence):
         if used + len(evidence.text) > MAX_CHARS:

@@ -254,7 +254,9 @@ def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bund
     monkeypatch.setattr(
         r.vector,
         "search",
-        lambda vector, k, scopes, exclude=(): search(vector, k, ("public", "secret", "staff"), exclude),
+        lambda vector, k, scopes, exclude=(), roles=(): search(
+            vector, k, ("public", "secret", "staff"), exclude, roles
+        ),
     )
     leaky = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
     hidden = {"sec-aspirin", "sec-twin", "staff-aspirin"}
@@ -267,3 +269,17 @@ def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bund
     assert not {e["document_id"] for e in leaky.trace["channels"]["vector"]} & hidden
     assert not {f["document_id"] for f in leaky.trace["fusion"]["items"]} & hidden
     r.close()
+
+
+def test_query_filters_on_source_roles(built_workspace, tmp_path):
+    from ragpipe_tests.support.release_fixtures import bundle_of
+
+    bundle = str(bundle_of(built_workspace))
+    args = ("query", "rotate the signing keys", "--bundle", bundle, "--scope", "public", "--scope", "staff", "--json")
+    runbook = json.loads(ragpipe(*args, "--source-role", "runbook", home=tmp_path).stdout)
+    both = json.loads(ragpipe(*args, "--source-role", "runbook", "--source-role", "primary", home=tmp_path).stdout)
+    assert {h["document_id"] for h in runbook["hits"]} == {"guide/ops.md"} and runbook["source_roles"] == ["runbook"]
+    assert both["source_roles"] == ["primary", "runbook"] and len(both["hits"]) > len(runbook["hits"])
+    bad = ragpipe(*args, "--source-role", "no way", home=tmp_path)
+    assert (bad.returncode, bad.stdout) == (1, "")
+    assert bad.stderr == "error: invalid source role 'no way' (letters, digits, . _ : -)\n"

@@ -124,7 +124,8 @@ def test_sentence_transformers_runtime_is_serialised_and_equal(scoped_bundles, s
 
 
 def test_vector_event_loops_end_with_their_threads(scoped_bundles):
-    retriever = Retriever(scoped_bundles[0])
+    retriever = Retriever(scoped_bundles[0], vector_memory_limit_bytes=0)  # lancedb, which has the loops
+    assert retriever.vector.engine == "lancedb"
     loops = retriever.vector._loops
     try:
         vector = retriever.embedder().embed_query("aspirin")

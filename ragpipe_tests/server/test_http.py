@@ -222,7 +222,13 @@ def test_openapi_document_names_every_route(active: Serving):
         "/v1/release",
         "/v1/tools",
     ]
-    assert set(doc["components"]["schemas"]["QueryRequest"]["properties"]) == {"query", "k", "mode", "trace"}
+    assert set(doc["components"]["schemas"]["QueryRequest"]["properties"]) == {
+        "query",
+        "k",
+        "mode",
+        "trace",
+        "source_roles",
+    }
 
 
 @pytest.mark.parametrize(
@@ -303,3 +309,23 @@ def test_a_body_that_trickles_in_times_out_with_408(active: Serving):
     assert reply.endswith(
         '{"code": "request_timeout", "message": "request body: not received within 0.5 s", "field": "body"}'
     )
+
+
+def test_source_roles_filter_inside_the_subjects_view(active: Serving):
+    body = {"query": "rotate the signing keys", "k": 10, "source_roles": ["runbook"]}
+    with server(active) as base:
+        wait_for(lambda: release_of(base))
+        staff = httpx.post(f"{base}/v1/query", json=body, headers=auth(active.keys["bob"]))
+        public = httpx.post(f"{base}/v1/query", json=body, headers=auth(active.keys["alice"]))
+        bad = httpx.post(
+            f"{base}/v1/query", json={**body, "source_roles": ["no way"]}, headers=auth(active.keys["bob"])
+        )
+    assert {h["document_id"] for h in staff.json()["hits"]} == {STAFF_DOC} and staff.json()["source_roles"] == [
+        "runbook"
+    ]
+    assert public.status_code == 200 and public.json()["hits"] == []  # roles never widen the view
+    assert bad.status_code == 422 and bad.json() == {
+        "code": "invalid_query",
+        "message": "invalid source role 'no way' (letters, digits, . _ : -)",
+        "field": "query",
+    }

@@ -133,6 +133,16 @@ def test_two_keys_of_one_principal_never_share_a_ledger(serving: Serving):
     assert STAFF_DOC not in {i["document_id"] for i in second["items"]}
 
 
+def test_source_roles_filter_the_evidence(serving: Serving, base: str):
+    async def main():
+        with anyio.fail_after(60):
+            async with session(base, serving.keys["bob"]) as client:
+                return await call(client, query="rotate the signing keys", limit=5, source_roles=["runbook"])
+
+    found = anyio.run(main)
+    assert {i["document_id"] for i in found["items"]} == {STAFF_DOC}
+
+
 def test_an_unknown_key_is_refused_before_any_mcp_message(serving: Serving, base: str):
     r = httpx.post(
         f"{base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers={"Authorization": "Bearer x"}

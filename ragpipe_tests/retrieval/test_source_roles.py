@@ -1,0 +1,80 @@
+"""Filtering on source roles inside both channels: a prefilter, like the scopes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragpipe.retrieval.authz import Subject
+from ragpipe.retrieval.results import QueryError
+from ragpipe.retrieval.retriever import Retriever
+from ragpipe_tests.support.release_fixtures import bundle_of
+
+STAFF = Subject("bob", ("public", "staff"))
+RUNBOOK = "guide/ops.md"  # source_role: runbook, access_scopes: [staff]; every other document is primary
+
+
+@pytest.fixture(scope="module")
+def retrievers(built_workspace):
+    bundle = bundle_of(built_workspace)
+    memory, lance = Retriever(bundle), Retriever(bundle, vector_memory_limit_bytes=0)
+    assert (memory.vector.engine, lance.vector.engine) == ("memory", "lancedb")
+    yield memory, lance
+    memory.close()
+    lance.close()
+
+
+def documents(result) -> list[str]:
+    return [h["document_id"] for h in result.hits]
+
+
+@pytest.mark.parametrize("mode", ["lexical", "vector", "hybrid"])
+def test_only_documents_of_the_roles_asked_for(retrievers, mode):
+    r, _ = retrievers
+    runbook = r.query("rotate the signing keys", STAFF, k=10, mode=mode, source_roles=("runbook",))
+    primary = r.query("rotate the signing keys", STAFF, k=10, mode=mode, source_roles=("primary",))
+    everything = r.query("rotate the signing keys", STAFF, k=10, mode=mode)
+    assert set(documents(runbook)) == {RUNBOOK} and runbook.source_roles == ("runbook",)
+    assert RUNBOOK not in documents(primary) and RUNBOOK in documents(everything)
+    assert runbook.as_dict()["source_roles"] == ["runbook"] and "source_roles" not in everything.as_dict()
+
+
+def test_roles_never_widen_what_a_subject_sees(retrievers):
+    r, _ = retrievers
+    assert r.query("rotate the signing keys", Subject.default(), k=10, source_roles=("runbook",)).hits == []
+
+
+@pytest.mark.parametrize("mode", ["lexical", "vector"])
+def test_a_filtered_ranking_is_the_full_ranking_restricted_to_the_roles(retrievers, mode):
+    """Channel scores do not change under the filter (a zero-score clause; an exact scan), so the
+    filtered top k is the first k of the unfiltered ranking's chunks of those roles (the fused
+    score of a one-channel query is normalised over what was found, so only the order compares)."""
+    r, _ = retrievers
+    for query in ("signing keys", "honest evaluation of retrieval", "café"):
+        full = r.query(query, STAFF, k=1000, mode=mode)
+        filtered = r.query(query, STAFF, k=3, mode=mode, source_roles=("primary",))
+        kept = [h["chunk_id"] for h in full.hits if h["document_id"] != RUNBOOK]
+        assert [h["chunk_id"] for h in filtered.hits] == kept[:3]
+
+
+def test_both_vector_engines_filter_alike(retrievers):
+    memory, lance = retrievers
+    for roles in (("runbook",), ("primary",), ("primary", "runbook"), ("unknown",)):
+        for query in ("signing keys", "unicode text", "retrieval goals"):
+            a = memory.query(query, STAFF, k=5, mode="vector", source_roles=roles)
+            b = lance.query(query, STAFF, k=5, mode="vector", source_roles=roles)
+            assert a.hits == b.hits
+
+
+@pytest.mark.parametrize(
+    ("roles", "message"),
+    [
+        (("bad role",), "invalid source role 'bad role' (letters, digits, . _ : -)"),
+        ((), "source_roles must be a non-empty list of role names, or none"),
+        ("runbook", "source_roles must be a non-empty list of role names, or none"),
+    ],
+)
+def test_bad_roles_are_refused(retrievers, roles, message):
+    r, _ = retrievers
+    with pytest.raises(QueryError) as err:
+        r.query("keys", STAFF, source_roles=roles)
+    assert str(err.value) == message
