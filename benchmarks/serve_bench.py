@@ -15,7 +15,10 @@ target's active release in ``--home`` and measures:
   p50/p95 the HTTP numbers compare with;
 * ``swap_delay_s``: after ``--swap RELEASE_ID`` is activated (optional), until ``/v1/release``
   names it, and ``rollback`` back;
-* ``server_rss_mb``: the server's resident memory after the load (one worker).
+* ``server_rss_mb``: the server's resident memory after the load (one worker);
+* ``reopen``: in this process, ``active_release`` (what the server runs on every pointer change:
+  full verification, the gate decision made again) timed on the first and on a second open of the
+  same unchanged release — the second must not cost more.
 
 Prints one JSON object.
 """
@@ -101,6 +104,18 @@ def _in_process(home: Path, target: str, claims: list[str]) -> dict[str, float]:
     }
 
 
+def _reopen(home: Path, target: str) -> dict[str, float]:
+    from ragpipe.kernel.workspace import Workspace
+    from ragpipe.release.serving import active_release
+
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        active_release(Workspace(home), target)
+        times.append(round(time.perf_counter() - started, 3))
+    return {"first_s": times[0], "second_s": times[1], "third_s": times[2]}
+
+
 def _wait_release(base: str, release_id: str, timeout: float = 120) -> float:
     began = time.monotonic()
     while time.monotonic() - began < timeout:
@@ -166,6 +181,7 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
     result["in_process"] = _in_process(args.home.resolve(), args.target, claims)
+    result["reopen"] = _reopen(args.home.resolve(), args.target)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     print(json.dumps(result, indent=2))
 
