@@ -143,6 +143,18 @@ def unaccepted_policy(accepted: dict[str, str], target: str, manifest: ReleaseMa
     )
 
 
+def gate_refusal(config: TargetsConfig, target: str, manifest: ReleaseManifest) -> str | None:
+    """Why the gate forbids activating ``manifest`` on ``target`` (None: it allows it): an
+    ineligible decision, or a gate policy the target does not accept. Shared by activation and by
+    a server checking what activation checked (``ragpipe.release.serving``)."""
+    if not manifest.gate.eligible:
+        return (
+            f"is not eligible for activation "
+            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
+        )
+    return unaccepted_policy(config.accepted_policies(target), target, manifest)
+
+
 def refusal(release_id: str, problems: list[str]) -> str:
     return f"release {release_id} failed verification; not activated:\n  " + "\n  ".join(problems)
 
@@ -208,14 +220,9 @@ def activate(
     config = config or load_targets()
     name, spec = config.get(target)
     manifest = load_manifest(store, release_id)
-    if not manifest.gate.eligible:
-        raise ReleaseError(
-            f"release {release_id} is not eligible for activation "
-            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
-        )
-    policy_refusal = unaccepted_policy(config.accepted_policies(name), name, manifest)
-    if policy_refusal:
-        raise ReleaseError(f"release {release_id} {policy_refusal}")
+    refused = gate_refusal(config, name, manifest)
+    if refused:
+        raise ReleaseError(f"release {release_id} {refused}")
     if expected_generation is None:
         expected_generation = current_generation(store, name)
     problems = verify_release(ws, manifest, child_checks)  # slow: outside the lock

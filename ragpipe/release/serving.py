@@ -21,13 +21,14 @@ made again from its runs, as activation and rollback verify it.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragpipe.kernel.ledger import LedgerError, Record
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import VerifiedRelease, unaccepted_policy, verified_release
+from ragpipe.release.activation import VerifiedRelease, gate_refusal, verified_release
 from ragpipe.release.evidence import evaluation_run_dir
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
@@ -129,12 +130,7 @@ def _check_activation(
     approval_required: bool,
 ) -> None:
     """What ``activate`` requires of a release before it swaps the pointer (its verification aside)."""
-    if not manifest.gate.eligible:
-        raise ReleaseError(
-            f"target {name!r}: release {release_id} is not eligible "
-            f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
-        )
-    refused = unaccepted_policy(config.accepted_policies(name), name, manifest)
+    refused = gate_refusal(config, name, manifest)
     if refused:
         raise ReleaseError(f"target {name!r}: release {release_id} {refused}")
     if approval_required and not state.approved(release_id):
@@ -142,20 +138,28 @@ def _check_activation(
 
 
 def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, TargetHistory, tuple[Record, ...]]:
-    """The pointer and the history as of one moment: an activation running meanwhile moves the
-    pointer between the two reads, so the pointer is read again after the history and the pair is
-    taken only when it did not move (bounded: an activation takes far longer than these reads)."""
-    for _ in range(20):
+    """The pointer and the history as of one moment. Readers take no lock, so an activation running
+    meanwhile can move the pointer between the two reads, or append to the history between its
+    records and its head: the pointer is read again after the history, and the pair is taken only
+    when both read whole and the pointer did not move (20 tries, ~2 s at most)."""
+    problem = "the pointer kept moving while it was read"
+    for attempt in range(20):
+        if attempt:
+            time.sleep(0.01 * attempt)
         pointer = read_pointer(store, name)
         if pointer is None:
             raise ReleaseError(f"target {name!r} has no active release: activate one (ragpipe release activate)")
         try:
             state, records = read_history(store, name)
         except (LedgerError, ValueError) as exc:
-            raise ReleaseError(f"target {name!r}: its history does not verify: {exc}") from None
+            # A writer appending meanwhile is seen as a ledger whose head names a record not yet
+            # read: read both again; a history that stays broken is refused after the last try.
+            problem = f"its history does not verify: {exc}"
+            continue
         if read_pointer(store, name) == pointer:
             return pointer, state, records
-    raise ReleaseError(f"target {name!r}: the pointer kept moving while it was read")
+        problem = "the pointer kept moving while it was read"
+    raise ReleaseError(f"target {name!r}: {problem}")
 
 
 def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> tuple[str, str]:

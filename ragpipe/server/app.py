@@ -254,21 +254,23 @@ def create_app(
         error = validation_error(exc)
         return JSONResponse(error_body(error), status_code=error.status)
 
-    @app.post("/v1/query")
-    def query(request: Request, body: QueryRequest, caller: CallerDep) -> dict[str, object]:
+    # The bodies are plain JSON already (what the CLI prints): returned as a JSONResponse they skip
+    # FastAPI's recursive encoder, which costs about a millisecond on ten hits with their text.
+    @app.post("/v1/query", response_model=None)
+    def query(request: Request, body: QueryRequest, caller: CallerDep) -> JSONResponse:
         """Ranked chunks visible to the caller's subject, from the release served now."""
         try:
-            return _query(service, body, caller, request)
+            return JSONResponse(_query(service, body, caller, request))
         except QueryError as exc:
             raise ApiError(422, "invalid_query", str(exc), "query") from None
         except AuthorizationError as exc:
             raise ApiError(500, "authorization_check_failed", str(exc)) from None
 
-    @app.post("/v1/answer")
-    def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> dict[str, object]:
+    @app.post("/v1/answer", response_model=None)
+    def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> JSONResponse:
         """A grounded answer with citations, or an abstention, from the release served now."""
         try:
-            return _answer(service, body, caller, request)
+            return JSONResponse(_answer(service, body, caller, request))
         except QueryError as exc:
             raise ApiError(422, "invalid_query", str(exc), "question") from None
         except AuthorizationError as exc:

@@ -167,7 +167,7 @@ def test_an_ineligible_release_is_refused_even_with_a_forged_agreeing_history(se
         status = wait_for(lambda: (s := httpx.get(f"{base}/v1/release").json())["refusal"] and s)
     assert status["release"]["release_id"] == a1
     assert status["refusal"]["reason"].startswith(
-        f"target 'staging': release {ineligible} is not eligible (gate decision "
+        f"target 'staging': release {ineligible} is not eligible for activation (gate decision "
     )
 
 
