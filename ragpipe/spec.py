@@ -322,6 +322,18 @@ def validation_error_text(exc: ValidationError, path_of: Callable[[tuple], tuple
     return "; ".join(problems)
 
 
+def read_yaml_file(path: Path, what: str, error: type[Exception]) -> object:
+    """The YAML document in ``path``; ``error``, one line, when it cannot be read:
+    ``<file>: cannot read <what>: <OS reason, where the bytes stop being UTF-8, or the YAML problem
+    with its line>``."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read {what}: {read_error_text(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: cannot read {what}: {yaml_error_text(exc)}") from None
+
+
 def pipeline_spec_path(path: Path | None = None) -> Path:
     """The spec a build uses: ``path``, else ``$RAGPIPE_PIPELINE_SPEC``, else the checked-in one."""
     return Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
@@ -335,12 +347,7 @@ def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
     or YAML problem with its line>`` or ``<file>: invalid pipeline spec: <field path>: <rule>``
     (several problems joined with ``; ``, the first first)."""
     path = pipeline_spec_path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {read_error_text(exc)}") from None
-    except yaml.YAMLError as exc:
-        raise PipelineSpecError(f"{path}: cannot read pipeline spec: {yaml_error_text(exc)}") from None
+    raw = read_yaml_file(path, "pipeline spec", PipelineSpecError)
     try:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:

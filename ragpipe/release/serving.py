@@ -21,7 +21,6 @@ made again from its runs, as activation and rollback verify it.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,28 +137,18 @@ def _check_activation(
 
 
 def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, TargetHistory, tuple[Record, ...]]:
-    """The pointer and the history as of one moment. Readers take no lock, so an activation running
-    meanwhile can move the pointer between the two reads, or append to the history between its
-    records and its head: the pointer is read again after the history, and the pair is taken only
-    when both read whole and the pointer did not move (20 tries, ~2 s at most)."""
-    problem = "the pointer kept moving while it was read"
-    for attempt in range(20):
-        if attempt:
-            time.sleep(0.01 * attempt)
+    """The pointer and the history as of one moment: read under the target's writer lock, which
+    every activation and rollback holds from its intent to its observed record, so no swap moves
+    the pointer or appends to the history between the two reads (held for the reads only)."""
+    with store.target_lock(name):
         pointer = read_pointer(store, name)
         if pointer is None:
             raise ReleaseError(f"target {name!r} has no active release: activate one (ragpipe release activate)")
         try:
             state, records = read_history(store, name)
         except (LedgerError, ValueError) as exc:
-            # A writer appending meanwhile is seen as a ledger whose head names a record not yet
-            # read: read both again; a history that stays broken is refused after the last try.
-            problem = f"its history does not verify: {exc}"
-            continue
-        if read_pointer(store, name) == pointer:
-            return pointer, state, records
-        problem = "the pointer kept moving while it was read"
-    raise ReleaseError(f"target {name!r}: {problem}")
+            raise ReleaseError(f"target {name!r}: its history does not verify: {exc}") from None
+    return pointer, state, records
 
 
 def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> tuple[str, str]:

@@ -200,6 +200,16 @@ def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Requ
     return service.compute(request.state, work)
 
 
+def _answered(work, field: str) -> JSONResponse:
+    """``work()``'s body as JSON; the retriever's refusals as JSON errors naming ``field``."""
+    try:
+        return JSONResponse(work())
+    except QueryError as exc:
+        raise ApiError(422, "invalid_query", str(exc), field) from None
+    except AuthorizationError as exc:
+        raise ApiError(500, "authorization_check_failed", str(exc)) from None
+
+
 def create_app(
     ws: Workspace,
     config: ServeConfig,
@@ -259,22 +269,12 @@ def create_app(
     @app.post("/v1/query", response_model=None)
     def query(request: Request, body: QueryRequest, caller: CallerDep) -> JSONResponse:
         """Ranked chunks visible to the caller's subject, from the release served now."""
-        try:
-            return JSONResponse(_query(service, body, caller, request))
-        except QueryError as exc:
-            raise ApiError(422, "invalid_query", str(exc), "query") from None
-        except AuthorizationError as exc:
-            raise ApiError(500, "authorization_check_failed", str(exc)) from None
+        return _answered(lambda: _query(service, body, caller, request), "query")
 
     @app.post("/v1/answer", response_model=None)
     def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> JSONResponse:
         """A grounded answer with citations, or an abstention, from the release served now."""
-        try:
-            return JSONResponse(_answer(service, body, caller, request))
-        except QueryError as exc:
-            raise ApiError(422, "invalid_query", str(exc), "question") from None
-        except AuthorizationError as exc:
-            raise ApiError(500, "authorization_check_failed", str(exc)) from None
+        return _answered(lambda: _answer(service, body, caller, request), "question")
 
     # The light routes are coroutines: they never wait behind queries for a worker thread.
     @app.get("/v1/release")
@@ -335,7 +335,7 @@ class Observed:
         async def send_observed(message) -> None:
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
-                release_id = state.get("release_id") or self._serving()
+                release_id = state.get("release_id") or self.service.follower.current_release_id
                 if release_id:
                     headers = list(message.get("headers", []))
                     headers.append((RELEASE_HEADER.lower().encode(), release_id.encode()))
@@ -346,10 +346,6 @@ class Observed:
             await self.app(scope, receive, send_observed)
         finally:
             self._record(scope, state, status_holder["status"], time.perf_counter() - started)
-
-    def _serving(self) -> str | None:
-        release = self.service.follower.status()["release"]
-        return release["release_id"] if release else None  # type: ignore[index]
 
     def _record(self, scope, state: dict, status: int, seconds: float) -> None:
         route = route_label(scope.get("path", ""))

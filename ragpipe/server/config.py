@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.server.keys import KEY_ID, parse_key_hash
-from ragpipe.spec import read_error_text, validation_error_text, yaml_error_text
+from ragpipe.spec import read_yaml_file, validation_error_text
 
 
 class ServeConfigError(ValueError):
@@ -104,14 +103,7 @@ def load_serve_config(path: Path | None) -> ServeConfig:
     ``/healthz``, ``/readyz``, ``/metrics`` and the OpenAPI document answer without a 401."""
     if path is None:
         return ServeConfig()
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ServeConfigError(f"{path}: cannot read serve config: {read_error_text(exc)}") from None
-    except UnicodeDecodeError as exc:
-        raise ServeConfigError(f"{path}: cannot read serve config: {read_error_text(exc)}") from None
-    except yaml.YAMLError as exc:
-        raise ServeConfigError(f"{path}: cannot read serve config: {yaml_error_text(exc)}") from None
+    raw = read_yaml_file(path, "serve config", ServeConfigError)
     try:
         return ServeConfig.model_validate(raw if raw is not None else {})
     except ValidationError as exc:

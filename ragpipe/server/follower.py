@@ -156,6 +156,12 @@ class ReleaseFollower:
         if done:
             in_service.close()
 
+    @property
+    def current_release_id(self) -> str | None:
+        """The release being served (one attribute read: cheap enough for every response header)."""
+        current = self._current
+        return current.release_id if current is not None else None
+
     def status(self) -> dict[str, object]:
         with self._lock:
             current, refusal = self._current, self._refusal
