@@ -8,11 +8,16 @@ target's active release in ``--home`` and measures:
 
 * ``start_to_ready_s``: process start until ``/readyz`` answers 200 (release verified, retriever
   built, every channel warmed);
-* per concurrency level: ``--clients`` threads, each with its own keep-alive connection, post
+* per concurrency level: ``--clients`` threads, each with its own keep-alive ``http.client``
+  connection (bodies encoded in advance), post
   SciFact test claims to ``/v1/query`` (hybrid, k=10) for ``--seconds``; requests per second and
   p50/p95 latency as the clients see it;
 * ``in_process``: the same claims through ``Retriever.query`` in this process, one thread: the
   p50/p95 the HTTP numbers compare with;
+* ``ab_one_claim_mean_ms``: ApacheBench (a C client; ``apt-get install apache2-utils``), one
+  keep-alive client posting the first claim 1,500 times: mean latency, against
+  ``in_process.one_claim_mean_ms`` (the same claim in process) — HTTP overhead without any Python
+  client cost (None without ``ab``);
 * ``swap_delay_s``: after ``--swap RELEASE_ID`` is activated (optional), until ``/v1/release``
   names it, and ``rollback`` back;
 * ``server_rss_mb``: the server's resident memory after the load (one worker);
@@ -26,9 +31,12 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +49,7 @@ import httpx
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+AB_REQUESTS = 1500
 
 
 def _claims(scifact: Path) -> list[str]:
@@ -53,20 +62,31 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def _load(base: str, claims: list[str], clients: int, seconds: float) -> dict[str, float]:
+def _load(port: int, claims: list[str], clients: int, seconds: float) -> dict[str, float]:
+    """``clients`` threads, each posting claims over its own keep-alive connection. The client is the
+    standard library's ``http.client`` with the bodies encoded in advance: the leanest Python
+    client, so that the figures are the server's cost rather than a client library's (httpx adds
+    about a millisecond per request on these two shared cores)."""
+    bodies = [json.dumps({"query": c, "k": 10, "mode": "hybrid"}).encode() for c in claims]
+    headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
     failures = [0]
     stop = time.monotonic() + seconds
 
     def client(offset: int) -> None:
-        with httpx.Client(base_url=base, timeout=30) as http:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
             i = offset
             while time.monotonic() < stop:
                 started = time.perf_counter()
-                r = http.post("/v1/query", json={"query": claims[i % len(claims)], "k": 10, "mode": "hybrid"})
+                connection.request("POST", "/v1/query", bodies[i % len(bodies)], headers)
+                response = connection.getresponse()
+                response.read()
                 latencies.append(time.perf_counter() - started)
-                failures[0] += r.status_code != 200
+                failures[0] += response.status != 200
                 i += clients
+        finally:
+            connection.close()
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
     began = time.monotonic()
@@ -84,6 +104,25 @@ def _load(base: str, claims: list[str], clients: int, seconds: float) -> dict[st
     }
 
 
+def _ab(port: int, claim: str, requests: int) -> float | None:
+    """Mean latency (ms) of ``requests`` keep-alive posts of one claim by ApacheBench at 1
+    client — a C client, so nothing of Python's client cost is in it — or None without ``ab``."""
+    if shutil.which("ab") is None:
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as body:
+        json.dump({"query": claim, "k": 10, "mode": "hybrid"}, body)
+    try:
+        args = ["ab", "-q", "-k", "-c", "1", "-p", body.name, "-T", "application/json"]
+        url = f"http://127.0.0.1:{port}/v1/query"
+        subprocess.run([*args, "-n", "200", url], check=True, capture_output=True)  # warm
+        out = subprocess.run([*args, "-n", str(requests), url], check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(body.name)
+    if "Non-2xx" in out or not re.search(r"Failed requests:\s+0\b", out):
+        raise RuntimeError(f"ab saw failed requests:\n{out}")
+    return float(re.search(r"Time per request:\s+([0-9.]+) \[ms\] \(mean\)", out).group(1))
+
+
 def _in_process(home: Path, target: str, claims: list[str]) -> dict[str, float]:
     from ragpipe.api import retriever_for_release
 
@@ -96,11 +135,17 @@ def _in_process(home: Path, target: str, claims: list[str]) -> dict[str, float]:
             started = time.perf_counter()
             retriever.query(claim, k=10, mode="hybrid")
             latencies.append(time.perf_counter() - started)
+        one = []  # what ab posts: the first claim, again and again (its body as the route returns it)
+        for _ in range(AB_REQUESTS):
+            started = time.perf_counter()
+            retriever.query(claims[0], k=10, mode="hybrid").as_dict()
+            one.append(time.perf_counter() - started)
     finally:
         retriever.close()
     return {
         "p50_ms": round(statistics.median(latencies) * 1000, 2),
         "p95_ms": round(_percentile(latencies, 0.95) * 1000, 2),
+        "one_claim_mean_ms": round(statistics.mean(one) * 1000, 3),
     }
 
 
@@ -163,8 +208,9 @@ def main() -> None:
                 time.sleep(0.02)
             result: dict[str, object] = {"start_to_ready_s": round(time.monotonic() - started, 2)}
             for clients in (int(c) for c in args.clients.split(",")):
-                _load(base, claims, clients, 2.0)  # warm the claims' hydration and connections
-                result[f"clients_{clients}"] = _load(base, claims, clients, args.seconds)
+                _load(args.port, claims, clients, 2.0)  # warm the claims' hydration and connections
+                result[f"clients_{clients}"] = _load(args.port, claims, clients, args.seconds)
+            result["ab_one_claim_mean_ms"] = _ab(args.port, claims[0], AB_REQUESTS)
             result["server_rss_mb"] = round(psutil.Process(server.pid).memory_info().rss / 2**20, 1)
             if args.swap:
                 from ragpipe.kernel.workspace import Workspace

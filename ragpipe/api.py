@@ -52,8 +52,8 @@ def retriever_for_release(
     release manifest and its query plan the one the release was gated with
     (``ragpipe.release.serving``), verified once and handed over opened; ``release_id`` set on
     the retriever. ``home`` defaults to
-    ``$RAGPIPE_HOME``; ``options`` are the constructor's operational options (``query_graph_dir``
-    defaults to that home's query-graph cache).
+    ``$RAGPIPE_HOME``; ``options`` are the constructor's operational options (``query_graph_dir`` and
+    ``calibration_dir`` default to that home's caches).
 
     When the bundle's query graph is cached, it is loaded (every check of
     ``ragpipe.embedding.query_graph.load_entry``) on a worker thread *while* the release is
@@ -63,6 +63,7 @@ def retriever_for_release(
     verify."""
     ws = Workspace(Path(home) if home else default_home())
     options.setdefault("query_graph_dir", ws.query_graphs)
+    options.setdefault("calibration_dir", ws.engine_calibrations)
     early = None
     if "embedder" not in options:
         early = _start_early_load(ws, target, release_id, Path(options["query_graph_dir"]), options)

@@ -18,9 +18,10 @@ from ragpipe.bundle.manifest import (
     make_manifest,
     manifest_bytes,
 )
-from ragpipe.bundle.payload_checks import stored_embeddings_digest
+from ragpipe.bundle.payload_checks import stored_embeddings_digest, stored_vectors
 from ragpipe.bundle.seal import SealKey, configured_key
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
+from ragpipe.index.vector_file import VECTORS_FILE, vectors_file_bytes
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
 from ragpipe.spec import PipelineSpec
 
@@ -83,6 +84,8 @@ def _copy_payload(inputs: BundleInputs, target: Path, step: StepHook) -> None:
     step("lexical_copied")
     if inputs.vector_dir is not None:
         shutil.copytree(inputs.vector_dir, target / "vector", symlinks=False)
+        # the same vectors, readable without lancedb (ragpipe.index.vector_file)
+        (target / VECTORS_FILE).write_bytes(vectors_file_bytes(*stored_vectors(target / "vector")))
         step("vector_copied")
 
 

@@ -5,8 +5,8 @@ be recomputed by anyone who rewrites the files. These checks make the *semantic*
 again from content: the corpus digest from ``documents.parquet`` (each document's digest from its
 text), the chunks by re-chunking those documents under the manifest's chunker spec, the
 representations by re-deriving them, and every lexical and vector row's IDs, ``access_scopes`` and
-``source_role`` against its representation's document. The vectors' digest is recomputed from the
-lance table. Each problem names the file, the row or ID, and the field.
+``source_role`` against its representation's document. The vectors' digest is recomputed from
+``vectors.arrow`` and from the lance table (whose check may be deferred to when lancedb serves). Each problem names the file, the row or ID, and the field.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ragpipe.chunking.models import Chunk, chunk_set_digest
 from ragpipe.corpus.models import Document, corpus_digest
 from ragpipe.embedding.compute import embeddings_digest
 from ragpipe.index.rows import IndexRow, index_rows
+from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
 from ragpipe.kernel.ids import SpecId, bytes_digest
 from ragpipe.representations.derive import Representation, derive_representations, representation_set_digest
 from ragpipe.spec import (
@@ -176,16 +177,58 @@ def check_vectors(ids: list[str], vectors: np.ndarray, manifest: BundleManifest)
     return []
 
 
-def check_payload(
-    root: Path, manifest: BundleManifest, documents: list[Document], chunks: list[Chunk], reps: list[Representation]
-) -> list[str]:
-    """Every recomputation and cross-check above, in dependency order; stops at the first layer
-    that fails (later layers would only repeat its problem). The tables come parsed from the bytes
-    that were digested; the indexes are read from ``root``."""
-    from ragpipe.index.lexical import read_lexical_rows, verify_scope_groups  # heavy backends last
-    from ragpipe.index.lexical_checks import structure_problems
+def check_vectors_file(data: bytes, expected: list[IndexRow], manifest: BundleManifest) -> list[str]:
+    """``vectors.arrow`` holds representation ``i``'s vector at row ``i`` and, all together, exactly
+    the vectors whose digest the manifest binds (the lance table's, checked in
+    ``check_vector_table``)."""
+    try:
+        ids, matrix = read_vectors_file(data)
+    except ValueError as exc:
+        return [str(exc)]
+    wanted = [row.representation_id for row in expected]
+    if ids != wanted:
+        if len(ids) != len(wanted):
+            return [f"{VECTORS_FILE}: holds {len(ids)} rows for {len(wanted)} representations"]
+        row = next(i for i, (got, want) in enumerate(zip(ids, wanted)) if got != want)
+        return [f"{VECTORS_FILE}: row {row} holds representation {ids[row]!r}, not {wanted[row]!r}"]
+    return [p.replace("vector:", f"{VECTORS_FILE}:", 1) for p in check_vectors(ids, matrix, manifest)]
+
+
+def check_vector_table(root: Path, manifest: BundleManifest, expected: list[IndexRow]) -> list[str]:
+    """The lance table: rows, IDs and authorization fields as the representations say, the vectors
+    the manifest's digest binds, and every scope's search path (``ragpipe.index.vector_checks``).
+    Imports lancedb."""
     from ragpipe.index.vector import read_vector_rows
     from ragpipe.index.vector_checks import search_path_problems
+
+    table = read_vector_rows(root / "vector")
+    stored = table.drop_columns(["vector"]).to_pylist()
+    problems = check_index_rows("vector", stored, expected)
+    if not problems:
+        problems += check_vectors([str(r["representation_id"]) for r in stored], _matrix(table), manifest)
+    if not problems:
+        metric = VectorIndexSpec.model_validate(manifest.semantic.specs["vector_index"].spec).metric
+        problems += search_path_problems(root / "vector", metric, [row.access_scopes for row in expected])
+    return problems
+
+
+def check_payload(
+    root: Path,
+    manifest: BundleManifest,
+    documents: list[Document],
+    chunks: list[Chunk],
+    reps: list[Representation],
+    vectors_file: bytes | None = None,
+    vector_table: bool = True,
+) -> list[str]:
+    """Every recomputation and cross-check above, in dependency order; stops at the first layer
+    that fails (later layers would only repeat its problem). The tables (and ``vectors_file``, the
+    bytes of ``vectors.arrow`` if the bundle has one) come parsed from the bytes that were
+    digested; the indexes are read from ``root``. ``vector_table=False`` leaves the lance table to
+    ``check_vector_table`` (run when lancedb is to serve) — allowed only when ``vectors_file``
+    holds the vectors."""
+    from ragpipe.index.lexical import read_lexical_rows, verify_scope_groups  # heavy backends last
+    from ragpipe.index.lexical_checks import structure_problems
 
     sem = manifest.semantic
     problems = check_specs(manifest)
@@ -215,17 +258,13 @@ def check_payload(
         spec = LexicalIndexSpec.model_validate(sem.specs["lexical_index"].spec)
         problems += structure_problems(root / "lexical", spec, row_scopes)
     if sem.has_vector_index:
-        table = read_vector_rows(root / "vector")
-        stored = table.drop_columns(["vector"]).to_pylist()
         if counts.vectors != len(reps):
             problems.append(f"vector: manifest counts {counts.vectors} vectors for {len(reps)} representations")
-        problems += check_index_rows("vector", stored, expected_rows)
-        if not problems:
-            problems += check_vectors([str(r["representation_id"]) for r in stored], _matrix(table), manifest)
-        if not problems:
-            metric = VectorIndexSpec.model_validate(sem.specs["vector_index"].spec).metric
-            problems += search_path_problems(root / "vector", metric, row_scopes)
-    elif (root / "vector").exists():
+        if vectors_file is not None and not problems:
+            problems += check_vectors_file(vectors_file, expected_rows, manifest)
+        if (vector_table or vectors_file is None) and not problems:
+            problems += check_vector_table(root, manifest, expected_rows)
+    elif (root / "vector").exists() or vectors_file is not None:
         problems.append("vector: present in a bundle whose manifest declares no vector index")
     elif manifest.material.embeddings_digest is not None:
         problems.append("manifest.json: material.embeddings_digest is set for a bundle without a vector index")
@@ -237,9 +276,14 @@ def _matrix(table) -> np.ndarray:
     return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
 
 
-def stored_embeddings_digest(vector_dir: Path) -> str:
-    """Digest of the vectors as stored in a lance table folder (what the material section binds)."""
+def stored_vectors(vector_dir: Path) -> tuple[list[str], np.ndarray]:
+    """(representation IDs, float32 matrix) as stored in a lance table folder, in row order."""
     from ragpipe.index.vector import read_vector_rows
 
     table = read_vector_rows(vector_dir)
-    return embeddings_digest([str(i) for i in table.column("representation_id").to_pylist()], _matrix(table))
+    return [str(i) for i in table.column("representation_id").to_pylist()], _matrix(table)
+
+
+def stored_embeddings_digest(vector_dir: Path) -> str:
+    """Digest of the vectors as stored in a lance table folder (what the material section binds)."""
+    return embeddings_digest(*stored_vectors(vector_dir))

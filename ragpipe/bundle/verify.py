@@ -23,18 +23,24 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pyarrow as pa
 from pydantic import ValidationError
 
 from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, material_digest_of
 from ragpipe.bundle.payload_checks import check_payload
+from ragpipe.bundle.payload_checks import check_vector_table as check_vector_table_content
 from ragpipe.bundle.seal import SealKey, SealKeyError, configured_key, seal_problems
 from ragpipe.chunking.models import Chunk, read_chunks
 from ragpipe.corpus.models import Document
 from ragpipe.corpus.snapshot import read_snapshot_documents
+from ragpipe.index.rows import index_rows
+from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
 from ragpipe.representations.derive import Representation, read_representations
 
 TABLE_FILES = ("documents.parquet", "chunks.parquet", "representations.parquet")
+# Files whose verified bytes are kept: the tables, and the vectors the in-memory engine searches.
+KEPT_FILES = (*TABLE_FILES, VECTORS_FILE)
 
 
 class BundleVerificationError(ValueError):
@@ -65,12 +71,28 @@ class VerifiedTables:
     def representations(self) -> list[Representation]:
         return read_representations(pa.BufferReader(self._data["representations.parquet"]))
 
+    @property
+    def vectors_file(self) -> bytes | None:
+        """The verified bytes of ``vectors.arrow`` (None: the bundle has none)."""
+        return self._data.get(VECTORS_FILE)
+
+    @cached_property
+    def vectors(self) -> np.ndarray | None:
+        """The float32 matrix of ``vectors.arrow``, row ``i`` for representation ``i`` (None: no file)."""
+        data = self.vectors_file
+        return None if data is None else read_vectors_file(data)[1]
+
 
 @dataclass(frozen=True)
 class VerifiedBundle:
+    """A bundle that passed ``open_bundle``. ``vector_table_checked`` False: the lance table's
+    content checks were deferred (``check_vector_table`` runs them before lancedb serves); its
+    files' digests were checked all the same."""
+
     path: Path
     manifest: BundleManifest
     tables: VerifiedTables
+    vector_table_checked: bool = True
 
     @property
     def bundle_id(self) -> str:
@@ -175,7 +197,7 @@ def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes])
                     )
                 else:
                     try:
-                        size, digest, data = _read_listed(full, keep=rel in TABLE_FILES)
+                        size, digest, data = _read_listed(full, keep=rel in KEPT_FILES)
                     except OSError as exc:
                         problems.append(f"{rel}: cannot be read: {exc.strerror or exc}")
                         continue
@@ -195,12 +217,19 @@ def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes])
 
 
 def open_bundle(
-    path: Path, check_name: bool = True, key: SealKey | None | Literal["configured"] = "configured"
+    path: Path,
+    check_name: bool = True,
+    key: SealKey | None | Literal["configured"] = "configured",
+    defer_vector_table: bool = False,
 ) -> VerifiedBundle:
     """Verify the bundle at ``path`` completely; raise ``BundleVerificationError`` otherwise.
 
     ``check_name=False`` skips only the directory-name check (for a temp dir before publication).
     ``key``: the bundle key the seal must be made with (default: the configured one, if any).
+    ``defer_vector_table``: for a bundle whose vectors are in ``vectors.arrow`` (verified here),
+    leave the lance table's content checks — they need lancedb, seconds of imports — to
+    ``check_vector_table``, which a query path runs only if lancedb is to serve. Every file's
+    digest is checked either way; a bundle without ``vectors.arrow`` is checked completely.
     """
     path = Path(path)
     if key == "configured":
@@ -219,35 +248,72 @@ def open_bundle(
     if problems or missing:
         raise BundleVerificationError(path, problems or [f"{name}: missing from the bundle" for name in missing])
     tables = VerifiedTables(data)
-    if not _payload_known_good(manifest_digest):
+    deferred = defer_vector_table and tables.vectors_file is not None and manifest.semantic.has_vector_index
+    scope = "payload" if deferred else "complete"
+    if not (_known_good(manifest_digest, scope) or _known_good(manifest_digest, "complete")):
         try:
-            problems = check_payload(path, manifest, tables.documents, tables.chunks, tables.representations)
+            problems = check_payload(
+                path,
+                manifest,
+                tables.documents,
+                tables.chunks,
+                tables.representations,
+                vectors_file=tables.vectors_file,
+                vector_table=not deferred,
+            )
         except Exception as exc:  # a corrupt-but-digest-matching file is impossible; anything else is still a refusal
             problems = [f"content check failed: {type(exc).__name__}: {exc}"]
         if problems:
             raise BundleVerificationError(path, problems)
-        _remember_payload(manifest_digest)
-    return VerifiedBundle(path=path, manifest=manifest, tables=tables)
+        _remember(manifest_digest, scope)
+    checked = not deferred or _known_good(manifest_digest, "complete")
+    return VerifiedBundle(path=path, manifest=manifest, tables=tables, vector_table_checked=checked)
+
+
+def check_vector_table(bundle: VerifiedBundle) -> None:
+    """The lance table content checks ``open_bundle(defer_vector_table=True)`` left out
+    (``BundleVerificationError`` naming each problem); nothing to do when they ran. Call before
+    lancedb serves the bundle."""
+    if bundle.vector_table_checked:
+        return
+    digest = _manifest_digest(bundle)
+    if _known_good(digest, "complete"):
+        return
+    tables = bundle.tables
+    expected = index_rows(tables.documents, tables.representations)
+    try:
+        problems = check_vector_table_content(bundle.path, bundle.manifest, expected)
+    except Exception as exc:
+        problems = [f"content check failed: {type(exc).__name__}: {exc}"]
+    if problems:
+        raise BundleVerificationError(bundle.path, problems)
+    _remember(digest, "complete")
+
+
+def _manifest_digest(bundle: VerifiedBundle) -> str:
+    # the manifest file is byte-canonical (checked on open): its bytes are these
+    return hashlib.sha256(manifest_bytes(bundle.manifest)).hexdigest()
 
 
 # The payload checks are a pure function of the manifest and the files' bytes, and the manifest
 # binds every file's SHA-256 (re-checked on every open above). So once the payload of one exact
-# manifest passed in this process, a later open of the same bytes need not recompute it: a build verifies its bundle
-# before the rename, after it, and in the ``bundle_verifies`` check, and each full recomputation
-# costs ~3 s on SciFact.
-_PAYLOAD_OK: OrderedDict[str, None] = OrderedDict()
+# manifest passed in this process, a later open of the same bytes need not recompute it: a build
+# verifies its bundle before the rename, after it, and in the ``bundle_verifies`` check, and each
+# full recomputation costs ~3 s on SciFact. ``complete``: every check passed; ``payload``: all but
+# the lance table's (deferred).
+_PAYLOAD_OK: OrderedDict[tuple[str, str], None] = OrderedDict()
 _PAYLOAD_LOCK = threading.Lock()
 _PAYLOAD_MEMO_SIZE = 64
 
 
-def _payload_known_good(manifest_digest: str) -> bool:
+def _known_good(manifest_digest: str, scope: str) -> bool:
     with _PAYLOAD_LOCK:
-        return manifest_digest in _PAYLOAD_OK
+        return (manifest_digest, scope) in _PAYLOAD_OK
 
 
-def _remember_payload(manifest_digest: str) -> None:
+def _remember(manifest_digest: str, scope: str) -> None:
     with _PAYLOAD_LOCK:
-        _PAYLOAD_OK[manifest_digest] = None
-        _PAYLOAD_OK.move_to_end(manifest_digest)
+        _PAYLOAD_OK[(manifest_digest, scope)] = None
+        _PAYLOAD_OK.move_to_end((manifest_digest, scope))
         while len(_PAYLOAD_OK) > _PAYLOAD_MEMO_SIZE:
             _PAYLOAD_OK.popitem(last=False)

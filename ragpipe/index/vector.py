@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 from lancedb.index import IvfFlat, LabelList
 
-from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.hits import Hit
+from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate
 from ragpipe.index.rows import IndexRow
 
 T = TypeVar("T")
@@ -69,32 +69,6 @@ def ivf_partitions(rows: int) -> int | None:
 
 def vector_row_count(directory: Path) -> int:
     return lancedb.connect(str(directory)).open_table(TABLE_NAME).count_rows()
-
-
-def scope_predicate(scopes: tuple[str, ...]) -> str:
-    """SQL prefilter for lancedb. Scope names are validated identifiers, never free text."""
-    for s in scopes:
-        if not SCOPE_PATTERN.match(s):
-            raise ValueError(f"invalid scope name {s!r}")
-    return "array_has_any(access_scopes, [" + ", ".join(f"'{s}'" for s in scopes) + "])"
-
-
-def sql_string(value: str) -> str:
-    """``value`` as a SQL string literal: quotes doubled, so any document ID stays one literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def role_predicate(roles: tuple[str, ...]) -> str:
-    """``source_role IN (...)``; role names are validated identifiers (the scope rule), never free text."""
-    for r in roles:
-        if not SCOPE_PATTERN.match(r):
-            raise ValueError(f"invalid source role {r!r}")
-    return "source_role IN (" + ", ".join(f"'{r}'" for r in sorted(set(roles))) + ")"
-
-
-def exclusion_predicate(documents: Collection[str]) -> str:
-    """``document_id NOT IN (...)`` over ``documents`` in sorted order (deterministic SQL)."""
-    return "document_id NOT IN (" + ", ".join(sql_string(d) for d in sorted(documents)) + ")"
 
 
 class _ThreadLoops:

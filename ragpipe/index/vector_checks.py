@@ -15,7 +15,8 @@ from pathlib import Path
 import lancedb
 import numpy as np
 
-from ragpipe.index.vector import TABLE_NAME, VECTOR_INDEX_NAME, ivf_partitions, scope_predicate
+from ragpipe.index.predicates import scope_predicate
+from ragpipe.index.vector import TABLE_NAME, VECTOR_INDEX_NAME, ivf_partitions
 
 LABEL = "vector"
 

@@ -4,7 +4,8 @@ lancedb stays the store of record and the engine for large tables; ``open_vector
 a bundle whose vectors fit ``memory_limit_bytes`` (rows × dimensions × 4) from memory instead, which
 removes lancedb's fixed per-query cost (query planning, its thread pool, the event-loop hop).
 
-**Verified vectors.** The matrix is read once from the bundle's lance table and accepted only if
+**Verified vectors.** The matrix is read once — from the bundle's ``vectors.arrow``
+(``ragpipe.index.vector_file``: no lancedb needed), else from its lance table — and accepted only if
 its embeddings digest (``ragpipe.embedding.compute.embeddings_digest`` over the verified rows'
 representation IDs and the exact float32 bytes, in row order) equals the digest the bundle manifest
 binds (``material.embeddings_digest``, itself covered by the material digest and the seal checked
@@ -30,7 +31,9 @@ round twice — it lies on a float32 midpoint — is recomputed with round-to-od
 are an implementation detail of lance, ``open_vector_searcher`` *calibrates* before serving: it
 asks lancedb and memory for the nearest ``CALIBRATION_ROWS`` rows of a few probe queries and
 serves from memory only if every distance is bitwise equal; otherwise (another lance version, a host without
-AVX-512) lancedb serves. Dimensions must be a multiple of 16 above 16 (lance picks other kernels
+AVX-512) lancedb serves. The outcome is recorded per bundle material, metric, library versions and
+CPU (``ragpipe.index.engine_calibration``), so a later open of the same bundle on the same host
+serves from memory without importing lancedb at all. Dimensions must be a multiple of 16 above 16 (lance picks other kernels
 for the rest), components finite and at most 2⁴⁰ in magnitude (no overflow), cosine rows
 non-zero; otherwise lancedb serves. Gradual underflow is assumed, as lance and numpy use it
 (no flush-to-zero mode in the calling thread).
@@ -55,15 +58,20 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ragpipe.embedding.compute import embeddings_digest as digest_of_vectors
+from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
 from ragpipe.index.hits import Hit
-from ragpipe.index.vector import VectorSearcher, role_predicate, scope_predicate
+from ragpipe.index.predicates import role_predicate, scope_predicate
+
+if TYPE_CHECKING:  # lancedb is imported only when it serves
+    from ragpipe.index.vector import VectorSearcher
 
 log = logging.getLogger(__name__)
 
@@ -274,32 +282,64 @@ def open_vector_searcher(
     vectors: np.ndarray | None = None,
     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
     row_roles: Sequence[str] | None = None,
+    calibrations: CalibrationRecords | None = None,
+    table_digest: str | None = None,
+    before_lance: Callable[[], None] | None = None,
 ) -> MemoryVectorSearcher | VectorSearcher:
     """The vector searcher for one verified bundle: from memory when its vectors fit
     ``memory_limit_bytes`` (rows × dimensions × 4; 0 disables it), are verified against
     ``embeddings_digest`` (the manifest's ``material.embeddings_digest``) and reproduce lancedb's
     distances on calibration probes; lancedb's ``VectorSearcher`` otherwise. Either returns the
-    same hits (module docstring); ``engine`` says which serves. ``vectors``: the matrix, if the
-    caller already holds it (it is verified all the same); otherwise it is read once from the
-    table. ``VectorVerificationError`` when the vectors are not the manifest's."""
-    lance = VectorSearcher(directory, metric, rows)
-    if len(rows) * lance.dimension * 4 > memory_limit_bytes:
-        return lance
-    if lance.dimension <= LANES or lance.dimension % LANES:
-        log.info("vector search of %s served by lancedb: %s dimensions", directory, lance.dimension)
-        return lance
-    matrix = verified_vectors(rows, lance.read_vectors() if vectors is None else vectors, embeddings_digest)
+    same hits (module docstring); ``engine`` says which serves.
+
+    ``vectors``: the matrix, if the caller holds it (the bundle's ``vectors.arrow``; verified all
+    the same); otherwise it is read once from the lance table. ``calibrations`` and
+    ``table_digest`` (the bundle's material digest): where the calibration's outcome is recorded
+    and found again (``ragpipe.index.engine_calibration``) — with vectors given and a record
+    found, lancedb is not even imported. ``before_lance``: called before the lance table is first
+    opened (the bundle's deferred check of that table). ``VectorVerificationError`` when the
+    vectors are not the manifest's."""
+    opened: list[VectorSearcher] = []
+
+    def lance() -> VectorSearcher:
+        if not opened:
+            if before_lance is not None:
+                before_lance()
+            from ragpipe.index.vector import VectorSearcher  # lancedb: seconds of imports
+
+            opened.append(VectorSearcher(directory, metric, rows))
+        return opened[0]
+
+    dimension = vectors.shape[1] if vectors is not None and vectors.ndim == 2 else lance().dimension
+    if len(rows) * dimension * 4 > memory_limit_bytes:
+        return lance()
+    if dimension <= LANES or dimension % LANES:
+        log.info("vector search of %s served by lancedb: %s dimensions", directory, dimension)
+        return lance()
+    matrix = verified_vectors(rows, lance().read_vectors() if vectors is None else vectors, embeddings_digest)
     problem = memory_problem(metric, matrix)
+    if problem is not None:
+        log.warning("vector search of %s served by lancedb, not from memory: %s", directory, problem)
+        return lance()
+    key = calibration_key(table_digest, metric) if calibrations is not None and table_digest else None
+    recorded = calibrations.get(key) if calibrations is not None and key is not None else None
+    if recorded is not None:
+        if recorded.problem is None:
+            return MemoryVectorSearcher(metric, rows, row_scopes, matrix, recorded.indexed, row_roles)
+        log.info("vector search of %s served by lancedb (recorded calibration): %s", directory, recorded.problem)
+        return lance()
+    searcher = lance()
+    memory = MemoryVectorSearcher(metric, rows, row_scopes, matrix, searcher.indexed, row_roles)
+    problem = calibration_problem(memory, searcher, row_scopes)
+    if calibrations is not None and key is not None:
+        calibrations.put(key, Calibration(indexed=searcher.indexed, problem=problem))
     if problem is None:
-        memory = MemoryVectorSearcher(metric, rows, row_scopes, matrix, lance.indexed, row_roles)
-        problem = calibration_problem(memory, lance, row_scopes)
-        if problem is None:
-            lance.close()
-            return memory
-        memory.close()
+        searcher.close()
+        return memory
+    memory.close()
     # unexpected for embeddings (another lance build or CPU, odd vectors): worth an operator's look
     log.warning("vector search of %s served by lancedb, not from memory: %s", directory, problem)
-    return lance
+    return searcher
 
 
 def calibration_problem(

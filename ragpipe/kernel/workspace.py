@@ -9,14 +9,16 @@ work/<key>/<stage>/latest.json       the revision's latest materialization of th
 embedding_cache/<spec hex>/          embedding cache shards, shared by all revisions
 query_graphs/<key hex>/              exported query-side ONNX graphs, one per embedder (verified
                                      on every load; ragpipe.embedding.query_graph)
+engine_calibrations/<key hex>.json   whether a bundle's vectors may be served from memory on this
+                                     host (ragpipe.index.engine_calibration)
 bundles/<bundle id hex>/             published, immutable index bundles
 locks/                               flock files (workspace.lock, build-<key>.lock)
 ```
 
 Stage outputs and bundles accumulate until ``ragpipe.gc.collect_garbage`` removes those no
-``latest.json`` references (see ``docs/operations.md``); query graphs are a cache that garbage
-collection leaves alone: remove ``query_graphs/`` (or one entry) at any time, the next query
-re-creates what it needs.
+``latest.json`` references (see ``docs/operations.md``); query graphs and engine calibrations are
+caches that garbage collection leaves alone: remove ``query_graphs/`` or ``engine_calibrations/``
+(or one entry) at any time, the next query re-creates what it needs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class Workspace:
     @property
     def query_graphs(self) -> Path:
         return self.home / "query_graphs"
+
+    @property
+    def engine_calibrations(self) -> Path:
+        return self.home / "engine_calibrations"
 
     @property
     def bundles(self) -> Path:

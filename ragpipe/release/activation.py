@@ -94,7 +94,12 @@ class VerifiedRelease:
 
 
 def verified_release(
-    ws: Workspace, manifest: ReleaseManifest, child_checks: Sequence[ChildCheck] = (), *, remake_decision: bool = True
+    ws: Workspace,
+    manifest: ReleaseManifest,
+    child_checks: Sequence[ChildCheck] = (),
+    *,
+    remake_decision: bool = True,
+    defer_vector_table: bool = False,
 ) -> tuple[VerifiedRelease | None, list[str]]:
     """The release as verified here — None unless it verifies — and the problems that forbid
     serving ``manifest`` (empty: it verifies). Full bundle verification,
@@ -104,11 +109,14 @@ def verified_release(
 
     Activation and rollback — the only ways a pointer moves — make the decision again (seconds:
     a paired comparison is recomputed, with its bootstrap); serving an already active release
-    checks the kept documents and their links only, so starting a query process stays cheap."""
+    checks the kept documents and their links only, so starting a query process stays cheap.
+    ``defer_vector_table``: leave the lance table's content checks to the moment lancedb serves
+    (``ragpipe.bundle.verify.open_bundle``); a query process that serves from memory then never
+    imports lancedb."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when verifying
 
     try:
-        bundle = open_bundle(bundle_path(ws, manifest))
+        bundle = open_bundle(bundle_path(ws, manifest), defer_vector_table=defer_vector_table)
     except BundleVerificationError as exc:
         return None, [f"bundle {manifest.bundle_id}: {p}" for p in exc.problems]
     problems = []

@@ -62,13 +62,14 @@ def served_release(ws: Workspace, target: str | None = None, release_id: str | N
     if release_id is not None:
         store = ReleaseStore(ws)
         manifest = load_manifest(store, check_release_id(release_id))
-        verified, problems = verified_release(ws, manifest, remake_decision=False)  # served by choice: eligible or not
+        # served by choice, eligible or not; the lance table is checked only if lancedb serves
+        verified, problems = verified_release(ws, manifest, remake_decision=False, defer_vector_table=True)
         if verified is None:
             raise ReleaseError(
                 f"release {release_id} failed verification; refusing to serve it:\n  " + "\n  ".join(problems)
             )
     else:
-        verified = resolve_active_release(ws, target)
+        verified = resolve_active_release(ws, target, defer_vector_table=True)
     return _served(ws, verified)
 
 

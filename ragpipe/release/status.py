@@ -62,11 +62,11 @@ def resolve_active_run(
 
 
 def resolve_active_release(
-    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None, defer_vector_table: bool = False
 ) -> VerifiedRelease:
     """The active release of ``target`` (default target when None) as its verification read it:
     manifest, opened bundle and evaluation run. ``ReleaseError`` when nothing is active or the
-    release no longer verifies."""
+    release no longer verifies. ``defer_vector_table``: see ``activation.verified_release``."""
     store = ReleaseStore(ws)
     name, _ = (config or load_targets()).get(target)
     pointer = read_pointer(store, name)
@@ -77,7 +77,9 @@ def resolve_active_release(
             f"ragpipe release activate RELEASE_ID --target {name}"
         )
     manifest = load_manifest(store, pointer.release_id)
-    verified, problems = verified_release(ws, manifest, remake_decision=False)  # activation made it again
+    verified, problems = verified_release(  # activation made the decision again
+        ws, manifest, remake_decision=False, defer_vector_table=defer_vector_table
+    )
     if verified is None:
         raise ReleaseError(
             f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  "

@@ -26,16 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ragpipe.index.hits import Hit
 from ragpipe.index.lexical import LexicalSearcher
-from ragpipe.index.vector import VectorSearcher
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.fusion.order import RankedHit, hit_key
 from ragpipe.retrieval.plan import DepthPolicy
+
+if TYPE_CHECKING:  # lancedb: imported only where it serves (ragpipe.index.vector_memory)
+    from ragpipe.index.vector import VectorSearcher
 
 
 class ChannelBackend(Protocol):

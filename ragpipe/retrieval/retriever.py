@@ -20,9 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from ragpipe.bundle.verify import VerifiedBundle, open_bundle
+from ragpipe.bundle.verify import VerifiedBundle, check_vector_table, open_bundle
 from ragpipe.chunking.models import Chunk
 from ragpipe.corpus.models import SCOPE_PATTERN
+from ragpipe.index.engine_calibration import CalibrationRecords
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
 from ragpipe.index.vector_memory import DEFAULT_MEMORY_LIMIT_BYTES, open_vector_searcher
@@ -66,6 +67,7 @@ class Retriever:
         max_audiences: int = 4096,
         query_graph_dir: Path | None = None,
         vector_memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+        calibration_dir: Path | None = None,
     ):
         """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
         lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
@@ -73,15 +75,20 @@ class Retriever:
         ``query_graph_dir``: the query-graph cache the ``onnxruntime`` query runtime loads from
         (default ``$RAGPIPE_HOME/query_graphs``; ``ragpipe.embedding.query_graph``);
         ``vector_memory_limit_bytes``: the largest vector matrix served from memory instead of
-        lancedb (same results; ``ragpipe.index.vector_memory``; 0: always lancedb).
+        lancedb (same results; ``ragpipe.index.vector_memory``; 0: always lancedb);
+        ``calibration_dir``: where that engine's calibrations are recorded (default
+        ``$RAGPIPE_HOME/engine_calibrations``; ``ragpipe.index.engine_calibration``).
         All operational, never part of an ID."""
         if channel_workers < 1:
             raise ValueError("channel_workers must be >= 1")
-        self.query_graph_dir = (
-            Path(query_graph_dir) if query_graph_dir is not None else Workspace(default_home()).query_graphs
+        home = Workspace(default_home())
+        self.query_graph_dir = Path(query_graph_dir) if query_graph_dir is not None else home.query_graphs
+        calibrations = CalibrationRecords(calibration_dir if calibration_dir is not None else home.engine_calibrations)
+        # an opened bundle was verified by whoever opened it: never verify it twice (its lance
+        # table's checks, if deferred, run before lancedb serves: see the vector searcher below)
+        self.bundle = (
+            bundle if isinstance(bundle, VerifiedBundle) else open_bundle(Path(bundle), defer_vector_table=True)
         )
-        # an opened bundle was verified by whoever opened it: never verify it twice
-        self.bundle = bundle if isinstance(bundle, VerifiedBundle) else open_bundle(Path(bundle))
         self.threads = threads
         self.channel_workers = channel_workers
         self.plan = plan or load_plan()
@@ -121,7 +128,12 @@ class Retriever:
                 row_scopes=[r.access_scopes for r in index_rows],
                 row_roles=[r.source_role for r in index_rows],
                 embeddings_digest=self.bundle.manifest.material.embeddings_digest,
+                vectors=self.bundle.tables.vectors,
                 memory_limit_bytes=vector_memory_limit_bytes,
+                calibrations=calibrations,
+                table_digest=self.bundle.manifest.material_digest,
+                # a bundle opened with its lance table's checks deferred gets them before lancedb serves
+                before_lance=partial(check_vector_table, self.bundle),
             )
             if sem.has_vector_index
             else None

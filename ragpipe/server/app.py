@@ -136,11 +136,13 @@ class Service:
             self.slots.release()
 
 
-def _service(request: Request) -> Service:
+# The dependencies are coroutines: FastAPI runs a plain ``def`` dependency in a worker thread,
+# and each such hop costs more here than the key check and rate limit do (microseconds).
+async def _service(request: Request) -> Service:
     return request.app.state.service
 
 
-def _caller(request: Request, service: Annotated[Service, Depends(_service)]) -> Caller:
+async def _caller(request: Request, service: Annotated[Service, Depends(_service)]) -> Caller:
     client = request.client.host if request.client else "-"
     try:
         caller = service.keys.authenticate(request.headers.get("authorization"), client)
@@ -368,7 +370,12 @@ def app_from(
 ) -> Observed:
     """The whole server for ``home`` (its follower, metrics and app); what ``ragpipe serve`` runs."""
     ws = Workspace(home)
-    retriever_options = {"query_graph_dir": ws.query_graphs, **retriever_options}  # the served home's cache
+    # the served home's caches
+    retriever_options = {
+        "query_graph_dir": ws.query_graphs,
+        "calibration_dir": ws.engine_calibrations,
+        **retriever_options,
+    }
     follower_holder: dict[str, ServerMetrics] = {}
     follower = ReleaseFollower(
         ws,

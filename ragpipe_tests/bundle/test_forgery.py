@@ -17,12 +17,13 @@ import pytest
 from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, FileEntry, make_manifest, manifest_bytes
 from ragpipe.bundle.payload_checks import stored_embeddings_digest
 from ragpipe.bundle.seal import KEY_ENV, KEY_FILE_ENV, SealKey, SealKeyError, configured_key
-from ragpipe.bundle.verify import BundleVerificationError, file_digest, open_bundle
+from ragpipe.bundle.verify import BundleVerificationError, check_vector_table, file_digest, open_bundle
 from ragpipe.chunking.models import read_chunks, write_chunks
 from ragpipe.corpus.snapshot import documents_table, read_snapshot_documents
 from ragpipe.index.lexical import build_lexical_index
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.vector import build_vector_index, read_vector_rows
+from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file, vectors_file_bytes
 from ragpipe.kernel.ids import ContentDigest, bytes_digest
 from ragpipe.representations.derive import read_representations, write_representations
 from ragpipe.retrieval.authz import Subject
@@ -233,6 +234,7 @@ def test_material_rewritten_with_every_digest_recomputed_needs_the_keyed_seal(sc
     )
     shutil.rmtree(keyed / "vector")
     build_vector_index(keyed / "vector", rows, matrix)
+    (keyed / VECTORS_FILE).write_bytes(vectors_file_bytes([r.representation_id for r in rows], matrix))
     digest = stored_embeddings_digest(keyed / "vector")
     reseal(keyed, key=None, embeddings_digest=digest)  # forger without the key: best they can do
     assert open_bundle(keyed, key=None).bundle_id  # an unkeyed store cannot tell (docs/trust.md)
@@ -355,3 +357,103 @@ def test_manifest_spellings_that_hash_alike_are_refused(forgeable: Path):
     decomposed = BundleManifest.model_validate({**raw, "semantic": {**raw["semantic"], "default_scope": "cafe\u0301"}})
     (forgeable / MANIFEST_NAME).write_bytes(manifest_bytes(decomposed))
     assert "manifest.json: holds a string that is not NFC-normalised" in refusal(forgeable)
+
+
+# --- vectors.arrow and the deferred lance-table checks -------------------------------------------
+
+
+def rewrite_vectors_file(root: Path, edit) -> None:
+    ids, matrix = read_vectors_file((root / VECTORS_FILE).read_bytes())
+    ids, matrix = edit(ids, matrix.copy())
+    (root / VECTORS_FILE).write_bytes(vectors_file_bytes(ids, matrix))
+
+
+def test_a_published_bundle_holds_the_lance_vectors_in_vectors_arrow(forgeable: Path):
+    ids, matrix = read_vectors_file((forgeable / VECTORS_FILE).read_bytes())
+    table = read_vector_rows(forgeable / "vector")
+    assert ids == table.column("representation_id").to_pylist()
+    assert matrix.tobytes() == np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype("<f4").tobytes()
+    assert VECTORS_FILE in {f.path for f in manifest_of(forgeable).files}
+
+
+def test_an_altered_vector_in_vectors_arrow_is_refused(forgeable: Path):
+    def nudge(ids, matrix):
+        matrix[3, 5] = np.nextafter(matrix[3, 5], np.float32(2))
+        return ids, matrix
+
+    rewrite_vectors_file(forgeable, nudge)
+    reseal(forgeable)
+    for defer in (False, True):
+        with pytest.raises(BundleVerificationError) as info:
+            open_bundle(forgeable, key=None, defer_vector_table=defer)
+        assert "vectors.arrow: embeddings digest sha256:" in str(info.value)
+
+
+def test_permuted_rows_of_vectors_arrow_are_refused(forgeable: Path):
+    rewrite_vectors_file(forgeable, lambda ids, m: (ids[1:] + ids[:1], np.roll(m, -1, axis=0)))
+    reseal(forgeable)
+    message = refusal(forgeable)
+    ids = read_representations(forgeable / "representations.parquet")
+    assert f"vectors.arrow: row 0 holds representation {ids[1].representation_id!r}, not " in message
+
+
+def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table(forgeable: Path):
+    """Material forgery with every digest recomputed (docs/trust.md): the lance table, when checked,
+    still holds the original vectors, so complete verification refuses; a deferred open cannot tell
+    (the unkeyed seal's documented limit) and a configured key refuses it."""
+    rewrite_vectors_file(forgeable, lambda ids, m: (ids, m[::-1].copy()))
+    ids, matrix = read_vectors_file((forgeable / VECTORS_FILE).read_bytes())
+    from ragpipe.embedding.compute import embeddings_digest
+
+    reseal(forgeable, embeddings_digest=embeddings_digest(ids, matrix))
+    assert "vector: embeddings digest sha256:" in refusal(forgeable)
+    assert not open_bundle(forgeable, key=None, defer_vector_table=True).vector_table_checked
+
+
+def test_lance_rows_escalated_are_refused_before_lancedb_serves(forgeable: Path, tmp_path: Path):
+    vectors = read_vector_rows(forgeable / "vector")
+    matrix = np.stack(vectors.column("vector").to_numpy(zero_copy_only=False))
+    shutil.rmtree(forgeable / "vector")
+    build_vector_index(forgeable / "vector", forged_rows(forgeable), matrix)
+    reseal(forgeable)
+    deferred = open_bundle(forgeable, key=None, defer_vector_table=True)  # vectors.arrow is intact
+    assert not deferred.vector_table_checked
+    with pytest.raises(BundleVerificationError) as info:
+        check_vector_table(deferred)
+    assert "access_scopes ('public',) differs from its representation's document (('secret',))" in str(info.value)
+    for limit in (0, 2**25):  # lancedb serves; memory must calibrate against lancedb first
+        with pytest.raises(BundleVerificationError, match=r"vector: row \d+ .*access_scopes \('public',\)"):
+            Retriever(deferred, calibration_dir=tmp_path / f"calibrations-{limit}", vector_memory_limit_bytes=limit)
+
+
+def test_a_forged_calibration_record_still_serves_only_verified_scopes(forgeable: Path, tmp_path: Path):
+    """With the lance table forged and a calibration record forged for it, memory serves without
+    opening lancedb — from vectors.arrow and the scopes of the verified tables, so the secret
+    documents stay hidden: what a record can change is the engine, never a visible row."""
+    from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
+
+    vectors = read_vector_rows(forgeable / "vector")
+    matrix = np.stack(vectors.column("vector").to_numpy(zero_copy_only=False))
+    shutil.rmtree(forgeable / "vector")
+    build_vector_index(forgeable / "vector", forged_rows(forgeable), matrix)
+    reseal(forgeable)
+    bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
+    records = CalibrationRecords(tmp_path / "calibrations")
+    records.put(calibration_key(bundle.manifest.material_digest, "cosine"), Calibration(indexed=False, problem=None))
+    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations")
+    assert retriever.vector.engine == "memory"
+    secret_rows = [i for i, r in enumerate(retriever.vector.rows) if r[2] == "sec-aspirin"]
+    hits = retriever.vector.search(matrix[secret_rows[0]], 50, ("public",))
+    assert hits and not {h.document_id for h in hits} & {"sec-aspirin", "sec-twin"}
+    retriever.close()
+
+
+def test_a_bundle_without_vectors_arrow_is_checked_completely(forgeable: Path, tmp_path: Path):
+    """An older layout (no vectors.arrow) opens; nothing can be deferred, and memory reads the lance table."""
+    (forgeable / VECTORS_FILE).unlink()
+    reseal(forgeable)
+    bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
+    assert bundle.vector_table_checked and bundle.tables.vectors is None
+    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations")
+    assert retriever.vector.engine == "memory"
+    retriever.close()

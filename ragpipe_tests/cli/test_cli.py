@@ -207,7 +207,7 @@ def test_bundle_verify_and_inspect(cli_build, tmp_path: Path):
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert data["material_digest"] == manifest["material_digest"] != data["bundle_id"]
     assert data["seal"] == {"kind": "sha256", "key_id": None, "value": manifest["seal"]["value"]}
-    assert f"ok: {data['bundle_id']} material {data['material_digest']} (25 files verified, sha256 seal)" in " ".join(
+    assert f"ok: {data['bundle_id']} material {data['material_digest']} (26 files verified, sha256 seal)" in " ".join(
         ok.stdout.split()
     )
     assert data["counts"] == {"documents": 3, "chunks": 4, "representations": 8, "lexical_documents": 8, "vectors": 8}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ragpipe.index.predicates import scope_predicate
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import IVF_MIN_ROWS, VectorSearcher, build_vector_index, ivf_partitions, scope_predicate
+from ragpipe.index.vector import IVF_MIN_ROWS, VectorSearcher, build_vector_index, ivf_partitions
 
 
 def test_ivf_search_equals_exhaustive_cosine_ranking(tmp_path):

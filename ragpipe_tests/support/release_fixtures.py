@@ -34,26 +34,43 @@ def bundle_of(built_workspace) -> Path:
     return src
 
 
-def evaluation_of(bundle: Path) -> Path:
-    """A completed evaluation run of ``bundle`` (two handbook cases, default plan), made once beside
-    the session's built workspace; its folder name is its run ID."""
+def evaluation_of(bundle: Path, plan=None) -> Path:
+    """A completed evaluation run of ``bundle`` (two cases: ``new_evaluation_run``, under ``plan`` —
+    default: the default plan — when it is made), made once beside the bundle's workspace; its
+    folder name is its run ID."""
     root = bundle.parents[2] / "release-evaluation"
     if not root.is_dir():
-        new_evaluation_run(bundle, root.with_name("release-evaluation.tmp"))
+        new_evaluation_run(bundle, root.with_name("release-evaluation.tmp"), plan)
         root.with_name("release-evaluation.tmp").rename(root)
     (run,) = root.iterdir()
     return run
 
 
-def new_evaluation_run(bundle: Path, folder: Path) -> str:
-    """Evaluate ``bundle`` on two handbook cases (default plan) into ``folder/<run id>``; the run ID."""
+HANDBOOK_CASES = [
+    Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
+    Case(id="keys", query="signing keys", target_level="document", judgments={"guide/intro.md": 1}),
+]
+
+
+def _cases_for(documents) -> list[Case]:
+    """The handbook cases for a handbook bundle; for any other bundle, its first two public
+    documents' titles as queries judging those documents (a run needs evaluable cases)."""
+    if any(d.document_id == "guide/intro.md" for d in documents):
+        return HANDBOOK_CASES
+    public = [d for d in documents if "public" in d.access_scopes][:2]
+    return [
+        Case(id=f"title-{i}", query=d.title, target_level="document", judgments={d.document_id: 1})
+        for i, d in enumerate(public)
+    ]
+
+
+def new_evaluation_run(bundle: Path, folder: Path, plan=None) -> str:
+    """Evaluate ``bundle`` on two cases (``_cases_for``; ``plan``, default: the default plan) into
+    ``folder/<run id>``; the run ID."""
     from ragpipe.retrieval.retriever import Retriever
 
-    cases = [
-        Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
-        Case(id="keys", query="signing keys", target_level="document", judgments={"guide/intro.md": 1}),
-    ]
-    retriever = Retriever(bundle)
+    retriever = Retriever(bundle, plan=plan)
+    cases = _cases_for(retriever.bundle.tables.documents)
     try:
         spec = EvaluationSpec.build(Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10)
         run_id = new_run_id()

@@ -1,0 +1,94 @@
+"""Which engine serves a bundle's vectors, and what a second process on the same host needs.
+
+The first retriever over a bundle calibrates the in-memory engine against lancedb and records the
+outcome; a new process then serves from ``vectors.arrow`` with the recorded outcome and never
+imports lancedb — with exactly the hits lancedb gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
+from ragpipe.index.vector import VectorSearcher
+from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
+
+CHILD = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from ragpipe.bundle.verify import open_bundle
+from ragpipe.retrieval.retriever import Retriever
+bundle = open_bundle(Path(sys.argv[1]), defer_vector_table=True)
+r = Retriever(bundle, calibration_dir=Path(sys.argv[2]))
+probe = np.asarray(json.loads(sys.argv[3]), dtype=np.float32)
+hits = r.vector.search(probe, 8, ("public", "staff"))
+print(json.dumps({
+    "engine": r.vector.engine,
+    "lancedb": "lancedb" in sys.modules,
+    "table_checked": bundle.vector_table_checked,
+    "hits": [[h.representation_id, h.score] for h in hits],
+}))
+"""
+
+
+def _child(bundle: Path, calibrations: Path, probe: np.ndarray) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(bundle), str(calibrations), json.dumps(probe.tolist())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_recorded_calibration_serves_from_memory_without_lancedb(scoped_bundles, tmp_path: Path):
+    full, _ = scoped_bundles
+    bundle = tmp_path / full.name
+    shutil.copytree(full, bundle)
+    calibrations = tmp_path / "calibrations"
+    _, matrix = read_vectors_file((bundle / VECTORS_FILE).read_bytes())
+    probe = (matrix[0] + matrix[1]).astype(np.float32)
+
+    first = _child(bundle, calibrations, probe)
+    assert first["engine"] == "memory" and first["lancedb"] is True  # it calibrated against lancedb
+    assert [p.suffix for p in calibrations.iterdir()] == [".json"]
+    second = _child(bundle, calibrations, probe)
+    assert second == {**first, "lancedb": False, "table_checked": False}
+
+    rows = [tuple(r) for r in json.loads(_rows_json(bundle))]
+    lance = VectorSearcher(bundle / "vector", "cosine", rows)
+    expected = [[h.representation_id, h.score] for h in lance.search(probe, 8, ("public", "staff"))]
+    lance.close()
+    assert second["hits"] == expected
+
+
+def test_a_recorded_refusal_sends_the_bundle_to_lancedb_after_its_table_checks(scoped_bundles, tmp_path: Path):
+    full, _ = scoped_bundles
+    bundle = tmp_path / full.name
+    shutil.copytree(full, bundle)
+    records = CalibrationRecords(tmp_path / "calibrations")
+    from ragpipe.bundle.verify import open_bundle
+
+    material = open_bundle(bundle, defer_vector_table=True).manifest.material_digest
+    records.put(calibration_key(material, "cosine"), Calibration(indexed=False, problem="probe 0: differs"))
+    _, matrix = read_vectors_file((bundle / VECTORS_FILE).read_bytes())
+    seen = _child(bundle, tmp_path / "calibrations", matrix[2])
+    assert seen["engine"] == "lancedb" and seen["lancedb"] is True and seen["table_checked"] is False
+    assert seen["hits"][0][1] == max(score for _, score in seen["hits"])
+
+
+def _rows_json(bundle: Path) -> str:
+    from ragpipe.bundle.verify import open_bundle
+    from ragpipe.index.rows import index_rows
+
+    tables = open_bundle(bundle).tables
+    return json.dumps(
+        [[r.representation_id, r.chunk_id, r.document_id] for r in index_rows(tables.documents, tables.representations)]
+    )
