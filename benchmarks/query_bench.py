@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from ragpipe.bundle.verify import check_vector_table
 from ragpipe.evaluation.metrics import aggregate, collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.suite_load import load_suite
@@ -76,6 +77,7 @@ def use_vector_engine(retriever: Retriever, engine: str) -> None:
     ids = [(r.representation_id, r.chunk_id, r.document_id) for r in rows]
     metric = bundle.manifest.semantic.specs["vector_index"].spec["metric"]
     retriever.vector.close()
+    check_vector_table(bundle)  # the lance table's checks, if the open deferred them
     if engine == "lancedb":
         retriever.vector = VectorSearcher(bundle.path / "vector", metric, ids)
     elif engine == "factory":

@@ -181,8 +181,9 @@ def check_vectors_file(data: bytes, expected: list[IndexRow], manifest: BundleMa
     """``vectors.arrow`` holds representation ``i``'s vector at row ``i`` and, all together, exactly
     the vectors whose digest the manifest binds (the lance table's, checked in
     ``check_vector_table``)."""
+    dimensions = EmbedderSpec.model_validate(manifest.semantic.specs["embeddings"].spec).dimensions
     try:
-        ids, matrix = read_vectors_file(data)
+        ids, matrix = read_vectors_file(data, shape=(manifest.semantic.counts.vectors, dimensions))
     except ValueError as exc:
         return [str(exc)]
     wanted = [row.representation_id for row in expected]

@@ -6,21 +6,27 @@ bitwise-equal distances on calibration probes. That needs lancedb, whose import 
 seconds — more than a whole ``ragpipe query`` may take. The outcome is a pure function of the
 calibration key, so it is recorded once per key and reused::
 
-    <root>/<key digest hex>.json   {"key": {...}, "value": {"indexed", "problem"}, "value_digest"}
+    <root>/<key digest hex>.json   {"key": {...}, "value": {"problem"}, "value_digest"}
 
-The **key** names everything the outcome depends on: the bundle's material digest (it binds the
-exact lance files — hence whether the table has an IVF_FLAT index — and the exact vectors), the
-metric, the versions of lancedb (its kernels) and numpy (ours), this module's ``FORMAT_VERSION``,
-and the host's CPU (architecture and instruction-set flags: lance picks its kernels at run time).
-The **value**: ``indexed`` (the arithmetic the memory engine must reproduce) and ``problem``
-(None: memory may serve; else why lancedb serves). A record is a cache, never a result: it
-changes which engine serves, and both engines return the same hits when it says so.
+The **key** names everything the outcome depends on: the bundle's material digest (the exact
+lance files and vectors), the metric, whether the build rule gives the table an IVF_FLAT index
+(``ragpipe.index.ivf``: the arithmetic the memory engine reproduces; a table that breaks the rule
+fails calibration), the versions of lancedb (its kernels) and numpy (ours), this module's
+``FORMAT_VERSION``, and the host's CPU (architecture and instruction-set flags: lance picks its
+kernels at run time). The **value**: ``problem`` — None: memory may serve; else why lancedb serves.
 
-Every load checks the record's key against the one wanted and its value against
-``value_digest``; a record that fails either, or does not parse, is reported (a warning naming the
-file and the rule), moved aside to ``<name>.refused`` and computed again — never used. Records are
-written atomically (temp, fsync, rename); two processes calibrating at once write the same record.
-Garbage collection leaves them alone; removing the folder (or one file) only costs a calibration.
+What a record can change is which engine serves. Both return the same hits whenever the record is
+true; a *forged* record that says memory matches where it does not can change scores in their
+last bits, never which rows a subject may see (rows and scopes come from the verified tables). The
+digest detects damage, not forgery: records are trusted like the rest of ``$RAGPIPE_HOME``.
+
+Every load reads the record through one descriptor opened without following links and without
+blocking (a regular file of at most ``MAX_RECORD_BYTES``), checks its key against the one wanted
+and its value against ``value_digest``; a record that fails any of these, or does not parse, is
+reported (a warning naming the file and the rule), moved aside to ``<name>.refused`` and computed
+again — never used. Records are written atomically (temp, fsync, rename); two processes
+calibrating at once write the same record. Garbage collection leaves them alone; removing the
+folder (or one file) only costs a calibration.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import json
 import logging
 import os
 import platform
+import stat
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -45,12 +52,13 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 
+MAX_RECORD_BYTES = 16384
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """One calibration's outcome: ``indexed`` — lance searches the table through IVF_FLAT;
-    ``problem`` — why the memory engine may not serve (None: it may)."""
+    """One calibration's outcome: ``problem`` — why the memory engine may not serve (None: it may)."""
 
-    indexed: bool
     problem: str | None
 
 
@@ -70,12 +78,14 @@ def host_signature() -> str:
     return bytes_digest(f"{platform.machine()}\0{flags}".encode())
 
 
-def calibration_key(table_digest: str, metric: str) -> dict[str, object]:
-    """The key of the calibration of the bundle whose material digest is ``table_digest``."""
+def calibration_key(table_digest: str, metric: str, indexed: bool) -> dict[str, object]:
+    """The key of the calibration of the bundle whose material digest is ``table_digest``;
+    ``indexed``: whether the build rule gives its table an IVF_FLAT index."""
     return {
         "format_version": FORMAT_VERSION,
         "table_digest": table_digest,
         "metric": metric,
+        "indexed": indexed,
         "lancedb": metadata.version("lancedb"),
         "numpy": metadata.version("numpy"),
         "host": host_signature(),
@@ -99,16 +109,15 @@ class CalibrationRecords:
         """The recorded outcome for ``key``; None when there is none or it was refused (and set aside)."""
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            data = _read_record(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("calibration record %s cannot be read (%s): calibrating again", path, exc.strerror or exc)
             return None
-        rule = _problem(data, key)
-        if rule is None:
-            value = json.loads(data)["value"]
-            return Calibration(indexed=value["indexed"], problem=value["problem"])
+        rule = f"not a regular file of at most {MAX_RECORD_BYTES} bytes" if data is None else _problem(data, key)
+        if rule is None and data is not None:
+            return Calibration(problem=json.loads(data)["value"]["problem"])
         log.warning("calibration record %s refused: %s; set aside as %s.refused", path, rule, path.name)
         try:
             os.replace(path, path.with_name(path.name + ".refused"))
@@ -119,7 +128,7 @@ class CalibrationRecords:
     def put(self, key: dict[str, object], calibration: Calibration) -> None:
         """Record ``calibration`` under ``key``. A home that cannot be written (read-only, full)
         costs only the record: a warning, and the next open calibrates again."""
-        value = {"indexed": calibration.indexed, "problem": calibration.problem}
+        value = {"problem": calibration.problem}
         record = {"key": key, "value": value, "value_digest": _value_digest(value)}
         try:
             write_file_atomic(self.path(key), canonical_bytes(record) + b"\n")
@@ -127,24 +136,41 @@ class CalibrationRecords:
             log.warning("calibration record %s not written (%s)", self.path(key), exc.strerror or exc)
 
 
+def _read_record(path: Path) -> bytes | None:
+    """The record's bytes; None when ``path`` is not a regular file or is larger than a record can be
+    (a FIFO, device or link is never waited on or followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
+            return None
+        return fh.read(MAX_RECORD_BYTES + 1)
+
+
 def _problem(data: bytes, key: dict[str, object]) -> str | None:
     """Why ``data`` is not a valid record for ``key`` (None: it is)."""
+    if len(data) > MAX_RECORD_BYTES:
+        return f"not a regular file of at most {MAX_RECORD_BYTES} bytes"
     try:
         record = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"not JSON ({exc})"
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return f"not JSON ({type(exc).__name__})"
     if not isinstance(record, dict) or set(record) != {"key", "value", "value_digest"}:
         return "not a calibration record (fields key, value, value_digest)"
-    if record["key"] != key:
+    # compared as canonical bytes: JSON's true would otherwise equal a format_version of 1
+    try:
+        same_key = isinstance(record["key"], dict) and canonical_bytes(record["key"]) == canonical_bytes(key)
+    except (TypeError, ValueError):
+        same_key = False
+    if not same_key:
         return "its key is not the key it is filed under"
     value = record["value"]
     if (
         not isinstance(value, dict)
-        or set(value) != {"indexed", "problem"}
-        or not isinstance(value["indexed"], bool)
+        or set(value) != {"problem"}
         or not (value["problem"] is None or isinstance(value["problem"], str))
     ):
-        return "value is not {indexed: bool, problem: str or null}"
+        return "value is not {problem: str or null}"
     if record["value_digest"] != _value_digest(value):
         return "value_digest does not match its value"
     return None

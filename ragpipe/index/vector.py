@@ -12,7 +12,6 @@ in a flat scan — the partitioning (k-means, not byte-reproducible) changes spe
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import weakref
 from collections.abc import Collection, Coroutine, Sequence
@@ -25,12 +24,12 @@ import pyarrow as pa
 from lancedb.index import IvfFlat, LabelList
 
 from ragpipe.index.hits import Hit
+from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate
 from ragpipe.index.rows import IndexRow
 
 T = TypeVar("T")
 TABLE_NAME = "representations"
-IVF_MIN_ROWS = 1024
 VECTOR_INDEX_NAME = "vector_idx"
 
 
@@ -60,11 +59,6 @@ def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarra
             "vector", config=IvfFlat(distance_type=metric, num_partitions=partitions), name=VECTOR_INDEX_NAME
         )
     return vector_row_count(directory)
-
-
-def ivf_partitions(rows: int) -> int | None:
-    """IVF partition count for a table of ``rows`` (None: too small, plain flat scan)."""
-    return max(2, min(256, round(math.sqrt(rows) / 2))) if rows >= IVF_MIN_ROWS else None
 
 
 def vector_row_count(directory: Path) -> int:

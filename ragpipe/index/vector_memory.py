@@ -68,6 +68,7 @@ import numpy as np
 from ragpipe.embedding.compute import embeddings_digest as digest_of_vectors
 from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
 from ragpipe.index.hits import Hit
+from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import role_predicate, scope_predicate
 
 if TYPE_CHECKING:  # lancedb is imported only when it serves
@@ -321,18 +322,23 @@ def open_vector_searcher(
     if problem is not None:
         log.warning("vector search of %s served by lancedb, not from memory: %s", directory, problem)
         return lance()
-    key = calibration_key(table_digest, metric) if calibrations is not None and table_digest else None
+    indexed = ivf_partitions(len(rows)) is not None  # the build rule; a table that breaks it fails below
+    key = calibration_key(table_digest, metric, indexed) if calibrations is not None and table_digest else None
     recorded = calibrations.get(key) if calibrations is not None and key is not None else None
     if recorded is not None:
         if recorded.problem is None:
-            return MemoryVectorSearcher(metric, rows, row_scopes, matrix, recorded.indexed, row_roles)
+            return MemoryVectorSearcher(metric, rows, row_scopes, matrix, indexed, row_roles)
         log.info("vector search of %s served by lancedb (recorded calibration): %s", directory, recorded.problem)
         return lance()
     searcher = lance()
-    memory = MemoryVectorSearcher(metric, rows, row_scopes, matrix, searcher.indexed, row_roles)
-    problem = calibration_problem(memory, searcher, row_scopes)
+    memory = MemoryVectorSearcher(metric, rows, row_scopes, matrix, indexed, row_roles)
+    problem = (
+        calibration_problem(memory, searcher, row_scopes)
+        if searcher.indexed == indexed
+        else f"the table {'lacks' if indexed else 'has'} the IVF_FLAT index the build rule gives {len(rows)} rows"
+    )
     if calibrations is not None and key is not None:
-        calibrations.put(key, Calibration(indexed=searcher.indexed, problem=problem))
+        calibrations.put(key, Calibration(problem=problem))
     if problem is None:
         searcher.close()
         return memory

@@ -2,8 +2,9 @@
 
 ``served_release(ws, target=…)`` resolves the active release of a target (the configured default
 target when None), ``served_release(ws, release_id=…)`` one exact release; either way the bundle is
-fully verified against the manifest (``status.resolve_active_release`` /
-``activation.verified_release``), once, and handed on opened, and the query plan is the one the
+verified against the manifest (``status.resolve_active_release`` /
+``activation.verified_release``; the lance table's own content checks deferred until lancedb
+serves: ``ragpipe.bundle.verify.open_bundle``), once, and handed on opened, and the query plan is the
 release was gated with: the evaluation run's bound copy (``evaluations/<run id>/inputs/query_plan.json``),
 parsed once and accepted only if its plan ID is the manifest's ``query_plan_id``. Serving a
 release with another plan would answer with something that was never evaluated, so a missing or
@@ -96,14 +97,19 @@ def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> QueryPlan:
     return plan
 
 
-def active_release(ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None) -> ServedRelease:
+def active_release(
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None, defer_vector_table: bool = False
+) -> ServedRelease:
     """The active release of ``target`` checked as the swap that made it active checked it
     (module docstring), then verified and opened like ``served_release``; ``ReleaseError`` naming
     the first problem. An *activation* needed an eligible release gated under a policy the target
     accepts (and an approval where the target requires one); a *rollback* returns to a release that
     was active before, which ``rollback`` does not re-gate; both verified the release with its gate
     decision made again from its runs, and so does this (seconds, on the caller's thread: a server
-    runs it beside the requests, never in one)."""
+    runs it beside the requests, never in one). ``defer_vector_table``: leave the lance table's
+    content checks until lancedb serves (``activation.verified_release``) — its bytes are the
+    ones the activation verified completely, since the release pins the bundle's material digest
+    and every file's digest is checked here."""
     store = ReleaseStore(ws)
     config = config or load_targets()
     name, spec = config.get(target)
@@ -112,7 +118,7 @@ def active_release(ws: Workspace, target: str | None = None, *, config: TargetsC
     manifest = load_manifest(store, pointer.release_id)
     if action == "activate":
         _check_activation(config, name, pointer.release_id, manifest, state, spec.approval_required)
-    verified, problems = verified_release(ws, manifest, remake_decision=True)
+    verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)
     if verified is None:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
     served = _served(ws, verified)

@@ -128,7 +128,8 @@ class Retriever:
                 row_scopes=[r.access_scopes for r in index_rows],
                 row_roles=[r.source_role for r in index_rows],
                 embeddings_digest=self.bundle.manifest.material.embeddings_digest,
-                vectors=self.bundle.tables.vectors,
+                # parsed only for a matrix the memory engine may serve (lancedb serves larger ones)
+                vectors=self.bundle.tables.vectors if self._fits_memory(len(rows), vector_memory_limit_bytes) else None,
                 memory_limit_bytes=vector_memory_limit_bytes,
                 calibrations=calibrations,
                 table_digest=self.bundle.manifest.material_digest,
@@ -154,6 +155,10 @@ class Retriever:
     @property
     def bundle_id(self) -> str:
         return self.bundle.bundle_id
+
+    def _fits_memory(self, rows: int, limit: int) -> bool:
+        dimensions = EmbedderSpec.model_validate(self.bundle.manifest.semantic.specs["embeddings"].spec).dimensions
+        return rows * dimensions * 4 <= limit
 
     def _check_embedder(self, spec: EmbedderSpec) -> None:
         expected = self.bundle.manifest.semantic.specs["embeddings"].spec_id

@@ -201,7 +201,9 @@ class ReleaseFollower:
 
     def _load(self) -> None:
         try:
-            served = active_release(self.ws, self.target, config=load_targets(self.targets_path))
+            served = active_release(
+                self.ws, self.target, config=load_targets(self.targets_path), defer_vector_table=True
+            )
         except (ReleaseError, OSError) as exc:
             self._refuse(None, None, str(exc))
             return

@@ -397,7 +397,7 @@ def test_permuted_rows_of_vectors_arrow_are_refused(forgeable: Path):
     assert f"vectors.arrow: row 0 holds representation {ids[1].representation_id!r}, not " in message
 
 
-def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table(forgeable: Path):
+def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table(forgeable: Path, tmp_path: Path):
     """Material forgery with every digest recomputed (docs/trust.md): the lance table, when checked,
     still holds the original vectors, so complete verification refuses; a deferred open cannot tell
     (the unkeyed seal's documented limit) and a configured key refuses it."""
@@ -407,7 +407,11 @@ def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table
 
     reseal(forgeable, embeddings_digest=embeddings_digest(ids, matrix))
     assert "vector: embeddings digest sha256:" in refusal(forgeable)
-    assert not open_bundle(forgeable, key=None, defer_vector_table=True).vector_table_checked
+    deferred = open_bundle(forgeable, key=None, defer_vector_table=True)
+    assert not deferred.vector_table_checked
+    # with no calibration record, memory calibrates against lancedb, so the table's checks run first
+    with pytest.raises(BundleVerificationError, match=r"vector: embeddings digest sha256:\S+ of the stored vectors"):
+        Retriever(deferred, calibration_dir=tmp_path / "calibrations")
 
 
 def test_lance_rows_escalated_are_refused_before_lancedb_serves(forgeable: Path, tmp_path: Path):
@@ -439,7 +443,7 @@ def test_a_forged_calibration_record_still_serves_only_verified_scopes(forgeable
     reseal(forgeable)
     bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
     records = CalibrationRecords(tmp_path / "calibrations")
-    records.put(calibration_key(bundle.manifest.material_digest, "cosine"), Calibration(indexed=False, problem=None))
+    records.put(calibration_key(bundle.manifest.material_digest, "cosine", False), Calibration(problem=None))
     retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations")
     assert retriever.vector.engine == "memory"
     secret_rows = [i for i, r in enumerate(retriever.vector.rows) if r[2] == "sec-aspirin"]

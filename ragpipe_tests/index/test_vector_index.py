@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ragpipe.index.ivf import IVF_MIN_ROWS, ivf_partitions
 from ragpipe.index.predicates import scope_predicate
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import IVF_MIN_ROWS, VectorSearcher, build_vector_index, ivf_partitions
+from ragpipe.index.vector import VectorSearcher, build_vector_index
 
 
 def test_ivf_search_equals_exhaustive_cosine_ranking(tmp_path):

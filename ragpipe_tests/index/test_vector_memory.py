@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 from ragpipe.embedding.compute import embeddings_digest
 from ragpipe.index import vector_memory
 from ragpipe.index.hits import Hit
+from ragpipe.index.ivf import IVF_MIN_ROWS
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import IVF_MIN_ROWS, VectorSearcher, build_vector_index
+from ragpipe.index.vector import VectorSearcher, build_vector_index
 from ragpipe.index.vector_memory import (
     MemoryVectorSearcher,
     VectorVerificationError,

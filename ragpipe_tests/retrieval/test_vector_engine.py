@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
 from ragpipe.index.vector import VectorSearcher
@@ -22,6 +23,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 import numpy as np
+import pytest
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.retrieval.retriever import Retriever
 bundle = open_bundle(Path(sys.argv[1]), defer_vector_table=True)
@@ -70,18 +72,39 @@ def test_a_recorded_calibration_serves_from_memory_without_lancedb(scoped_bundle
 
 
 def test_a_recorded_refusal_sends_the_bundle_to_lancedb_after_its_table_checks(scoped_bundles, tmp_path: Path):
-    full, _ = scoped_bundles
-    bundle = tmp_path / full.name
-    shutil.copytree(full, bundle)
-    records = CalibrationRecords(tmp_path / "calibrations")
-    from ragpipe.bundle.verify import open_bundle
+    """A record naming a problem sends the bundle to lancedb — and the deferred lance-table checks
+    run first: the same bundle with its lance table's scopes forged (every digest recomputed) is
+    refused, the untouched one serves lancedb's own hits."""
+    from ragpipe.bundle.verify import BundleVerificationError, open_bundle
+    from ragpipe.retrieval.retriever import Retriever
+    from ragpipe_tests.bundle.test_forgery import forged_rows, reseal
 
-    material = open_bundle(bundle, defer_vector_table=True).manifest.material_digest
-    records.put(calibration_key(material, "cosine"), Calibration(indexed=False, problem="probe 0: differs"))
-    _, matrix = read_vectors_file((bundle / VECTORS_FILE).read_bytes())
-    seen = _child(bundle, tmp_path / "calibrations", matrix[2])
-    assert seen["engine"] == "lancedb" and seen["lancedb"] is True and seen["table_checked"] is False
-    assert seen["hits"][0][1] == max(score for _, score in seen["hits"])
+    full, _ = scoped_bundles
+    for forged in (False, True):
+        bundle = tmp_path / str(forged) / full.name
+        shutil.copytree(full, bundle)
+        if forged:
+            from ragpipe.index.vector import build_vector_index
+
+            _, matrix = read_vectors_file((bundle / VECTORS_FILE).read_bytes())
+            shutil.rmtree(bundle / "vector")
+            build_vector_index(bundle / "vector", forged_rows(bundle), matrix)
+            reseal(bundle)
+        opened = open_bundle(bundle, key=None, defer_vector_table=True)
+        records = CalibrationRecords(tmp_path / str(forged) / "calibrations")
+        key = calibration_key(opened.manifest.material_digest, "cosine", False)
+        records.put(key, Calibration(problem="probe 0: differs"))
+        if forged:
+            with pytest.raises(BundleVerificationError, match=r"access_scopes \('public',\) differs"):
+                Retriever(opened, calibration_dir=tmp_path / str(forged) / "calibrations")
+            continue
+        retriever = Retriever(opened, calibration_dir=tmp_path / str(forged) / "calibrations")
+        assert retriever.vector.engine == "lancedb"
+        _, matrix = read_vectors_file((bundle / VECTORS_FILE).read_bytes())
+        lance = VectorSearcher(bundle / "vector", "cosine", retriever.vector.rows)
+        assert retriever.vector.search(matrix[2], 8, ("public",)) == lance.search(matrix[2], 8, ("public",))
+        lance.close()
+        retriever.close()
 
 
 def _rows_json(bundle: Path) -> str:

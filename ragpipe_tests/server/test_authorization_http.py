@@ -128,5 +128,14 @@ def test_answers_cite_only_what_the_subject_may_read(scoped_service):
                 headers={"Authorization": f"Bearer {keys[key_id]}"},
             )
             assert r.status_code == 200, r.text
-            evidence = {e["document_id"] for e in r.json()["evidence"]}
-            assert evidence <= readable(scopes) and r.json()["release_id"] == release
+            body = r.json()
+            evidence = {e["document_id"] for e in body["evidence"]}
+            cited = {c["document_id"] for c in body["citations"]}
+            assert evidence <= readable(scopes) and cited <= evidence and body["release_id"] == release
+            if key_id == "nobody":  # nothing readable: an abstention, nothing quoted
+                assert body["abstained"] is True and evidence == set() and cited == set()
+            else:
+                assert evidence, key_id
+            shown = {d["text"] for d in SCOPED_DOCS if d["_id"] in readable(scopes)}  # the twins share one text
+            for text in {d["text"] for d in SCOPED_DOCS} - shown:
+                assert text not in body["answer"]

@@ -1,0 +1,13 @@
+"""When a vector table gets an IVF_FLAT index, and how many partitions: the build rule, without
+lancedb (the in-memory engine must know which arithmetic lance uses: ``ragpipe.index.vector_memory``)."""
+
+from __future__ import annotations
+
+import math
+
+IVF_MIN_ROWS = 1024
+
+
+def ivf_partitions(rows: int) -> int | None:
+    """IVF partition count for a table of ``rows`` (None: too small, plain flat scan)."""
+    return max(2, min(256, round(math.sqrt(rows) / 2))) if rows >= IVF_MIN_ROWS else None
