@@ -6,7 +6,8 @@ again from content: the corpus digest from ``documents.parquet`` (each document'
 text), the chunks by re-chunking those documents under the manifest's chunker spec, the
 representations by re-deriving them, and every lexical and vector row's IDs, ``access_scopes`` and
 ``source_role`` against its representation's document. The vectors' digest is recomputed from
-``vectors.arrow`` and from the lance table (whose check may be deferred to when lancedb serves). Each problem names the file, the row or ID, and the field.
+``vectors.arrow`` and from the lance table (whose check may be deferred to when lancedb serves).
+Each problem names the file, the row or ID, and the field.
 """
 
 from __future__ import annotations

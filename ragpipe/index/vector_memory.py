@@ -33,9 +33,9 @@ asks lancedb and memory for the nearest ``CALIBRATION_ROWS`` rows of a few probe
 serves from memory only if every distance is bitwise equal; otherwise (another lance version, a host without
 AVX-512) lancedb serves. The outcome is recorded per bundle material, metric, library versions and
 CPU (``ragpipe.index.engine_calibration``), so a later open of the same bundle on the same host
-serves from memory without importing lancedb at all. Dimensions must be a multiple of 16 above 16 (lance picks other kernels
-for the rest), components finite and at most 2⁴⁰ in magnitude (no overflow), cosine rows
-non-zero; otherwise lancedb serves. Gradual underflow is assumed, as lance and numpy use it
+serves from memory without importing lancedb at all. Dimensions must be a multiple of 16 above 16
+(lance picks other kernels for the rest), components finite and at most 2⁴⁰ in magnitude (no
+overflow), cosine rows non-zero; otherwise lancedb serves. Gradual underflow is assumed, as lance and numpy use it
 (no flush-to-zero mode in the calling thread).
 
 **Order and ties.** Rows are ordered by (distance, row). That is lancedb's flat-scan order
