@@ -18,6 +18,10 @@ target's active release in ``--home`` and measures:
   keep-alive client posting the first claim 1,500 times: mean latency, against
   ``in_process.one_claim_mean_ms`` (the same claim in process) — HTTP overhead without any Python
   client cost (None without ``ab``);
+* ``paired``: the HTTP overhead measured so that the machine's drift cancels out: for each claim,
+  one request over a keep-alive ``http.client`` connection, then the same claim through
+  ``Retriever.query`` in this process (server idle meanwhile); the median of the per-claim
+  differences, and ApacheBench rounds alternated with in-process rounds of its claim;
 * ``swap_delay_s``: after ``--swap RELEASE_ID`` is activated (optional), until ``/v1/release``
   names it, and ``rollback`` back;
 * ``server_rss_mb``: the server's resident memory after the load (one worker);
@@ -149,6 +153,48 @@ def _in_process(home: Path, target: str, claims: list[str]) -> dict[str, float]:
     }
 
 
+def _paired(port: int, home: Path, target: str, claims: list[str], rounds: int = 3) -> dict[str, object]:
+    """HTTP minus in-process latency, each pair taken back to back (module docstring)."""
+    from ragpipe.api import retriever_for_release
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    retriever = retriever_for_release(target, home=home)
+    try:
+
+        def over_http(claim: str) -> float:
+            body = json.dumps({"query": claim, "k": 10, "mode": "hybrid"}).encode()
+            started = time.perf_counter()
+            connection.request("POST", "/v1/query", body, headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                raise RuntimeError(f"/v1/query answered {response.status}")
+            return time.perf_counter() - started
+
+        def in_process(claim: str) -> float:
+            started = time.perf_counter()
+            retriever.query(claim, k=10, mode="hybrid").as_dict()
+            return time.perf_counter() - started
+
+        for claim in claims[:30]:
+            over_http(claim), in_process(claim)
+        differences = [over_http(claim) - in_process(claim) for claim in claims]
+        ab_rounds = []
+        for _ in range(rounds if shutil.which("ab") else 0):
+            served = _ab(port, claims[0], 500)
+            local = statistics.mean(in_process(claims[0]) for _ in range(500)) * 1000
+            ab_rounds.append(round(served - local, 3))
+    finally:
+        retriever.close()
+        connection.close()
+    return {
+        "http_client_overhead_p50_ms": round(statistics.median(differences) * 1000, 3),
+        "http_client_overhead_p95_ms": round(_percentile(differences, 0.95) * 1000, 3),
+        "ab_overhead_mean_ms_by_round": ab_rounds,
+    }
+
+
 def _reopen(home: Path, target: str) -> dict[str, float]:
     from ragpipe.kernel.workspace import Workspace
     from ragpipe.release.serving import active_release
@@ -211,6 +257,7 @@ def main() -> None:
                 _load(args.port, claims, clients, 2.0)  # warm the claims' hydration and connections
                 result[f"clients_{clients}"] = _load(args.port, claims, clients, args.seconds)
             result["ab_one_claim_mean_ms"] = _ab(args.port, claims[0], AB_REQUESTS)
+            result["paired"] = _paired(args.port, args.home.resolve(), args.target, claims)
             result["server_rss_mb"] = round(psutil.Process(server.pid).memory_info().rss / 2**20, 1)
             if args.swap:
                 from ragpipe.kernel.workspace import Workspace
