@@ -126,21 +126,33 @@ def release_show(release_id: ReleaseArg, as_json: JsonOpt = False) -> None:
 
 @release_app.command("current")
 def release_current(target: TargetOpt = None, as_json: JsonOpt = False) -> None:
-    """The release active on a target and the pointer's generation."""
+    """The release live on a target: checked as serving checks it (pointer and history agreeing,
+    eligible and approved as activation required, verified), else exit 1 naming why."""
+    from ragpipe.release.live import live_release
     from ragpipe.release.pointer import read_pointer
     from ragpipe.release.store import ReleaseStore
     from ragpipe.release.targets import load_targets
 
     def run() -> dict[str, Any]:
-        name, _ = load_targets().get(target)
-        pointer = read_pointer(ReleaseStore(_ws()), name)
-        if pointer is None:
-            return {"target": name, "release_id": None, "generation": 0, "previous": None}
+        config = load_targets()
+        name, _ = config.get(target)
+        if read_pointer(ReleaseStore(_ws()), name) is None:
+            return {
+                "target": name,
+                "release_id": None,
+                "generation": 0,
+                "previous": None,
+                "since": None,
+                "action": None,
+            }
+        live = live_release(_ws(), name, config=config, defer_vector_table=True)
         return {
             "target": name,
-            "release_id": pointer.release_id,
-            "generation": pointer.generation,
-            "previous": pointer.previous,
+            "release_id": live.release_id,
+            "generation": live.generation,
+            "previous": live.previous,
+            "since": live.since,
+            "action": live.action,
         }
 
     data = guarded(run)
@@ -149,7 +161,11 @@ def release_current(target: TargetOpt = None, as_json: JsonOpt = False) -> None:
     elif data["release_id"] is None:
         out.print(f"{data['target']}: no active release")
     else:
-        out.print(f"{data['target']}: {data['release_id']} (generation {data['generation']})", soft_wrap=True)
+        out.print(
+            f"{data['target']}: {data['release_id']} (generation {data['generation']}, "
+            f"{data['action']} at {data['since']})",
+            soft_wrap=True,
+        )
 
 
 @release_app.command("approve")

@@ -107,9 +107,9 @@ def verified_release(
     (``evidence.evaluation_evidence``) and gate decision (``gate_evidence.gate_problems``: made
     again from its runs unless ``remake_decision`` is False), then each of ``child_checks``.
 
-    Activation and rollback — the only ways a pointer moves — make the decision again (seconds:
-    a paired comparison is recomputed, with its bootstrap); serving an already active release
-    checks the kept documents and their links only, so starting a query process stays cheap.
+    Activation, rollback and every reader of the live release (``ragpipe.release.live``) make the
+    decision again (a paired comparison is recomputed, with its bootstrap); serving a release the
+    caller names by ID checks the kept documents and their links only.
     ``defer_vector_table``: leave the lance table's content checks to the moment lancedb serves
     (``ragpipe.bundle.verify.open_bundle``); a query process that serves from memory then never
     imports lancedb."""

@@ -2,10 +2,10 @@
 
 Contracts the Dagster layer and ``query``/``answer`` build on:
 
-- ``resolve_active(ws, target)`` → ``(manifest, bundle path)`` of the release the target's pointer
-  names, after verifying it completely; a target with nothing active is a clear error.
-  ``resolve_active_release`` returns what that verification read (manifest, opened bundle,
-  evaluation run) for whoever serves it; ``resolve_active_run`` the run, for the gate.
+- ``resolve_active(ws, target)`` → ``(manifest, bundle path)`` of the target's live release
+  (``ragpipe.release.live.live_release``: pointer and history agreeing, eligible and approved as
+  activation required, verified); a target with nothing active is a clear error.
+  ``resolve_active_run`` adds the evaluation run as that verification read it, for the gate.
 - ``eligible_releases(ws, target)`` → one ``EligibleRelease`` per published release whose gate decision
   is eligible, in publication order, with ``status``: ``ready`` (request activation), ``approval
   missing``, or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import VerifiedRelease, bundle_path, unaccepted_policy, verified_release
+from ragpipe.release.activation import bundle_path, unaccepted_policy
 from ragpipe.release.history import TargetHistory, read_history
-from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
-from ragpipe.release.pointer import read_pointer
-from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.release.live import live_release
+from ragpipe.release.manifest import ReleaseManifest, list_manifests
+from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 
 
@@ -57,35 +57,8 @@ def resolve_active_run(
 ) -> tuple[ReleaseManifest, Path, ArmRun]:
     """``resolve_active`` and the release's evaluation run, as its verification read it (what a
     gate compares a challenger with: no second read of the run)."""
-    verified = resolve_active_release(ws, target, config=config)
+    verified = live_release(ws, target, config=config).verified
     return verified.manifest, bundle_path(ws, verified.manifest), verified.arm
-
-
-def resolve_active_release(
-    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None, defer_vector_table: bool = False
-) -> VerifiedRelease:
-    """The active release of ``target`` (default target when None) as its verification read it:
-    manifest, opened bundle and evaluation run. ``ReleaseError`` when nothing is active or the
-    release no longer verifies. ``defer_vector_table``: see ``activation.verified_release``."""
-    store = ReleaseStore(ws)
-    name, _ = (config or load_targets()).get(target)
-    pointer = read_pointer(store, name)
-    if pointer is None:
-        raise ReleaseError(
-            f"target {name!r} has no active release: query a built revision with ragpipe query --revision KEY "
-            f'"...", or activate an eligible release (ragpipe release list) with '
-            f"ragpipe release activate RELEASE_ID --target {name}"
-        )
-    manifest = load_manifest(store, pointer.release_id)
-    verified, problems = verified_release(  # activation made the decision again
-        ws, manifest, remake_decision=False, defer_vector_table=defer_vector_table
-    )
-    if verified is None:
-        raise ReleaseError(
-            f"target {name!r}: active release {pointer.release_id} failed verification; refusing to serve it:\n  "
-            + "\n  ".join(problems)
-        )
-    return verified
 
 
 def _candidate(

@@ -56,6 +56,8 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         "release_id": None,
         "generation": 0,
         "previous": None,
+        "since": None,
+        "action": None,
     }
     a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
     bad = publish(ws, bundle, "r3", eligible=False, phase="coverage")
@@ -74,8 +76,10 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         == f"activated {b} on staging (generation 2; previous {a})\n"
     )
     assert ok("activate", b, home=home) == f"{b} is already active on staging (generation 2); nothing changed\n"
-    assert ok("current", "--json", home=home) == {"target": "staging", "release_id": b, "generation": 2, "previous": a}
-    assert ok("current", home=home) == f"staging: {b} (generation 2)\n"
+    current = ok("current", "--json", home=home)
+    since = current.pop("since")
+    assert current == {"target": "staging", "release_id": b, "generation": 2, "previous": a, "action": "activate"}
+    assert ok("current", home=home) == f"staging: {b} (generation 2, activate at {since})\n"
 
     rows = ok("list", "--json", home=home)
     assert [

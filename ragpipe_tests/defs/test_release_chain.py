@@ -399,14 +399,12 @@ def test_a_missing_or_tampered_incumbent_run_stops_the_gate(chain, tmp_path: Pat
             trace.write_bytes(trace.read_bytes() + b"\0")
         with pytest.raises(ReleaseError) as refused:
             run_gate_decision(copy, "scifact-2", spec)
-        first, second = str(refused.value).split("\n")
-        assert first == f"target {target!r}: active release {release} failed verification; refusing to serve it:"
+        head = f"target {target!r}: release {release} failed verification: evaluation run {run_id}: "
+        assert str(refused.value).startswith(head) and "\n" not in str(refused.value)
         if damage == "missing":
-            assert second == f"  evaluation run {run_id}: {run} is missing"
+            assert str(refused.value) == f"{head}{run} is missing"
         else:
-            assert second.startswith(f"  evaluation run {run_id}: ") and second.endswith(
-                f"{trace} does not match the digest in the ledger"
-            )
+            assert str(refused.value).endswith(f"{trace} does not match the digest in the ledger")
 
 
 def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):

@@ -109,7 +109,7 @@ def test_tampered_bundle_refused_pointer_unchanged(ws, bundle: Path):
     with pytest.raises(ReleaseError) as exc:  # serving refuses too: the active release no longer verifies
         resolve_active(ws, "staging")
     assert str(exc.value).startswith(
-        f"target 'staging': active release {good} failed verification; refusing to serve it:\n  bundle {bundle_id}: documents.parquet: size"
+        f"target 'staging': release {good} failed verification: bundle {bundle_id}: documents.parquet: size"
     )
 
 

@@ -9,53 +9,20 @@ import time
 import httpx
 
 from ragpipe.gc import collect_garbage
-from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
-from ragpipe.release.history import History, now_iso
 from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseStore
 from ragpipe.server.app import app_from
 from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, running, wait_for
+from ragpipe_tests.support.release_fixtures import forge_activation
 
 CLIENTS, SECONDS = 4, 20.0
 
 
 def server(serving: Serving, **config):
     return running(app_from(serving.ws.home, config_for(serving, **config), "staging", serving.targets))
-
-
-def forge_activation(ws: Workspace, release_id: str) -> None:
-    """Move staging's pointer to ``release_id`` with a history that agrees with it — an intent and
-    an observed record, every hash recomputed — without any of activation's checks."""
-    store = ReleaseStore(ws)
-    with store.target_lock("staging"), History(store, "staging") as history:
-        gen, previous = history.state.generation, history.state.active
-        intent = history.append(
-            "intent",
-            {
-                "action": "activate",
-                "release_id": release_id,
-                "from_generation": gen,
-                "generation": gen + 1,
-                "previous": previous,
-                "by": "forger",
-                "at": now_iso(),
-            },
-        )
-        write_pointer(store, Pointer("staging", release_id, gen + 1, previous, intent.hash))
-        history.append(
-            "observed",
-            {
-                "intent": intent.seq,
-                "outcome": "active",
-                "release_id": release_id,
-                "generation": gen + 1,
-                "reason": None,
-                "at": now_iso(),
-            },
-        )
 
 
 def test_hot_swap_under_load(serving: Serving):

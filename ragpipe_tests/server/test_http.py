@@ -184,7 +184,11 @@ def test_not_ready_without_an_active_release(serving: Serving):
         health = httpx.get(f"{base}/healthz")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
     assert ready.status_code == 503 and ready.json()["code"] == "not_ready"
-    assert ready.json()["message"] == "target 'staging' has no active release: activate one (ragpipe release activate)"
+    assert ready.json()["message"] == (
+        "target 'staging' has no active release: query a built revision with ragpipe query --revision KEY "
+        '"...", or activate an eligible release (ragpipe release list) with '
+        "ragpipe release activate RELEASE_ID --target staging"
+    )
     assert q.status_code == 503 and q.json()["code"] == "not_ready" and "x-release-id" not in q.headers
 
 

@@ -21,7 +21,9 @@ from ragpipe.experiment.decision import Decision, decide
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy, parse_policy, policy_document
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.gate_evidence import publish_gate_evidence
+from ragpipe.release.history import History, now_iso
 from ragpipe.release.manifest import ReleaseManifest, publish_manifest
+from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.store import ReleaseStore
 from ragpipe_tests.conftest import REPO
 
@@ -203,3 +205,35 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
     return subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout
     )
+
+
+def forge_activation(ws: Workspace, release_id: str, target: str = "staging") -> None:
+    """Move ``target``'s pointer to ``release_id`` with a history that agrees with it — an intent and
+    an observed record, every hash recomputed — without any of activation's checks."""
+    store = ReleaseStore(ws)
+    with store.target_lock(target), History(store, target) as history:
+        gen, previous = history.state.generation, history.state.active
+        intent = history.append(
+            "intent",
+            {
+                "action": "activate",
+                "release_id": release_id,
+                "from_generation": gen,
+                "generation": gen + 1,
+                "previous": previous,
+                "by": "forger",
+                "at": now_iso(),
+            },
+        )
+        write_pointer(store, Pointer(target, release_id, gen + 1, previous, intent.hash))
+        history.append(
+            "observed",
+            {
+                "intent": intent.seq,
+                "outcome": "active",
+                "release_id": release_id,
+                "generation": gen + 1,
+                "reason": None,
+                "at": now_iso(),
+            },
+        )

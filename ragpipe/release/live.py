@@ -1,0 +1,118 @@
+"""What is live on a target: the one resolution every reader of "the active release" uses.
+
+``live_release(ws, target)`` is what ``ragpipe query``/``answer`` (``ragpipe.api``), ``release
+current``, the gate's incumbent (``status.resolve_active_run``) and the server's follower
+(``serving.active_release``) serve or report. It checks what the swap that moved the pointer
+checked, so a pointer nobody moved through activation or rollback is never live:
+
+1. the pointer and the target's verified history are read as of one moment (under the target's
+   writer lock) and must agree — the release the pointer names at its generation is the one the
+   history's last activation or rollback made active, under the intent the pointer's
+   ``ledger_head`` names (an intent whose swap happened but whose observed record is not yet
+   written vouches for the pointer, as ``recovery.settle`` would record it);
+2. a release made active by an *activation* must be eligible under a gate policy the target
+   accepts, and approved where the target requires it (a *rollback* returns to a release that was
+   active before, which ``rollback`` does not re-gate);
+3. the release is verified as activation verifies it — bundle and evaluation evidence, with its
+   gate decision made again from its runs (``activation.verified_release``).
+
+Anything else raises ``ReleaseError`` naming the target, the release and the rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragpipe.kernel.ledger import LedgerError, Record
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.activation import VerifiedRelease, gate_refusal, verified_release
+from ragpipe.release.history import TargetHistory, read_history
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.pointer import Pointer, read_pointer
+from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.release.targets import TargetsConfig, load_targets
+
+
+@dataclass(frozen=True)
+class LiveRelease:
+    """The verified live release of ``target`` and when, by which action, the history made it so."""
+
+    verified: VerifiedRelease
+    target: str
+    generation: int
+    since: str  # ISO 8601, UTC
+    action: str  # "activate" or "rollback"
+    previous: str | None  # the release the swap replaced
+
+    @property
+    def release_id(self) -> str:
+        return self.verified.release_id
+
+
+def live_release(
+    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None, defer_vector_table: bool = False
+) -> LiveRelease:
+    """The live release of ``target`` (the configured default when None), checked and verified as
+    the module docstring says; ``ReleaseError`` naming the first problem. ``defer_vector_table``:
+    leave the lance table's content checks until lancedb serves (``activation.verified_release``)
+    — its bytes are the ones the activation verified completely, since the release pins the
+    bundle's material digest and every file's digest is checked here."""
+    store = ReleaseStore(ws)
+    config = config or load_targets()
+    name, spec = config.get(target)
+    pointer, state, records = _pointer_and_history(store, name)
+    since, action = _agreement(name, pointer, state, records)
+    manifest = load_manifest(store, pointer.release_id)
+    if action == "activate":
+        refused = gate_refusal(config, name, manifest)
+        if refused:
+            raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
+        if spec.approval_required and not state.approved(pointer.release_id):
+            raise ReleaseError(f"target {name!r} requires an approval, and release {pointer.release_id} has none")
+    verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)
+    if verified is None:
+        raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
+    return LiveRelease(verified, name, pointer.generation, since, action, pointer.previous)
+
+
+def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, TargetHistory, tuple[Record, ...]]:
+    """The pointer and the history as of one moment: read under the target's writer lock, which
+    every activation and rollback holds from its intent to its observed record, so no swap moves
+    the pointer or appends to the history between the two reads (held for the reads only)."""
+    with store.target_lock(name):
+        pointer = read_pointer(store, name)
+        if pointer is None:
+            raise ReleaseError(
+                f"target {name!r} has no active release: query a built revision with ragpipe query --revision KEY "
+                f'"...", or activate an eligible release (ragpipe release list) with '
+                f"ragpipe release activate RELEASE_ID --target {name}"
+            )
+        try:
+            state, records = read_history(store, name)
+        except (LedgerError, ValueError) as exc:
+            raise ReleaseError(f"target {name!r}: its history does not verify: {exc}") from None
+    return pointer, state, records
+
+
+def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> tuple[str, str]:
+    """(when, by which action) the history made ``pointer``'s release active; ``ReleaseError``
+    unless the history agrees with the pointer (module docstring, 1)."""
+    intent = state.open_intent
+    if intent is not None and intent.hash == pointer.ledger_head:
+        if (intent.payload["release_id"], intent.payload["generation"]) == (pointer.release_id, pointer.generation):
+            return str(intent.payload["at"]), str(intent.payload["action"])
+    if (state.active, state.generation, state.active_intent) != (
+        pointer.release_id,
+        pointer.generation,
+        pointer.ledger_head,
+    ):
+        raise ReleaseError(
+            f"target {target!r}: the pointer names release {pointer.release_id} at generation {pointer.generation}, "
+            f"but the history has {state.active} at generation {state.generation}: the pointer was not moved "
+            "by activation or rollback; refusing to serve it"
+        )
+    action = next(a for generation, _, a in reversed(state.activations) if generation == pointer.generation)
+    for record in reversed(records):
+        if record.kind == "observed" and record.payload["generation"] == pointer.generation:
+            return str(record.payload["at"]), action
+    raise ReleaseError(f"target {target!r}: the history has no record of generation {pointer.generation}")
