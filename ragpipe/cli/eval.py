@@ -249,6 +249,7 @@ def eval_run(
             repeats=repeats,
             answers=answers,
         )
+        _require_an_evaluable_case(loaded, retriever, suite)
         return run_evaluation(
             spec, target, retriever_factory=lambda _: retriever, on_progress=_progress(as_json), run_id=run_id
         )
@@ -258,6 +259,21 @@ def eval_run(
         emit_json(data)
     else:
         print_result(data)
+
+
+def _require_an_evaluable_case(suite, retriever, source: Path) -> None:
+    """Refuse, before any run folder exists, a suite none of whose cases this bundle can evaluate
+    (a run of zero cells would measure nothing). The build's chain runs such a suite all the same:
+    its gate is then ineligible, naming the same reason (``experiment.decision.no_evaluable_case``)."""
+    from collections import Counter
+
+    from ragpipe.evaluation.suite import check_against_bundle
+    from ragpipe.experiment.decision import skipped_cases_text
+
+    statuses = check_against_bundle(suite, retriever.scopes.keys(), retriever.chunks.keys())
+    if not any(s.evaluable for s in statuses):
+        why = skipped_cases_text(Counter(s.reason for s in statuses)) if statuses else "the suite has no case"
+        raise ValueError(f"{source}: no evaluable case against bundle {retriever.bundle_id}: {why}")
 
 
 @eval_app.command("report")

@@ -21,7 +21,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ragpipe.cli.common import JsonOpt, emit_json, fail, out
+from ragpipe.cli.common import JsonOpt, emit_json, err, fail, out
 
 release_app = typer.Typer(
     help="Release manifests, targets, approvals, activation and rollback.", no_args_is_help=True, add_completion=False
@@ -56,10 +56,13 @@ def release_list(as_json: JsonOpt = False) -> None:
     """Every published release with its gate outcome and the targets it is active on."""
     from ragpipe.release.status import release_summaries
 
-    rows = guarded(lambda: release_summaries(_ws()))
+    everything = guarded(lambda: release_summaries(_ws()))
     if as_json:
-        emit_json(rows)
+        emit_json(everything)
         return
+    rows = [r for r in everything if "invalid" not in r]
+    for bad in (r for r in everything if "invalid" in r):  # listed, never hiding the valid ones
+        err.print(f"invalid manifest: {escape(str(bad['invalid']))}", soft_wrap=True)
     if not rows:
         out.print("no releases")
         return

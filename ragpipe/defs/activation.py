@@ -133,6 +133,8 @@ def evaluate(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorRe
             reasons.append(f"{target}: the sensor is off for this target (targets config)")
             continue
         candidates = eligible_releases(ragpipe.workspace, target, config=config)
+        for bad in (c for c in candidates if c.status == "invalid manifest"):
+            context.log.warning(f"activation_sensor: skipping {bad.release_id}: {bad.reason}")
         chosen, why = plan_target(context.instance, target, candidates, requested.get(target, []))
         reasons += why
         if chosen is not None:

@@ -1,5 +1,11 @@
 """Import a BEIR folder (``queries.jsonl`` + ``qrels/<split>.tsv``) as a native suite.
 
+The qrels file may take any of the three forms in use (``read_qrels``), recognised by its first
+line and then required of every line: BEIR's TSV with its ``query-id  corpus-id  score`` header,
+the same TSV without the header, or TREC's ``query-id iteration corpus-id relevance`` (whitespace
+separated, the iteration column ignored, as trec_eval ignores it). ``qrels/<split>.txt`` is read
+when there is no ``.tsv``.
+
 Every query with at least one qrels row in the chosen split(s) becomes a document-level,
 answerable case: ``id`` = the query's ``_id``, ``query`` = its ``text``, ``judgments`` = its qrels
 rows (``corpus-id`` -> ``score``). Several splits are merged (e.g. the sample's ``rev-1`` and
@@ -55,17 +61,43 @@ def read_queries(path: Path) -> dict[str, tuple[int, str]]:
     return queries
 
 
+def _qrels_form(path: Path, first: str) -> str:
+    """``beir`` (header line), ``beir-headerless`` or ``trec``, from the file's first line."""
+    if first.split("\t") == QRELS_HEADER:
+        return "beir"
+    cells = first.split("\t")
+    if len(cells) == 3 and cells[2].strip().lstrip("-").isdigit():
+        return "beir-headerless"
+    if len(first.split()) == 4:
+        return "trec"
+    raise SuiteError(
+        f"{path}:1: qrels must be BEIR TSV ('query-id<TAB>corpus-id<TAB>score' header, or rows of those "
+        "3 fields without it) or TREC ('query-id iteration corpus-id relevance')"
+    )
+
+
+def _qrels_row(form: str, line: str, where: str) -> tuple[str, str, str]:
+    if form == "trec":
+        cells = line.split()
+        if len(cells) != 4:
+            raise SuiteError(f"{where}: a TREC qrels row needs 4 whitespace-separated fields, got {len(cells)}")
+        return cells[0], cells[2], cells[3]
+    cells = line.split("\t")
+    if len(cells) != 3 or not cells[0] or not cells[1]:
+        raise SuiteError(f"{where}: a qrels row needs 3 tab-separated non-empty fields, got {len(cells)}")
+    return cells[0], cells[1], cells[2]
+
+
 def read_qrels(path: Path, into: dict[str, dict[str, tuple[int, str]]]) -> None:
-    """Add ``query-id`` -> ``corpus-id`` -> (grade, "<file>:<line>") from a BEIR qrels TSV."""
+    """Add ``query-id`` -> ``corpus-id`` -> (grade, "<file>:<line>") from a qrels file in any of
+    the forms of the module docstring."""
     rows = _lines(path)
-    if not rows or rows[0][1].split("\t") != QRELS_HEADER:
-        raise SuiteError(f"{path}:1: qrels header must be 'query-id<TAB>corpus-id<TAB>score'")
-    for number, line in rows[1:]:
+    if not rows:
+        raise SuiteError(f"{path}: empty qrels file")
+    form = _qrels_form(path, rows[0][1])
+    for number, line in rows[1:] if form == "beir" else rows:
         where = f"{path}:{number}"
-        cells = line.split("\t")
-        if len(cells) != 3 or not cells[0] or not cells[1]:
-            raise SuiteError(f"{where}: a qrels row needs 3 tab-separated non-empty fields, got {len(cells)}")
-        qid, target, score = cells
+        qid, target, score = _qrels_row(form, line, where)
         try:
             value = int(score)
         except ValueError:
@@ -81,6 +113,13 @@ def read_qrels(path: Path, into: dict[str, dict[str, tuple[int, str]]]) -> None:
             into[qid][target] = (grade, where)
 
 
+def qrels_path(folder: Path, split: str) -> Path:
+    """``qrels/<split>.tsv``, or ``qrels/<split>.txt`` when only that exists."""
+    tsv = folder / "qrels" / f"{split}.tsv"
+    txt = tsv.with_suffix(".txt")
+    return txt if not tsv.exists() and txt.exists() else tsv
+
+
 def import_beir(folder: Path, split: str | Iterable[str] = "test") -> Suite:
     """The suite of a BEIR folder's judged queries in ``split`` (one name or several, merged)."""
     folder = Path(folder)
@@ -90,7 +129,7 @@ def import_beir(folder: Path, split: str | Iterable[str] = "test") -> Suite:
     queries = read_queries(folder / "queries.jsonl")
     judged: dict[str, dict[str, tuple[int, str]]] = {}
     for name in splits:
-        read_qrels(folder / "qrels" / f"{name}.tsv", judged)
+        read_qrels(qrels_path(folder, name), judged)
     cases = []
     for qid, targets in judged.items():
         first = next(iter(targets.values()))[1]  # the query's first qrels row

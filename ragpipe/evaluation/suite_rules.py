@@ -6,7 +6,9 @@
 
 * the value is an object; no unknown field; ``id``, ``query``, ``target_level``, ``judgments``
   present;
-* ``id`` a non-empty string without control characters; ``query`` not blank;
+* ``id`` a non-empty string without control characters; ``query`` not blank and at most
+  ``MAX_QUERY_CHARS`` characters (a query is a question, not a document: a 10 MB one once took
+  45 s to evaluate);
 * ``target_level`` is ``document`` or ``chunk``;
 * ``judgments`` an object of targets to grades; a grade is a finite whole number in
   [0, 2^31-1] (trec_eval relevance levels are C ints; JSON ``2.0`` reads as 2, ``true`` is no grade);
@@ -32,6 +34,7 @@ FIELDS = ("id", "query", "target_level", "judgments", "tags", "answerability", "
 REQUIRED = ("id", "query", "target_level", "judgments")
 CHUNK_ID = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 MAX_GRADE = 2**31 - 1
+MAX_QUERY_CHARS = 10_000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -154,6 +157,8 @@ def check_case(value: Any) -> dict[str, Any]:
     query = _string(value["query"], "query")
     if not query.strip():
         raise SuiteError("'query' is empty")
+    if len(query) > MAX_QUERY_CHARS:
+        raise SuiteError(f"'query' has {len(query)} characters, at most {MAX_QUERY_CHARS} allowed")
     level = value["target_level"]
     if level not in ("document", "chunk"):
         raise SuiteError(f"'target_level' must be 'document' or 'chunk', got {level!r}")

@@ -15,6 +15,7 @@ Reading recomputes the ID from the body and refuses a file whose ID, name or byt
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -124,11 +125,27 @@ def load_manifest(store: ReleaseStore, release_id: str) -> ReleaseManifest:
     return parse_manifest_file(path, data)[1]
 
 
-def list_manifests(store: ReleaseStore) -> list[tuple[str, ReleaseManifest]]:
-    """Every published manifest, verified, oldest publication first (ties by ID). Order is
-    operational (file times); a damaged manifest refuses the whole listing, naming the file."""
+@dataclass(frozen=True)
+class ManifestListing:
+    """The manifest folder read: ``valid`` as ``(release_id, manifest)``, oldest publication first
+    (ties by ID; order is operational, from file times), and ``invalid`` as ``(path, reason)`` for
+    every other ``*.json`` file there — a damaged manifest or a stray file is reported, never a
+    reason to stop reading the others."""
+
+    valid: list[tuple[str, ReleaseManifest]]
+    invalid: list[tuple[Path, str]]
+
+
+def list_manifests(store: ReleaseStore) -> ManifestListing:
+    """Every published manifest, each verified on its own (``ManifestListing``)."""
     if not store.manifests.is_dir():
-        return []
-    paths = [p for p in store.manifests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
-    found = [(p.stat().st_mtime_ns, *parse_manifest_file(p, p.read_bytes())) for p in paths]
-    return [(rid, m) for _, rid, m in sorted(found, key=lambda t: (t[0], t[1]))]
+        return ManifestListing([], [])
+    found, invalid = [], []
+    for path in sorted(p for p in store.manifests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")):
+        try:
+            found.append((path.stat().st_mtime_ns, *parse_manifest_file(path, path.read_bytes())))
+        except ReleaseError as exc:
+            invalid.append((path, str(exc)))
+        except OSError as exc:
+            invalid.append((path, f"{path}: cannot read: {exc.strerror or exc}"))
+    return ManifestListing([(rid, m) for _, rid, m in sorted(found, key=lambda t: (t[0], t[1]))], invalid)

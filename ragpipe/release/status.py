@@ -13,7 +13,9 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
   ``activate:<target>:<release_id>`` for each ``ready`` one and skips the rest with ``reason``; a
   release that ever had an activation attempt on the target is never ``ready`` again, so an old
   release is never re-activated automatically (rollback is a person's decision).
-- ``release_summaries(ws)`` → the ``release list`` rows.
+- ``release_summaries(ws)`` → the ``release list`` rows, then one ``{"file", "invalid"}`` row per
+  manifest file that does not verify (the sensor's list has it as status ``invalid manifest``, a
+  skip with its reason): one bad file never hides the others.
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ def eligible_releases(
     name, _ = config.get(target)
     state, _ = read_history(store, name)
     accepted = config.accepted_policies(name)  # read the policy files once, not per release
-    return [_candidate(rid, m, name, config, accepted, state) for rid, m in list_manifests(store) if m.gate.eligible]
+    listing = list_manifests(store)
+    invalid = [EligibleRelease(path.name, "", "invalid manifest", reason) for path, reason in listing.invalid]
+    return invalid + [_candidate(rid, m, name, config, accepted, state) for rid, m in listing.valid if m.gate.eligible]
 
 
 def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[str, TargetHistory]:
@@ -108,7 +112,8 @@ def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> lis
     """One row per published release (publication order): the ``release list --json`` objects."""
     states = target_states(ws, config)
     rows = []
-    for rid, m in list_manifests(ReleaseStore(ws)):
+    listing = list_manifests(ReleaseStore(ws))
+    for rid, m in listing.valid:
         rows.append(
             {
                 "release_id": rid,
@@ -120,4 +125,4 @@ def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> lis
                 "states": {t: s.states[rid] for t, s in states.items() if rid in s.states},
             }
         )
-    return rows
+    return rows + [{"file": str(path), "invalid": reason} for path, reason in listing.invalid]

@@ -202,3 +202,19 @@ def test_bad_input_exits_1_with_a_clear_message(cli_run, tmp_path, args, message
     error = " ".join(done.stderr[done.stderr.index("error: ") :].split())
     assert error.startswith("error: " + message.format(**fill)), done.stderr
     assert done.stdout == ""
+
+
+def test_a_suite_with_no_evaluable_case_exits_1_and_creates_no_run(cli_run, tmp_path):
+    home, _, _, bundle, _ = cli_run
+    suite = tmp_path / "absent.jsonl"
+    rows = [{"id": f"c{i}", "query": "q", "target_level": "document", "judgments": {f"gone-{i}": 1}} for i in (1, 2)]
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "run"
+    done = cli("eval", "--suite", str(suite), "--bundle", str(bundle), "--out", str(out), home=home)
+    assert (done.returncode, done.stdout) == (1, "")
+    error = " ".join(done.stderr[done.stderr.index("error: ") :].split())
+    bundle_id = json.loads((bundle / "manifest.json").read_text())["bundle_id"]
+    assert error == (
+        f"error: {suite}: no evaluable case against bundle {bundle_id}: all 2 suite cases judge documents this revision lacks"
+    )
+    assert not out.exists()

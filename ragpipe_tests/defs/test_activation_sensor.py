@@ -138,3 +138,19 @@ def test_default_status_follows_the_targets_config(tmp_path: Path):
     )
     assert activation_sensor_def(load_targets(path)).default_status == DefaultSensorStatus.STOPPED
     assert activation_sensor_def(load_targets()).default_status == DefaultSensorStatus.RUNNING  # checked-in: staging on
+
+
+def test_an_invalid_manifest_is_skipped_with_its_reason_and_stops_nothing(env):
+    ws, _, _, bundle = env
+    stray = ReleaseStore(ws).manifests
+    stray.mkdir(parents=True, exist_ok=True)
+    (stray / "notes.json").write_text("{}", encoding="utf-8")
+    rid = publish(ws, bundle, "r1")
+    reason = f"{stray / 'notes.json'}: not a valid release manifest: expected exactly the keys manifest, release_id"
+    first = tick(env, None)
+    assert requests(first) == [(f"activate:staging:{rid}", {"release_id": rid, "target": "staging"})]
+    launch(env, first)
+    later = tick(env, first.cursor)
+    assert later.run_requests == []
+    assert f"staging: notes.json: {reason}" in later.skip_message
+    assert f"production: notes.json: {reason}" in later.skip_message

@@ -158,7 +158,17 @@ BEIR_MALFORMED = [
         QUERIES,
         "query-id\tdoc\tscore\n1\td1\t1\n",
         "qrels/test.tsv:1",
-        "qrels header must be 'query-id<TAB>corpus-id<TAB>score'",
+        "qrels must be BEIR TSV ('query-id<TAB>corpus-id<TAB>score' header, or rows of those 3 fields without it) "
+        "or TREC ('query-id iteration corpus-id relevance')",
+    ),
+    (QUERIES, "1 0 d1 1\n2 0 d2\n", "qrels/test.tsv:2", "a TREC qrels row needs 4 whitespace-separated fields, got 3"),
+    (QUERIES, "1\td1\t1\n2\td2\n", "qrels/test.tsv:2", "a qrels row needs 3 tab-separated non-empty fields, got 2"),
+    (QUERIES, "", "qrels/test.tsv", "empty qrels file"),
+    (
+        '{"_id": "1", "text": "' + "x" * 10_001 + '"}\n',
+        HEADER + "1\td1\t1\n",
+        "queries.jsonl:1",
+        "'query' has 10001 characters, at most 10000 allowed",
     ),
     (QUERIES, HEADER + "1\td1\n", "qrels/test.tsv:2", "a qrels row needs 3 tab-separated non-empty fields, got 2"),
     (QUERIES, HEADER + "1\td1\thigh\n", "qrels/test.tsv:2", "score 'high' is not an integer"),
@@ -192,6 +202,29 @@ def test_malformed_beir_folder(tmp_path: Path, queries: str, qrels: str, where: 
     with pytest.raises(SuiteError) as err:
         import_beir(root, "test")
     assert str(err.value) == f"{root}/{where}: {rule.format(root=root)}"
+
+
+QRELS_FORMS = {
+    "beir": HEADER + "1\td1\t1\n1\td2\t2\n2\td3\t1\n",
+    "beir-headerless": "1\td1\t1\n1\td2\t2\n2\td3\t1\n",
+    "trec": "1 0 d1 1\n1 Q0 d2 2\n2\t0\td3\t1\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(QRELS_FORMS))
+def test_every_qrels_form_gives_the_same_suite(tmp_path: Path, form: str):
+    suite = import_beir(beir(tmp_path, QUERIES, QRELS_FORMS[form]), "test")
+    assert [(c.id, c.query, dict(c.judgments)) for c in suite.cases] == [
+        ("1", "one", {"d1": 1, "d2": 2}),
+        ("2", "two", {"d3": 1}),
+    ]
+
+
+def test_trec_qrels_are_read_from_a_txt_file(tmp_path: Path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "queries.jsonl").write_text(QUERIES, encoding="utf-8")
+    (tmp_path / "qrels" / "test.txt").write_text(QRELS_FORMS["trec"], encoding="utf-8")
+    assert [c.id for c in import_beir(tmp_path, "test").cases] == ["1", "2"]
 
 
 def test_beir_missing_split(tmp_path: Path):

@@ -4,6 +4,7 @@ query`` and ``ragpipe release current`` (exit 1, one line naming the rule)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -159,3 +160,20 @@ def test_nothing_active_is_reported_not_refused(ws: Workspace):
     assert (proc.returncode, proc.stdout) == (0, "staging: no active release\n")
     with pytest.raises(ReleaseError, match="target 'staging' has no active release"):
         live_release(ws, "staging")
+
+
+def test_release_list_reports_an_invalid_manifest_and_lists_the_others(ws: Workspace, bundle: Path):
+    a = publish(ws, bundle, "r1")
+    stray = ReleaseStore(ws).manifests / "notes.json"
+    stray.write_text("{}", encoding="utf-8")
+    proc = cli("release", "list", "--json", home=ws.home)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r.get("release_id") for r in rows] == [a, None]
+    assert rows[1] == {
+        "file": str(stray),
+        "invalid": f"{stray}: not a valid release manifest: expected exactly the keys manifest, release_id",
+    }
+    proc = cli("release", "list", home=ws.home)
+    assert proc.returncode == 0 and "1 releases" in proc.stdout
+    assert " ".join(proc.stderr.split()).startswith(f"invalid manifest: {stray}: not a valid release manifest")

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.manifest import (
+    ManifestListing,
     ReleaseManifest,
     list_manifests,
     load_manifest,
@@ -98,7 +99,7 @@ def test_publish_is_atomic_immutable_and_idempotent(tmp_path: Path):
     assert publish_manifest(store, manifest) == (rid, False)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp left
     assert load_manifest(store, rid) == manifest
-    assert list_manifests(store) == [(rid, manifest)]
+    assert list_manifests(store) == ManifestListing([(rid, manifest)], [])
 
 
 def test_reading_recomputes_the_id_and_refuses_edits(tmp_path: Path):
@@ -126,9 +127,14 @@ def test_reading_recomputes_the_id_and_refuses_edits(tmp_path: Path):
     path.write_bytes(original)
     other = store.manifests / f"{'c' * 64}.json"
     other.write_bytes(original)
-    with pytest.raises(ReleaseError) as exc:
-        list_manifests(store)
-    assert str(exc.value) == f"{other}: file name is not the release ID hex {rid[7:]}"
+    stray = store.manifests / "notes.json"
+    stray.write_bytes(b"{}")
+    listing = list_manifests(store)  # the bad files are reported, the good one still listed
+    assert listing.valid == [(rid, ReleaseManifest.model_validate(body()))]
+    assert listing.invalid == [
+        (other, f"{other}: file name is not the release ID hex {rid[7:]}"),
+        (stray, f"{stray}: not a valid release manifest: expected exactly the keys manifest, release_id"),
+    ]
 
 
 def test_missing_and_malformed_release_ids(tmp_path: Path):
