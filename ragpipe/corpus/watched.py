@@ -84,26 +84,37 @@ def last_revision(ws: Workspace, name: str) -> str | None:
 @dataclass(frozen=True)
 class SourceCheck:
     source: str
-    revision: str | None  # the new revision; None when unchanged
+    revision: str | None  # the new revision; None when unchanged or unreadable
     reason: str
+    last: str | None = None  # when unchanged: the source's last revision (the schedule checks it was built)
 
 
 def snapshot_changed_sources(ws: Workspace, sources: tuple[WatchedSource, ...], day: date) -> list[SourceCheck]:
-    """Register a new revision for each changed source (module docstring); one result per source."""
+    """Register a new revision for each changed source (module docstring); one result per source.
+    A source that cannot be read or registered is a result naming why — it never stops the
+    others, which are registered all the same."""
     results = []
     for s in sources:
-        digest = source_digest(s.path, s.format)
-        last = last_revision(ws, s.name)
-        if last is not None and load_revision(ws.registry, last).source_digest == digest:
-            results.append(SourceCheck(s.name, None, f"unchanged since revision {last}"))
-            continue
-        key = revision_key(s.name, day, digest)
-        register_revision(ws.registry, key, s.path, s.format, s.default_scope)
-        results.append(
-            SourceCheck(
-                s.name,
-                key,
-                f"content digest {digest} differs from {'revision ' + last if last else 'no earlier revision'}",
-            )
-        )
+        try:
+            results.append(_check_source(ws, s, day))
+        except (OSError, ValueError) as exc:  # CorpusError, RevisionError: one line naming the file
+            results.append(SourceCheck(s.name, None, f"cannot snapshot: {_one_line(exc)}"))
     return results
+
+
+def _one_line(exc: Exception) -> str:
+    """A corpus error lists its problems on lines of their own; a skip reason is one line."""
+    first, *rest = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    return f"{first} {'; '.join(rest)}" if rest else first
+
+
+def _check_source(ws: Workspace, s: WatchedSource, day: date) -> SourceCheck:
+    digest = source_digest(s.path, s.format)
+    last = last_revision(ws, s.name)
+    if last is not None and load_revision(ws.registry, last).source_digest == digest:
+        return SourceCheck(s.name, None, f"unchanged since revision {last}", last)
+    key = revision_key(s.name, day, digest)
+    register_revision(ws.registry, key, s.path, s.format, s.default_scope)
+    return SourceCheck(
+        s.name, key, f"content digest {digest} differs from {'revision ' + last if last else 'no earlier revision'}"
+    )

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, build_schedule_context
+from dagster import DagsterInstance, DagsterRunStatus, build_schedule_context
+from dagster._core.test_utils import create_run_for_test
 
 from ragpipe.corpus.connectors import source_digest
 from ragpipe.corpus.registry import list_revisions, load_revision
@@ -49,6 +50,11 @@ def tick(env, when: datetime):
     return defs.get_schedule_def("nightly_rebuild").evaluate_tick(ctx)
 
 
+def built(instance: DagsterInstance, revision: str, status: DagsterRunStatus) -> None:
+    """A ``build_revision`` run of ``revision`` in ``status``, as the daemon would have recorded it."""
+    create_run_for_test(instance, job_name="build_revision", status=status, tags={"dagster/partition": revision})
+
+
 def test_changed_source_becomes_a_revision_with_a_partition_and_a_run_request(env):
     home, instance, _, corpus = env
     d1 = source_digest(corpus, "beir")
@@ -59,7 +65,8 @@ def test_changed_source_becomes_a_revision_with_a_partition_and_a_run_request(en
     ]
     assert instance.get_dynamic_partitions("corpus_revisions") == [rev1]
     assert load_revision(home / "revisions", rev1).source_digest == d1
-    # unchanged the next night: nothing
+    built(instance, rev1, DagsterRunStatus.SUCCESS)
+    # unchanged the next night, and built: nothing
     unchanged = tick(env, NIGHT_2)
     assert unchanged.run_requests == []
     assert unchanged.skip_message == f"sci: unchanged since revision {rev1}"
@@ -91,3 +98,49 @@ def test_bad_sources_config_names_the_file(tmp_path: Path):
     bad.write_text("schema: ragpipe.sources/v1\nsources:\n  - {name: a, path: x, format: pdf}\n")
     with pytest.raises(SourcesError, match=rf"^{bad}: invalid sources config: sources\.0\.format: "):
         load_sources(bad)
+
+
+def test_a_malformed_source_stops_no_other_and_nothing_is_lost(env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    home, instance, _, corpus = env
+    bad = tmp_path / "src" / "bad.jsonl"
+    bad.write_text('{"_id": "d1", "title": "x", "text": "y"}\nnot json\n', encoding="utf-8")
+    sources = tmp_path / "two.yaml"
+    sources.write_text(
+        "schema: ragpipe.sources/v1\nsources:\n"
+        "  - {name: sci, path: src/corpus.jsonl, format: beir}\n"
+        "  - {name: broken, path: src/bad.jsonl, format: beir}\n"
+    )
+    monkeypatch.setenv("RAGPIPE_SOURCES", str(sources))
+    rev1 = f"sci-20261130-{source_digest(corpus, 'beir').split(':')[1][:8]}"
+    data = tick(env, NIGHT_1)
+    assert [(r.partition_key, r.run_key) for r in data.run_requests] == [(rev1, f"nightly:{rev1}")]
+    assert instance.get_dynamic_partitions("corpus_revisions") == [rev1]
+    assert list_revisions(home / "revisions") == [rev1]  # the broken source registered nothing
+    # the request was never built (its run failed): the next night it is pending, with a new run key
+    built(instance, rev1, DagsterRunStatus.FAILURE)
+    again = tick(env, NIGHT_2)
+    assert [(r.partition_key, r.run_key) for r in again.run_requests] == [(rev1, f"nightly:{rev1}:20261201")]
+    built(instance, rev1, DagsterRunStatus.SUCCESS)
+    done = tick(env, NIGHT_2)
+    assert done.run_requests == []
+    assert done.skip_message.startswith(
+        f"sci: unchanged since revision {rev1}; broken: cannot snapshot: invalid corpus: {bad}:2: malformed JSON"
+    )
+
+
+def test_a_revision_registered_by_a_tick_that_died_is_requested_next_time(env):
+    """What a tick killed right after registering leaves — the revision on disk, no partition, no
+    run — makes the revision pending, never "unchanged"."""
+    home, instance, _, corpus = env
+    from ragpipe.corpus.watched import snapshot_changed_sources
+    from ragpipe.kernel.workspace import Workspace
+
+    (check,) = snapshot_changed_sources(Workspace(home), load_sources(), NIGHT_1.date())
+    assert instance.get_dynamic_partitions("corpus_revisions") == []
+    data = tick(env, NIGHT_2)
+    assert [(r.partition_key, r.run_key) for r in data.run_requests] == [
+        (check.revision, f"nightly:{check.revision}:20261201")
+    ]
+    assert instance.get_dynamic_partitions("corpus_revisions") == [check.revision]
+    built(instance, check.revision, DagsterRunStatus.STARTED)  # running: not requested twice
+    assert tick(env, NIGHT_2).run_requests == []
