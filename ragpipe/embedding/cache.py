@@ -1,12 +1,24 @@
-"""Persistent embedding cache keyed by ``(embedder spec ID, text digest)``.
+"""Persistent embedding cache keyed by ``(embedder spec ID, text digest)``, verified on every load.
 
 One folder per embedder spec ID holds immutable Parquet shards; each run that encodes something
 adds one shard, published atomically, so concurrent runs never write the same file and a killed
 run leaves at most an ignored temp file. Lookups read every shard of the spec.
+
+Every entry carries its key and a digest of its value: the row holds ``text_digest``, ``vector``
+and ``entry_digest`` = sha256 over (embedder spec ID, text digest, the vector's float32 bytes),
+and the shard's schema metadata names the spec ID, the dimensions and the format. A shard is
+trusted only if it reads, its metadata is this cache's, and every row's digest recomputes; a
+shard that fails any of this — a flipped byte, a cut file, a shard of another spec copied in, one
+written before entries carried digests — is reported (a warning naming the file and the rule),
+moved aside as ``<name>.refused`` and none of its entries is used: they are encoded again, so a
+bad shard never becomes a vector in a bundle.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -18,40 +30,99 @@ import pyarrow.parquet as pq
 from ragpipe.kernel.ids import SpecId
 from ragpipe.kernel.publish import fsync_path
 
+log = logging.getLogger(__name__)
+FORMAT = 2
+META_KEY = b"ragpipe.embedding_cache"
+
+
+class ShardRefused(ValueError):
+    """A shard that may not be used; ``str(e)`` is the rule it broke."""
+
+
+def entry_digest(spec_hex: str, text_digest: str, vector: np.ndarray) -> str:
+    """The digest one entry carries: its key (spec ID, text digest) and its value's bytes."""
+    h = hashlib.sha256()
+    h.update(f"{spec_hex}\n{text_digest}\n".encode())
+    h.update(np.ascontiguousarray(vector, dtype="<f4").tobytes())
+    return "sha256:" + h.hexdigest()
+
 
 class EmbeddingCache:
     def __init__(self, root: Path, embedder_spec_id: SpecId, dimensions: int):
+        self.spec_hex = embedder_spec_id.hex
         self.directory = root / embedder_spec_id.hex
         self.dimensions = dimensions
 
     def _schema(self) -> pa.Schema:
-        return pa.schema([("text_digest", pa.string()), ("vector", pa.list_(pa.float32(), self.dimensions))])
+        meta = {"format": FORMAT, "embedder_spec": self.spec_hex, "dimensions": self.dimensions}
+        return pa.schema(
+            [
+                ("text_digest", pa.string()),
+                ("vector", pa.list_(pa.float32(), self.dimensions)),
+                ("entry_digest", pa.string()),
+            ],
+            metadata={META_KEY: json.dumps(meta, sort_keys=True).encode()},
+        )
 
     def lookup(self, digests: set[str]) -> dict[str, np.ndarray]:
-        """Vectors for the digests that are cached (missing digests are simply absent)."""
+        """Vectors for the digests that are cached in shards that verify (missing digests are
+        simply absent; a refused shard is set aside: module docstring)."""
         found: dict[str, np.ndarray] = {}
         if not self.directory.is_dir() or not digests:
             return found
         for shard in sorted(self.directory.glob("shard-*.parquet")):
-            table = pq.read_table(shard, schema=self._schema())
-            keys = table.column("text_digest").to_pylist()
-            wanted = [i for i, k in enumerate(keys) if k in digests and k not in found]
-            if not wanted:
+            try:
+                keys, matrix = self._read(shard)
+            except ShardRefused as exc:
+                self._refuse(shard, str(exc))
                 continue
-            flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-            matrix = flat.reshape(len(keys), self.dimensions)
-            for i in wanted:
-                found[keys[i]] = matrix[i]
+            for i, key in enumerate(keys):
+                if key in digests and key not in found:
+                    found[key] = matrix[i]
         return found
+
+    def _read(self, shard: Path) -> tuple[list[str], np.ndarray]:
+        """The shard's keys and vectors, each entry verified; ``ShardRefused`` naming the rule."""
+        try:
+            table = pq.read_table(shard)
+        except (OSError, pa.ArrowException) as exc:
+            raise ShardRefused(f"cannot be read as Parquet: {exc}") from None
+        expected = self._schema()
+        if table.schema.metadata is None or table.schema.metadata.get(META_KEY) != expected.metadata[META_KEY]:
+            raise ShardRefused(f"not a shard of embedder {self.spec_hex} (format {FORMAT}, {self.dimensions} dims)")
+        if not table.schema.remove_metadata().equals(expected.remove_metadata()):
+            raise ShardRefused(f"columns {table.schema.names} are not the cache's")
+        keys = table.column("text_digest").to_pylist()
+        recorded = table.column("entry_digest").to_pylist()
+        vectors = table.column("vector").combine_chunks()
+        if vectors.null_count or None in keys or None in recorded:
+            raise ShardRefused("holds a null entry")
+        matrix = vectors.flatten().to_numpy(zero_copy_only=False).reshape(len(keys), self.dimensions)
+        for row, (key, digest) in enumerate(zip(keys, recorded, strict=True)):
+            if entry_digest(self.spec_hex, key, matrix[row]) != digest:
+                raise ShardRefused(f"row {row} (text {key}): its vector does not match its entry digest")
+        return keys, matrix
+
+    def _refuse(self, shard: Path, rule: str) -> None:
+        log.warning("embedding cache: %s: %s; set aside as %s.refused, its entries are encoded again", shard, rule,
+                    shard.name)  # fmt: skip
+        try:
+            os.replace(shard, shard.with_name(shard.name + ".refused"))
+        except OSError as exc:  # unmovable (read-only cache): still never used
+            log.warning("embedding cache: %s: cannot set it aside: %s", shard, exc.strerror or exc)
 
     def add(self, digests: list[str], vectors: np.ndarray) -> Path | None:
         """Publish one new shard with these entries; returns its path (None if nothing to add)."""
         if not digests:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
-        flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(digests), self.dimensions)
         table = pa.table(
-            {"text_digest": pa.array(digests), "vector": pa.FixedSizeListArray.from_arrays(flat, self.dimensions)},
+            {
+                "text_digest": pa.array(digests, pa.string()),
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), self.dimensions),
+                "entry_digest": pa.array([entry_digest(self.spec_hex, d, v) for d, v in zip(digests, matrix)]),
+            },
             schema=self._schema(),
         )
         name = f"shard-{os.getpid()}-{secrets.token_hex(8)}.parquet"
