@@ -13,16 +13,33 @@ digest + certified payload digest + question.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
 
 from ragpipe.answer.generators import CandidateAnswer, GeneratorFailure
-from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.ids import bytes_digest, content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.authz import AuthorizationCertificate
 from ragpipe.retrieval.context import PAYLOAD_FORMAT, Context, payload_digest
 from ragpipe.retrieval.plan import GeneratorPlan
+
+log = logging.getLogger(__name__)
+
+
+def _value_bytes(value: dict) -> bytes:
+    """What a cached answer's digest covers: its fields exactly (json, not the canonical encoder,
+    which NFC-normalises strings and so would not bind the model's own bytes)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _typed(value, kind: type):
+    """``value`` if it is a ``kind`` (a cached entry's fields are checked, not trusted)."""
+    if type(value) is not kind:
+        raise TypeError(f"a cached field is {type(value).__name__}, not {kind.__name__}")
+    return value
+
 
 INSTRUCTIONS = """You answer questions using only the evidence in the next message. Each evidence item starts with a label like [E1].
 The message after it is the question.
@@ -100,29 +117,51 @@ class LiteLLMGenerator:
         )
 
     def _cached(self, key: str) -> CandidateAnswer | None:
+        """The cached answer of ``key`` if its entry verifies: it names ``key`` and its value's
+        digest recomputes. A bad entry is logged, set aside as ``<file>.refused`` and asked again."""
         if self.cache_dir is None:
             return None
         path = self.cache_dir / f"{key.split(':')[1]}.json"
-        if not path.exists():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return CandidateAnswer(
-            answer=data["answer"],
-            citations=tuple(data["citations"]),
-            abstained=data["abstained"],
-            raw=data["raw"],
-            cached=True,
-        )
+        except OSError as exc:
+            log.warning("answer cache: %s: cannot read: %s; asking the model again", path, exc.strerror or exc)
+            return None
+        try:
+            entry = json.loads(data.decode("utf-8"))
+            value = entry["value"]
+            if entry["key"] != key:
+                raise ValueError(f"names key {entry['key']!r}, not {key!r}")
+            if entry["value_digest"] != bytes_digest(_value_bytes(value)):
+                raise ValueError("its value does not match its value digest")
+            answer = CandidateAnswer(
+                answer=_typed(value["answer"], str),
+                citations=tuple(_typed(c, str) for c in _typed(value["citations"], list)),
+                abstained=_typed(value["abstained"], bool),
+                raw=_typed(value["raw"], str),
+                cached=True,
+            )
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            log.warning("answer cache: %s: %s; set aside as %s.refused, asking the model again", path, exc, path.name)
+            try:
+                os.replace(path, path.with_name(path.name + ".refused"))
+            except OSError:
+                pass  # unmovable: still never used
+            return None
+        return answer
 
     def _store(self, key: str, cand: CandidateAnswer) -> None:
         if self.cache_dir is not None:
-            payload = {
+            value = {
                 "answer": cand.answer,
                 "citations": list(cand.citations),
                 "abstained": cand.abstained,
                 "raw": cand.raw,
             }
-            write_file_atomic(self.cache_dir / f"{key.split(':')[1]}.json", json.dumps(payload).encode())
+            entry = {"key": key, "value": value, "value_digest": bytes_digest(_value_bytes(value))}
+            write_file_atomic(self.cache_dir / f"{key.split(':')[1]}.json", json.dumps(entry, sort_keys=True).encode())
 
     def generate(self, question: str, context: Context, certificate: AuthorizationCertificate) -> CandidateAnswer:
         """Raises ``AuthorizationError`` (nothing sent, nothing read from the cache) unless the

@@ -143,6 +143,36 @@ def test_answers_are_cached_by_provider_config_prompt_and_context(retriever, tmp
         assert len(server.requests) == 2  # a different effective configuration is a different cache entry
 
 
+@pytest.mark.parametrize("damage", ["value", "key", "digest", "type", "cut", "not json"])
+def test_a_damaged_answer_cache_entry_is_set_aside_and_asked_again(retriever, tmp_path, damage):
+    with LLMServer() as server:
+        server.replies["valid"] = reply("Yes [E1].", ["E1"], False)
+        plan = GeneratorPlan(kind="litellm", model="openai/local-test", api_base=server.api_base)
+        gen = LiteLLMGenerator(plan, retriever.bundle_id, cache_dir=tmp_path)
+        first = answer(retriever, QUESTION, generator=gen).as_dict()
+        (entry_path,) = tmp_path.glob("*.json")
+        data = entry_path.read_bytes()
+        entry = json.loads(data)
+        if damage == "value":  # the cached answer changed, its digest not
+            entry["value"]["answer"] = "No [E1]."
+        elif damage == "key":  # another question's entry copied under this name
+            entry["key"] = "sha256:" + "0" * 64
+        elif damage == "digest":
+            entry["value_digest"] = "sha256:" + "0" * 64
+        elif damage == "type":  # a forged entry with its digest recomputed, but not an answer
+            entry["value"]["citations"] = "E1"
+            entry["value_digest"] = bytes_digest(
+                json.dumps(entry["value"], sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+            )
+        out = {"cut": data[: len(data) // 2], "not json": b"\xff"}.get(damage, json.dumps(entry).encode())
+        entry_path.write_bytes(out)
+        again = answer(retriever, QUESTION, generator=gen).as_dict()
+        assert len(server.requests) == 2  # asked again, never served from the bad entry
+        assert again["answer"] == first["answer"] == "Yes [E1]."
+        assert entry_path.with_name(entry_path.name + ".refused").read_bytes() == out
+        assert json.loads(entry_path.read_bytes())["value"]["answer"] == "Yes [E1]."  # stored afresh
+
+
 def test_model_text_never_replaces_evidence(retriever):
     """Source authority: whatever the model says, evidence is the bundle's bytes at the chunk span."""
     with LLMServer() as server:
