@@ -15,6 +15,7 @@ without ``--target`` the configured default target is used.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -175,19 +176,57 @@ def release_current(target: TargetOpt = None, as_json: JsonOpt = False) -> None:
 def release_approve(
     release_id: ReleaseArg,
     target: Annotated[str, typer.Option("--target", "-t", help="Target the approval is for.")],
-    by: Annotated[str, typer.Option("--by", help="Who approves (recorded in the target's history).")],
+    by: Annotated[str, typer.Option("--by", help="The approver, as the target's approvers list names them.")],
+    key: Annotated[Path, typer.Option("--key", help="The approver's private key file (ragpipe release approver-key).")],
     note: Annotated[str, typer.Option("--note", help="Free text recorded with the approval.")] = "",
+    days: Annotated[int, typer.Option("--days", help="Days the approval stays valid (1-90).")] = 7,
     as_json: JsonOpt = False,
 ) -> None:
-    """Record a person's approval of a release for a target."""
+    """Sign and record an approver's approval of a release for a target."""
     from ragpipe.release.approvals import approve
 
-    a = guarded(lambda: approve(_ws(), release_id, target, by=by, note=note))
-    data = {"release_id": a.release_id, "target": target, "by": a.by, "at": a.at, "note": a.note, "record": a.seq}
+    a = guarded(lambda: approve(_ws(), release_id, target, by=by, key_file=key, note=note, days=days))
+    data = {
+        "release_id": a.release_id,
+        "target": target,
+        "by": a.by,
+        "at": a.at,
+        "expires": a.expires,
+        "note": a.note,
+        "record": a.seq,
+    }
     if as_json:
         emit_json(data)
     else:
-        out.print(f"approved {a.release_id} for {target} by {escape(a.by)} (history record {a.seq})", soft_wrap=True)
+        out.print(
+            f"approved {a.release_id} for {target} by {escape(a.by)} until {a.expires} (history record {a.seq})",
+            soft_wrap=True,
+        )
+
+
+@release_app.command("approver-key")
+def release_approver_key(
+    name: Annotated[str, typer.Argument(help="The approver's name, as the targets config will list it.")],
+    out_file: Annotated[Path, typer.Option("--out", help="Where to write the private key (created, mode 0600).")],
+) -> None:
+    """Make an approver's Ed25519 key pair: the private key file, and the line for the targets config."""
+    from ragpipe.kernel.signatures import KeyFileError, new_key_file
+    from ragpipe.release.store import ReleaseError
+    from ragpipe.release.targets import APPROVER_NAME
+
+    def run() -> str:
+        if not APPROVER_NAME.match(name):
+            raise ReleaseError(
+                f"approver {name!r}: a name is 1-64 of a-z 0-9 . _ @ - (starting with a letter or digit)"
+            )
+        try:
+            return new_key_file(out_file)
+        except KeyFileError as exc:
+            raise ReleaseError(str(exc)) from None
+
+    public = guarded(run)
+    out.print(f"private key written to {out_file}; add under the target's approvers: in the targets config:")
+    out.print(f'  {name}: "{public}"', soft_wrap=True)
 
 
 @release_app.command("activate")

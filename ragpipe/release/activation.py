@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.approvals import approval_refusal
 from ragpipe.release.evidence import evaluation_evidence, load_run
 from ragpipe.release.gate_evidence import gate_problems
 from ragpipe.release.history import History, now_iso
@@ -252,10 +253,11 @@ def activate(
         if history.state.active == release_id:
             pointer = read_pointer(store, name)
             return SwapResult(name, release_id, history.state.generation, pointer.previous if pointer else None, False)
-        if spec.approval_required and not history.state.approved(release_id):
+        unapproved = spec.approval_required and approval_refusal(config, name, history.state, release_id)
+        if unapproved:
             raise ReleaseError(
-                f"release {release_id} needs an approval for target {name!r} before activation "
-                f"(ragpipe release approve {release_id} --target {name} --by NAME)"
+                f"release {release_id} needs an approval for target {name!r} before activation: {unapproved} "
+                f"(ragpipe release approve {release_id} --target {name} --by NAME --key KEYFILE)"
             )
         check_generation(store, name, expected_generation)
         return swap(store, history, release_id, "activate", by, step)

@@ -2,7 +2,9 @@
 
 Records (``ragpipe.kernel.ledger``, domain ``release-history-record`` v1), payload keys:
 
-- ``approval``  {release_id, by, note, at}: a person approved the release for this target.
+- ``approval``  {release_id, by, note, at, expires, signature}: an approver signed that the release
+  may go live on this target (``ragpipe.release.approvals``); records of the earlier form
+  {release_id, by, note, at} still parse, and never count as an approval.
 - ``intent``    {action: activate|rollback, release_id, from_generation, generation, previous, by, at}:
   appended *before* the pointer swap; ``generation = from_generation + 1``.
 - ``observed``  {intent, outcome: active|failed|cancelled, release_id, generation, reason, at}: what
@@ -28,8 +30,9 @@ from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, check_hea
 from ragpipe.release.store import ReleaseStore
 
 HISTORY_DOMAIN = Domain("release-history-record", 1)
+UNSIGNED_APPROVAL = {"release_id", "by", "note", "at"}  # the form before approvals were signed
 KEYS = {
-    "approval": {"release_id", "by", "note", "at"},
+    "approval": {"release_id", "by", "note", "at", "expires", "signature"},
     "intent": {"action", "release_id", "from_generation", "generation", "previous", "by", "at"},
     "observed": {"intent", "outcome", "release_id", "generation", "reason", "at"},
     "rejected": {"action", "release_id", "reason", "by", "at"},
@@ -45,6 +48,8 @@ class Approval:
     note: str
     at: str
     seq: int
+    expires: str | None = None  # None (with signature): recorded unsigned, before approvals were signed
+    signature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,6 @@ class TargetHistory:
     approvals: dict[str, tuple[Approval, ...]] = field(default_factory=dict)
     activations: tuple[tuple[int, str, str], ...] = ()  # (generation, release_id, action) per swap
 
-    def approved(self, release_id: str) -> bool:
-        return bool(self.approvals.get(release_id))
-
 
 def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -73,7 +75,7 @@ def _need(record: Record) -> dict[str, Any]:
     keys = KEYS.get(record.kind)
     if keys is None:
         raise ValueError(f"unknown record kind {record.kind!r}")
-    if set(record.payload) != keys:
+    if set(record.payload) != keys and not (record.kind == "approval" and set(record.payload) == UNSIGNED_APPROVAL):
         raise ValueError(f"{record.kind} record must have exactly the keys {', '.join(sorted(keys))}")
     return record.payload
 
@@ -136,7 +138,9 @@ def step(state: TargetHistory, record: Record) -> TargetHistory:
     """One transition of the reducer (pure); raises ``ValueError`` on an illegal record."""
     p = _need(record)
     if record.kind == "approval":
-        approval = Approval(p["release_id"], p["by"], p["note"], p["at"], record.seq)
+        approval = Approval(
+            p["release_id"], p["by"], p["note"], p["at"], record.seq, p.get("expires"), p.get("signature")
+        )
         return replace(
             state, approvals={**state.approvals, p["release_id"]: (*state.approvals.get(p["release_id"], ()), approval)}
         )

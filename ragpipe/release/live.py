@@ -11,7 +11,8 @@ checked, so a pointer nobody moved through activation or rollback is never live:
    ``ledger_head`` names (an intent whose swap happened but whose observed record is not yet
    written vouches for the pointer, as ``recovery.settle`` would record it);
 2. a release made active by an *activation* must be eligible under a gate policy the target
-   accepts, and approved where the target requires it (a *rollback* returns to a release that was
+   accepts, and approved where the target requires it, by a signed approval that was valid when
+   the activation took effect (``approvals.approval_refusal``) (a *rollback* returns to a release that was
    active before, which ``rollback`` does not re-gate);
 3. the release is verified as activation verifies it — bundle and evaluation evidence, with its
    gate decision made again from its runs (``activation.verified_release``).
@@ -22,10 +23,12 @@ Anything else raises ``ReleaseError`` naming the target, the release and the rul
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from ragpipe.kernel.ledger import LedgerError, Record
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import VerifiedRelease, gate_refusal, verified_release
+from ragpipe.release.approvals import approval_refusal, parse_time
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import Pointer, read_pointer
@@ -67,12 +70,23 @@ def live_release(
         refused = gate_refusal(config, name, manifest)
         if refused:
             raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
-        if spec.approval_required and not state.approved(pointer.release_id):
-            raise ReleaseError(f"target {name!r} requires an approval, and release {pointer.release_id} has none")
+        unapproved = spec.approval_required and approval_refusal(
+            config, name, state, pointer.release_id, _moment(since)
+        )
+        if unapproved:
+            raise ReleaseError(unapproved)
     verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)
     if verified is None:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
     return LiveRelease(verified, name, pointer.generation, since, action, pointer.previous)
+
+
+def _moment(since: str) -> datetime:
+    """When the activation took effect; a history time that does not parse is no moment at all."""
+    try:
+        return parse_time(since)
+    except (TypeError, ValueError):
+        raise ReleaseError(f"the history records the activation at {since!r}, which is not a time") from None
 
 
 def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, TargetHistory, tuple[Record, ...]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import bundle_path, unaccepted_policy
+from ragpipe.release.approvals import approval_refusal
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import ReleaseManifest, list_manifests
@@ -79,11 +80,9 @@ def _candidate(
     policy_refusal = unaccepted_policy(accepted, target, manifest)
     if policy_refusal:
         return EligibleRelease(release_id, manifest.revision, "policy not accepted", policy_refusal)
-    approval_required = config.targets[target].approval_required
-    if approval_required and not state.approved(release_id):
-        return EligibleRelease(
-            release_id, manifest.revision, "approval missing", f"target {target!r} requires an approval"
-        )
+    unapproved = config.targets[target].approval_required and approval_refusal(config, target, state, release_id)
+    if unapproved:
+        return EligibleRelease(release_id, manifest.revision, "approval missing", unapproved)
     return EligibleRelease(release_id, manifest.revision, "ready", None)
 
 

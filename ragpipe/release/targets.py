@@ -1,7 +1,8 @@
 """Release targets, declared in ``ragpipe/specs/targets.yaml`` (or ``$RAGPIPE_TARGETS``).
 
 A target is a named place a release can be active in (``staging``, ``production``); each has one
-pointer. ``approval_required`` makes activation (and the sensor) wait for an approval record;
+pointer. ``approval_required`` makes activation (and the sensor) wait for an approval signed by one of the
+target's ``approvers`` (name → Ed25519 public key; ``ragpipe.release.approvals``);
 ``sensor`` says whether the activation sensor may activate releases on it automatically (off by
 default for ``production``). ``gate_policies`` lists the gate policies a release must have been
 gated under to be activated there — policy files, relative to the targets file, or ``default``
@@ -13,16 +14,21 @@ Configuration is operational: it never enters a release ID.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from ragpipe.experiment.gate_policy import PolicyError, load_policy
+from ragpipe.kernel.signatures import PUBLIC_KEY
 from ragpipe.release.store import TARGET_NAME, ReleaseError
 from ragpipe.spec import read_error_text, yaml_error_text
 
 DEFAULT_TARGETS_PATH = Path(__file__).resolve().parent.parent / "specs" / "targets.yaml"
+
+
+APPROVER_NAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}\Z")
 
 
 class TargetSpec(BaseModel):
@@ -32,6 +38,18 @@ class TargetSpec(BaseModel):
     sensor: bool
     description: str = ""
     gate_policies: tuple[str, ...] = Field(("default",), min_length=1)
+    approvers: dict[str, str] = {}  # name -> Ed25519 public key (ragpipe release approver-key)
+
+    @model_validator(mode="after")
+    def _approvers(self) -> TargetSpec:
+        for name, key in self.approvers.items():
+            if not APPROVER_NAME.match(name):
+                raise ValueError(
+                    f"approver name {name!r} must be 1-64 of a-z 0-9 . _ @ - (starting with a letter or digit)"
+                )
+            if not isinstance(key, str) or not PUBLIC_KEY.match(key):
+                raise ValueError(f"approver {name!r}: public key must be ed25519:<44 base64 characters>")
+        return self
 
 
 class TargetsConfig(BaseModel):

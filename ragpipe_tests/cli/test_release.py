@@ -117,14 +117,18 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         f"error: release {bad} is not eligible for activation (gate decision {bad_decision}: decisive phase coverage)\n"
     )
     assert refused("activate", a, "--target", "production", home=home) == (
-        f"error: release {a} needs an approval for target 'production' before activation "
-        f"(ragpipe release approve {a} --target production --by NAME)\n"
+        f"error: release {a} needs an approval for target 'production' before activation: "
+        f"target 'production' requires an approval, and release {a} has none "
+        f"(ragpipe release approve {a} --target production --by NAME --key KEYFILE)\n"
     )
-    approval = ok("approve", a, "--target", "production", "--by", "dana", "--note", "ticket 7", "--json", home=home)
+    key = str(Path(os.environ["RAGPIPE_TARGETS"]).parent / "alice.pem")
+    approval = ok(
+        "approve", a, "--target", "production", "--by", "alice", "--key", key, "--note", "ticket 7", "--json", home=home
+    )
     assert {k: approval[k] for k in ("release_id", "target", "by", "note", "record")} == {
         "release_id": a,
         "target": "production",
-        "by": "dana",
+        "by": "alice",
         "note": "ticket 7",
         "record": 1,
     }
@@ -137,7 +141,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         and shown["manifest"]["gate"]["eligible"] is True
     )
     assert {t: v["state"] for t, v in shown["targets"].items()} == {"production": "active", "staging": "superseded"}
-    assert [x["by"] for x in shown["targets"]["production"]["approvals"]] == ["dana"]
+    assert [x["by"] for x in shown["targets"]["production"]["approvals"]] == ["alice"]
     assert f"release {a}" in ok("show", a, home=home)
 
     assert ok("rollback", "--json", home=home) == {
@@ -164,7 +168,14 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         (("activate", H), "release {H} not found in {home}/releases/manifests"),
         (("current", "--target", "qa"), "unknown target 'qa': declared targets are production, staging"),
         (("rollback",), "target 'staging' has no active release; there is nothing to roll back"),
-        (("approve", H, "--target", "production", "--by", ""), "the approver (--by) must be a non-empty name"),
+        (
+            ("approve", H, "--target", "production", "--by", "Bob Smith", "--key", "k.pem"),
+            "approver 'Bob Smith': a name is 1-64 of a-z 0-9 . _ @ - (starting with a letter or digit)",
+        ),
+        (
+            ("approve", H, "--target", "production", "--by", "bob", "--key", "k.pem"),
+            "'bob' is not an approver of target 'production' (approvers: alice)",
+        ),
     ],
 )
 def test_cli_errors_are_one_line_and_exit_1(tmp_path: Path, args: tuple[str, ...], message: str):

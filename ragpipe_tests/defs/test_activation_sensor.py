@@ -14,11 +14,10 @@ from dagster import DagsterInstance, DefaultSensorStatus, build_sensor_context
 from ragpipe.defs import build_definitions
 from ragpipe.defs.activation import activation_sensor_def, load_cursor
 from ragpipe.defs.resources import RagpipeHome
-from ragpipe.release.approvals import approve
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import load_targets
-from ragpipe_tests.support.release_fixtures import bundle_of, fixture_targets, fresh_ws, publish
+from ragpipe_tests.support.release_fixtures import approve_signed, bundle_of, fixture_targets, fresh_ws, publish
 
 TARGETS = """schema: ragpipe.targets/v1
 default_target: staging
@@ -94,7 +93,7 @@ def test_approval_missing_then_one_request_after_approval(env):
     waiting = tick(env, first.cursor)
     assert waiting.run_requests == []
     assert f"production: {rid}: target 'production' requires an approval" in waiting.skip_message
-    approve(ws, rid, "production", by="alice", config=load_targets())
+    approve_signed(ws, rid, "production", config=load_targets())
     approved = tick(env, waiting.cursor)
     assert requests(approved) == [(f"activate:production:{rid}", {"release_id": rid, "target": "production"})]
     launch(env, approved)

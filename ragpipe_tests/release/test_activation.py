@@ -10,7 +10,6 @@ import pytest
 
 from ragpipe.experiment.gate_policy import load_policy
 from ragpipe.release.activation import activate
-from ragpipe.release.approvals import approve
 from ragpipe.release.history import read_history
 from ragpipe.release.manifest import ReleaseManifest, load_manifest, publish_manifest
 from ragpipe.release.pointer import read_pointer
@@ -20,6 +19,7 @@ from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import DEFAULT_TARGETS_PATH, load_targets
 from ragpipe_tests.support.release_fixtures import (
     H,
+    approve_signed,
     bundle_ids,
     evaluation_arm,
     fixture_policy,
@@ -77,7 +77,7 @@ def test_ineligible_release_is_never_activated(ws, bundle: Path):
         == f"release {rid} is not eligible for activation (gate decision {decision}: decisive phase target)"
     )
     with pytest.raises(ReleaseError) as exc:
-        approve(ws, rid, "production", by="alice")
+        approve_signed(ws, rid, "production")
     assert str(exc.value).endswith("decisive phase target); it cannot be approved")
     assert read_pointer(ReleaseStore(ws), "staging") is None
     assert eligible_releases(ws, "staging") == []
@@ -169,26 +169,26 @@ def test_the_evaluation_run_a_release_binds_must_verify_and_be_its_own(ws, bundl
 def test_approval_required_by_production(ws, bundle: Path):
     rid = publish(ws, bundle)
     assert eligible_releases(ws, "production") == [
-        EligibleRelease(rid, "r1", "approval missing", "target 'production' requires an approval")
+        EligibleRelease(
+            rid, "r1", "approval missing", f"target 'production' requires an approval, and release {rid} has none"
+        )
     ]
     with pytest.raises(ReleaseError) as exc:
         activate(ws, rid, "production")
     assert str(exc.value) == (
-        f"release {rid} needs an approval for target 'production' before activation "
-        f"(ragpipe release approve {rid} --target production --by NAME)"
+        f"release {rid} needs an approval for target 'production' before activation: "
+        f"target 'production' requires an approval, and release {rid} has none "
+        f"(ragpipe release approve {rid} --target production --by NAME --key KEYFILE)"
     )
-    with pytest.raises(ReleaseError) as exc:
-        approve(ws, rid, "production", by="  ")
-    assert str(exc.value) == "the approver (--by) must be a non-empty name"
-    approval = approve(ws, rid, "production", by="carol", note="change 42")
-    assert (approval.by, approval.note, approval.seq) == ("carol", "change 42", 1)
+    approval = approve_signed(ws, rid, "production", note="change 42")
+    assert (approval.by, approval.note, approval.seq) == ("alice", "change 42", 1)
     assert eligible_releases(ws, "production") == [EligibleRelease(rid, "r1", "ready", None)]
     assert activate(ws, rid, "production").generation == 1
     assert eligible_releases(ws, "production") == [
         EligibleRelease(rid, "r1", "active", "release is active on target 'production'")
     ]
     state, _ = read_history(ReleaseStore(ws), "production")
-    assert [(a.by, a.note) for a in state.approvals[rid]] == [("carol", "change 42")]
+    assert [(a.by, a.note) for a in state.approvals[rid]] == [("alice", "change 42")]
 
 
 def test_sensor_candidates_never_re_offer_a_previous_release(ws, bundle: Path):

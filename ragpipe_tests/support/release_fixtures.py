@@ -4,6 +4,7 @@ it placed in fresh workspaces, manifests binding both."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.experiment.decision import Decision, decide
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy, parse_policy, policy_document
+from ragpipe.kernel.signatures import load_key_file, new_key_file, public_key_text
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import History, now_iso
@@ -122,9 +124,13 @@ def fixture_policy(phase: str | None) -> GatePolicy:
     return parse_policy(doc, f"fixture policy {phase}")
 
 
+APPROVER = "alice"  # every fixture target lists her; her private key is <targets folder>/alice.pem
+
+
 def fixture_targets(folder: Path, text: str | None = None) -> Path:
     """A targets file in ``folder`` (``text``, or the checked-in targets) whose every target also
-    accepts the fixture policies, written beside it as policy files."""
+    accepts the fixture policies, written beside it as policy files, and lists ``APPROVER`` with
+    the key written beside it."""
     doc = yaml.safe_load(
         text if text is not None else (REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8")
     )
@@ -135,8 +141,11 @@ def fixture_targets(folder: Path, text: str | None = None) -> Path:
             yaml.safe_dump(policy_document(fixture_policy(phase)), sort_keys=False), encoding="utf-8"
         )
         names.append(name)
+    key = folder / f"{APPROVER}.pem"
+    public = new_key_file(key) if not key.exists() else public_key_text(load_key_file(key))
     for target in doc["targets"].values():
         target["gate_policies"] = ["default", *names]
+        target["approvers"] = {APPROVER: public}
     path = folder / "targets.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
@@ -199,6 +208,14 @@ def publish(ws: Workspace, bundle: Path, revision: str = "r1", **kw) -> str:
     manifest = manifest_for(bundle, revision, **kw)
     keep_decision(ws, bundle, manifest.gate.decisive_phase)
     return publish_manifest(ReleaseStore(ws), manifest)[0]
+
+
+def approve_signed(ws: Workspace, release_id: str, target: str, **kw):
+    """``approve`` as ``APPROVER`` with her key beside ``$RAGPIPE_TARGETS`` (``fixture_targets``)."""
+    from ragpipe.release.approvals import approve
+
+    key = Path(os.environ["RAGPIPE_TARGETS"]).parent / f"{APPROVER}.pem"
+    return approve(ws, release_id, target, by=APPROVER, key_file=key, **kw)
 
 
 def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
