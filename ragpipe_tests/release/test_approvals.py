@@ -20,23 +20,11 @@ from ragpipe.release.targets import load_targets
 from ragpipe_tests.support.release_fixtures import (
     APPROVER,
     approve_signed,
-    bundle_of,
     forge_activation,
-    fresh_ws,
     publish,
 )
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
-
-
-@pytest.fixture
-def bundle(built_workspace) -> Path:
-    return bundle_of(built_workspace)
-
-
-@pytest.fixture
-def ws(bundle: Path, tmp_path: Path) -> Workspace:
-    return fresh_ws(tmp_path, bundle)
 
 
 def refusal(ws: Workspace, rid: str, target: str = "production", now: datetime | None = None) -> str | None:

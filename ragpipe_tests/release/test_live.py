@@ -19,7 +19,7 @@ from ragpipe.release.pointer import Pointer, read_pointer, write_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe_tests.conftest import REPO
-from ragpipe_tests.support.release_fixtures import bundle_ids, bundle_of, forge_activation, fresh_ws, publish
+from ragpipe_tests.support.release_fixtures import bundle_ids, forge_activation, publish
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 NOT_MOVED = "the pointer was not moved by activation or rollback; refusing to serve it"
@@ -45,16 +45,6 @@ def refused_everywhere(ws: Workspace, target: str, reason: str) -> None:
         assert (proc.returncode, proc.stdout) == (1, ""), (args, proc.stdout)
         assert reason.splitlines()[0] in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
-
-
-@pytest.fixture
-def bundle(built_workspace) -> Path:
-    return bundle_of(built_workspace)
-
-
-@pytest.fixture
-def ws(bundle: Path, tmp_path: Path) -> Workspace:
-    return fresh_ws(tmp_path, bundle)
 
 
 def test_the_live_release_is_what_activation_made_active(ws: Workspace, bundle: Path):
