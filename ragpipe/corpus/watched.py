@@ -97,7 +97,7 @@ def snapshot_changed_sources(ws: Workspace, sources: tuple[WatchedSource, ...], 
     for s in sources:
         try:
             results.append(_check_source(ws, s, day))
-        except (OSError, ValueError) as exc:  # CorpusError, RevisionError: one line naming the file
+        except (OSError, ValueError, RecursionError) as exc:  # CorpusError, RevisionError, a nesting bomb
             results.append(SourceCheck(s.name, None, f"cannot snapshot: {_one_line(exc)}"))
     return results
 

@@ -104,12 +104,18 @@ def approve(
 
 
 def approval_refusal(
-    config: TargetsConfig, target: str, state: TargetHistory, release_id: str, now: datetime | None = None
+    config: TargetsConfig,
+    target: str,
+    state: TargetHistory,
+    release_id: str,
+    now: datetime | None = None,
+    before_seq: int | None = None,
 ) -> str | None:
     """Why ``release_id`` lacks an approval on ``target`` valid at ``now`` (None: one verifies; module
     docstring). ``now`` is the moment of use: the present for an activation, the time the history
     made the release active for a release already live — an approval signed before that moment
-    and expiring after it allowed that activation, whatever the time is now."""
+    and expiring after it allowed that activation, whatever the time is now. ``before_seq``: the
+    history record number of that activation's intent; only approvals recorded before it count."""
     approvals = state.approvals.get(release_id, ())
     if not approvals:
         return f"target {target!r} requires an approval, and release {release_id} has none"
@@ -117,7 +123,8 @@ def approval_refusal(
     approvers = config.targets[target].approvers
     problems = []
     for a in reversed(approvals):
-        problem = _problem(a, target, approvers, now)
+        late = before_seq is not None and a.seq >= before_seq
+        problem = "recorded after the activation it would allow" if late else _problem(a, target, approvers, now)
         if problem is None:
             return None
         problems.append(f"approval {a.seq} by {a.by!r}: {problem}")

@@ -65,20 +65,58 @@ def live_release(
     name, spec = config.get(target)
     pointer, state, records = _pointer_and_history(store, name)
     since, action = _agreement(name, pointer, state, records)
+    _times_in_order(name, records)
     manifest = load_manifest(store, pointer.release_id)
-    if action == "activate":
-        refused = gate_refusal(config, name, manifest)
-        if refused:
-            raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
-        unapproved = spec.approval_required and approval_refusal(
-            config, name, state, pointer.release_id, _moment(since)
-        )
+    # A rollback returns to a release an earlier activation made live: that activation must have
+    # been one activation allows, or a forged activation could be laundered through a rollback.
+    first = pointer.generation if action == "activate" else _first_activation(state, pointer.release_id)
+    refused = gate_refusal(config, name, manifest) if action == "activate" else _ineligible(manifest)
+    if refused:
+        raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
+    if spec.approval_required:
+        at, intent_seq = _activation_record(records, first)
+        unapproved = approval_refusal(config, name, state, pointer.release_id, _moment(at), before_seq=intent_seq)
         if unapproved:
             raise ReleaseError(unapproved)
     verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)
     if verified is None:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
     return LiveRelease(verified, name, pointer.generation, since, action, pointer.previous)
+
+
+def _ineligible(manifest) -> str | None:
+    if manifest.gate.eligible:
+        return None
+    return f"is not eligible for activation (gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase})"
+
+
+def _first_activation(state: TargetHistory, release_id: str) -> int:
+    """The generation at which an *activation* first made ``release_id`` live on the target."""
+    for generation, release, action in state.activations:
+        if release == release_id and action == "activate":
+            return generation
+    raise ReleaseError(f"release {release_id} was never activated on the target; a rollback cannot return to it")
+
+
+def _activation_record(records: tuple[Record, ...], generation: int) -> tuple[str, int]:
+    """(time, record number) of the intent that moved the target to ``generation``."""
+    for record in records:
+        if record.kind == "intent" and record.payload["generation"] == generation:
+            return str(record.payload["at"]), record.seq
+    raise ReleaseError(f"the history has no intent for generation {generation}")
+
+
+def _times_in_order(target: str, records: tuple[Record, ...]) -> None:
+    """Refuse a history whose record times go backwards: an approval's validity is judged at the
+    time of the activation it allowed, so that time must not be written in the past after the fact."""
+    last = ""
+    for record in records:
+        at = str(record.payload.get("at", ""))
+        if at < last:
+            raise ReleaseError(
+                f"target {target!r}: history record {record.seq} is dated {at}, before record {record.seq - 1}"
+            )
+        last = at
 
 
 def _moment(since: str) -> datetime:
@@ -95,6 +133,10 @@ def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, Targe
     the pointer or appends to the history between the two reads (held for the reads only)."""
     with store.target_lock(name):
         pointer = read_pointer(store, name)
+        if pointer is None and read_history(store, name)[0].active is not None:
+            raise ReleaseError(
+                f"target {name!r}: the pointer is missing, but the history has a release active: refusing to guess"
+            )
         if pointer is None:
             raise ReleaseError(
                 f"target {name!r} has no active release: query a built revision with ragpipe query --revision KEY "

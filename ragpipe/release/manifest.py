@@ -101,6 +101,8 @@ def parse_manifest_file(path: Path, data: bytes) -> tuple[str, ReleaseManifest]:
         if not isinstance(obj, dict) or sorted(obj) != ["manifest", "release_id"]:
             raise ValueError("expected exactly the keys manifest, release_id")
         manifest = ReleaseManifest.model_validate(obj["manifest"])
+    except RecursionError:
+        raise ReleaseError(f"{path}: not a valid release manifest: nested too deeply") from None
     except (UnicodeDecodeError, ValueError, ValidationError) as exc:
         raise ReleaseError(f"{path}: not a valid release manifest: {exc}") from None
     release_id = release_id_of(manifest)

@@ -15,6 +15,7 @@ from ragpipe.release.activation import activate
 from ragpipe.release.approvals import approval_refusal, approval_statement, approve, parse_time
 from ragpipe.release.history import History, now_iso, read_history
 from ragpipe.release.live import live_release
+from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import load_targets
 from ragpipe_tests.support.release_fixtures import (
@@ -146,5 +147,27 @@ def test_a_live_release_stays_live_after_its_approval_expires_but_a_later_approv
         live_release(ws, "production")
     assert str(caught.value) == (
         f"target 'production' requires an approval, and release {b} has no valid one: "
-        f"approval {later.seq} by 'alice': signed at {later.at}, after the activation it would allow"
+        f"approval {later.seq} by 'alice': recorded after the activation it would allow"
     )
+
+
+def test_a_back_dated_activation_cannot_revive_an_expired_approval(ws: Workspace, bundle: Path):
+    rid = publish(ws, bundle, "r1")
+    approve_signed(ws, rid, "production", days=1)
+    store = ReleaseStore(ws)
+    with store.target_lock("production"), History(store, "production") as history:
+        intent = history.append(
+            "intent",
+            {
+                "action": "activate",
+                "release_id": rid,
+                "from_generation": 0,
+                "generation": 1,
+                "previous": None,
+                "by": "forger",
+                "at": "2020-01-02T00:00:00.000000Z",  # dated before the approval it was appended after
+            },
+        )
+        write_pointer(store, Pointer("production", rid, 1, None, intent.hash))
+    with pytest.raises(ReleaseError, match="history record 2 is dated 2020-01-02T00:00:00.000000Z, before record 1"):
+        live_release(ws, "production")

@@ -167,3 +167,36 @@ def test_release_list_reports_an_invalid_manifest_and_lists_the_others(ws: Works
     proc = cli("release", "list", home=ws.home)
     assert proc.returncode == 0 and "1 releases" in proc.stdout
     assert " ".join(proc.stderr.split()).startswith(f"invalid manifest: {stray}: not a valid release manifest")
+
+
+def test_a_forged_activation_is_not_laundered_through_a_rollback(ws: Workspace, bundle: Path):
+    a = publish(ws, bundle, "r1")
+    ineligible = publish(ws, bundle, "r2", eligible=False, phase="hard")
+    activate(ws, a, "staging")
+    forge_activation(ws, ineligible)  # never gated: the history says it was activated
+    rollback(ws, "staging")  # a real rollback back to a
+    forge_activation(ws, ineligible, action="rollback")  # and a forged rollback to the forged one
+    with pytest.raises(ReleaseError) as caught:
+        live_release(ws, "staging")
+    assert str(caught.value).startswith(
+        f"target 'staging': release {ineligible} is not eligible for activation (gate decision "
+    )
+
+
+def test_a_forged_activation_on_production_is_not_laundered_through_a_rollback(ws: Workspace, bundle: Path):
+    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    forge_activation(ws, a, "production")
+    forge_activation(ws, b, "production")
+    forge_activation(ws, a, "production", action="rollback")
+    refused_everywhere(ws, "production", f"target 'production' requires an approval, and release {a} has none")
+
+
+def test_a_deleted_pointer_with_an_active_history_is_refused_not_empty(ws: Workspace, bundle: Path):
+    a = publish(ws, bundle, "r1")
+    activate(ws, a, "staging")
+    ReleaseStore(ws).pointer_path("staging").unlink()
+    with pytest.raises(ReleaseError) as caught:
+        live_release(ws, "staging")
+    assert str(caught.value) == (
+        "target 'staging': the pointer is missing, but the history has a release active: refusing to guess"
+    )

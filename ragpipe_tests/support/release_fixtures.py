@@ -224,16 +224,16 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
     )
 
 
-def forge_activation(ws: Workspace, release_id: str, target: str = "staging") -> None:
-    """Move ``target``'s pointer to ``release_id`` with a history that agrees with it — an intent and
-    an observed record, every hash recomputed — without any of activation's checks."""
+def forge_activation(ws: Workspace, release_id: str, target: str = "staging", action: str = "activate") -> None:
+    """Move ``target``'s pointer to ``release_id`` with a history that agrees with it — an intent
+    (of ``action``) and an observed record, every hash recomputed — without any of the checks."""
     store = ReleaseStore(ws)
     with store.target_lock(target), History(store, target) as history:
         gen, previous = history.state.generation, history.state.active
         intent = history.append(
             "intent",
             {
-                "action": "activate",
+                "action": action,
                 "release_id": release_id,
                 "from_generation": gen,
                 "generation": gen + 1,
