@@ -24,9 +24,9 @@ from ragpipe.answer.answering import answer as answer_question
 from ragpipe.evaluation.eval_spec import SpecBody
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.run_state import CellKey, cell_dict
-from ragpipe.evaluation.safety import answer_metrics, unauthorized_disclosures
+from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
 from ragpipe.evaluation.suite import Case
-from ragpipe.evaluation.traces import hit_table, trace_name, write_trace
+from ragpipe.evaluation.traces import Shown, hit_table, trace_name, write_trace
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 
@@ -43,14 +43,20 @@ def _ms(started: float) -> float:
 
 def _answer(
     retriever: Retriever, case: Case, subject: Subject, body: SpecBody
-) -> tuple[dict[str, float], list[tuple[str, tuple[str, ...]]], bool, float]:
+) -> tuple[dict[str, float], list[Shown], dict[str, object], float]:
+    """The answer step's metrics, the items it showed beyond the hits (context evidence, then
+    cited sources), the answer fields the metrics were computed on, and its wall time."""
     started = time.perf_counter()
     answer = answer_question(retriever, case.query, subject, mode=body.mode)
     elapsed = _ms(started)
     data = answer.as_dict()
-    shown = [(e.document_id, e.access_scopes) for e in answer.context.evidence]
-    shown += [(str(c["document_id"]), retriever.scopes[str(c["document_id"])]) for c in data["citations"]]  # type: ignore[union-attr]
-    return answer_metrics(case, data), shown, bool(data["abstained"]), elapsed
+    shown: list[Shown] = [(e.chunk_id, e.document_id, e.access_scopes) for e in answer.context.evidence]
+    shown += [
+        (str(c["chunk_id"]), str(c["document_id"]), retriever.scopes[str(c["document_id"])])
+        for c in data["citations"]  # type: ignore[union-attr]
+    ]
+    recorded = {name: data[name] for name in ANSWER_FIELDS}
+    return answer_metrics(case, recorded), shown, recorded, elapsed
 
 
 def run_cell(
@@ -67,21 +73,23 @@ def run_cell(
         metrics: dict[str, float] = {}
         if case.answerability == "answerable":
             metrics.update(score_cases({case.id: case.judgments}, {case.id: targets}, body.ranking_metrics())[case.id])
-        shown = [(e.document_id, e.access_scopes) for e in result.evidence]
-        outcome, extra = "success", {}
+        hit_scopes = [e.access_scopes for e in result.evidence]
+        seen = [(e.document_id, e.access_scopes) for e in result.evidence]
+        outcome, extra, shown, answer = "success", {}, [], None
         if body.answers:
-            answered, answer_shown, abstained, extra["answer_ms"] = _answer(retriever, case, subject, body)
+            answered, shown, answer, extra["answer_ms"] = _answer(retriever, case, subject, body)
             metrics.update(answered)
-            shown += answer_shown
-            outcome = "abstained" if abstained else "success"
-        metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)
+            seen += [(document, scopes) for _, document, scopes in shown]
+            outcome = "abstained" if answer["abstained"] else "success"
+        metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, seen, default_scopes=body.scopes)
         record = {"cell": cell, "outcome": outcome, "metrics": metrics, "latency_ms": latency, **extra}
         if result.rankings is None:
             raise RuntimeError("the retriever returned no rankings for a query that asked for them")
-        table = hit_table(cell, result.rankings, result.hits, targets)
+        table = hit_table(cell, result.rankings, result.hits, hit_scopes, targets, shown)
     except Exception as exc:  # a cell's failure is recorded and counted; the run goes on
         return "CellFailed", {"cell": cell, "outcome": "failure", "error": f"{type(exc).__name__}: {exc}"}
     # Outside the try: a trace that cannot be written (disk full) stops the run, resumable,
     # instead of marking the cell failed for ever.
-    trace = write_trace(run, trace_name(position), table, record)
+    described = record if answer is None else {**record, "answer": answer}
+    trace = write_trace(run, trace_name(position), table, described)
     return "CellCompleted", {**record, "hits": len(result.hits), "trace": trace}

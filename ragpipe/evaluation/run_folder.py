@@ -1,7 +1,8 @@
 """Reading a run folder: verify its custody and rebuild what is derived from it.
 
 ``verify_run`` checks the chain, the head, the transitions, the bound inputs and every referenced
-trace without writing anything; ``load_inputs`` rebuilds the evaluation spec from the folder's
+trace, and recomputes every completed cell's metrics from its trace (``recompute.py``), without
+writing anything; ``load_inputs`` rebuilds the evaluation spec from the folder's
 bound copies, each checked against its ``InputBound`` digest; ``rebuild_report`` rewrites the
 reports from the verified ledger. Nothing here runs a query: verifying a release reads run folders
 without importing the retrieval stack (running cells is ``runner.py``).
@@ -15,6 +16,7 @@ from typing import Any
 
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
 from ragpipe.evaluation.ledger import LEDGER, LedgerError, read_ledger, reduce_records
+from ragpipe.evaluation.recompute import check_cells
 from ragpipe.evaluation.report import build_report, write_reports
 from ragpipe.evaluation.run_state import RunState
 from ragpipe.evaluation.suite import SuiteError, parse_suite_bytes
@@ -90,15 +92,15 @@ def _check_bundle_binding(where: str, records, bound: Any, body: SpecBody) -> No
 
 
 def verify_run(out: Path) -> RunState:
-    """Read-only verification: chain, head, transitions, inputs and every referenced trace.
-    Raises ``LedgerError`` / ``RunError`` / ``TraceError`` naming the record on damage."""
+    """Read-only verification: chain, head, transitions, inputs, every referenced trace, and every
+    completed cell's metrics recomputed from its trace and the bound suite (``recompute.py``). Raises ``LedgerError`` / ``RunError`` / ``TraceError`` naming the record on damage."""
     out = Path(out)
     read = read_ledger(out)
     state = reduce_records(read.records, str(out / LEDGER))
     if state.status == "empty":
         raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
-    load_inputs(out, read.records, state)
-    build_report(out, read.records, state)  # verifies each trace against its record's digest
+    spec = load_inputs(out, read.records, state)
+    check_cells(out, read.records, spec)  # each trace against its digest, each metric recomputed
     return state
 
 
@@ -110,7 +112,7 @@ def rebuild_report(out: Path) -> dict[str, Any]:
     state = reduce_records(read.records, str(out / LEDGER))
     if state.status == "empty":
         raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
-    load_inputs(out, read.records, state)
+    check_cells(out, read.records, load_inputs(out, read.records, state))
     report = build_report(out, read.records, state)
     write_reports(out, report)
     return report

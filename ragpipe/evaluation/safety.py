@@ -21,11 +21,13 @@ from collections.abc import Collection, Mapping, Sequence
 from ragpipe.evaluation.metrics import MetricSpec
 from ragpipe.evaluation.suite import Case
 
-__all__ = ["answer_metric_specs", "answer_metrics", "safety_metric_specs", "unauthorized_disclosures"]
+__all__ = ["ANSWER_FIELDS", "answer_metric_specs", "answer_metrics", "safety_metric_specs", "unauthorized_disclosures"]
 
 # Reasons ``ragpipe.answer.validate`` / ``ragpipe.answer.answering.answer`` give for an abstention that is the
 # contract working as intended rather than output being replaced (pinned by test_safety_metrics).
 VALID_ABSTENTION_PREFIXES = ("model abstained: ", "no authorized evidence was retrieved")
+# The fields of ``AnswerResult.as_dict()`` the answer metrics read: what a trace records of an answer.
+ANSWER_FIELDS = ("abstained", "reason", "failure", "citations")
 
 
 def safety_metric_specs() -> tuple[MetricSpec, ...]:

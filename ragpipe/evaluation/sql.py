@@ -1,7 +1,8 @@
 """``ragpipe eval sql``: DuckDB over one run, with views ``cells``, ``hits`` and ``metrics``.
 
-The run is verified first (chain, head, transitions; each trace file against its digest), so
-SQL never reads a record or a trace the ledger does not vouch for:
+The run is verified first (``run_folder.verify_run``: chain, head, transitions, bound inputs, each
+trace file against its digest, every cell's metrics recomputed), so SQL never reads a record or a
+trace the ledger does not vouch for:
 
 * ``cells`` — one row per expected cell, in expected order: ``position``, ``case_id``,
   ``repeat``, ``arm``, ``status`` (``pending`` | ``started`` | the terminal outcome), ``starts``
@@ -22,10 +23,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ragpipe.evaluation.ledger import LEDGER, LedgerError, read_ledger, reduce_records
+from ragpipe.evaluation.ledger import read_ledger
 from ragpipe.evaluation.metrics import MetricSpec
+from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.evaluation.run_state import COMPLETED_OUTCOMES, RunState
-from ragpipe.evaluation.traces import HIT_SCHEMA, verify_trace
+from ragpipe.evaluation.traces import HIT_SCHEMA
 
 CELLS_SCHEMA = pa.schema(
     [
@@ -109,15 +111,9 @@ def _metrics(state: RunState) -> pa.Table:
 def connect(run: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's three views (module docstring)."""
     run = Path(run)
-    read = read_ledger(run)
-    state = reduce_records(read.records, str(run / LEDGER))
-    if state.status == "empty":
-        raise LedgerError(f"{run / LEDGER}: record 1: the ledger holds no record")
-    files = []
-    for record in read.records:
-        if record.kind == "CellCompleted":
-            verify_trace(run, record.payload["trace"], f"{run / LEDGER}: record {record.seq}")
-            files.append(str(run / record.payload["trace"]["file"]))
+    state = verify_run(run)  # custody first: chain, inputs, traces, every metric recomputed
+    records = read_ledger(run).records[: state.events]
+    files = [str(run / r.payload["trace"]["file"]) for r in records if r.kind == "CellCompleted"]
     con = duckdb.connect()
     con.register("cells", _cells(state))
     con.register("metrics", _metrics(state))

@@ -6,12 +6,17 @@ Rows (``HIT_SCHEMA``), one per ranked item, by ``stage``:
   ``representation_id``, ``chunk_id``, ``document_id``, ``score``): the retriever's rankings
   (``QueryResult.rankings``), which its audit trace reports as ``channels``;
 * ``fused`` — the fused list (the trace's first ``max(k, 20)`` items, ``fusion.items``), rank 1..n;
-* ``final`` — the hits returned for the query (after any reranker), rank 1..k;
+* ``final`` — the hits returned for the query (after any reranker), rank 1..k, with each hit's
+  ``access_scopes`` (canonical JSON list);
+* ``shown`` — what the answer step showed the subject beyond the hits (the context's evidence,
+  then the cited sources), rank 1..n, with ``access_scopes``; absent without answers;
 * ``collapsed`` — the final ranking collapsed to the case's target level (``target_id``), the
   list the metrics were computed on.
 
 The file's key-value metadata ``ragpipe.cell`` holds the canonical JSON of the cell, its outcome,
-metrics and latency, so one file describes its cell on its own. Files are named by the cell's
+metrics and latency, the trace ``format`` and, when the run answers, the ``answer`` the metrics
+were computed on (abstained, reason, failure, citations), so one file describes its cell on its
+own and verification can recompute every metric from it (``recompute.py``). Files are named by the cell's
 position in the run's expected cells (``cell-000001.parquet``); a resume finds cells through the
 ledger, never through these names. A file is written atomically before its ``CellCompleted``
 record, so a crash leaves at worst an unreferenced file that the rerun replaces.
@@ -19,6 +24,7 @@ record, so a crash leaves at worst an unreferenced file that the rerun replaces.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
@@ -34,6 +40,9 @@ from ragpipe.retrieval.results import Rankings
 
 TRACES = "traces"
 CELL_METADATA_KEY = b"ragpipe.cell"
+# 2: final and shown rows carry access scopes and the metadata the answer, so every metric is
+# recomputable from the file; format-1 traces (no such columns) cannot be verified and are refused.
+TRACE_FORMAT = 2
 HIT_SCHEMA = pa.schema(
     [
         ("case_id", pa.string()),
@@ -47,8 +56,10 @@ HIT_SCHEMA = pa.schema(
         ("document_id", pa.string()),
         ("target_id", pa.string()),
         ("score", pa.float64()),
+        ("access_scopes", pa.string()),
     ]
 )
+Shown = tuple[str, str, tuple[str, ...]]  # (chunk ID, document ID, access scopes) of one shown item
 
 
 class TraceError(ValueError):
@@ -68,10 +79,21 @@ def _runs(values: Sequence[tuple[Any, int]], type: pa.DataType) -> pa.Array:
     return pa.concat_arrays(parts) if parts else pa.array([], type=type)
 
 
+def scopes_json(scopes: Sequence[str]) -> str:
+    """The ``access_scopes`` cell value: the canonical JSON list."""
+    return canonical_bytes(list(scopes)).decode("utf-8")
+
+
 def hit_table(
-    cell: Mapping[str, Any], rankings: Rankings, hits: Sequence[Mapping[str, Any]], targets: Sequence[str]
+    cell: Mapping[str, Any],
+    rankings: Rankings,
+    hits: Sequence[Mapping[str, Any]],
+    hit_scopes: Sequence[Sequence[str]],
+    targets: Sequence[str],
+    shown: Sequence[Shown] = (),
 ) -> pa.Table:
-    """The rows of one cell (module docstring) from a query's rankings, hits and collapsed list.
+    """The rows of one cell (module docstring) from a query's rankings, hits (with the access
+    scopes of each, in order), the items the answer step showed, and the collapsed list.
 
     Columns are transposed with ``zip`` over the hits' tuples — in C, not a Python loop per row:
     this runs for ~5,000 rows per cell at k = 1000 (docs/benchmarks.md, evaluation runs)."""
@@ -102,6 +124,7 @@ def hit_table(
         chunk += c
         doc += d
         score += sc
+    before_final = len(rank)
     if hits:
         r, c, d, sc = zip(*map(_FINAL_FIELDS, hits))
         stages.append(("final", len(hits)))
@@ -109,6 +132,18 @@ def hit_table(
         chunk += c
         doc += d
         score += sc
+    if shown:
+        c, d, _ = zip(*shown)
+        stages.append(("shown", len(shown)))
+        rank += range(1, len(shown) + 1)
+        chunk += c
+        doc += d
+        score += [None] * len(shown)
+    if len(hit_scopes) != len(hits):
+        raise ValueError(f"{len(hits)} hits but {len(hit_scopes)} scope lists")
+    cache: dict[tuple[str, ...], str] = {}  # a few distinct scope sets per corpus: encode each once
+    scoped = [cache.get(t) or cache.setdefault(t, scopes_json(t)) for t in map(tuple, hit_scopes)]
+    scoped += [scopes_json(s) for _, _, s in shown]
     ranked_rows = len(rank)
     m = len(targets)
     stages.append(("collapsed", m))
@@ -128,14 +163,19 @@ def hit_table(
         "document_id": pa.concat_arrays([pa.array(doc, type=string), pa.nulls(m, string)]),
         "target_id": pa.concat_arrays([pa.nulls(ranked_rows, string), pa.array(list(targets), type=string)]),
         "score": pa.concat_arrays([pa.array(score, type=pa.float64()), pa.nulls(m, pa.float64())]),
+        "access_scopes": pa.concat_arrays(
+            [pa.nulls(before_final, string), pa.array(scoped, type=string), pa.nulls(m, string)]
+        ),
     }
     return pa.Table.from_arrays([columns[f.name] for f in HIT_SCHEMA], schema=HIT_SCHEMA)
 
 
 def write_trace(run: Path, name: str, table: pa.Table, cell_record: Mapping[str, Any]) -> dict[str, Any]:
-    """Write ``table`` (with the cell's metadata) atomically as ``run/name``; returns the
-    ``{file, digest, rows, bytes}`` reference the ``CellCompleted`` record carries."""
-    table = table.replace_schema_metadata({CELL_METADATA_KEY: canonical_bytes(cell_record)})
+    """Write ``table`` (with the cell's metadata: ``cell_record`` plus the trace ``format``)
+    atomically as ``run/name``; returns the ``{file, digest, rows, bytes}`` reference the
+    ``CellCompleted`` record carries."""
+    metadata = {**cell_record, "format": TRACE_FORMAT}
+    table = table.replace_schema_metadata({CELL_METADATA_KEY: canonical_bytes(metadata)})
     # An Arrow-native buffer: the encoder never calls back into Python. No dictionary pages: the
     # ID columns are nearly unique, and zstd alone gives the same size (~170 KB a SciFact cell at
     # k = 1000) in ~20 % less time.
@@ -146,8 +186,9 @@ def write_trace(run: Path, name: str, table: pa.Table, cell_record: Mapping[str,
     return {"file": name, "digest": bytes_digest(data), "rows": table.num_rows, "bytes": len(data)}
 
 
-def verify_trace(run: Path, ref: Mapping[str, Any], where: str) -> None:
-    """Refuse a trace file that is missing or whose bytes differ from ``ref['digest']``."""
+def verify_trace(run: Path, ref: Mapping[str, Any], where: str) -> bytes:
+    """The bytes of the trace ``ref`` names; refuses a file that is missing or whose bytes differ
+    from ``ref['digest']``."""
     path = run / str(ref["file"])
     try:
         data = path.read_bytes()
@@ -155,3 +196,17 @@ def verify_trace(run: Path, ref: Mapping[str, Any], where: str) -> None:
         raise TraceError(f"{where}: trace {path} cannot be read: {exc.strerror}") from None
     if bytes_digest(data) != ref["digest"]:
         raise TraceError(f"{where}: trace {path} does not match the digest in the ledger")
+    return data
+
+
+def read_trace(run: Path, ref: Mapping[str, Any], where: str) -> tuple[pa.Table, dict[str, Any]]:
+    """The verified trace's rows and its ``ragpipe.cell`` metadata (``verify_trace`` first)."""
+    data = verify_trace(run, ref, where)
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+        metadata = json.loads((table.schema.metadata or {})[CELL_METADATA_KEY])
+    except (pa.ArrowException, KeyError, ValueError) as exc:
+        raise TraceError(f"{where}: trace {run / str(ref['file'])} is not a cell trace: {exc}") from None
+    if not isinstance(metadata, dict):
+        raise TraceError(f"{where}: trace {run / str(ref['file'])}: metadata is not an object")
+    return table, metadata

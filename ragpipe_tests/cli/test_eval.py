@@ -126,6 +126,38 @@ def test_eval_sql_views(cli_run):
     assert f"unauthorized_disclosures\t{EVALUABLE}\tlower" in lines
 
 
+def test_eval_sql_verifies_the_run_first(cli_run, tmp_path):
+    """A copy whose first trace lost a byte, and one whose first cell claims another nDCG with
+    the chain recomputed: both refused before any SQL runs, exit 1, nothing on stdout."""
+    import shutil
+
+    from ragpipe.evaluation.ledger import DOMAIN, HEAD, LEDGER, encode, read_ledger
+    from ragpipe.kernel.canonical import canonical_bytes
+
+    home, out, _, _, _ = cli_run
+    cut = shutil.copytree(out, tmp_path / "cut")
+    trace = next(r for r in read_ledger(cut).records if r.kind == "CellCompleted").payload["trace"]["file"]
+    (cut / trace).write_bytes((cut / trace).read_bytes()[:-1])
+    claimed = shutil.copytree(out, tmp_path / "claimed")
+    records = read_ledger(claimed).records
+    data, prev = b"", None
+    for r in records:
+        payload = dict(r.payload)
+        if r.kind == "CellCompleted" and r.seq == next(x.seq for x in records if x.kind == "CellCompleted"):
+            payload["metrics"] = {**payload["metrics"], "ndcg@10": 0.5}
+        record = DOMAIN.make_record(r.seq, r.kind, payload, prev)
+        data, prev = data + encode(record), record.hash
+    (claimed / LEDGER).write_bytes(data)
+    (claimed / HEAD).write_bytes(canonical_bytes({"hash": prev, "seq": len(records)}) + b"\n")
+    for run, message in (
+        (cut, f"{cut / trace} does not match the digest in the ledger"),
+        (claimed, "the trace's metadata differs from the record"),
+    ):
+        done = cli("eval", "sql", str(run), "SELECT count(*) FROM cells", home=home)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        assert message in " ".join(done.stderr.split())
+
+
 def test_suite_import_and_validate(cli_run, tmp_path):
     home, _, _, bundle, _ = cli_run
     target = tmp_path / "suite.jsonl"

@@ -59,7 +59,7 @@ def _run(tmp_path):
             "metrics": {"ndcg@10": ndcg, "unauthorized_disclosures": 1},
             "latency_ms": latency,
         }
-        trace_table = hit_table(cell_dict(key), Rankings({}, []), [], [])
+        trace_table = hit_table(cell_dict(key), Rankings({}, []), [], [], [])
         ledger.append(
             "CellCompleted",
             {**record, "hits": 0, "trace": write_trace(run, f"traces/cell-{i:06d}.parquet", trace_table, record)},

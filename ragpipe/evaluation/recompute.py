@@ -1,0 +1,131 @@
+"""Verification recomputes the measurements: a cell's metrics are what its trace and the suite say.
+
+A ledger's ``CellCompleted`` record *claims* metrics; the gate reads them. ``check_cells`` refuses
+a run in which any claim differs from the recomputation, so editing metrics (even with the chain,
+the head and every digest recomputed) no longer makes a losing run win. For each completed cell,
+from its trace (already checked against the record's digest) and the run's bound suite and spec:
+
+* the trace's metadata equals the record (cell, outcome, metrics, latency; format 2);
+* its ``final`` rows are the ``hits`` the record counts, rank 1..n, and its ``collapsed`` rows are
+  exactly ``metrics.collapse`` of them at the case's target level;
+* the ranking metrics (answerable cases: every ranking metric of the spec, none otherwise) equal
+  ``ir_measures`` on that list and the case's judgments — all cells in one ``score_cases`` call;
+* ``unauthorized_disclosures`` equals the count over the final and shown rows and their scopes;
+* with answers, the answer metrics equal ``safety.answer_metrics`` of the recorded answer, and
+  the outcome is ``abstained`` exactly when the answer abstained.
+
+Not recomputable, and so never a reason to trust a run: the latencies (observations), and whether
+a trace's rows are what the retriever would return today (the bundle's determinism, not custody;
+forging a whole run consistently is what the keyed seal stops, docs/trust.md). Aggregates are
+never read from a file: reports and the gate's arms are rebuilt from the verified cells.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.ledger import LEDGER, Record
+from ragpipe.evaluation.metrics import collapse, score_cases
+from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
+from ragpipe.evaluation.suite import Case
+from ragpipe.evaluation.traces import TRACE_FORMAT, TraceError, read_trace
+
+TRACE_ONLY = ("answer", "format")  # metadata keys a record does not repeat
+RECORD_ONLY = ("hits", "trace")  # record keys the trace's metadata does not repeat
+
+
+ROW_FIELDS = ["stage", "rank", "chunk_id", "document_id", "target_id", "access_scopes"]
+
+
+def _stage(table: pa.Table, stage: str) -> list[dict[str, Any]]:
+    """The rows of one stage, by rank (filtered in Arrow: a cell has ~5,000 rows at k = 1000)."""
+    rows = table.select(ROW_FIELDS).filter(pc.equal(table["stage"], stage)).to_pylist()
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def _scopes(row: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(row["access_scopes"])
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise TraceError(f"{where}: {row['stage']} row {row['rank']} has no access scopes list")
+    return tuple(value)
+
+
+def _observed(record: Record, table: pa.Table, meta: Mapping[str, Any], case: Case, where: str):
+    """Check the trace against the record; ``(targets, shown, answer)`` to recompute from."""
+    payload = record.payload
+    if meta.get("format") != TRACE_FORMAT:
+        raise TraceError(
+            f"{where}: trace format {meta.get('format', 1)!r} does not carry what verification "
+            f"recomputes (format {TRACE_FORMAT}): evaluate again"
+        )
+    claimed = {k: v for k, v in payload.items() if k not in RECORD_ONLY}
+    if {k: v for k, v in meta.items() if k not in TRACE_ONLY} != claimed:
+        raise TraceError(f"{where}: the trace's metadata differs from the record")
+    final = _stage(table, "final")
+    if [r["rank"] for r in final] != list(range(1, payload["hits"] + 1)):
+        raise TraceError(f"{where}: the trace's final rows are not the record's {payload['hits']} hits")
+    targets = collapse([(r["document_id"], r["chunk_id"]) for r in final], case.target_level)
+    if [r["target_id"] for r in _stage(table, "collapsed")] != targets:
+        raise TraceError(f"{where}: the trace's collapsed list is not its final hits at {case.target_level} level")
+    shown = [(r["document_id"], _scopes(r, where)) for r in final + _stage(table, "shown")]
+    return targets, shown, meta.get("answer")
+
+
+def _differences(claimed: Mapping[str, Any], recomputed: Mapping[str, float]) -> str | None:
+    if set(claimed) != set(recomputed):
+        extra = sorted(set(claimed) ^ set(recomputed))
+        return f"metric {extra[0]!r} is {'claimed but not computed' if extra[0] in claimed else 'computed but missing'}"
+    for name, value in recomputed.items():
+        if claimed[name] != value:
+            return f"{name} is {claimed[name]!r} in the ledger, {value!r} recomputed from its trace and the suite"
+    return None
+
+
+def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> None:
+    """Refuse (``TraceError`` naming the record) when a completed cell's metrics or outcome differ
+    from their recomputation (module docstring)."""
+    body = spec.body
+    cases = {c.id: c for c in spec.suite.cases}
+    recomputed: dict[int, dict[str, float]] = {}
+    judged: dict[str, Mapping[str, int]] = {}
+    ranked: dict[str, list[str]] = {}
+    completed = [r for r in records if r.kind == "CellCompleted"]
+    for record in completed:
+        where = f"{run / LEDGER}: record {record.seq}"
+        case = cases.get(record.payload["cell"]["case"])
+        if case is None:
+            raise TraceError(f"{where}: case {record.payload['cell']['case']!r} is not in the run's suite")
+        table, meta = read_trace(run, record.payload["trace"], where)
+        targets, shown, answer = _observed(record, table, meta, case, where)
+        metrics: dict[str, float] = {}
+        if body.answers:
+            if not isinstance(answer, dict) or set(answer) != set(ANSWER_FIELDS):
+                raise TraceError(
+                    f"{where}: the trace records no answer ({', '.join(ANSWER_FIELDS)}), but the run generates answers"
+                )
+            metrics.update(answer_metrics(case, answer))
+            if (record.payload["outcome"] == "abstained") != bool(answer["abstained"]):
+                raise TraceError(f"{where}: outcome {record.payload['outcome']!r} contradicts the recorded answer")
+        elif answer is not None or record.payload["outcome"] != "success":
+            raise TraceError(f"{where}: an answer or abstention in a run that generates no answers")
+        metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)
+        if case.answerability == "answerable":
+            judged[str(record.seq)], ranked[str(record.seq)] = case.judgments, targets
+        recomputed[record.seq] = metrics
+    if ranked:
+        for seq, values in score_cases(judged, ranked, body.ranking_metrics()).items():
+            recomputed[int(seq)].update(values)
+    for record in completed:
+        problem = _differences(record.payload["metrics"], recomputed[record.seq])
+        if problem is not None:
+            raise TraceError(f"{run / LEDGER}: record {record.seq}: {problem}")

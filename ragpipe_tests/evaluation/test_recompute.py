@@ -1,0 +1,260 @@
+"""Verification recomputes every cell's metrics from its trace and the bound suite: forgeries with
+the chain, the head and every digest recomputed are refused, naming the record and the metric."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
+from ragpipe.evaluation.ledger import DOMAIN, HEAD, LEDGER, encode, read_ledger
+from ragpipe.evaluation.run_folder import INPUTS, verify_run
+from ragpipe.evaluation.runner import run_evaluation
+from ragpipe.evaluation.suite import parse_suite_bytes, suite_bytes
+from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.evaluation.traces import CELL_METADATA_KEY, TraceError
+from ragpipe.experiment.arm_source import load_arm
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ids import bytes_digest
+from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.retriever import Retriever
+from ragpipe_tests.support.eval_support import FORBIDDEN, eval_bundle  # noqa: F401
+
+Payloads = list[tuple[str, dict]]
+
+
+def _run(eval_bundle, root: Path, answers: bool) -> Path:  # noqa: F811
+    bundle, suite_path = eval_bundle
+    retriever = Retriever(bundle, plan=load_plan())
+    spec = EvaluationSpec.build(load_suite(suite_path), load_plan(), bundle, retriever.bundle_id, k=20, answers=answers)
+    out = root / ("answered" if answers else "ranked")
+    run_evaluation(spec, out, retriever_factory=lambda _: retriever)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(eval_bundle, tmp_path_factory):  # noqa: F811
+    root = tmp_path_factory.mktemp("recompute")
+    return {"ranked": _run(eval_bundle, root, False), "answered": _run(eval_bundle, root, True)}
+
+
+@pytest.fixture
+def ranked(runs, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(runs["ranked"], tmp_path / "ranked"))
+
+
+@pytest.fixture
+def answered(runs, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(runs["answered"], tmp_path / "answered"))
+
+
+def rewrite(run: Path, edit: Callable[[Payloads], None]) -> None:
+    """Apply ``edit`` to the records' (kind, payload) list, then write the ledger with every hash,
+    the chain and the head recomputed: what a forger without a key can always do."""
+    payloads = [(r.kind, json.loads(json.dumps(r.payload))) for r in read_ledger(run).records]
+    edit(payloads)
+    data, prev = b"", None
+    for seq, (kind, payload) in enumerate(payloads, start=1):
+        record = DOMAIN.make_record(seq, kind, payload, prev)
+        data += encode(record)
+        prev = record.hash
+    (run / LEDGER).write_bytes(data)
+    (run / HEAD).write_bytes(canonical_bytes({"hash": prev, "seq": len(payloads)}) + b"\n")
+
+
+def completed(payloads: Payloads, which: Callable[[dict], bool] = lambda p: True) -> dict:
+    return next(p for k, p in payloads if k == "CellCompleted" and which(p))
+
+
+def retrace(run: Path, payload: dict, table: Callable[[pa.Table], pa.Table], meta: Callable[[dict], None]) -> None:
+    """Rewrite the trace ``payload`` names through ``table`` and ``meta`` and put its new digest,
+    size and row count into ``payload`` (the record)."""
+    path = run / payload["trace"]["file"]
+    old = pq.read_table(path)
+    metadata = json.loads(old.schema.metadata[CELL_METADATA_KEY])
+    meta(metadata)
+    new = table(old).replace_schema_metadata({CELL_METADATA_KEY: canonical_bytes(metadata)})
+    pq.write_table(new, path)
+    data = path.read_bytes()
+    payload["trace"] = {**payload["trace"], "digest": bytes_digest(data), "bytes": len(data), "rows": new.num_rows}
+
+
+def answerable(payload: dict) -> bool:
+    return "ndcg@10" in payload["metrics"] and payload["metrics"]["ndcg@10"] < 1
+
+
+def test_untouched_runs_verify(runs):
+    for run in runs.values():
+        assert verify_run(run).status == "completed"
+
+
+def test_a_claimed_metric_with_its_trace_rewritten_and_every_digest_recomputed_is_refused(ranked: Path):
+    seqs = []
+
+    def edit(payloads: Payloads) -> None:
+        payload = completed(payloads, answerable)
+        seqs.append(next(i for i, (_, p) in enumerate(payloads, start=1) if p is payload))
+        seqs.append(payload["metrics"]["ndcg@10"])
+        payload["metrics"]["ndcg@10"] = 1.0
+        retrace(ranked, payload, lambda t: t, lambda m: m["metrics"].update({"ndcg@10": 1.0}))
+
+    rewrite(ranked, edit)
+    with pytest.raises(TraceError) as err:
+        verify_run(ranked)
+    assert str(err.value) == (
+        f"{ranked / LEDGER}: record {seqs[0]}: ndcg@10 is 1 in the ledger, {seqs[1]!r} recomputed from its "
+        "trace and the suite"
+    )
+    with pytest.raises(ValueError, match=r"ndcg@10 is 1 in the ledger"):
+        load_arm(ranked)  # the gate's and the release's one way to a run
+
+
+def test_metrics_edited_in_the_ledger_alone_are_refused(ranked: Path):
+    rewrite(ranked, lambda p: completed(p, answerable)["metrics"].update({"ndcg@10": 1.0}))
+    with pytest.raises(TraceError, match=r"record \d+: the trace's metadata differs from the record"):
+        verify_run(ranked)
+
+
+def test_a_reordered_collapsed_list_is_refused(ranked: Path):
+    def move_last_first(table: pa.Table) -> pa.Table:
+        rows = table.to_pylist()
+        collapsed = [r for r in rows if r["stage"] == "collapsed"]
+        targets = [r["target_id"] for r in collapsed]
+        for r, target in zip(collapsed, targets[-1:] + targets[:-1], strict=True):
+            r["target_id"] = target
+        return pa.Table.from_pylist(rows, schema=table.schema)
+
+    rewrite(ranked, lambda p: retrace(ranked, completed(p, answerable), move_last_first, lambda m: None))
+    with pytest.raises(TraceError, match=r"collapsed list is not its final hits at document level"):
+        verify_run(ranked)
+
+
+def test_a_hit_whose_scopes_say_secret_counts_as_a_disclosure(ranked: Path):
+    def secret_first(table: pa.Table) -> pa.Table:
+        rows = table.to_pylist()
+        first = next(r for r in rows if r["stage"] == "final" and r["rank"] == 1)
+        first["access_scopes"] = '["secret"]'
+        return pa.Table.from_pylist(rows, schema=table.schema)
+
+    rewrite(ranked, lambda p: retrace(ranked, completed(p), secret_first, lambda m: None))
+    with pytest.raises(
+        TraceError, match=r"unauthorized_disclosures is 0 in the ledger, 1 recomputed from its trace and the suite"
+    ):
+        verify_run(ranked)
+
+
+def test_the_forbidden_case_counts_its_forbidden_document(runs):
+    records = read_ledger(runs["ranked"]).records
+    forbidden = next(r for r in records if r.kind == "CellCompleted" and r.payload["cell"]["case"] == "x-forbidden")
+    rows = pq.read_table(runs["ranked"] / forbidden.payload["trace"]["file"]).to_pylist()
+    shown = [r["document_id"] for r in rows if r["stage"] == "final"].count(FORBIDDEN)
+    assert forbidden.payload["metrics"]["unauthorized_disclosures"] == shown
+
+
+def test_judgments_forged_in_the_bound_suite_with_every_digest_recomputed_are_refused(ranked: Path):
+    """Grade every case's first retrieved document relevant: the suite's digest, the spec's suite
+    digest and ID, RunCreated and the InputBound digests are all recomputed — the claims no
+    longer equal what the forged judgments give."""
+    suite_path = ranked / INPUTS["suite"]
+    lines = [json.loads(line) for line in suite_path.read_bytes().splitlines()]
+    records = read_ledger(ranked).records
+    first = {
+        r.payload["cell"]["case"]: pq.read_table(ranked / r.payload["trace"]["file"]).to_pylist()
+        for r in records
+        if r.kind == "CellCompleted"
+    }
+    for case in lines:
+        rows = first.get(case["id"])
+        if rows and case["judgments"]:
+            top = next(r["target_id"] for r in rows if r["stage"] == "collapsed" and r["rank"] == 1)
+            case["judgments"] = {**case["judgments"], top: 2}
+    forged = suite_bytes(parse_suite_bytes(b"\n".join(canonical_bytes(c) for c in lines) + b"\n", "forged"))
+    suite_path.write_bytes(forged)
+    spec = json.loads((ranked / INPUTS["spec"]).read_bytes())
+    spec["suite_digest"] = parse_suite_bytes(forged, "forged").digest
+    body = SpecBody.model_validate(spec)
+    spec_bytes = canonical_bytes(body.as_json()) + b"\n"
+    (ranked / INPUTS["spec"]).write_bytes(spec_bytes)
+
+    def edit(payloads: Payloads) -> None:
+        created = payloads[0][1]
+        created["spec"], created["spec_id"] = body.as_json(), body.spec_id
+        for kind, payload in payloads:
+            if kind == "InputBound" and payload["name"] == "suite":
+                payload["digest"] = bytes_digest(forged)
+            if kind == "InputBound" and payload["name"] == "spec":
+                payload["digest"] = bytes_digest(spec_bytes)
+
+    rewrite(ranked, edit)
+    with pytest.raises(TraceError, match=r"record \d+: (ndcg|recall|mrr|precision|hit|relevant_recall)@\d+ is "):
+        verify_run(ranked)
+
+
+def test_a_metric_claimed_for_an_unanswerable_case_is_refused(ranked: Path):
+    def edit(payloads: Payloads) -> None:
+        payload = completed(payloads, lambda p: p["cell"]["case"] == "x-unanswerable")
+        payload["metrics"]["ndcg@10"] = 1.0
+        retrace(ranked, payload, lambda t: t, lambda m: m["metrics"].update({"ndcg@10": 1.0}))
+
+    rewrite(ranked, edit)
+    with pytest.raises(TraceError, match=r"metric 'ndcg@10' is claimed but not computed"):
+        verify_run(ranked)
+
+
+def test_a_trace_of_the_first_format_is_refused(ranked: Path):
+    rewrite(ranked, lambda p: retrace(ranked, completed(p), lambda t: t, lambda m: m.pop("format")))
+    with pytest.raises(TraceError, match=r"trace format 1 does not carry what verification recomputes"):
+        verify_run(ranked)
+
+
+def test_an_answer_edited_to_abstain_contradicts_its_outcome_and_metrics(answered: Path):
+    def edit(payloads: Payloads) -> None:
+        payload = completed(payloads, lambda p: p["outcome"] == "success")
+        retrace(answered, payload, lambda t: t, lambda m: m["answer"].update({"abstained": True}))
+
+    rewrite(answered, edit)
+    with pytest.raises(TraceError, match=r"outcome 'success' contradicts the recorded answer"):
+        verify_run(answered)
+
+
+def test_answer_metrics_are_recomputed_from_the_recorded_answer(answered: Path):
+    def edit(payloads: Payloads) -> None:
+        payload = completed(payloads, lambda p: p["metrics"].get("answer_contract_valid_rate") == 1)
+        payload["metrics"]["answer_contract_valid_rate"] = 0.0
+
+        def failed(meta: dict) -> None:
+            meta["metrics"]["answer_contract_valid_rate"] = 0.0
+
+        retrace(answered, payload, lambda t: t, failed)
+
+    rewrite(answered, edit)
+    with pytest.raises(TraceError, match=r"answer_contract_valid_rate is 0 in the ledger, 1\.0 recomputed"):
+        verify_run(answered)
+
+
+def test_a_forged_report_changes_nothing_the_gate_reads(ranked: Path):
+    before = load_arm(ranked)
+    report = json.loads((ranked / "report.json").read_bytes())
+    report["metrics"]["ndcg@10"]["value"] = 1.0
+    (ranked / "report.json").write_text(json.dumps(report))
+    assert load_arm(ranked) == before  # arms are rebuilt from the verified cells, never the report
+
+
+def test_a_cell_of_a_case_outside_the_suite_is_refused(ranked: Path):
+    def edit(payloads: Payloads) -> None:
+        victim = completed(payloads)["cell"]["case"]
+        for kind, payload in payloads:
+            for cell in (payload["cells"] if kind == "RunCreated" else []) + [payload.get("cell") or {}]:
+                if cell.get("case") == victim:
+                    cell["case"] = "ghost"
+        retrace(ranked, completed(payloads), lambda t: t, lambda m: m["cell"].update({"case": "ghost"}))
+
+    rewrite(ranked, edit)
+    with pytest.raises(TraceError, match=r"record \d+: case 'ghost' is not in the run's suite"):
+        verify_run(ranked)
