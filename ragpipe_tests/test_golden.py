@@ -78,7 +78,7 @@ def test_material_digest_and_seals_are_independently_recomputable():
     import hmac
 
     from ragpipe.bundle.manifest import FileEntry, make_manifest
-    from ragpipe.bundle.seal import SealKey
+    from ragpipe.kernel.seals import SealKey
 
     sem = BundleSemantic(
         corpus_digest="sha256:" + "1" * 64,

@@ -19,10 +19,10 @@ from ragpipe.bundle.manifest import (
     manifest_bytes,
 )
 from ragpipe.bundle.payload_checks import stored_embeddings_digest, stored_vectors
-from ragpipe.bundle.seal import SealKey, configured_key
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
 from ragpipe.index.vector_file import VECTORS_FILE, vectors_file_bytes
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
+from ragpipe.kernel.seals import SealKey, configured_key
 from ragpipe.spec import PipelineSpec
 
 # Every point where a crash leaves a distinct state on disk, in order (failure-injection tests).

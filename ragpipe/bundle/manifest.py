@@ -18,8 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragpipe.bundle.seal import Seal, SealKey, make_seal
+from ragpipe.bundle.seal import Seal, make_seal
 from ragpipe.kernel.ids import BundleId, content_id
+from ragpipe.kernel.seals import SealKey
 
 BUNDLE_FORMAT = "ragpipe.bundle/v2"
 MANIFEST_NAME = "manifest.json"

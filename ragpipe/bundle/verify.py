@@ -30,12 +30,13 @@ from pydantic import ValidationError
 from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, material_digest_of
 from ragpipe.bundle.payload_checks import check_payload
 from ragpipe.bundle.payload_checks import check_vector_table as check_vector_table_content
-from ragpipe.bundle.seal import SealKey, SealKeyError, configured_key, seal_problems
+from ragpipe.bundle.seal import seal_problems
 from ragpipe.chunking.models import Chunk, read_chunks
 from ragpipe.corpus.models import Document
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.index.rows import index_rows
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
+from ragpipe.kernel.seals import SealKey, SealKeyError, configured_key
 from ragpipe.representations.derive import Representation, read_representations
 
 TABLE_FILES = ("documents.parquet", "chunks.parquet", "representations.parquet")

@@ -18,6 +18,13 @@ a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The
 record behind (a crash between the ledger fsync and the head rewrite) and may name the record whose
 torn line was dropped; a head further ahead means complete records were lost, which is refused.
 
+With a key configured (``ragpipe.kernel.seals``), the head also carries a seal over ``{hash,
+seq}`` in the ledger's domain, so the head — and through the chain every record up to it — is
+something only key holders can write: the head must exist and verify, and a head that lags one
+record behind leaves that record *uncommitted*: readers ignore it and ``Ledger.open`` drops it, as
+a torn tail (its ``append`` never returned, so nobody relied on it; an evaluation cell is run
+again, a history intent is resolved by release recovery). Without a key, a sealed head is refused.
+
 This module is the superset of ``ragpipe.evaluation.ledger``: with domain ``eval-ledger-record``
 v1 and the file ``ledger.jsonl`` it reads and writes byte-identical ledgers. One writer at a time:
 callers that share a ledger between processes serialise ``open`` … ``append`` under a file lock.
@@ -30,14 +37,16 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import fsync_path
+from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
 
 RECORD_KEYS = ("hash", "kind", "payload", "prev", "seq")
 S = TypeVar("S")
+KeyChoice = SealKey | None | Literal["configured"]  # "configured": the environment's key, if any
 
 
 class LedgerError(ValueError):
@@ -77,6 +86,14 @@ class Domain:
 
     def make_record(self, seq: int, kind: str, payload: dict[str, Any], prev: str | None) -> Record:
         return Record(seq, kind, payload, prev, self.record_hash(seq, kind, payload, prev))
+
+    @property
+    def head_seal_domain(self) -> str:
+        return f"ledger-head/{self.tag}/v{self.version}"
+
+
+def _key(key: KeyChoice) -> SealKey | None:
+    return configured_key() if key == "configured" else key
 
 
 def encode(record: Record) -> bytes:
@@ -138,46 +155,72 @@ def parse_ledger(data: bytes, domain: Domain, where: str) -> LedgerRead:
     return LedgerRead(tuple(records), pos, 0)
 
 
-def read_head(path: Path) -> tuple[int, str] | None:
-    """``(seq, hash)`` from the head file of the ledger at ``path``, or None if there is none."""
+def _head_document(path: Path) -> dict[str, Any] | None:
     head = head_path(path)
     if not head.exists():
         return None
     try:
         obj = json.loads(head.read_bytes())
-        return int(obj["seq"]), str(obj["hash"])
+        if not isinstance(obj, dict) or not {"hash", "seq"} <= set(obj) <= {"hash", "seq", SEAL}:
+            raise ValueError
+        int(obj["seq"]), str(obj["hash"])
     except (ValueError, KeyError, TypeError):
         raise LedgerError(f"{head}: record ?: head file is not {{hash, seq}} JSON") from None
+    return obj
 
 
-def check_head(path: Path, read: LedgerRead) -> None:
-    """Refuse when the head file says complete records are missing or differ (module docstring)."""
-    head = read_head(path)
+def read_head(path: Path) -> tuple[int, str] | None:
+    """``(seq, hash)`` from the head file of the ledger at ``path``, or None if there is none."""
+    obj = _head_document(path)
+    return None if obj is None else (int(obj["seq"]), str(obj["hash"]))
+
+
+def _uncommitted(read: LedgerRead, n: int) -> LedgerRead:
+    """``read`` without its records after the first ``n`` (they become a dropped tail)."""
+    cut = sum(len(encode(r)) for r in read.records[n:])
+    return LedgerRead(read.records[:n], read.valid_bytes - cut, read.dropped_bytes + cut)
+
+
+def check_head(path: Path, read: LedgerRead, domain: Domain, key: KeyChoice = "configured") -> LedgerRead:
+    """Refuse when the head file says complete records are missing or differ, or (module
+    docstring) when its seal does not hold; returns ``read`` without uncommitted records."""
+    key = _key(key)
+    obj = _head_document(path)
     n = len(read.records)
     name = head_path(path).name
-    if head is None:
+    if obj is not None:
+        content, problem = unsealed(obj, domain.head_seal_domain, key)
+        if problem is not None:
+            raise LedgerError(f"{path}: record {content['seq']}: {name}: {problem}")
+    if obj is None:
+        if key is not None and n:
+            raise LedgerError(
+                f"{path}: record {n}: {name} is missing: key {key.key_id} is configured, nothing is sealed"
+            )
         if n > 1:
             raise LedgerError(f"{path}: record {n}: {name} is missing")
-        return
-    seq, digest = head
+        return read
+    seq, digest = int(obj["seq"]), str(obj["hash"])
     if 1 <= seq <= n:
         if read.records[seq - 1].hash != digest:
             raise LedgerError(f"{path}: record {seq}: hash differs from the one {name} names")
         if seq < n - 1:
             raise LedgerError(f"{path}: record {seq + 1}: {name} lags {n - seq} records behind the ledger")
-        return
+        return _uncommitted(read, seq) if key is not None else read
     if seq == n + 1 and read.dropped_bytes:
-        return  # the head was written for the record whose line is torn: impossible by order, harmless
+        return read  # the head was written for the record whose line is torn: impossible by order, harmless
     raise LedgerError(f"{path}: record {n + 1}: missing (the ledger ends at record {n}; {name} names record {seq})")
 
 
-def read_ledger(path: Path, domain: Domain, missing: str = "no ledger file") -> LedgerRead:
-    """Read and verify the ledger at ``path`` against its chain and head, changing nothing."""
+def read_ledger(
+    path: Path, domain: Domain, missing: str = "no ledger file", key: KeyChoice = "configured"
+) -> LedgerRead:
+    """Read and verify the ledger at ``path`` against its chain and head (and, with a key, the
+    head's seal), changing nothing; uncommitted records are left out of the result."""
     if not path.is_file():
         raise LedgerError(f"{path}: record 1: {missing}")
     read = parse_ledger(path.read_bytes(), domain, str(path))
-    check_head(path, read)
-    return read
+    return check_head(path, read, domain, key)
 
 
 def fold(records: Iterable[Record], step: Callable[[S, Record], S], state: S, where: str) -> S:
@@ -199,21 +242,28 @@ class Ledger:
     after each durable append (failure-injection tests kill the process there)."""
 
     def __init__(
-        self, path: Path, domain: Domain, records: tuple[Record, ...], on_append: Callable[[str], None] | None = None
+        self,
+        path: Path,
+        domain: Domain,
+        records: tuple[Record, ...],
+        on_append: Callable[[str], None] | None = None,
+        key: SealKey | None = None,
     ):
         self.path = path
         self.domain = domain
+        self.key = key  # seals every head this writer writes (module docstring)
         self.records = list(records)
         self.on_append = on_append
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     @classmethod
-    def create(cls, path: Path, domain: Domain) -> Ledger:
+    def create(cls, path: Path, domain: Domain, key: KeyChoice = "configured") -> Ledger:
         """A new, empty ledger at ``path`` (which must not exist yet)."""
         if path.exists():
             raise LedgerError(f"{path}: record 1: a ledger already exists here")
+        key = _key(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        ledger = cls(path, domain, ())
+        ledger = cls(path, domain, (), key=key)
         fsync_path(path.parent)  # the new file's name must survive a crash, not only its bytes
         return ledger
 
@@ -226,18 +276,20 @@ class Ledger:
         create: bool = False,
         missing: str = "no ledger file",
         on_append: Callable[[str], None] | None = None,
+        key: KeyChoice = "configured",
     ) -> Ledger:
         """Open for appending after full verification; with ``create`` a missing ledger is made."""
+        key = _key(key)
         if create and not path.exists():
-            ledger = cls.create(path, domain)
+            ledger = cls.create(path, domain, key)
             ledger.on_append = on_append
             return ledger
-        read = read_ledger(path, domain, missing)
-        if read.dropped_bytes:  # recovery: the torn final line is the only thing ever removed
+        read = read_ledger(path, domain, missing, key)
+        if read.dropped_bytes:  # recovery: a torn (or, keyed, uncommitted) tail is all ever removed
             with open(path, "r+b") as fh:
                 fh.truncate(read.valid_bytes)
                 os.fsync(fh.fileno())
-        ledger = cls(path, domain, read.records, on_append)
+        ledger = cls(path, domain, read.records, on_append, key)
         if ledger.records and read_head(path) != (ledger.records[-1].seq, ledger.records[-1].hash):
             ledger._write_head()  # repairs a head that lagged one record
         return ledger
@@ -268,7 +320,8 @@ class Ledger:
         digit, and a crash between data and size leaves parseable JSON (the final newline lost, or
         one extra)."""
         last = self.records[-1]
-        data = canonical_bytes({"hash": last.hash, "seq": last.seq}) + b"\n"
+        head = sealed({"hash": last.hash, "seq": last.seq}, self.domain.head_seal_domain, self.key)
+        data = canonical_bytes(head) + b"\n"
         path = head_path(self.path)
         created = not path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)

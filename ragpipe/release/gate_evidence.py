@@ -11,7 +11,8 @@ releases/decisions/<decision id hex>.json   {"comparison": <comparison.json obje
 ```
 
 The file is canonical JSON, named by the decision's content ID, written once (temp, fsync,
-rename, fsync dir) and never replaced. ``gate_problems`` (run by activation, rollback and serving)
+rename, fsync dir) and never replaced; with a key configured it carries a ``seal`` member
+(``ragpipe.kernel.seals``) and an unsealed or wrongly sealed file is refused. ``gate_problems`` (run by activation, rollback and serving)
 parses the three documents strictly (each must be exactly the canonical form of what it parses
 to; the policy passes the policy file's rules), recomputes their IDs, requires the manifest's
 links to hold (decision ID, eligibility, decisive phase, policy, comparison, challenger run) and
@@ -37,10 +38,12 @@ from ragpipe.experiment.decision import Decision, GateError, decide
 from ragpipe.experiment.gate_policy import PHASES, GatePolicy, PolicyError, parse_policy, policy_document
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.seals import SealKey, configured_key, sealed, unsealed
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
 Model = TypeVar("Model", bound=BaseModel)
+SEAL_DOMAIN = "gate-evidence/v1"  # the kept file's seal, with a key configured (ragpipe.kernel.seals)
 RunLoader = Callable[[str], ArmRun]  # run ID -> the verified, completed run (raises ValueError otherwise)
 
 
@@ -108,11 +111,12 @@ def _parse(obj: object) -> tuple[Decision, Any, GatePolicy]:
     return decision, comparison, policy
 
 
-def evidence_bytes(decision: dict, comparison: dict | None, policy: GatePolicy) -> bytes:
-    """The canonical kept file of a decision, its comparison and its policy, after checking them."""
+def evidence_bytes(decision: dict, comparison: dict | None, policy: GatePolicy, key: SealKey | None) -> bytes:
+    """The canonical kept file of a decision, its comparison and its policy, after checking them
+    (sealed with ``key`` when one is given)."""
     obj = {"comparison": comparison, "decision": decision, "policy": policy_document(policy)}
     _parse(obj)
-    return canonical_bytes(obj) + b"\n"
+    return canonical_bytes(sealed(obj, SEAL_DOMAIN, key)) + b"\n"
 
 
 def publish_gate_evidence(store: ReleaseStore, decision: dict, comparison: dict | None, policy: GatePolicy) -> Path:
@@ -121,7 +125,7 @@ def publish_gate_evidence(store: ReleaseStore, decision: dict, comparison: dict 
     other bytes."""
     decision_id = decision.get("decision_id") if isinstance(decision, dict) else None
     try:
-        data = evidence_bytes(decision, comparison, policy)
+        data = evidence_bytes(decision, comparison, policy, configured_key())
         path = evidence_path(store, str(decision_id))
         if not write_file_atomic(path, data, replace=False) and path.read_bytes() != data:
             raise EvidenceError(f"{path}: holds other bytes (edited)")
@@ -136,7 +140,10 @@ def read_gate_evidence(store: ReleaseStore, decision_id: str) -> tuple[Decision,
     try:
         data = path.read_bytes()
         obj = json.loads(data)
-        decision, comparison, policy = _parse(obj)
+        content, problem = unsealed(obj, SEAL_DOMAIN, configured_key()) if isinstance(obj, dict) else (obj, None)
+        if problem is not None:
+            raise EvidenceError(problem)
+        decision, comparison, policy = _parse(content)
         if data != canonical_bytes(obj) + b"\n":
             raise EvidenceError("its bytes are not the canonical rendering of its content (edited)")
     except FileNotFoundError:

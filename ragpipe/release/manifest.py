@@ -8,8 +8,10 @@ time, so nothing operational is in it. Fields are plain values (the producers' m
 other packages; this one imports none of them).
 
 Publication writes ``releases/manifests/<hex>.json`` (canonical JSON ``{"manifest": body,
-"release_id": id}``) atomically without replacing; publishing the same manifest twice is a no-op.
-Reading recomputes the ID from the body and refuses a file whose ID, name or bytes disagree.
+"release_id": id}``, plus a ``seal`` member with a key configured, ``ragpipe.kernel.seals``)
+atomically without replacing; publishing the same manifest twice is a no-op. Reading recomputes
+the ID from the body and refuses a file whose ID, name or bytes disagree, or whose seal does not
+hold.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
 SHA = r"^sha256:[0-9a-f]{64}$"
 RELEASE_SCHEMA = "ragpipe.release/v1"
+SEAL_DOMAIN = "release-manifest/v1"  # the file's seal, with a key configured (ragpipe.kernel.seals)
 
 
 class _Model(BaseModel):
@@ -79,8 +83,10 @@ def release_id_of(manifest: ReleaseManifest) -> str:
     return content_id("release", 1, manifest.body())
 
 
-def manifest_file_bytes(manifest: ReleaseManifest) -> bytes:
-    return canonical_bytes({"manifest": manifest.body(), "release_id": release_id_of(manifest)}) + b"\n"
+def manifest_file_bytes(manifest: ReleaseManifest, key: SealKey | None) -> bytes:
+    """The file: canonical JSON ``{manifest, release_id}``, sealed with ``key`` when one is given."""
+    content = {"manifest": manifest.body(), "release_id": release_id_of(manifest)}
+    return canonical_bytes(sealed(content, SEAL_DOMAIN, key)) + b"\n"
 
 
 def publish_manifest(store: ReleaseStore, manifest: ReleaseManifest) -> tuple[str, bool]:
@@ -88,7 +94,7 @@ def publish_manifest(store: ReleaseStore, manifest: ReleaseManifest) -> tuple[st
     (after checking that the existing file holds exactly this manifest)."""
     release_id = release_id_of(manifest)
     path = store.manifest_path(release_id)
-    published = write_file_atomic(path, manifest_file_bytes(manifest), replace=False)
+    published = write_file_atomic(path, manifest_file_bytes(manifest, configured_key()), replace=False)
     if not published:
         load_manifest(store, release_id)  # the name is the content ID: what is there must verify
     return release_id, published
@@ -98,13 +104,17 @@ def parse_manifest_file(path: Path, data: bytes) -> tuple[str, ReleaseManifest]:
     """``(release_id, manifest)`` of a manifest file's bytes; refuses anything that does not verify."""
     try:
         obj = json.loads(data.decode("utf-8"))
-        if not isinstance(obj, dict) or sorted(obj) != ["manifest", "release_id"]:
+        if not isinstance(obj, dict) or sorted(k for k in obj if k != SEAL) != ["manifest", "release_id"]:
             raise ValueError("expected exactly the keys manifest, release_id")
         manifest = ReleaseManifest.model_validate(obj["manifest"])
     except RecursionError:
         raise ReleaseError(f"{path}: not a valid release manifest: nested too deeply") from None
     except (UnicodeDecodeError, ValueError, ValidationError) as exc:
         raise ReleaseError(f"{path}: not a valid release manifest: {exc}") from None
+    key = configured_key()
+    _, problem = unsealed(obj, SEAL_DOMAIN, key)
+    if problem is not None:
+        raise ReleaseError(f"{path}: {problem}")
     release_id = release_id_of(manifest)
     if obj["release_id"] != release_id:
         raise ReleaseError(
@@ -112,7 +122,7 @@ def parse_manifest_file(path: Path, data: bytes) -> tuple[str, ReleaseManifest]:
         )
     if path.stem != release_id.split(":", 1)[1]:
         raise ReleaseError(f"{path}: file name is not the release ID hex {release_id.split(':', 1)[1]}")
-    if data != manifest_file_bytes(manifest):
+    if data != manifest_file_bytes(manifest, key):
         raise ReleaseError(f"{path}: bytes are not the canonical rendering of its content (manifest edited)")
     return release_id, manifest
 

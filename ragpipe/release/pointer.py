@@ -4,6 +4,8 @@
 ledger_head}``: ``generation`` counts swaps from 1 (no file = generation 0, nothing active),
 ``previous`` is the release the swap replaced (None for the first), ``ledger_head`` the hash of the
 history record that announced the swap (its *intent*), which ties pointer and ledger together.
+With a key configured (``ragpipe.kernel.seals``) the file also carries a ``seal`` over the rest,
+and a pointer without it (or sealed with another key) is refused.
 
 A swap is a compare-and-swap on the generation the caller read: under the target's lock the current
 generation is re-read, and if it moved the swap refuses with ``ConflictError`` and changes nothing,
@@ -22,10 +24,12 @@ from pathlib import Path
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import StepHook, fsync_path, remove_stale_temps
+from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
 from ragpipe.release.store import RELEASE_ID, ConflictError, ReleaseError, ReleaseStore
 
 POINTER_SCHEMA = "ragpipe.release-pointer/v1"
 POINTER_KEYS = ["generation", "ledger_head", "previous", "release_id", "schema", "target"]
+SEAL_DOMAIN = "release-pointer/v1"
 # The points of ``write_pointer`` where a crash leaves a distinct state on disk.
 POINTER_STEPS = ("pointer_temp_written", "pointer_temp_fsynced", "pointer_renamed", "pointer_dir_fsynced")
 
@@ -59,8 +63,16 @@ def parse_pointer(path: Path, data: bytes, target: str) -> Pointer:
         obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ReleaseError(f"{path}: pointer is not valid JSON") from None
-    if not isinstance(obj, dict) or sorted(obj) != POINTER_KEYS or obj["schema"] != POINTER_SCHEMA:
+    if (
+        not isinstance(obj, dict)
+        or sorted(k for k in obj if k != SEAL) != POINTER_KEYS
+        or obj["schema"] != POINTER_SCHEMA
+    ):
         raise ReleaseError(f"{path}: not a {POINTER_SCHEMA} pointer (keys must be {', '.join(POINTER_KEYS)})")
+    key = configured_key()
+    _, problem = unsealed(obj, SEAL_DOMAIN, key)
+    if problem is not None:
+        raise ReleaseError(f"{path}: {problem}")
     gen = obj["generation"]
     if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
         raise ReleaseError(f"{path}: generation must be an integer >= 1, not {gen!r}")
@@ -74,13 +86,14 @@ def parse_pointer(path: Path, data: bytes, target: str) -> Pointer:
     if obj["target"] != target:
         raise ReleaseError(f"{path}: pointer names target {obj['target']!r}, not {target!r}")
     pointer = Pointer(target, obj["release_id"], gen, obj["previous"], obj["ledger_head"])
-    if data != pointer_bytes(pointer):
+    if data != pointer_bytes(pointer, key):
         raise ReleaseError(f"{path}: bytes are not the canonical rendering of the pointer (edited by hand?)")
     return pointer
 
 
-def pointer_bytes(pointer: Pointer) -> bytes:
-    return canonical_bytes(pointer.as_dict()) + b"\n"
+def pointer_bytes(pointer: Pointer, key: SealKey | None) -> bytes:
+    """The file: canonical JSON of the pointer, sealed with ``key`` when one is given."""
+    return canonical_bytes(sealed(pointer.as_dict(), SEAL_DOMAIN, key)) + b"\n"
 
 
 def read_pointer(store: ReleaseStore, target: str) -> Pointer | None:
@@ -108,7 +121,7 @@ def write_pointer(store: ReleaseStore, pointer: Pointer, on_step: StepHook | Non
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         with open(tmp, "wb") as fh:
-            fh.write(pointer_bytes(pointer))
+            fh.write(pointer_bytes(pointer, configured_key()))
             fh.flush()
             step("pointer_temp_written")
             os.fsync(fh.fileno())

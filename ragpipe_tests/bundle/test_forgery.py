@@ -16,7 +16,6 @@ import pytest
 
 from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, FileEntry, make_manifest, manifest_bytes
 from ragpipe.bundle.payload_checks import stored_embeddings_digest
-from ragpipe.bundle.seal import KEY_ENV, KEY_FILE_ENV, SealKey, SealKeyError, configured_key
 from ragpipe.bundle.verify import BundleVerificationError, check_vector_table, file_digest, open_bundle
 from ragpipe.chunking.models import read_chunks, write_chunks
 from ragpipe.corpus.snapshot import documents_table, read_snapshot_documents
@@ -25,6 +24,7 @@ from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.vector import build_vector_index, read_vector_rows
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file, vectors_file_bytes
 from ragpipe.kernel.ids import ContentDigest, bytes_digest
+from ragpipe.kernel.seals import KEY_ENV, KEY_FILE_ENV, SealKey, SealKeyError, configured_key
 from ragpipe.representations.derive import read_representations, write_representations
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
@@ -258,11 +258,11 @@ def test_bundle_key_configuration(tmp_path: Path, monkeypatch):
     key_file.write_bytes(b"x" * 40 + b"\n")
     assert configured_key({KEY_FILE_ENV: str(key_file)}) == SealKey(b"x" * 40)
     assert configured_key({KEY_ENV: "y" * 32}) == SealKey(b"y" * 32)
-    with pytest.raises(SealKeyError, match=f"^{KEY_ENV}: bundle key has 5 bytes, at least 32 are required$"):
+    with pytest.raises(SealKeyError, match=f"^{KEY_ENV}: key has 5 bytes, at least 32 are required$"):
         configured_key({KEY_ENV: "short"})
     with pytest.raises(SealKeyError, match="both RAGPIPE_BUNDLE_KEY and RAGPIPE_BUNDLE_KEY_FILE are set"):
         configured_key({KEY_ENV: "y" * 32, KEY_FILE_ENV: str(key_file)})
-    with pytest.raises(SealKeyError, match="cannot read the bundle key file: No such file or directory"):
+    with pytest.raises(SealKeyError, match="cannot read the key file: No such file or directory"):
         configured_key({KEY_FILE_ENV: str(tmp_path / "missing")})
     for name in (KEY_ENV, KEY_FILE_ENV):
         with pytest.raises(SealKeyError, match=f"^{name} is set but empty"):
@@ -274,7 +274,7 @@ def test_bundle_key_configuration(tmp_path: Path, monkeypatch):
     with pytest.raises(BundleVerificationError, match="RAGPIPE_BUNDLE_KEY is set but empty"):
         open_bundle(tmp_path)
     monkeypatch.setenv(KEY_ENV, "short")
-    with pytest.raises(BundleVerificationError, match="bundle key has 5 bytes"):
+    with pytest.raises(BundleVerificationError, match="key has 5 bytes"):
         open_bundle(tmp_path)  # a broken key configuration refuses every bundle, never falls back to unkeyed
 
 

@@ -54,16 +54,16 @@ def test_pointer_file_is_canonical_and_replaced_atomically(tmp_path: Path):
             "not a ragpipe.release-pointer/v1 pointer (keys must be generation, ledger_head, previous, release_id, schema, target)",
         ),
         (
-            pointer_bytes(Pointer("staging", A, 1, None, B)).replace(b'"generation":1', b'"generation":0'),
+            pointer_bytes(Pointer("staging", A, 1, None, B), None).replace(b'"generation":1', b'"generation":0'),
             "generation must be an integer >= 1, not 0",
         ),
         (
-            pointer_bytes(Pointer("staging", A, 1, None, B)).replace(b'"previous":null', b'"previous":"x"'),
+            pointer_bytes(Pointer("staging", A, 1, None, B), None).replace(b'"previous":null', b'"previous":"x"'),
             "release_id, previous and ledger_head must be sha256:<64 hex> (previous may be null)",
         ),
-        (pointer_bytes(Pointer("production", A, 1, None, B)), "pointer names target 'production', not 'staging'"),
+        (pointer_bytes(Pointer("production", A, 1, None, B), None), "pointer names target 'production', not 'staging'"),
         (
-            pointer_bytes(Pointer("staging", A, 1, None, B)).replace(b"{", b"{ "),
+            pointer_bytes(Pointer("staging", A, 1, None, B), None).replace(b"{", b"{ "),
             "bytes are not the canonical rendering of the pointer (edited by hand?)",
         ),
     ],

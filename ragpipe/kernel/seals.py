@@ -1,0 +1,128 @@
+"""The keyed seal: one key configuration, an HMAC-SHA256 over a record's canonical form.
+
+Hashes and content IDs catch accidents and edits by someone who does not recompute them; anyone
+can recompute them. A seal is what only holders of the key can make, for stores that others can
+write (docs/trust.md). One key seals bundles (``ragpipe.bundle.seal``), evaluation ledgers and
+release histories (their head file, ``ragpipe.kernel.ledger``), pointers, release manifests and
+kept gate decisions (a ``seal`` member beside the record).
+
+Configuration (operational, never part of an ID): ``RAGPIPE_BUNDLE_KEY_FILE`` names a file whose
+bytes (one trailing newline stripped) are the key, or ``RAGPIPE_BUNDLE_KEY`` holds the key itself.
+Keys shorter than 32 bytes are refused; a variable set but empty is an error, never "no key".
+
+The rule, the same everywhere (``seal_problem``): with a key configured, a record must carry a
+seal made with that key over exactly its content, in its domain; without one, a sealed record is
+refused too (it cannot be checked, so it is not trusted); without a key, an unsealed record is
+what it always was. A seal is ``{"key_id", "mac"}``: ``key_id`` names the key (a hash, never the
+key), so a record sealed with another key gets a precise refusal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ids import domain_digest
+
+KEY_ENV = "RAGPIPE_BUNDLE_KEY"
+KEY_FILE_ENV = "RAGPIPE_BUNDLE_KEY_FILE"
+MIN_KEY_BYTES = 32
+SEAL = "seal"  # the member a sealed document carries beside its content
+
+
+class SealKeyError(ValueError):
+    """The key configuration is unusable; the message says which setting and why."""
+
+
+@dataclass(frozen=True)
+class SealKey:
+    secret: bytes = field(repr=False)
+
+    @property
+    def key_id(self) -> str:
+        """A public name for the key (a domain-separated hash): says *which* key sealed a record
+        without revealing it."""
+        return domain_digest("bundle-key", 1, self.secret)[:23]
+
+
+def mac(key: SealKey, domain: str, payload: bytes) -> str:
+    """``hmac-sha256:<hex>`` of ``payload`` in ``domain`` (a NUL separates the two)."""
+    digest = hmac.new(key.secret, f"ragpipe/{domain}\0".encode() + payload, hashlib.sha256).hexdigest()
+    return f"hmac-sha256:{digest}"
+
+
+def make_seal(key: SealKey, domain: str, content: Mapping[str, Any]) -> dict[str, str]:
+    """The seal of ``content`` (its canonical bytes) in ``domain``."""
+    return {"key_id": key.key_id, "mac": mac(key, domain, canonical_bytes(dict(content)))}
+
+
+def sealed(content: Mapping[str, Any], domain: str, key: SealKey | None) -> dict[str, Any]:
+    """``content`` with its ``seal`` member when a key is given, else unchanged."""
+    return dict(content) if key is None else {**content, SEAL: make_seal(key, domain, content)}
+
+
+def seal_problem(seal: object, domain: str, content: Mapping[str, Any], key: SealKey | None) -> str | None:
+    """Why ``seal`` (None: the record has none) does not prove ``content`` under ``key``; None if
+    it does, or if there is neither a key nor a seal (module docstring)."""
+    if seal is None:
+        if key is None:
+            return None
+        return f"not sealed, but key {key.key_id} is configured: only records sealed with it are trusted"
+    if not isinstance(seal, dict) or sorted(seal) != ["key_id", "mac"]:
+        return "the seal is not {key_id, mac}"
+    if key is None:
+        return (
+            f"sealed with key {seal['key_id']}, but no key is configured (set {KEY_FILE_ENV} or {KEY_ENV}) "
+            "— a sealed record is not trusted unchecked"
+        )
+    if seal["key_id"] != key.key_id:
+        return f"sealed with key {seal['key_id']}, the configured key is {key.key_id}"
+    if not isinstance(seal["mac"], str) or not hmac.compare_digest(make_seal(key, domain, content)["mac"], seal["mac"]):
+        return "the seal does not match the record (edited or forged)"
+    return None
+
+
+def unsealed(document: Mapping[str, Any], domain: str, key: SealKey | None) -> tuple[dict[str, Any], str | None]:
+    """``(content, problem)``: the document without its ``seal`` member, and ``seal_problem``."""
+    content = {k: v for k, v in document.items() if k != SEAL}
+    return content, seal_problem(document.get(SEAL), domain, content, key)
+
+
+def configured_key(environ: Mapping[str, str] | None = None) -> SealKey | None:
+    """The key from the environment, or None when neither variable is set (module docstring).
+    The inline key is the raw bytes of the variable; a key file loses one trailing ``\\n`` or
+    ``\\r\\n``."""
+    if environ is None:
+        env = {
+            name: os.environb[os.fsencode(name)] for name in (KEY_ENV, KEY_FILE_ENV) if os.fsencode(name) in os.environb
+        }
+    else:
+        env = {name: os.fsencode(environ[name]) for name in (KEY_ENV, KEY_FILE_ENV) if name in environ}
+    inline, path = env.get(KEY_ENV), env.get(KEY_FILE_ENV)
+    if inline is not None and path is not None:
+        raise SealKeyError(f"both {KEY_ENV} and {KEY_FILE_ENV} are set: configure one key")
+    if path is not None:
+        shown = os.fsdecode(path)
+        if not path:
+            raise SealKeyError(f"{KEY_FILE_ENV} is set but empty: name the key file, or unset it")
+        try:
+            secret = Path(os.fsdecode(path)).read_bytes()
+        except OSError as exc:
+            raise SealKeyError(f"{KEY_FILE_ENV}={shown}: cannot read the key file: {exc.strerror}") from None
+        secret = secret.removesuffix(b"\n").removesuffix(b"\r")
+        source = f"{KEY_FILE_ENV}={shown}"
+    elif inline is not None:
+        if not inline:
+            raise SealKeyError(f"{KEY_ENV} is set but empty: set the key, or unset it")
+        secret, source = inline, KEY_ENV
+    else:
+        return None
+    if len(secret) < MIN_KEY_BYTES:
+        raise SealKeyError(f"{source}: key has {len(secret)} bytes, at least {MIN_KEY_BYTES} are required")
+    return SealKey(secret)

@@ -1,0 +1,104 @@
+"""The keyed seal (ragpipe.kernel.seals) and the sealed ledger head: what only a key holder can
+write is refused when forged, unsealed, sealed with another key, or sealed with no key to check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, encode, head_path, read_ledger
+from ragpipe.kernel.seals import SealKey, make_seal, seal_problem, sealed, unsealed
+
+KEY = SealKey(b"a record key of at least 32 bytes!!")
+OTHER = SealKey(b"another key that is 32 bytes long!")
+D = Domain("test-ledger-record", 1)
+
+
+def test_the_rule_of_seal_problem():
+    content = {"a": 1, "b": ["x"]}
+    seal = make_seal(KEY, "thing/v1", content)
+    assert seal["key_id"] == KEY.key_id and seal["mac"].startswith("hmac-sha256:")
+    assert seal_problem(None, "thing/v1", content, None) is None
+    assert seal_problem(seal, "thing/v1", content, KEY) is None
+    assert seal_problem(None, "thing/v1", content, KEY) == (
+        f"not sealed, but key {KEY.key_id} is configured: only records sealed with it are trusted"
+    )
+    assert seal_problem(seal, "thing/v1", content, None).startswith(f"sealed with key {KEY.key_id}, but no key is")
+    assert seal_problem(seal, "thing/v1", content, OTHER) == (
+        f"sealed with key {KEY.key_id}, the configured key is {OTHER.key_id}"
+    )
+    edited = "the seal does not match the record (edited or forged)"
+    assert seal_problem(seal, "thing/v1", {**content, "a": 2}, KEY) == edited
+    assert seal_problem(seal, "other/v1", content, KEY) == edited  # domains never share a seal
+    assert seal_problem({**seal, "extra": 1}, "thing/v1", content, KEY) == "the seal is not {key_id, mac}"
+    assert seal_problem({**seal, "mac": 7}, "thing/v1", content, KEY) == edited
+    assert sealed(content, "thing/v1", None) == content
+    assert unsealed(sealed(content, "thing/v1", KEY), "thing/v1", KEY) == (content, None)
+
+
+def keyed(path: Path, n: int = 3, key: SealKey | None = KEY) -> list:
+    with Ledger.open(path, D, create=True, key=key) as ledger:
+        for i in range(n):
+            ledger.append("event", {"i": i})
+        return list(ledger.records)
+
+
+def test_a_keyed_ledger_seals_its_head_and_reads_back_only_with_that_key(tmp_path: Path):
+    path = tmp_path / "l.jsonl"
+    records = keyed(path)
+    head = json.loads(head_path(path).read_bytes())
+    content = {"hash": records[-1].hash, "seq": 3}
+    assert head == {**content, "seal": make_seal(KEY, "ledger-head/test-ledger-record/v1", content)}
+    assert read_ledger(path, D, key=KEY).records == tuple(records)
+    with pytest.raises(LedgerError, match=rf"record 3: l\.head: sealed with key {KEY.key_id}, but no key"):
+        read_ledger(path, D, key=None)
+    with pytest.raises(LedgerError, match=rf"record 3: l\.head: sealed with key {KEY.key_id}, the configured key"):
+        read_ledger(path, D, key=OTHER)
+    with pytest.raises(LedgerError, match="record 3: l.head: sealed with key"):
+        Ledger.open(path, D, key=OTHER)
+
+
+def test_an_unkeyed_ledger_is_refused_once_a_key_is_configured(tmp_path: Path):
+    path = tmp_path / "l.jsonl"
+    keyed(path, key=None)
+    assert json.loads(head_path(path).read_bytes()).keys() == {"hash", "seq"}
+    with pytest.raises(LedgerError, match=rf"record 3: l\.head: not sealed, but key {KEY.key_id} is configured"):
+        read_ledger(path, D, key=KEY)
+    head_path(path).unlink()
+    with pytest.raises(LedgerError, match=rf"record 3: l\.head is missing: key {KEY.key_id} is configured"):
+        read_ledger(path, D, key=KEY)
+
+
+def test_a_record_forged_with_chain_and_head_recomputed_is_refused(tmp_path: Path):
+    """A forger appends a record and rewrites the head for it; they cannot seal it."""
+    path = tmp_path / "l.jsonl"
+    records = keyed(path)
+    forged = D.make_record(4, "event", {"i": "forged"}, records[-1].hash)
+    path.write_bytes(path.read_bytes() + encode(forged))
+    old_seal = json.loads(head_path(path).read_bytes())["seal"]
+    for head in ({"hash": forged.hash, "seq": 4}, {"hash": forged.hash, "seq": 4, "seal": old_seal}):
+        head_path(path).write_bytes(canonical_bytes(head) + b"\n")
+        with pytest.raises(LedgerError, match="record 4: l.head: (not sealed|the seal does not match)"):
+            read_ledger(path, D, key=KEY)
+
+
+def test_a_record_after_the_sealed_head_is_uncommitted_ignored_by_readers_and_dropped_by_the_writer(
+    tmp_path: Path,
+):
+    """A crash between a record's fsync and its head's rewrite: the record was never sealed. (Its
+    append never returned, so dropping it is the same as a crash just before it.)"""
+    path = tmp_path / "l.jsonl"
+    records = keyed(path)
+    sealed_bytes = path.read_bytes()
+    unsealed_record = D.make_record(4, "event", {"i": 3}, records[-1].hash)
+    path.write_bytes(sealed_bytes + encode(unsealed_record))
+    read = read_ledger(path, D, key=KEY)
+    assert read.records == tuple(records) and read.dropped_bytes == len(encode(unsealed_record))
+    with Ledger.open(path, D, key=KEY) as ledger:
+        assert ledger.records == records
+        assert path.read_bytes() == sealed_bytes  # dropped, as a torn tail is
+        again = ledger.append("event", {"i": "again"})
+    assert again.seq == 4 and read_ledger(path, D, key=KEY).records[-1] == again
