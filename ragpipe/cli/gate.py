@@ -121,7 +121,7 @@ def gate(
         for c in decision.checks:
             on = " ".join(x for x in (c.metric, c.slice, c.arm) if x)
             value = "—" if c.value is None else f"{c.value:.6g}"
-            style = {"pass": "green", "fail": "bold red", "skipped": "yellow"}[c.verdict]
+            style = {"pass": "green", "fail": "bold red", "skipped": "yellow", "advisory": "magenta"}[c.verdict]
             table.add_row(c.phase, c.name, on, value, f"{c.op} {c.threshold:.6g}", f"[{style}]{c.verdict}[/]")
         out.print(table)
         verdict = (

@@ -20,8 +20,12 @@ instead of only that there is none. The outcome is the same; only the reasons ar
 
 The cost phase checks, in this order: p95 latency (relative, absolute), then the build cost of
 the arm's bundle (``arms.BuildCost``, recorded by the run when it bound the bundle): vectors
-(relative, absolute), then payload bytes (relative, absolute). A run without the figure fails
-the check (``no value``, fail closed), exactly as a run without a latency sample does.
+(relative, absolute), then payload bytes (relative, absolute). A run without a build figure
+fails the check (``no value``, fail closed). The latency checks are *advisory*: a latency bound
+that does not hold (or has no sample) gets verdict ``advisory`` with its reason, is shown, and
+never decides — each arm's latencies are wall-clock times of its own run, taken at another
+moment under another load, so a busy machine would flip the outcome (``ADVISORY_LATENCY``).
+Only deterministic figures (build cost) make the cost phase decisive.
 
 Refused with ``GateError`` (no decision is made): a policy naming a metric the run does not
 declare (other than ``if_measured`` bounds), a run declaring a known metric with another
@@ -49,7 +53,7 @@ from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 
 Op = Literal[">=", "<=", ">", "<", "=="]
-Verdict = Literal["pass", "fail", "skipped"]
+Verdict = Literal["pass", "fail", "skipped", "advisory"]
 _HOLDS = {
     ">=": lambda v, t: v >= t,
     "<=": lambda v, t: v <= t,
@@ -57,6 +61,11 @@ _HOLDS = {
     "<": lambda v, t: v < t,
     "==": lambda v, t: v == t,
 }
+
+
+# Why latency never decides: each arm's latencies are wall-clock times of its own run, measured at
+# another moment and under another load than the other arm's (a busy machine flips the outcome).
+ADVISORY_LATENCY = "the arms' latencies were measured at different times, so they decide nothing"
 
 
 class GateError(ValueError):
@@ -108,8 +117,11 @@ def check(
     slice: str | None = None,
     arm: str | None = None,
     missing: str = "no value",
+    advisory: bool = False,
 ) -> Check:
-    """One check; a missing value fails (fail closed) with ``missing`` as the reason."""
+    """One check; a missing value fails (fail closed) with ``missing`` as the reason. An
+    ``advisory`` check that does not hold has verdict ``advisory``, not ``fail``: recorded and
+    shown with its reason, never decisive."""
     label = " ".join(
         x for x in (phase, name, metric, f"on {slice}" if slice else None, f"({arm})" if arm else None) if x
     )
@@ -119,6 +131,8 @@ def check(
         verdict, reason = "pass", None
     else:
         verdict, reason = "fail", f"{label}: {value:.6g} is not {op} {threshold:.6g}"
+    if advisory and verdict == "fail":
+        verdict, reason = "advisory", f"{reason} (advisory: {ADVISORY_LATENCY})"
     return Check(
         phase=phase,
         name=name,
@@ -294,13 +308,23 @@ def _cost(
         base = incumbent.latency_p95_ms
         if base is None:
             out.append(
-                check("cost", "p95_latency_relative", None, "<=", 0.0, missing="the incumbent has no latency sample")
+                check(
+                    "cost",
+                    "p95_latency_relative",
+                    None,
+                    "<=",
+                    0.0,
+                    missing="the incumbent has no latency sample",
+                    advisory=True,
+                )
             )
         else:
             allowance = max(base * cost.max_p95_latency_ratio, base + cost.latency_slack_ms)
-            out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing=no_sample))
+            out.append(check("cost", "p95_latency_relative", p95, "<=", allowance, missing=no_sample, advisory=True))
     if cost.max_p95_latency_ms is not None:
-        out.append(check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing=no_sample))
+        out.append(
+            check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing=no_sample, advisory=True)
+        )
     return out + _build_cost(policy, challenger, incumbent)
 
 

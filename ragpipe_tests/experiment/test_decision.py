@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragpipe.experiment.arms import CellOutcome, MetricDecl
+from ragpipe.experiment.arms import BuildCost, CellOutcome, MetricDecl
 from ragpipe.experiment.comparison import compare
 from ragpipe.experiment.decision import Check, GateError, decide, outcome
 from ragpipe.experiment.gate_policy import PHASES, parse_policy
@@ -27,9 +27,17 @@ def shifted(delta) -> dict[str, float]:
     return {c: v + (delta(c) if callable(delta) else delta) for c, v in BASE.items()}
 
 
-def paired_decision(challenger_values, doc=GUARDED, **challenger) -> object:
+BUILD = BuildCost(material_digest="sha256:" + "d" * 64, vectors=1000, payload_bytes=10_000)
+
+
+def paired_decision(challenger_values, doc=GUARDED, vectors: int | None = None, **challenger) -> object:
+    """A paired decision; ``vectors``: both arms record build figures, the challenger this many
+    vectors (the incumbent 1,000)."""
     inc = arm("run-1", BASE, tags=TAGS)
     ch = arm("run-2", challenger_values, tags=TAGS, **challenger)
+    if vectors is not None:
+        inc = inc.model_copy(update={"build": BUILD})
+        ch = ch.model_copy(update={"build": BUILD.model_copy(update={"vectors": vectors})})
     return decide(parse_policy(doc, "p.yaml"), compare(pair(inc, ch)))
 
 
@@ -74,8 +82,9 @@ ALONE = {
     ),
     "target": (None, ("target improvement ndcg@10: 0 is not >= 0.01", "target ci_lower ndcg@10: 0 is not > 0")),
     "regression": ("protected-loss", ("regression max_loss ndcg@10 on tag:protected: -0.05 is not >= -0.02",)),
-    "cost": (dict(latency=100.0), ("cost p95_latency_relative: 100 is not <= 15",)),
+    "cost": (dict(vectors=2500), ("cost build_vectors_relative: 2500 is not <= 2000",)),
 }
+BUILD_BOUNDED = {**GUARDED, "cost": {**GUARDED["cost"], "max_build_vectors_ratio": 2.0}}
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -86,8 +95,27 @@ def test_each_phase_alone_failing_is_decisive(phase):
     elif extra == "protected-loss":
         d = paired_decision(shifted(lambda c: -0.05 if c in PROTECTED else 0.2))
     else:
-        d = paired_decision(shifted(0.1), **extra)
+        d = paired_decision(shifted(0.1), BUILD_BOUNDED, **{"vectors": 1000, **extra})
     assert (d.eligible, d.decisive_phase, failing_phases(d), d.reasons) == (False, phase, {phase}, reasons)
+
+
+def test_latency_is_advisory_shown_and_never_decisive():
+    """Each arm's latencies were taken in its own run: a slower challenger (or none measured) is
+    reported, never a reason to refuse — the outcome must not depend on machine load."""
+    for challenger in (dict(latency=100.0), dict(latency=1.0)):
+        d = paired_decision(shifted(0.1), **challenger)
+        assert (d.eligible, d.decisive_phase, d.reasons) == (True, None, ())
+    (latency,) = [c for c in paired_decision(shifted(0.1), latency=100.0).checks if c.phase == "cost"]
+    assert (latency.name, latency.value, latency.threshold, latency.verdict, latency.reason) == (
+        "p95_latency_relative",
+        100.0,
+        15.0,
+        "advisory",
+        "cost p95_latency_relative: 100 is not <= 15 (advisory: the arms' latencies were measured at different "
+        "times, so they decide nothing)",
+    )
+    fast = [c for c in paired_decision(shifted(0.1), latency=1.0).checks if c.phase == "cost"]
+    assert [c.verdict for c in fast] == ["pass"]
 
 
 def test_later_phases_never_compensate_an_earlier_failure():
@@ -95,9 +123,10 @@ def test_later_phases_never_compensate_an_earlier_failure():
     d = paired_decision(shifted(0.25), disclosures={"c00": 1}, latency=1.0)
     assert (d.eligible, d.decisive_phase, failing_phases(d)) == (False, "hard", {"hard"})
     # Several phases fail: the first in the fixed order decides; all failures are listed in order.
-    d = paired_decision(dict(BASE), failed={("c01", 0): "OSError"}, latency=100.0)
+    d = paired_decision(dict(BASE), BUILD_BOUNDED, vectors=5000, failed={("c01", 0): "OSError"}, latency=100.0)
     assert (d.decisive_phase, failing_phases(d)) == ("coverage", {"coverage", "target", "cost"})
     assert [r.split(" ")[0] for r in d.reasons] == ["coverage", "target", "target", "cost"]
+    assert [c.verdict for c in d.checks if c.phase == "cost"] == ["advisory", "fail"]
 
 
 BOOTSTRAP = {
@@ -105,15 +134,26 @@ BOOTSTRAP = {
     "hard": (dict(disclosures={"c02": 3}), ("hard max unauthorized_disclosures: 3 is not <= 0",)),
     "coverage": (dict(failed={("c02", 0): "cancelled"}), ("coverage failed_rate (challenger): 0.0333333 is not <= 0",)),
     "target": (dict(recall=lambda c, v: 0.1), ("target floor recall@100: 0.1 is not >= 0.3",)),
-    "cost": (dict(latency=80.0), ("cost p95_latency_absolute: 80 is not <= 50",)),
+    "cost": (dict(vectors=80), ("cost build_vectors_absolute: 80 is not <= 50",)),
 }
 
 
 @pytest.mark.parametrize("phase", list(BOOTSTRAP), ids=str)
 def test_bootstrap_decision_uses_the_absolute_floors(phase):
-    extra, reasons = BOOTSTRAP[phase]
-    doc = policy_doc(cost={"max_p95_latency_ratio": 1.5, "latency_slack_ms": 5.0, "max_p95_latency_ms": 50.0})
-    d = decide(parse_policy(doc, "p.yaml"), None, arm("run-9", shifted(0.2), **extra))
+    extra, reasons = dict(BOOTSTRAP[phase][0]), BOOTSTRAP[phase][1]
+    vectors = extra.pop("vectors", 10)
+    doc = policy_doc(
+        cost={
+            "max_p95_latency_ratio": 1.5,
+            "latency_slack_ms": 5.0,
+            "max_p95_latency_ms": 50.0,
+            "max_build_vectors": 50,
+        }
+    )
+    challenger = arm("run-9", shifted(0.2), **extra).model_copy(
+        update={"build": BUILD.model_copy(update={"vectors": vectors})}
+    )
+    d = decide(parse_policy(doc, "p.yaml"), None, challenger)
     assert (d.mode, d.eligible, d.decisive_phase, d.reasons, d.incumbent, d.comparison_id) == (
         "bootstrap",
         phase is None,
@@ -131,6 +171,7 @@ def test_bootstrap_decision_uses_the_absolute_floors(phase):
         ("target", "floor", "ndcg@10"),
         ("target", "floor", "recall@100"),
         ("cost", "p95_latency_absolute", None),
+        ("cost", "build_vectors_absolute", None),
     ]
 
 

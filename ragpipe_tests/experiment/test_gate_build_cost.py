@@ -160,7 +160,7 @@ def test_absolute_ceilings_decide_a_bootstrap_without_an_incumbent():
     assert decide(parse_policy(doc, "p.yaml"), None, with_build(run, 1000, 5_000_000)).eligible is True
 
 
-def test_runs_without_build_figures_fail_the_check_like_a_run_without_latency():
+def test_runs_without_build_figures_fail_the_check_closed():
     doc = policy_doc(cost=cost(max_build_vectors_ratio=2.0, max_bundle_bytes_ratio=2.0))
     d = paired((None, 0), (1000, 10_000), doc)
     assert (d.eligible, d.decisive_phase) == (False, "cost")
@@ -201,10 +201,14 @@ def test_runs_without_build_figures_fail_the_check_like_a_run_without_latency():
             "cost bundle_bytes_relative: the challenger run records no build figures",
         ),
     ]
-    # the same as the latency check of a run without a sample: fail closed
+    # unlike a run without a latency sample, which is only advisory (latency never decides)
     no_latency = paired((1000, 10_000), (1000, 10_000), doc, failed={(c, 0): "TimeoutError" for c in BETTER})
-    assert [c.reason for c in no_latency.checks if c.name == "p95_latency_relative"] == [
-        "cost p95_latency_relative: no latency sample"
+    assert [(c.verdict, c.reason) for c in no_latency.checks if c.name == "p95_latency_relative"] == [
+        (
+            "advisory",
+            "cost p95_latency_relative: no latency sample (advisory: the arms' latencies were measured at "
+            "different times, so they decide nothing)",
+        )
     ]
     ceiling = decide(parse_policy(policy_doc(cost=cost(max_bundle_bytes=1e9)), "p.yaml"), None, arm("run-2", BETTER))
     assert cost_checks(ceiling) == [
@@ -610,7 +614,7 @@ def build_here(ws):
         return BuiltBundle(
             revision=revision,
             bundle_id=str(facts["bundle_id"]),
-            bundle_path=Path(str(facts["bundle_path"])),
+            bundle_path=ws.located(str(facts["bundle_path"])),
             embedded=int(embedded["encoded"]),
             cache_hits=int(embedded["cache_hits"]),
             up_to_date=False,
