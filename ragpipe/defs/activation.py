@@ -6,12 +6,12 @@ approval where the target requires it, compare-and-swap of the target's pointer)
 the run with the refusal's message; nothing is activated.
 
 ``activation_sensor`` reads the release store on every tick (``eligible_releases``) for each
-target whose config says ``sensor: true`` and requests ``activate_release`` for the newest
+target whose config says ``auto_activate: true`` and requests ``activate_release`` for the newest
 eligible release that is *ready* there (never activated or attempted on the target, approved
 where required), with run key ``activate:<target>:<release_id>``. Everything else is skipped
 with a reason. Its cursor remembers what it requested, and a run that already carries the run key
 is never requested again, so repeated ticks never double-activate. Default status: running when
-some target in the targets config has ``sensor: true`` (``staging`` in the checked-in one), else
+some target in the targets config has ``auto_activate: true`` (``staging`` in the checked-in one), else
 stopped; ``production`` is off.
 """
 
@@ -42,6 +42,7 @@ from ragpipe.release.targets import TargetsConfig, load_targets
 JOB = "activate_release"
 OP = "activate"
 RUN_KEY_TAG = "dagster/run_key"
+SENSOR_NAME_TAG = "dagster/sensor_name"  # set by Dagster on every run a sensor requested
 CURSOR_VERSION = 1
 
 
@@ -56,7 +57,11 @@ class ActivateConfig(Config):
     description="Activate one release on one target (verified, gated, approved where required).",
 )
 def activate_op(context: OpExecutionContext, config: ActivateConfig, ragpipe: RagpipeHome) -> None:
-    result = activate(ragpipe.workspace, config.release_id, config.target, by=f"dagster run {context.run_id}")
+    # A run the sensor requested is automatic: no person asked for it (a run launched by hand is).
+    automatic = SENSOR_NAME_TAG in context.run.tags
+    result = activate(
+        ragpipe.workspace, config.release_id, config.target, by=f"dagster run {context.run_id}", automatic=automatic
+    )
     context.log.info(
         f"target {result.target!r}: release {result.release_id} active at generation {result.generation}"
         + ("" if result.changed else " (it already was)")
@@ -129,7 +134,7 @@ def evaluate(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorRe
     requested = load_cursor(context.cursor)
     requests, reasons = [], []
     for target, spec in sorted(config.targets.items()):
-        if not spec.sensor:
+        if not spec.auto_activate:
             reasons.append(f"{target}: the sensor is off for this target (targets config)")
             continue
         candidates = eligible_releases(ragpipe.workspace, target, config=config)
@@ -147,7 +152,7 @@ def evaluate(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorRe
 def activation_sensor_def(config: TargetsConfig | None = None) -> SensorDefinition:
     """The sensor, its default status from the targets config (``config`` or the loaded one)."""
     config = config or load_targets()
-    running = any(t.sensor for t in config.targets.values())
+    running = any(t.auto_activate for t in config.targets.values())
 
     @sensor(
         name="activation_sensor",
@@ -155,7 +160,7 @@ def activation_sensor_def(config: TargetsConfig | None = None) -> SensorDefiniti
         minimum_interval_seconds=30,
         default_status=DefaultSensorStatus.RUNNING if running else DefaultSensorStatus.STOPPED,
         description=(
-            "Requests activate_release for the newest eligible release of each target with `sensor: true` in the "
+            "Requests activate_release for the newest eligible release of each target with `auto_activate: true` in the "
             "targets config (after approval where the target requires it); run key activate:<target>:<release_id>."
         ),
     )

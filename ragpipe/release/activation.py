@@ -23,6 +23,7 @@ from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.approvals import approval_refusal
+from ragpipe.release.automatic import WAIVED, automatic_refusal
 from ragpipe.release.evidence import evaluation_evidence, load_run
 from ragpipe.release.gate_evidence import gate_problems
 from ragpipe.release.history import History, now_iso
@@ -168,9 +169,12 @@ def refusal(release_id: str, problems: list[str]) -> str:
     return f"release {release_id} failed verification; not activated:\n  " + "\n  ".join(problems)
 
 
-def swap(store: ReleaseStore, history: History, release_id: str, action: str, by: str, step: StepHook) -> SwapResult:
+def swap(
+    store: ReleaseStore, history: History, release_id: str, action: str, by: str, step: StepHook, waived: bool = False
+) -> SwapResult:
     """Intent → pointer swap → observed, under the lock, the generation already checked. An
-    exception after the intent settles it from the pointer (cancelled if the pointer did not move)."""
+    exception after the intent settles it from the pointer (cancelled if the pointer did not move).
+    ``waived``: the intent records that it waives ``human_apply_required`` (``automatic``)."""
     state = history.state
     target, gen, previous = history.target, state.generation, state.active
     intent = history.append(
@@ -183,6 +187,7 @@ def swap(store: ReleaseStore, history: History, release_id: str, action: str, by
             "previous": previous,
             "by": by,
             "at": now_iso(),
+            **({"waived": WAIVED} if waived else {}),
         },
     )
     step("intent_appended")
@@ -216,8 +221,12 @@ def activate(
     config: TargetsConfig | None = None,
     child_checks: Sequence[ChildCheck] = (),
     on_step: StepHook | None = None,
+    automatic: bool = False,
 ) -> SwapResult:
     """Activate ``release_id`` on ``target`` (default target when None); see the module docstring.
+    ``automatic``: no person asked for it (the activation sensor's runs) — refused unless the
+    target activates automatically and, for a decision saying ``human_apply_required``, waives
+    that (``ragpipe.release.automatic``).
 
     ``expected_generation`` is the pointer generation the caller based its decision on (read now
     when None); if another writer moved the pointer since, ``ConflictError`` and nothing changes.
@@ -232,6 +241,11 @@ def activate(
     refused = gate_refusal(config, name, manifest)
     if refused:
         raise ReleaseError(f"release {release_id} {refused}")
+    waived = False
+    if automatic:
+        not_automatic, waived = automatic_refusal(store, name, spec, manifest)
+        if not_automatic:
+            raise ReleaseError(f"release {release_id} is not activated automatically: {not_automatic}")
     if expected_generation is None:
         expected_generation = current_generation(store, name)
     problems = verify_release(ws, manifest, child_checks)  # slow: outside the lock
@@ -260,4 +274,4 @@ def activate(
                 f"(ragpipe release approve {release_id} --target {name} --by NAME --key KEYFILE)"
             )
         check_generation(store, name, expected_generation)
-        return swap(store, history, release_id, "activate", by, step)
+        return swap(store, history, release_id, "activate", by, step, waived)

@@ -5,8 +5,10 @@ Records (``ragpipe.kernel.ledger``, domain ``release-history-record`` v1), paylo
 - ``approval``  {release_id, by, note, at, expires, signature}: an approver signed that the release
   may go live on this target (``ragpipe.release.approvals``); records of the earlier form
   {release_id, by, note, at} still parse, and never count as an approval.
-- ``intent``    {action: activate|rollback, release_id, from_generation, generation, previous, by, at}:
-  appended *before* the pointer swap; ``generation = from_generation + 1``.
+- ``intent``    {action: activate|rollback, release_id, from_generation, generation, previous, by, at
+  [, waived]}: appended *before* the pointer swap; ``generation = from_generation + 1``; ``waived:
+  human_apply_required`` on an automatic activation the target waived that for
+  (``ragpipe.release.automatic``).
 - ``observed``  {intent, outcome: active|failed|cancelled, release_id, generation, reason, at}: what
   happened to the intent of record ``intent`` (``active``: the pointer now names the release).
 - ``rejected``  {action, release_id, reason, by, at}: the release was refused before any intent
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, check_head, fold, parse_ledger
+from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, fold, read_ledger
 from ragpipe.release.store import ReleaseStore
 
 HISTORY_DOMAIN = Domain("release-history-record", 1)
@@ -75,7 +77,12 @@ def _need(record: Record) -> dict[str, Any]:
     keys = KEYS.get(record.kind)
     if keys is None:
         raise ValueError(f"unknown record kind {record.kind!r}")
-    if set(record.payload) != keys and not (record.kind == "approval" and set(record.payload) == UNSIGNED_APPROVAL):
+    given = set(record.payload)
+    older_approval = record.kind == "approval" and given == UNSIGNED_APPROVAL
+    waiver = (
+        record.kind == "intent" and given == keys | {"waived"} and record.payload["waived"] == "human_apply_required"
+    )
+    if given != keys and not older_approval and not waiver:
         raise ValueError(f"{record.kind} record must have exactly the keys {', '.join(sorted(keys))}")
     return record.payload
 
@@ -163,8 +170,7 @@ def read_history(store: ReleaseStore, target: str) -> tuple[TargetHistory, tuple
     path = store.history_path(target)
     if not path.is_file():
         return TargetHistory(), ()
-    read = parse_ledger(path.read_bytes(), HISTORY_DOMAIN, str(path))
-    check_head(path, read)
+    read = read_ledger(path, HISTORY_DOMAIN)
     return reduce_history(read.records, str(path)), read.records
 
 

@@ -8,7 +8,8 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
   ``resolve_active_run`` adds the evaluation run as that verification read it, for the gate.
 - ``eligible_releases(ws, target)`` → one ``EligibleRelease`` per published release whose gate decision
   is eligible, in publication order, with ``status``: ``ready`` (request activation), ``approval
-  missing``, or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
+  missing``, ``needs a person`` (``ragpipe.release.automatic``: the target does not activate
+  automatically, or its decision says human_apply_required and the target does not waive it), or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
   ``failed``, ``cancelled``, ``rejected``, ``activating``). The sensor requests
   ``activate:<target>:<release_id>`` for each ``ready`` one and skips the rest with ``reason``; a
   release that ever had an activation attempt on the target is never ``ready`` again, so an old
@@ -27,6 +28,7 @@ from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import bundle_path, unaccepted_policy
 from ragpipe.release.approvals import approval_refusal
+from ragpipe.release.automatic import automatic_refusal
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import ReleaseManifest, list_manifests
@@ -65,6 +67,7 @@ def resolve_active_run(
 
 
 def _candidate(
+    ws: Workspace,
     release_id: str,
     manifest: ReleaseManifest,
     target: str,
@@ -83,6 +86,9 @@ def _candidate(
     unapproved = config.targets[target].approval_required and approval_refusal(config, target, state, release_id)
     if unapproved:
         return EligibleRelease(release_id, manifest.revision, "approval missing", unapproved)
+    needs_person, _ = automatic_refusal(ReleaseStore(ws), target, config.targets[target], manifest)
+    if needs_person:
+        return EligibleRelease(release_id, manifest.revision, "needs a person", needs_person)
     return EligibleRelease(release_id, manifest.revision, "ready", None)
 
 
@@ -97,7 +103,9 @@ def eligible_releases(
     accepted = config.accepted_policies(name)  # read the policy files once, not per release
     listing = list_manifests(store)
     invalid = [EligibleRelease(path.name, "", "invalid manifest", reason) for path, reason in listing.invalid]
-    return invalid + [_candidate(rid, m, name, config, accepted, state) for rid, m in listing.valid if m.gate.eligible]
+    return invalid + [
+        _candidate(ws, rid, m, name, config, accepted, state) for rid, m in listing.valid if m.gate.eligible
+    ]
 
 
 def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[str, TargetHistory]:

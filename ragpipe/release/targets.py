@@ -3,8 +3,10 @@
 A target is a named place a release can be active in (``staging``, ``production``); each has one
 pointer. ``approval_required`` makes activation (and the sensor) wait for an approval signed by one of the
 target's ``approvers`` (name → Ed25519 public key; ``ragpipe.release.approvals``);
-``sensor`` says whether the activation sensor may activate releases on it automatically (off by
-default for ``production``). ``gate_policies`` lists the gate policies a release must have been
+``auto_activate`` says whether the activation sensor may activate releases on it without a person
+(off for ``production`` in the checked-in file); a gate policy that says ``human_apply_required``
+(the default one does) still forbids that unless the target also states ``waive_human_apply: true``
+— then each such activation records the waiver in the target's history. ``gate_policies`` lists the gate policies a release must have been
 gated under to be activated there — policy files, relative to the targets file, or ``default``
 (``ragpipe/specs/gate_policy.yaml``, also what a target without the key accepts): a release store
 can hold decisions made under any policy, and the target, not the release, says which count.
@@ -35,10 +37,24 @@ class TargetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     approval_required: bool
-    sensor: bool
+    auto_activate: bool
+    waive_human_apply: bool = False  # let auto_activate apply decisions that say human_apply_required
     description: str = ""
     gate_policies: tuple[str, ...] = Field(("default",), min_length=1)
     approvers: dict[str, str] = {}  # name -> Ed25519 public key (ragpipe release approver-key)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "sensor" in data:
+            raise ValueError("'sensor' is now called 'auto_activate' (with 'waive_human_apply', docs/releases.md)")
+        return data
+
+    @model_validator(mode="after")
+    def _waiver(self) -> TargetSpec:
+        if self.waive_human_apply and not self.auto_activate:
+            raise ValueError("waive_human_apply: true needs auto_activate: true (only automatic activation waives it)")
+        return self
 
     @model_validator(mode="after")
     def _approvers(self) -> TargetSpec:

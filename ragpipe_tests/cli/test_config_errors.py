@@ -144,9 +144,9 @@ def cutoffs_invalid(cfg: Path) -> str:
 
 
 def targets_invalid(cfg: Path) -> str:
-    edit(cfg / "targets.yaml", "    sensor: true\n", "    sensor: maybe\n")
+    edit(cfg / "targets.yaml", "    auto_activate: true ", "    auto_activate: maybe ")
     return (
-        f"{cfg}/targets.yaml: invalid targets config: targets.staging.sensor: "
+        f"{cfg}/targets.yaml: invalid targets config: targets.staging.auto_activate: "
         "Input should be a valid boolean, unable to interpret input"
     )
 

@@ -14,6 +14,7 @@ from dagster import DagsterInstance, DefaultSensorStatus, build_sensor_context
 from ragpipe.defs import build_definitions
 from ragpipe.defs.activation import activation_sensor_def, load_cursor
 from ragpipe.defs.resources import RagpipeHome
+from ragpipe.release.history import read_history
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import load_targets
@@ -22,8 +23,8 @@ from ragpipe_tests.support.release_fixtures import approve_signed, bundle_of, fi
 TARGETS = """schema: ragpipe.targets/v1
 default_target: staging
 targets:
-  staging: {approval_required: false, sensor: true}
-  production: {approval_required: true, sensor: SENSOR}
+  staging: {approval_required: false, auto_activate: true, waive_human_apply: true}
+  production: {approval_required: true, auto_activate: SENSOR, waive_human_apply: SENSOR}
 """
 
 
@@ -74,6 +75,29 @@ def test_eligible_release_is_requested_once_and_activated(env):
     third = tick(env, None)
     assert third.run_requests == []
     assert f"staging: {rid}: release is active on target 'staging'" in third.skip_message
+
+
+def test_a_sensor_activation_records_the_waiver_and_a_target_without_one_waits_for_a_person(env, tmp_path, monkeypatch):
+    ws, instance, defs, bundle = env
+    rid = publish(ws, bundle, "r1")
+    launch(env, tick(env, None))  # the run carries the sensor's tag: automatic, waived on staging
+    _, records = read_history(ReleaseStore(ws), "staging")
+    intent = next(r for r in records if r.kind == "intent")
+    assert (intent.payload["release_id"], intent.payload["waived"]) == (rid, "human_apply_required")
+    # staging without the waiver: the sensor leaves the release to a person, who can activate it
+    strict = fixture_targets(tmp_path, TARGETS.replace("SENSOR", "false").replace(", waive_human_apply: true", ""))
+    monkeypatch.setenv("RAGPIPE_TARGETS", str(strict))
+    other = publish(ws, bundle, "r2")
+    data = tick(env, None)
+    assert data.run_requests == []
+    assert (
+        f"staging: {other}: its gate decision says human_apply_required and target 'staging' does not waive it "
+        "(waive_human_apply in the targets config): a person activates it (ragpipe release activate)"
+    ) in data.skip_message
+    config = {"ops": {"activate": {"config": {"release_id": other, "target": "staging"}}}}
+    assert defs.resolve_job_def("activate_release").execute_in_process(run_config=config, instance=instance).success
+    _, records = read_history(ReleaseStore(ws), "staging")
+    assert "waived" not in [r for r in records if r.kind == "intent"][-1].payload  # a person applied it
 
 
 def test_ineligible_release_is_never_requested(env):
@@ -132,7 +156,8 @@ def test_default_status_follows_the_targets_config(tmp_path: Path):
     path = tmp_path / "targets.yaml"
     path.write_text(
         TARGETS.replace("SENSOR", "false").replace(
-            "staging: {approval_required: false, sensor: true}", "staging: {approval_required: false, sensor: false}"
+            "staging: {approval_required: false, auto_activate: true, waive_human_apply: true}",
+            "staging: {approval_required: false, auto_activate: false}",
         )
     )
     assert activation_sensor_def(load_targets(path)).default_status == DefaultSensorStatus.STOPPED

@@ -182,7 +182,16 @@ def test_approval_required_by_production(ws, bundle: Path):
     )
     approval = approve_signed(ws, rid, "production", note="change 42")
     assert (approval.by, approval.note, approval.seq) == ("alice", "change 42", 1)
-    assert eligible_releases(ws, "production") == [EligibleRelease(rid, "r1", "ready", None)]
+    assert eligible_releases(ws, "production") == [  # approved; the sensor still leaves it to a person
+        EligibleRelease(
+            rid,
+            "r1",
+            "needs a person",
+            "target 'production' does not activate automatically (auto_activate: false in the targets config)",
+        )
+    ]
+    with pytest.raises(ReleaseError, match=f"release {rid} is not activated automatically: target 'production' does"):
+        activate(ws, rid, "production", automatic=True)
     assert activate(ws, rid, "production").generation == 1
     assert eligible_releases(ws, "production") == [
         EligibleRelease(rid, "r1", "active", "release is active on target 'production'")
@@ -244,7 +253,7 @@ def test_a_target_activates_only_releases_gated_under_a_policy_it_accepts(ws, bu
     bad = tmp_path / "targets.yaml"
     bad.write_text(
         "schema: ragpipe.targets/v1\ndefault_target: staging\n"
-        "targets:\n  staging: {approval_required: false, sensor: false, gate_policies: [missing.yaml]}\n"
+        "targets:\n  staging: {approval_required: false, auto_activate: false, gate_policies: [missing.yaml]}\n"
     )
     with pytest.raises(ReleaseError) as exc:
         activate(ws, a, "staging", config=load_targets(bad))

@@ -94,7 +94,7 @@ def test_publish_is_atomic_immutable_and_idempotent(tmp_path: Path):
     assert published and rid == manifest.release_id
     path = store.manifest_path(rid)
     assert path == tmp_path / "releases" / "manifests" / f"{rid[7:]}.json"
-    assert path.read_bytes() == manifest_file_bytes(manifest)
+    assert path.read_bytes() == manifest_file_bytes(manifest, None)
     assert json.loads(path.read_bytes()) == {"manifest": body(), "release_id": rid}
     assert publish_manifest(store, manifest) == (rid, False)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp left
@@ -153,7 +153,7 @@ def test_missing_and_malformed_release_ids(tmp_path: Path):
 def test_default_targets():
     config = load_targets(DEFAULT_TARGETS_PATH)
     assert config.default_target == "staging"
-    assert {n: (t.approval_required, t.sensor) for n, t in config.targets.items()} == {
+    assert {n: (t.approval_required, t.auto_activate) for n, t in config.targets.items()} == {
         "staging": (False, True),
         "production": (True, False),
     }
@@ -167,19 +167,19 @@ def test_default_targets():
     "text, problem",
     [
         (
-            "schema: ragpipe.targets/v1\ndefault_target: prod\ntargets:\n  staging: {approval_required: false, sensor: true}\n",
+            "schema: ragpipe.targets/v1\ndefault_target: prod\ntargets:\n  staging: {approval_required: false, auto_activate: true}\n",
             "(top): Value error, default_target 'prod' is not one of the declared targets ['staging']",
         ),
         (
-            "schema: ragpipe.targets/v1\ndefault_target: s\ntargets:\n  s: {approval_required: maybe, sensor: true}\n",
+            "schema: ragpipe.targets/v1\ndefault_target: s\ntargets:\n  s: {approval_required: maybe, auto_activate: true}\n",
             "targets.s.approval_required: Input should be a valid boolean, unable to interpret input",
         ),
         (
-            "schema: ragpipe.targets/v1\ndefault_target: s\ntargets:\n  s: {approval_required: true, sensor: true, x: 1}\n",
+            "schema: ragpipe.targets/v1\ndefault_target: s\ntargets:\n  s: {approval_required: true, auto_activate: true, x: 1}\n",
             "targets.s.x: Extra inputs are not permitted",
         ),
         (
-            "schema: ragpipe.targets/v1\ndefault_target: Bad\ntargets:\n  Bad: {approval_required: true, sensor: true}\n",
+            "schema: ragpipe.targets/v1\ndefault_target: Bad\ntargets:\n  Bad: {approval_required: true, auto_activate: true}\n",
             "(top): Value error, target name 'Bad' must match [a-z][a-z0-9_-]{0,62}",
         ),
     ],
@@ -195,7 +195,7 @@ def test_bad_targets_config_names_file_and_rule(tmp_path: Path, text: str, probl
 def test_targets_from_environment(tmp_path: Path, monkeypatch):
     path = tmp_path / "t.yaml"
     path.write_text(
-        "schema: ragpipe.targets/v1\ndefault_target: qa\ntargets:\n  qa: {approval_required: false, sensor: false}\n"
+        "schema: ragpipe.targets/v1\ndefault_target: qa\ntargets:\n  qa: {approval_required: false, auto_activate: false}\n"
     )
     monkeypatch.setenv("RAGPIPE_TARGETS", str(path))
     assert load_targets().default_target == "qa"
