@@ -74,7 +74,7 @@ def build_all_stages(home: Path, revision: str, corpus: Path, fmt: str, default_
     register_revision(ws.registry, revision, corpus, fmt, default_scope)
     for run in steps.BUILD_STEPS:
         run(ws, revision, spec)
-    return ws, spec, Path(str(steps.read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
+    return ws, spec, ws.located(str(steps.read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
 
 
 @pytest.fixture(scope="session")

@@ -101,7 +101,7 @@ def bundle_of(ws: Workspace, revision: str, spec: PipelineSpec) -> tuple[Path, s
         facts = read_stage_record(ws, revision, "index_bundle", spec).facts
     except StageError as exc:
         raise CandidateError(f"revision {revision!r}: {exc}") from None
-    return Path(str(facts["bundle_path"])), str(facts["bundle_id"])
+    return ws.located(str(facts["bundle_path"])), str(facts["bundle_id"])
 
 
 def evaluate_arm(

@@ -51,7 +51,8 @@ def revision_bundle(revision: str) -> Path:
 
     check_revision_key(revision)  # a key is a path segment: '../x' would leave RAGPIPE_HOME
     try:
-        return Path(str(read_stage_record(Workspace(default_home()), revision, "index_bundle").facts["bundle_path"]))
+        ws = Workspace(default_home())
+        return ws.located(str(read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
     except StageError as exc:
         raise ValueError(str(exc)) from None
 

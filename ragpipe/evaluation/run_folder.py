@@ -70,7 +70,8 @@ def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
     if plan.plan_id != body.plan_id:
         raise RunError(f"{run / INPUTS['query_plan']}: plan ID {plan.plan_id} differs from the spec's {body.plan_id}")
     _check_bundle_binding(where, records, state.inputs.get(BUNDLE_INPUT), body)
-    return EvaluationSpec(body, suite, plan, Path(state.created["bundle_path"]))
+    # Relative to the run folder (runs before that stored it absolute: ``/`` keeps those as they are).
+    return EvaluationSpec(body, suite, plan, (run / state.created["bundle_path"]).resolve())
 
 
 def _check_bundle_binding(where: str, records, bound: Any, body: SpecBody) -> None:

@@ -19,6 +19,7 @@ are written. Resume reruns a cell that was started but not closed; a closed cell
 from __future__ import annotations
 
 import gc
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -118,7 +119,9 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
             {"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable
         ],
         "tags": {c.id: list(c.tags) for c in spec.suite.cases if c.tags},
-        "bundle_path": str(Path(spec.bundle_path).resolve()),  # operational: where to reopen the bundle on resume
+        # Operational: where to reopen the bundle on resume — relative to the run folder, so a home
+        # (its evaluations/ and bundles/) that is copied or moved still finds it.
+        "bundle_path": os.path.relpath(Path(spec.bundle_path).resolve(), out.resolve()),
     }
     content_ids = {"suite": body.suite_digest, "query_plan": body.plan_id, "spec": spec.spec_id}
 

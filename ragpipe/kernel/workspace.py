@@ -66,6 +66,20 @@ class Workspace:
     def locks(self) -> Path:
         return self.home / "locks"
 
+    def stored(self, path: Path) -> str:
+        """How state refers to ``path``: relative to the home (POSIX) when inside it, so a home
+        that is copied, moved or restored still finds its own files; absolute otherwise."""
+        path = Path(path).resolve()
+        try:
+            return path.relative_to(self.home.resolve()).as_posix()
+        except ValueError:
+            return str(path)
+
+    def located(self, stored: str) -> Path:
+        """The path ``stored`` (``Workspace.stored``) names: relative ones are inside this home."""
+        path = Path(stored)
+        return path if path.is_absolute() else self.home / path
+
     def stage_dir(self, revision: str, stage: str) -> Path:
         """The folder holding a revision's versions of ``stage`` and its ``latest.json`` pointer."""
         return self.work / revision / stage

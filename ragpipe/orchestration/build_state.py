@@ -113,7 +113,7 @@ def built_revision(instance: DagsterInstance, ws: Workspace, revision: str, spec
     try:
         bundle = _materialized(instance, ws, revision, "index_bundle", spec.spec_ids["index_bundle"])
         try:
-            open_bundle(Path(str(bundle.record.facts["bundle_path"])))
+            open_bundle(ws.located(str(bundle.record.facts["bundle_path"])))
         except BundleVerificationError as exc:
             raise NotBuilt(f"bundle of revision {revision!r} does not verify: {exc}") from None
         if spec.evaluation is None:
@@ -206,7 +206,7 @@ def build_summary(
     return BuildSummary(
         revision=revision,
         bundle_id=str(bundle.facts["bundle_id"]),
-        bundle_path=str(bundle.facts["bundle_path"]),
+        bundle_path=str(ws.located(str(bundle.facts["bundle_path"]))),
         documents=int(snap.facts["documents"]),
         excluded=int(snap.facts["excluded"]),
         chunks=int(chunks.facts["chunks"]),

@@ -105,7 +105,9 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     t0 = time.perf_counter()
     chain = chain_plan(spec)
     bundle = read_output(ws, revision, "index_bundle", spec)
-    ev = chain.evaluation_spec(Path(str(bundle.record.facts["bundle_path"])), str(bundle.record.facts["bundle_id"]))
+    ev = chain.evaluation_spec(
+        ws.located(str(bundle.record.facts["bundle_path"])), str(bundle.record.facts["bundle_id"])
+    )
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +116,7 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     facts = {
         "spec_id": ev.spec_id,
         "run_id": run_id,
-        "run_path": str(out),
+        "run_path": ws.stored(out),
         "ledger_head": report["ledger_head"],
         "cases": report["cases"],
         "evaluated": report["evaluated"],
@@ -151,7 +153,7 @@ def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
     ledger, input or trace that does not verify, a run that is not completed, or a ledger head other
     than the one the stage record took from the run."""
     record = read_output(ws, revision, STAGE).record
-    path = Path(str(record.facts["run_path"]))
+    path = ws.located(str(record.facts["run_path"]))
     try:
         state = verify_run(path)
     except (ValueError, OSError) as exc:  # LedgerError, RunError, TraceError name the file and record

@@ -158,7 +158,7 @@ def run_gate_decision(
     t0 = time.perf_counter()
     chain = chain_plan(spec)
     ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
-    challenger = load_arm(Path(str(ev.record.facts["run_path"])))
+    challenger = load_arm(ws.located(str(ev.record.facts["run_path"])))
     incumbent = _incumbent(ws, config or load_targets())
     comparison, facts = None, {"incumbent_release": None, "incumbent_run": None, "incumbent_reevaluated": None}
     arm = None

@@ -157,7 +157,7 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
         spec,
         m.bundle_id,
         lambda tmp: None,
-        {"bundle_id": m.bundle_id, "bundle_path": str(bundle.path), "outcome": outcome.value},
+        {"bundle_id": m.bundle_id, "bundle_path": ws.stored(bundle.path), "outcome": outcome.value},
         ins,
     )
     counts = m.semantic.counts
@@ -189,7 +189,7 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
 def check_bundle(ws: Workspace, revision: str) -> tuple[str, list[str]]:
     """Verify the revision's published bundle: (bundle path, problems)."""
     record = read_output(ws, revision, "index_bundle").record
-    path = str(record.facts["bundle_path"])
+    path = str(ws.located(str(record.facts["bundle_path"])))
     try:
         open_bundle(Path(path))
     except BundleVerificationError as exc:

@@ -33,7 +33,7 @@ def refusal(path: Path) -> str:
 def test_built_bundle_verifies_and_is_complete(built_workspace):
     ws, spec = built_workspace
     record = steps.read_stage_record(ws, "hb", "index_bundle", spec)
-    bundle = open_bundle(Path(str(record.facts["bundle_path"])))
+    bundle = open_bundle(ws.located(str(record.facts["bundle_path"])))
     counts = bundle.manifest.semantic.counts
     assert (counts.documents, counts.chunks, counts.representations, counts.vectors) == (3, 4, 8, 8)
     assert bundle.bundle_id == record.data_version == bundle_id_of(bundle.manifest.semantic)
@@ -120,7 +120,7 @@ def copy_workspace(src: Workspace, dst: Path) -> Workspace:
 
 def test_rebuild_reuses_existing_bundle_byte_for_byte(built_workspace, tmp_path: Path):
     ws, spec = built_workspace
-    bundle_dir = Path(str(steps.read_stage_record(ws, "hb", "index_bundle").facts["bundle_path"]))
+    bundle_dir = ws.located(str(steps.read_stage_record(ws, "hb", "index_bundle").facts["bundle_path"]))
     before = {f: (bundle_dir / f).read_bytes() for f in bundle_files(bundle_dir)}
     inode = bundle_dir.stat().st_ino
     # Re-materialize the indexes (new, non-byte-identical tantivy/lance files), then the bundle.
@@ -143,7 +143,7 @@ def test_lexical_only_bundle_is_valid(built_workspace, tmp_path: Path):
         run(ws2, "hb", lex_spec)
     record = steps.read_stage_record(ws2, "hb", "embeddings", lex_spec)
     assert record.facts == {"enabled": False}
-    bundle = open_bundle(Path(str(steps.read_stage_record(ws2, "hb", "index_bundle").facts["bundle_path"])))
+    bundle = open_bundle(ws2.located(str(steps.read_stage_record(ws2, "hb", "index_bundle").facts["bundle_path"])))
     assert not bundle.manifest.semantic.has_vector_index
     assert bundle.manifest.semantic.counts.vectors == 0
     assert sorted(bundle.manifest.semantic.specs) == ["chunks", "lexical_index", "representations", "source_snapshot"]

@@ -111,7 +111,7 @@ def test_metadata_is_typed_tables_paths_and_seconds(built):
     ]
     bundle = materialization(result, "index_bundle")
     assert bundle["bundle_path"] == PathMetadataValue(
-        str(read_stage_record(ws, "hb", "index_bundle").facts["bundle_path"])
+        str(ws.located(str(read_stage_record(ws, "hb", "index_bundle").facts["bundle_path"])))
     )
     assert bundle["bundle_id"].value == read_stage_record(ws, "hb", "index_bundle").data_version
     manifest = open_bundle(Path(bundle["bundle_path"].path)).manifest
@@ -133,7 +133,7 @@ def test_check_metadata_has_no_placeholders(built):
         assert not [k for k, v in e.metadata.items() if isinstance(v, MarkdownMetadataValue)]
         assert "first_problems" not in e.metadata and e.metadata["problems"].value == 0
     assert evaluations["bundle_verifies"].metadata["bundle_path"] == PathMetadataValue(
-        str(read_stage_record(ws, "hb", "index_bundle").facts["bundle_path"])
+        str(ws.located(str(read_stage_record(ws, "hb", "index_bundle").facts["bundle_path"])))
     )
 
 

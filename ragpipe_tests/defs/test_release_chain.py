@@ -107,7 +107,7 @@ def test_evaluation_run_materializes_per_partition_with_its_run(chain):
         rows = {r.data["metric"]: r.data for r in md["metrics"].value.records}
         assert {"ndcg@10", "recall@100", "mrr@10", "unauthorized_disclosures"} <= set(rows)
         assert rows["ndcg@10"]["n"] == 99 and rows["unauthorized_disclosures"]["value"] == 0.0
-        state = verify_run(Path(str(facts["run_path"])))
+        state = verify_run(ws.located(str(facts["run_path"])))
         assert (state.status, state.run_id) == ("completed", facts["run_id"])
         checks = instance.all_logs(summary.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
         assert ("evaluation_ledger_verifies", True) in [
@@ -486,7 +486,7 @@ def test_the_blocking_check_fails_for_a_tampered_ledger(chain, monkeypatch: pyte
     result = job.execute_in_process(
         partition_key="scifact-2", instance=instance, raise_on_error=False, asset_selection=[AssetKey(a) for a in CHAIN]
     )
-    run = Path(str(read_stage_record(ws, "scifact-2", "evaluation_run").facts["run_path"]))
+    run = ws.located(str(read_stage_record(ws, "scifact-2", "evaluation_run").facts["run_path"]))
     (evaluation,) = result.get_asset_check_evaluations()
     assert (evaluation.check_name, evaluation.passed) == ("evaluation_ledger_verifies", False)
     assert (
