@@ -19,10 +19,11 @@ import re
 from pathlib import Path
 
 from ragpipe.answer.generators import CandidateAnswer, GeneratorFailure
+from ragpipe.answer.prompt import PROMPT_DIGEST, build_messages
 from ragpipe.kernel.ids import bytes_digest, content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.authz import AuthorizationCertificate
-from ragpipe.retrieval.context import PAYLOAD_FORMAT, Context, payload_digest
+from ragpipe.retrieval.context import Context, payload_digest
 from ragpipe.retrieval.plan import GeneratorPlan
 
 log = logging.getLogger(__name__)
@@ -41,27 +42,7 @@ def _typed(value, kind: type):
     return value
 
 
-INSTRUCTIONS = """You answer questions using only the evidence in the next message. Each evidence item starts with a label like [E1].
-The message after it is the question.
-Reply with one JSON object and nothing else: {"answer": string, "citations": [labels], "abstained": boolean}.
-Cite every label you use, each once. If the evidence does not answer the question, reply with
-{"answer": "", "citations": [], "abstained": true}."""
-QUESTION_TEMPLATE = "Question: {question}"
-# Everything besides the certified payload and the question that shapes the request.
-PROMPT_DIGEST = content_id(
-    "answer-prompt", 1, {"instructions": INSTRUCTIONS, "evidence_format": PAYLOAD_FORMAT, "question": QUESTION_TEMPLATE}
-)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
-
-
-def build_messages(payload: str, question: str) -> list[dict[str, str]]:
-    """The whole request body's messages: the instructions (constant), the certified evidence
-    payload verbatim as one message, the question. No other text leaves the machine."""
-    return [
-        {"role": "system", "content": INSTRUCTIONS},
-        {"role": "user", "content": payload},
-        {"role": "user", "content": QUESTION_TEMPLATE.format(question=question)},
-    ]
 
 
 def parse_model_json(content: str) -> tuple[str, tuple[str, ...], bool]:
@@ -105,14 +86,16 @@ class LiteLLMGenerator:
         }
 
     def cache_key(self, question: str, certified_payload_digest: str) -> str:
+        # v3: the question's exact UTF-8 bytes are bound by digest (a question is whatever the
+        # caller sent, NFC or not; the canonical encoder refuses rather than normalises).
         return content_id(
             "answer-cache",
-            2,
+            3,
             {
                 "provider": self.provider_config(),
                 "prompt": PROMPT_DIGEST,
                 "payload": certified_payload_digest,
-                "question": question,
+                "question": bytes_digest(question.encode("utf-8", "surrogatepass")),
             },
         )
 

@@ -24,12 +24,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from ragpipe.answer.identity import answer_plan_id
 from ragpipe.corpus.registry import RevisionRecord
 from ragpipe.evaluation.eval_spec import EVALUATOR, MODES
 from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
-from ragpipe.retrieval.plan import QueryPlan, answer_plan_id, query_plan_id
+from ragpipe.retrieval.plan import QueryPlan, query_plan_id
 from ragpipe.spec import STAGE_INPUTS, PipelineSpec
 
 SNAPSHOT_SCHEMA = "ragpipe.snapshot/v1"

@@ -179,8 +179,3 @@ def query_plan_id(plan: QueryPlan) -> str:
     body = plan.model_dump(mode="json", by_alias=True)
     body.pop("answer")
     return content_id("query-plan-retrieval", 1, body)
-
-
-def answer_plan_id(plan: QueryPlan) -> str:
-    """The content ID of the plan's answer half: what a release binds as its answer plan."""
-    return content_id("answer-plan", 1, plan.answer.model_dump(mode="json"))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
+from ragpipe.answer.identity import answer_plan_id
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.suite import Suite
 from ragpipe.evaluation.suite_load import load_suite
@@ -27,7 +28,7 @@ from ragpipe.experiment.gate_policy import GatePolicy, load_policy
 from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.ids import content_id
 from ragpipe.retrieval.authz import ScopePolicy
-from ragpipe.retrieval.plan import QueryPlan, answer_plan_id, load_plan
+from ragpipe.retrieval.plan import QueryPlan, load_plan
 from ragpipe.spec import EvaluationSection, PipelineSpec
 
 # A stand-in for the bundle ID in the static spec: removed again before hashing.

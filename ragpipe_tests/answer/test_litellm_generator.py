@@ -9,7 +9,8 @@ import pytest
 
 from ragpipe.answer.answering import answer
 from ragpipe.answer.generators import ExtractiveGenerator
-from ragpipe.answer.litellm_generator import INSTRUCTIONS, LiteLLMGenerator
+from ragpipe.answer.litellm_generator import LiteLLMGenerator
+from ragpipe.answer.prompt import INSTRUCTIONS
 from ragpipe.answer.validate import SAFE_ABSTENTION
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.retrieval.authz import AuthorizationError, Subject, issue_certificate
