@@ -55,7 +55,9 @@ def answer(
     for ev in context.evidence:  # hydration re-check before anything is certified
         if not retriever.policy.allows(subject, ev.access_scopes):
             raise AuthorizationError(f"chunk {ev.chunk_id} is not visible to {subject.principal}")
-    certificate = issue_certificate(subject, retriever.policy, retriever.bundle_id, context.evidence)
+    certificate = issue_certificate(
+        subject, retriever.policy, retriever.bundle_id, context.evidence, retriever.release_id
+    )
     candidate = generator.generate(text, context, certificate)
     failure = {"kind": candidate.failure.kind, "message": candidate.failure.message} if candidate.failure else None
     return AnswerResult(

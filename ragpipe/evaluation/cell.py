@@ -17,6 +17,7 @@ the answer metrics when the run generates answers. Latency is the query's wall t
 from __future__ import annotations
 
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,19 @@ def subject_for(case: Case, body: SpecBody) -> Subject:
     return Subject(PRINCIPAL, case.subject.scopes if case.subject is not None else body.scopes)
 
 
+def _nfc(value):
+    """Free text recorded in the ledger (an error, the answer's reason: they may quote a query or
+    a model) in NFC, as the canonical encoder requires; the metrics never read more than a prefix
+    of ours (``safety.VALID_ABSTENTION_PREFIXES``), which NFC leaves as it is."""
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, list):
+        return [_nfc(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _nfc(v) for k, v in value.items()}
+    return value
+
+
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
@@ -55,7 +69,7 @@ def _answer(
         (str(c["chunk_id"]), str(c["document_id"]), retriever.scopes[str(c["document_id"])])
         for c in data["citations"]  # type: ignore[union-attr]
     ]
-    recorded = {name: data[name] for name in ANSWER_FIELDS}
+    recorded = {name: _nfc(data[name]) for name in ANSWER_FIELDS}
     return answer_metrics(case, recorded), shown, recorded, elapsed
 
 
@@ -87,7 +101,7 @@ def run_cell(
             raise RuntimeError("the retriever returned no rankings for a query that asked for them")
         table = hit_table(cell, result.rankings, result.hits, hit_scopes, targets, shown)
     except Exception as exc:  # a cell's failure is recorded and counted; the run goes on
-        return "CellFailed", {"cell": cell, "outcome": "failure", "error": f"{type(exc).__name__}: {exc}"}
+        return "CellFailed", {"cell": cell, "outcome": "failure", "error": _nfc(f"{type(exc).__name__}: {exc}")}
     # Outside the try: a trace that cannot be written (disk full) stops the run, resumable,
     # instead of marking the cell failed for ever.
     described = record if answer is None else {**record, "answer": answer}

@@ -2,9 +2,13 @@
 
 Contract: ``canonical_bytes(value)`` returns the RFC 8785 encoding of ``value`` after checking
 that every float is finite, every integer lies within ±(2^53−1) (the range JSON numbers
-carry exactly; so must integral floats that would print without an exponent) and normalising every string (keys included) to NFC. Anything else — NaN, ±Inf, huge
-integers, non-string keys, unsupported types — raises ``CanonicalEncodingError`` naming the path
-of the offending value, because a silently coerced value would give two different things one ID.
+carry exactly; so must integral floats that would print without an exponent) and that every
+string (keys included) is already in Unicode NFC. Anything else — NaN, ±Inf, huge integers,
+non-string keys, unsupported types, a string that NFC would change — raises
+``CanonicalEncodingError`` naming the path of the offending value: the encoder never changes a
+value, because a silently coerced value would give two different things one ID. (Until v2 of the
+IDs that encode through it, it normalised strings to NFC; the ingestion steps that normalise —
+documents, IDs, suites — do so themselves, as they declare.)
 """
 
 from __future__ import annotations
@@ -38,16 +42,17 @@ def _prepare(value: Any, path: str) -> Any:
             raise CanonicalEncodingError(f"{path}: float {value!r} is an integer outside ±(2^53-1)")
         return value
     if isinstance(value, str):
-        return unicodedata.normalize("NFC", value)
+        if not unicodedata.is_normalized("NFC", value):
+            raise CanonicalEncodingError(f"{path}: string {value[:40]!r} is not in Unicode NFC (normalise it first)")
+        return value
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalEncodingError(f"{path}: object key {key!r} is not a string")
-            nkey = unicodedata.normalize("NFC", key)
-            if nkey in out:
-                raise CanonicalEncodingError(f"{path}: keys collide after NFC normalisation: {key!r}")
-            out[nkey] = _prepare(item, f"{path}.{nkey}")
+            if not unicodedata.is_normalized("NFC", key):
+                raise CanonicalEncodingError(f"{path}: object key {key[:40]!r} is not in Unicode NFC")
+            out[key] = _prepare(item, f"{path}.{key}")
         return out
     if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
         return [_prepare(item, f"{path}[{i}]") for i, item in enumerate(value)]

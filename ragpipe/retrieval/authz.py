@@ -93,16 +93,19 @@ class AuthorizationCertificate:
     evidence: tuple[CertifiedItem, ...]  # in context order
     payload_format: str
     payload_digest: str
+    release_id: str | None = None  # the release served, when the bundle was reached through one
 
     @property
     def certificate_id(self) -> str:
+        # v3: the release ID is bound (None when a bundle is queried directly).
         return content_id(
             "authorization-certificate",
-            2,
+            3,
             {
                 "subject": self.subject.as_dict(),
                 "policy_id": self.policy_id,
                 "bundle_id": self.bundle_id,
+                "release_id": self.release_id,
                 "evidence": [e.as_dict() for e in self.evidence],
                 "payload_format": self.payload_format,
                 "payload_digest": self.payload_digest,
@@ -173,19 +176,24 @@ def _require_item(index: int, ev: Evidence, item: CertifiedItem) -> None:
 
 
 def issue_certificate(
-    subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: Sequence[Evidence]
+    subject: Subject,
+    policy: ScopePolicy,
+    bundle_id: str,
+    evidence: Sequence[Evidence],
+    release_id: str | None = None,
 ) -> AuthorizationCertificate:
     """Certify a built context's ``evidence`` for ``subject``, re-checking every item against
-    ``policy``: the certificate covers each item's label, chunk, title, text and scopes, and the
-    digest of ``render_payload(evidence)`` — the exact evidence text an adapter may send."""
+    ``policy``: the certificate covers each item's label, chunk, title, text and scopes, the
+    digest of ``render_payload(evidence)`` — the exact evidence text an adapter may send — and
+    the bundle and (when served through one) the release the evidence came from."""
     for item in evidence:
         if not policy.allows(subject, tuple(item.access_scopes)):
             raise AuthorizationError(f"chunk {item.chunk_id} is not visible to {subject.principal}")
-    return _certify_evidence(subject, policy, bundle_id, list(evidence))
+    return _certify_evidence(subject, policy, bundle_id, list(evidence), release_id)
 
 
 def _certify_evidence(
-    subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: list[Evidence]
+    subject: Subject, policy: ScopePolicy, bundle_id: str, evidence: list[Evidence], release_id: str | None
 ) -> AuthorizationCertificate:
     labels = [e.label for e in evidence]
     if unlabeled := [e.chunk_id for e in evidence if not e.label]:
@@ -203,4 +211,5 @@ def _certify_evidence(
         evidence=items,
         payload_format=PAYLOAD_FORMAT,
         payload_digest=payload_digest(render_payload(evidence)),
+        release_id=release_id,
     )

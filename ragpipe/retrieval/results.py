@@ -35,6 +35,7 @@ class QueryResult:
     evidence: list[Evidence] = field(default_factory=list)
     rankings: Rankings | None = None  # never serialised: ``trace`` is the public view
     source_roles: tuple[str, ...] | None = None  # the roles the query was filtered on, if any
+    release_id: str | None = None  # the release served, when the bundle was reached through one
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -44,6 +45,8 @@ class QueryResult:
             "subject": self.subject.as_dict(),
             "hits": self.hits,
         }
+        if self.release_id is not None:
+            out["release_id"] = self.release_id
         if self.source_roles is not None:
             out["source_roles"] = list(self.source_roles)
         if self.trace is not None:

@@ -281,7 +281,14 @@ class Retriever:
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
         result = QueryResult(
-            plan_id, self.bundle_id, mode, subject, hits, evidence=evidence, source_roles=roles or None
+            plan_id,
+            self.bundle_id,
+            mode,
+            subject,
+            hits,
+            evidence=evidence,
+            source_roles=roles or None,
+            release_id=self.release_id,
         )
         if rankings:
             result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
@@ -290,9 +297,10 @@ class Retriever:
             if audit:
                 hidden = audience.total_documents - audience.documents
                 facts = AuditFacts(hidden, dropped, statistics.as_dict() if statistics else None)
-            result.trace = query_trace(
-                plan, self.policy.policy_id, subject, k, ranked, fused, rerank_trace, timings, facts
-            )
+            result.trace = {
+                "release_id": self.release_id,  # what was served, bound into the trace (None: a bundle)
+                **query_trace(plan, self.policy.policy_id, subject, k, ranked, fused, rerank_trace, timings, facts),
+            }
         return result
 
     @staticmethod

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
 import pytest
+import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -198,10 +200,26 @@ def test_certificate_golden_vector():
     assert (
         cert.payload_digest == "sha256:0522500e0ad90f69831df01e2f14c42470ac5601cf38bacc81f54939c162b4a9"
     )  # SHA-256 of the payload bytes (checked with sha256sum)
-    assert cert.certificate_id == "sha256:bb4f17f983d87dee2a9456c60be28d0c07624f8d92574fc9d8213e1fa7b7915f"
+    assert cert.certificate_id == "sha256:e0aef407a0b054eb38a46d15fc4eca3e6fcc61679b3d79269050a7888bcebe00"
     assert cert.evidence[1] == CertifiedItem(
         "E2", "chunk-E2", bytes_digest("Café".encode()), bytes_digest("Crème brûlée.".encode()), ("public", "staff")
     )
+    # v3 binds the release served: recomputed here from RFC 8785 bytes and SHA-256 directly
+    release = "sha256:" + "cd" * 32
+    served = issue_certificate(
+        Subject("alice", ("staff", "public")), ScopePolicy(), GOLDEN_BUNDLE, evidence, release_id=release
+    )
+    body = {
+        "subject": {"principal": "alice", "scopes": ["public", "staff"]},
+        "policy_id": ScopePolicy().policy_id,
+        "bundle_id": GOLDEN_BUNDLE,
+        "release_id": release,
+        "evidence": [e.as_dict() for e in served.evidence],
+        "payload_format": "evidence-block/v1",
+        "payload_digest": cert.payload_digest,
+    }
+    digest = hashlib.sha256(b"ragpipe/authorization-certificate/v3\0" + rfc8785.dumps(body)).hexdigest()
+    assert served.certificate_id == f"sha256:{digest}" != cert.certificate_id
 
 
 def test_issue_certificate_rechecks_every_item():
