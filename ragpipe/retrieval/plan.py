@@ -83,8 +83,15 @@ FusionPlan = Annotated[
 
 
 class RerankerPlan(_Plan):
+    """A cross-encoder over the top ``depth`` fused items. ``model_digest`` binds the model by
+    content (``rerank.model_digest`` of the folder: every file's path and bytes), checked before it
+    loads, so the plan ID — not a path string — says which weights rank; ``passage`` is what the
+    model reads beside the query (the chunk's bundle text)."""
+
     kind: Literal["cross_encoder"] = "cross_encoder"
     model_path: str
+    model_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    passage: Literal["chunk_text"] = "chunk_text"
     depth: int = Field(20, ge=1, le=1000)
     on_failure: Literal["fail", "keep_fused"] = "keep_fused"
 

@@ -7,8 +7,10 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from ragpipe.kernel.ids import bytes_digest, content_id
 from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import RerankerPlan
 
@@ -78,12 +80,34 @@ def rerank_fused(
     return {"used": True, "name": reranker.name, "depth": depth, "order": order}, [by_id[c] for c in order] + tail
 
 
-class CrossEncoderReranker:
-    """sentence-transformers ``CrossEncoder`` loaded from a local model folder (no downloads)."""
+class RerankerModelError(ValueError):
+    """The reranker's model folder is not the one the plan binds; the message says which digest."""
 
-    def __init__(self, model_path: str):
+
+def model_digest(folder: Path) -> str:
+    """The content ID of a model folder: every regular file's path (POSIX, relative) and SHA-256,
+    in path order — weights, configuration and tokenizer alike, since each changes the scores."""
+    if not folder.is_dir():
+        raise RerankerModelError(f"reranker model folder {folder} is not a directory")
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return content_id(
+        "reranker-model", 1, [[p.relative_to(folder).as_posix(), bytes_digest(p.read_bytes())] for p in files]
+    )
+
+
+class CrossEncoderReranker:
+    """sentence-transformers ``CrossEncoder`` loaded from a local model folder (no downloads),
+    after checking the folder's ``model_digest`` against the plan's."""
+
+    def __init__(self, model_path: str, expected_digest: str):
         import os
 
+        found = model_digest(Path(model_path))
+        if found != expected_digest:
+            raise RerankerModelError(
+                f"reranker model folder {model_path}: its digest is {found}, the query plan's model_digest is "
+                f"{expected_digest} (another model, or edited files)"
+            )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import CrossEncoder
 

@@ -96,7 +96,7 @@ class Retriever:
         if reranker is None and self.plan.reranker is not None:
             from ragpipe.retrieval.rerank import CrossEncoderReranker
 
-            reranker = CrossEncoderReranker(self.plan.reranker.model_path)
+            reranker = CrossEncoderReranker(self.plan.reranker.model_path, self.plan.reranker.model_digest)
         self.reranker = reranker
         root = self.bundle.path
         sem = self.bundle.manifest.semantic

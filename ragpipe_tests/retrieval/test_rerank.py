@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from ragpipe.retrieval.plan import RerankerPlan, load_plan
-from ragpipe.retrieval.rerank import CrossEncoderReranker, RerankCandidate, RerankerError, checked_order
+from ragpipe.kernel.ids import bytes_digest, content_id
+from ragpipe.retrieval.plan import PlanError, RerankerPlan, load_plan, parse_plan
+from ragpipe.retrieval.rerank import (
+    CrossEncoderReranker,
+    RerankCandidate,
+    RerankerError,
+    RerankerModelError,
+    checked_order,
+    model_digest,
+)
 from ragpipe.retrieval.retriever import Retriever
 
 CANDS = [RerankCandidate("c1", "one"), RerankCandidate("c2", "two"), RerankCandidate("c3", "three")]
@@ -49,7 +57,11 @@ class Hostile:
 
 def plan_with(on_failure: str):
     return load_plan().model_copy(
-        update={"reranker": RerankerPlan(model_path="unused", depth=5, on_failure=on_failure)}
+        update={
+            "reranker": RerankerPlan(
+                model_path="unused", model_digest="sha256:" + "0" * 64, depth=5, on_failure=on_failure
+            )
+        }
     )
 
 
@@ -103,12 +115,18 @@ def test_cross_encoder_adapter_with_a_local_model(tmp_path, scoped_bundles):
     src = model_directory(load_pipeline_spec().embedder)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(src / name, tmp_path / "ce" / name)
-    reranker = CrossEncoderReranker(str(tmp_path / "ce"))
+    digest = model_digest(tmp_path / "ce")
+    reranker = CrossEncoderReranker(str(tmp_path / "ce"), digest)
     scores = reranker.rerank("aspirin", CANDS)
     assert [c for c, _ in scores] == ["c1", "c2", "c3"]
-    assert scores == CrossEncoderReranker(str(tmp_path / "ce")).rerank("aspirin", CANDS)
+    assert scores == CrossEncoderReranker(str(tmp_path / "ce"), digest).rerank("aspirin", CANDS)
     base = Retriever(scoped_bundles[0])
-    r = Retriever(scoped_bundles[0], plan=plan_with("fail"), reranker=reranker, embedder=base.embedder())
+    plan = load_plan().model_copy(
+        update={
+            "reranker": RerankerPlan(model_path=str(tmp_path / "ce"), model_digest=digest, depth=5, on_failure="fail")
+        }
+    )
+    r = Retriever(scoped_bundles[0], plan=plan, embedder=base.embedder())  # the plan's model, checked, loaded
     result = r.query("aspirin stroke", k=5, trace=True)
     assert result.trace["reranker"]["order"][: len(result.hits)] == [h["chunk_id"] for h in result.hits]
 
@@ -164,3 +182,28 @@ def test_a_reranker_not_declared_thread_safe_is_never_called_concurrently(scoped
         assert reranker.most == 1
     r.close()
     base.close()
+
+
+def test_the_plan_binds_the_reranker_model_by_content(tmp_path):
+    """A model folder is identified by every file's path and bytes; a folder that differs from the
+    plan's digest is refused before anything loads, naming both digests."""
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "sub" / "tokenizer.json").write_bytes(b"{}")
+    digest = model_digest(folder)
+    assert digest == content_id(
+        "reranker-model",
+        1,
+        [["model.safetensors", bytes_digest(b"weights")], ["sub/tokenizer.json", bytes_digest(b"{}")]],
+    )
+    (folder / "sub" / "tokenizer.json").write_bytes(b"{ }")
+    changed = model_digest(folder)
+    assert changed != digest
+    with pytest.raises(RerankerModelError, match=f"its digest is {changed}, the query plan's model_digest is {digest}"):
+        CrossEncoderReranker(str(folder), digest)
+    plan = plan_with("fail")
+    other = plan.model_copy(update={"reranker": plan.reranker.model_copy(update={"model_digest": changed})})
+    assert plan.plan_id != other.plan_id  # same path string, other weights: another plan
+    with pytest.raises(PlanError, match=r"reranker\.model_digest"):
+        parse_plan({**plan.model_dump(mode="json", by_alias=True), "reranker": {"model_path": "x"}}, "p.yaml")
