@@ -34,17 +34,11 @@ from ragpipe.corpus.watched import load_sources, snapshot_changed_sources
 from ragpipe.defs.jobs import BUILD_JOB
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
-from ragpipe.defs.sensors import PARTITION_TAG
+from ragpipe.defs.sensors import PARTITION_TAG, partition_run, succeeded, unfinished_run
 
 NIGHTLY_TAG = "ragpipe/nightly_source"
-# A build that succeeded, or may still: queued, launched or running.
-ALIVE = (
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.SUCCESS,
-)
+# A revision whose nightly builds failed this many times is left to a person (its skip reason says so).
+MAX_NIGHTLY_FAILURES = 3
 
 
 @schedule(
@@ -67,10 +61,11 @@ def nightly_rebuild(context: ScheduleEvaluationContext, ragpipe: RagpipeHome):
     for check in checks:
         if check.revision is not None:
             requests.append((check.source, check.revision, f"nightly:{check.revision}"))
-        elif check.last is not None and _pending(context.instance, check.last, known):
+        elif check.last is not None and (state := pending(context.instance, check.last, known))[0]:
             requests.append((check.source, check.last, f"nightly:{check.last}:{day:%Y%m%d}"))
         else:
-            reasons.append(f"{check.source}: {check.reason}")
+            why = state[1] if check.last is not None else None
+            reasons.append(f"{check.source}: {check.reason}" + (f"; {why}" if why else ""))
     if missing := sorted({rev for _, rev, _ in requests} - known):
         context.instance.add_dynamic_partitions(corpus_revisions.name, missing)
     if not requests:
@@ -80,9 +75,22 @@ def nightly_rebuild(context: ScheduleEvaluationContext, ragpipe: RagpipeHome):
     return [RunRequest(partition_key=rev, run_key=key, tags={NIGHTLY_TAG: source}) for source, rev, key in requests]
 
 
-def _pending(instance: DagsterInstance, revision: str, known: set[str]) -> bool:
-    """Whether ``revision`` has no partition, or no build run that succeeded or may still."""
+def pending(instance: DagsterInstance, revision: str, known: set[str]) -> tuple[bool, str | None]:
+    """``(request it, why not)``: a revision is requested when it has no partition, or no run of
+    its partition that succeeded (or materialized its bundle) or may still (``sensors.unfinished_run``:
+    queued to canceling, by partition tag or backfill range) — unless ``MAX_NIGHTLY_FAILURES``
+    nightly builds of it failed, when the reason says it is left to a person."""
     if revision not in known:
-        return True
-    alive = RunsFilter(job_name=BUILD_JOB, tags={PARTITION_TAG: revision}, statuses=list(ALIVE))
-    return not instance.get_run_records(alive, limit=1)
+        return True, None
+    if succeeded(instance, revision) or unfinished_run(instance, revision) is not None:
+        return False, None
+    if partition_run(instance, revision, [DagsterRunStatus.SUCCESS]) is not None:
+        return False, None
+    failed = instance.get_run_records(RunsFilter(tags={PARTITION_TAG: revision}, statuses=[DagsterRunStatus.FAILURE]))
+    nightly = sum(1 for r in failed if NIGHTLY_TAG in r.dagster_run.tags)
+    if nightly >= MAX_NIGHTLY_FAILURES:
+        return (
+            False,
+            f"revision {revision} failed {nightly} nightly builds: build it by hand (ragpipe build, or the UI)",
+        )
+    return True, None

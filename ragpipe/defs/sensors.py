@@ -72,22 +72,29 @@ def succeeded(instance: DagsterInstance, revision: str) -> bool:
     return run is not None and run.status == DagsterRunStatus.SUCCESS
 
 
-def _unfinished_run(instance: DagsterInstance, revision: str) -> str | None:
-    """An unfinished run of the partition (CLI, UI, this sensor: ``dagster/partition``; an asset
-    backfill, whose runs carry a partition *range* instead — one partition per run under the build
-    assets' ``BackfillPolicy.multi_run(1)``), or None."""
+def partition_run(
+    instance: DagsterInstance, revision: str, statuses: list[DagsterRunStatus], extra_tags: dict[str, str] | None = None
+) -> str | None:
+    """A run of the partition in one of ``statuses`` (CLI, UI, sensors, schedules: ``dagster/partition``;
+    an asset backfill, whose runs carry a partition *range* instead — one partition per run under
+    the build assets' ``BackfillPolicy.multi_run(1)``), or None."""
     for tags in ({PARTITION_TAG: revision}, {RANGE_START_TAG: revision, RANGE_END_TAG: revision}):
-        records = instance.get_run_records(RunsFilter(tags=tags, statuses=UNFINISHED), limit=1)
+        records = instance.get_run_records(RunsFilter(tags={**tags, **(extra_tags or {})}, statuses=statuses), limit=1)
         if records:
             return records[0].dagster_run.run_id
     return None
+
+
+def unfinished_run(instance: DagsterInstance, revision: str) -> str | None:
+    """An unfinished run of the partition (``partition_run``), or None."""
+    return partition_run(instance, revision, UNFINISHED)
 
 
 def decide(instance: DagsterInstance, revision: str, attempts: int) -> Decision:
     """The decision for ``revision`` after ``attempts`` requests by this sensor."""
     if succeeded(instance, revision):
         return Decision(None, "built")
-    if (running := _unfinished_run(instance, revision)) is not None:
+    if (running := unfinished_run(instance, revision)) is not None:
         return Decision(None, f"run {running} has not finished")
     if attempts == 0:
         return Decision(1, "not built")

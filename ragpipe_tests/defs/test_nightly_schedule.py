@@ -144,3 +144,35 @@ def test_a_revision_registered_by_a_tick_that_died_is_requested_next_time(env):
     assert instance.get_dynamic_partitions("corpus_revisions") == [check.revision]
     built(instance, check.revision, DagsterRunStatus.STARTED)  # running: not requested twice
     assert tick(env, NIGHT_2).run_requests == []
+
+
+def test_pending_follows_the_sensors_view_of_runs_and_stops_after_three_failed_nights(env):
+    """Canceling and backfill (partition-range) runs count as may-still-build, as the revision
+    sensor counts them; a revision whose nightly builds failed three times is left to a person,
+    named in the skip reason (failures of runs the nightly did not request do not count)."""
+    home, instance, _, _ = env
+    (request,) = tick(env, NIGHT_1).run_requests
+    rev = request.partition_key
+    night = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
+    run = create_run_for_test(
+        instance, job_name="build_revision", status=DagsterRunStatus.CANCELING, tags={"dagster/partition": rev}
+    )
+    assert tick(env, night).run_requests == []
+    instance.delete_run(run.run_id)
+    ranged = {"dagster/asset_partition_range_start": rev, "dagster/asset_partition_range_end": rev}
+    run = create_run_for_test(instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED, tags=ranged)
+    assert tick(env, night).run_requests == []
+    instance.delete_run(run.run_id)
+    create_run_for_test(
+        instance, job_name="build_revision", status=DagsterRunStatus.FAILURE, tags={"dagster/partition": rev}
+    )
+    nightly = {"dagster/partition": rev, "ragpipe/nightly_source": "sci"}
+    for attempt in range(3):
+        assert [r.partition_key for r in tick(env, night).run_requests] == [rev], attempt
+        create_run_for_test(instance, job_name="build_revision", status=DagsterRunStatus.FAILURE, tags=nightly)
+    stopped = tick(env, night)
+    assert stopped.run_requests == []
+    assert stopped.skip_message == (
+        f"sci: unchanged since revision {rev}; revision {rev} failed 3 nightly builds: build it by hand "
+        "(ragpipe build, or the UI)"
+    )
