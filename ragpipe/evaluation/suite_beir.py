@@ -16,6 +16,7 @@ split are not cases (BEIR evaluates only judged queries). Errors name the file, 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ragpipe.evaluation.suite import Case, Suite
 from ragpipe.evaluation.suite_rules import SuiteError, check_case, judgments_of
 
 QRELS_HEADER = ["query-id", "corpus-id", "score"]
+SCORE = re.compile(r"^-?[0-9]+\Z")
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
@@ -98,10 +100,12 @@ def read_qrels(path: Path, into: dict[str, dict[str, tuple[int, str]]]) -> None:
     for number, line in rows[1:] if form == "beir" else rows:
         where = f"{path}:{number}"
         qid, target, score = _qrels_row(form, line, where)
-        try:
-            value = int(score)
-        except ValueError:
-            raise SuiteError(f"{where}: score {score!r} is not an integer") from None
+        for name, value in (("query-id", qid), ("corpus-id", target)):
+            if value != value.strip():
+                raise SuiteError(f"{where}: {name} {value!r} has surrounding whitespace")
+        if not SCORE.match(score):  # int() would also take '1_0', ' 1' or '١'
+            raise SuiteError(f"{where}: score {score!r} is not an integer (digits, optionally after '-')")
+        value = int(score)
         try:
             ((target, grade),) = judgments_of({target: value}, "document").items()  # NFC, level rules
         except SuiteError as e:

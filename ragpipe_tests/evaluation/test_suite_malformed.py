@@ -171,7 +171,26 @@ BEIR_MALFORMED = [
         "'query' has 10001 characters, at most 10000 allowed",
     ),
     (QUERIES, HEADER + "1\td1\n", "qrels/test.tsv:2", "a qrels row needs 3 tab-separated non-empty fields, got 2"),
-    (QUERIES, HEADER + "1\td1\thigh\n", "qrels/test.tsv:2", "score 'high' is not an integer"),
+    (
+        QUERIES,
+        HEADER + "1\td1\thigh\n",
+        "qrels/test.tsv:2",
+        "score 'high' is not an integer (digits, optionally after '-')",
+    ),
+    (
+        QUERIES,
+        HEADER + "1\td1\t1_0\n",
+        "qrels/test.tsv:2",
+        "score '1_0' is not an integer (digits, optionally after '-')",
+    ),
+    (
+        QUERIES,
+        HEADER + "1\td1\t 1\n",
+        "qrels/test.tsv:2",
+        "score ' 1' is not an integer (digits, optionally after '-')",
+    ),
+    (QUERIES, HEADER + "1\t d1\t1\n", "qrels/test.tsv:2", "corpus-id ' d1' has surrounding whitespace"),
+    (QUERIES, HEADER + "1 \td1\t1\n", "qrels/test.tsv:2", "query-id '1 ' has surrounding whitespace"),
     (QUERIES, HEADER + "1\td1\t1\n2\td2\t-1\n", "qrels/test.tsv:3", "grade of 'd2' is negative: -1"),
     (
         QUERIES,
