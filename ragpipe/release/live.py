@@ -153,6 +153,20 @@ def _pointer_and_history(store: ReleaseStore, name: str) -> tuple[Pointer, Targe
 def _agreement(target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]) -> tuple[str, str]:
     """(when, by which action) the history made ``pointer``'s release active; ``ReleaseError``
     unless the history agrees with the pointer (module docstring, 1)."""
+    agreed = _release_agreement(target, pointer, state, records)
+    announced = next(r for r in records if r.kind == "intent" and r.hash == pointer.ledger_head)
+    if announced.payload["previous"] != pointer.previous:
+        raise ReleaseError(
+            f"target {target!r}: the pointer says it replaced {pointer.previous}, but its intent (history record "
+            f"{announced.seq}) replaced {announced.payload['previous']}: the pointer was not written by that swap"
+        )
+    return agreed
+
+
+def _release_agreement(
+    target: str, pointer: Pointer, state: TargetHistory, records: tuple[Record, ...]
+) -> tuple[str, str]:
+    """``_agreement`` on release, generation and intent (everything but ``previous``)."""
     intent = state.open_intent
     if intent is not None and intent.hash == pointer.ledger_head:
         if (intent.payload["release_id"], intent.payload["generation"]) == (pointer.release_id, pointer.generation):

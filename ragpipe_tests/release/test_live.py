@@ -14,6 +14,7 @@ import pytest
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
+from ragpipe.release.history import read_history
 from ragpipe.release.live import live_release
 from ragpipe.release.pointer import Pointer, read_pointer, write_pointer
 from ragpipe.release.rollback import rollback
@@ -199,4 +200,21 @@ def test_a_deleted_pointer_with_an_active_history_is_refused_not_empty(ws: Works
         live_release(ws, "staging")
     assert str(caught.value) == (
         "target 'staging': the pointer is missing, but the history has a release active: refusing to guess"
+    )
+
+
+def test_a_pointer_whose_previous_differs_from_its_intent_is_refused(ws: Workspace, bundle: Path):
+    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    activate(ws, a, "staging")
+    activate(ws, b, "staging")
+    store = ReleaseStore(ws)
+    pointer = read_pointer(store, "staging")
+    write_pointer(store, Pointer("staging", b, pointer.generation, b, pointer.ledger_head))
+    _, records = read_history(store, "staging")
+    seq = next(r.seq for r in records if r.hash == pointer.ledger_head)
+    refused_everywhere(
+        ws,
+        "staging",
+        f"target 'staging': the pointer says it replaced {b}, but its intent (history record {seq}) replaced {a}: "
+        "the pointer was not written by that swap",
     )
