@@ -135,7 +135,7 @@ def evaluate(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorRe
     requests, reasons = [], []
     for target, spec in sorted(config.targets.items()):
         if not spec.auto_activate:
-            reasons.append(f"{target}: the sensor is off for this target (targets config)")
+            reasons.append(f"{target}: auto_activate is off for this target (targets config)")
             continue
         candidates = eligible_releases(ragpipe.workspace, target, config=config)
         for bad in (c for c in candidates if c.status == "invalid manifest"):

@@ -6,15 +6,19 @@ executed the way the daemon would (same job, run config and the ``dagster/run_ke
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, DefaultSensorStatus, build_sensor_context
+import yaml
+from dagster import DagsterInstance, DagsterRunStatus, DefaultSensorStatus, build_sensor_context
+from dagster._core.test_utils import create_run_for_test
 
 from ragpipe.defs import build_definitions
 from ragpipe.defs.activation import activation_sensor_def, load_cursor
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.release.history import read_history
+from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import load_targets
@@ -178,3 +182,33 @@ def test_an_invalid_manifest_is_skipped_with_its_reason_and_stops_nothing(env):
     assert later.run_requests == []
     assert f"staging: notes.json: {reason}" in later.skip_message
     assert f"production: notes.json: {reason}" in later.skip_message
+
+
+def test_the_remaining_skip_reasons_are_what_the_docs_say(env, tmp_path, monkeypatch):
+    """auto_activate off; a policy the target does not accept; a request whose run already exists
+    although the cursor was lost (a failed activation is never retried automatically)."""
+    ws, instance, _, bundle = env
+    rid = publish(ws, bundle, "r1")
+    doc = yaml.safe_load(Path(os.environ["RAGPIPE_TARGETS"]).read_text())
+    doc["targets"]["staging"]["gate_policies"] = ["default"]
+    doc["targets"]["production"].update(auto_activate=False, waive_human_apply=False)
+    strict = tmp_path / "strict-targets.yaml"
+    strict.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("RAGPIPE_TARGETS", str(strict))
+    data = tick(env, None)
+    policy = load_manifest(ReleaseStore(ws), rid).gate_policy_id
+    assert data.run_requests == []
+    assert data.skip_message.startswith(
+        f"production: auto_activate is off for this target (targets config); staging: {rid}: was gated under "
+        f"policy {policy}, which target 'staging' does not accept (it accepts default = "
+    )
+    monkeypatch.setenv("RAGPIPE_TARGETS", str(fixture_targets(tmp_path, TARGETS.replace("SENSOR", "false"))))
+    create_run_for_test(
+        instance,
+        job_name="activate_release",
+        status=DagsterRunStatus.FAILURE,
+        tags={"dagster/run_key": f"activate:staging:{rid}"},
+    )
+    again = tick(env, None)  # no cursor: the run key alone says it was requested
+    assert again.run_requests == []
+    assert f"staging: {rid}: activation already requested (run key activate:staging:{rid})" in again.skip_message
