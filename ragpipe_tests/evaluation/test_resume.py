@@ -1,38 +1,61 @@
-"""SIGKILL of a real ``eval`` process at six different cells, then ``--resume``: every expected
+"""SIGKILL of a real evaluation process at six chosen cells (its progress hook), then ``--resume``: every expected
 cell exactly once, metrics identical to an uninterrupted run of the same spec."""
 
 from __future__ import annotations
 
 import json
 import signal
-import time
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 from ragpipe.evaluation.ledger import LEDGER, read_ledger, reduce_records
-from ragpipe_tests.support.eval_support import EVALUABLE, cli, eval_bundle, eval_popen  # noqa: F401
+from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.eval_support import EVALUABLE, cli, eval_bundle  # noqa: F401
 
 COMPLETED = b'"kind":"CellCompleted"'
 KILL_AT = (3, 14, 27, 41, 55, 66)  # cumulative completed cells at which a process is killed
+# The process kills itself with SIGKILL from the runner's progress hook, called right after the
+# N-th cell's closing record is durable: the kill point is the cell count, never a timing.
+KILLED_AT = """
+import os, signal, sys
+from pathlib import Path
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
+from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.retriever import Retriever
+
+run, target, suite, bundle = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+def stop(done, expected, key):
+    if done == target:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if run.exists():
+    resume_evaluation(run, on_progress=stop)
+else:
+    retriever = Retriever(Path(bundle))
+    spec = EvaluationSpec.build(load_suite(Path(suite)), load_plan(), Path(bundle), retriever.bundle_id, k=30, repeats=2)
+    run_evaluation(spec, run, retriever_factory=lambda _: retriever, on_progress=stop)
+"""
 
 
 def completed_cells(run: Path) -> int:
-    try:
-        return (run / LEDGER).read_bytes().count(COMPLETED)
-    except FileNotFoundError:
-        return 0
+    return (run / LEDGER).read_bytes().count(COMPLETED)
 
 
-def kill_when(proc, run: Path, target: int) -> int:
-    """SIGKILL ``proc`` as soon as the ledger holds ``target`` completed cells."""
-    deadline = time.monotonic() + 300
-    while completed_cells(run) < target:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+def killed_at(run: Path, target: int, suite: Path, bundle: Path) -> int:
+    """Create or resume ``run`` in a new process that SIGKILLs itself after ``target`` cells."""
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_AT, str(run), str(target), str(suite), str(bundle)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     return completed_cells(run)
 
 
@@ -40,13 +63,7 @@ def test_sigkill_at_six_cells_then_resume(eval_bundle, tmp_path):  # noqa: F811
     bundle, suite = eval_bundle
     args = ("--suite", str(suite), "--bundle", str(bundle), "--k", "30", "--repeats", "2")
     run = tmp_path / "killed"
-    moments = []
-    proc = eval_popen("eval", *args, "--out", str(run), home=tmp_path)
-    moments.append(kill_when(proc, run, KILL_AT[0]))
-    for target in KILL_AT[1:]:
-        proc = eval_popen("eval", "--resume", str(run), home=tmp_path)
-        moments.append(kill_when(proc, run, target))
-    assert len(set(moments)) == len(KILL_AT) and moments == sorted(moments) and moments[-1] < 2 * EVALUABLE, moments
+    assert [killed_at(run, target, suite, bundle) for target in KILL_AT] == list(KILL_AT)
     done = cli("eval", "--resume", str(run), "--json", home=tmp_path)
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)

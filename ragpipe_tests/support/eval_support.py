@@ -84,15 +84,3 @@ def cli(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedPro
     return subprocess.run(
         [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout
     )
-
-
-def eval_popen(*args: str, home: Path) -> subprocess.Popen:
-    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "ragpipe.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
