@@ -309,12 +309,17 @@ def test_two_cli_builds_of_one_revision_at_once(tmp_path: Path):
     open_bundle(Path(built["bundle_path"]))
 
 
+# A file barrier after the imports (which take seconds under load): each child says it is ready,
+# then spins until the parent, having seen both, creates ``go``.
 OPEN_INSTANCE = """
-import sys, time
+import os, sys, time
+from pathlib import Path
 from ragpipe.orchestration.materialize import _ensure_partition, dagster_instance
-start = float(sys.argv[1])
-while time.time() < start:
-    pass
+barrier = Path(sys.argv[1])
+(barrier / f"ready-{os.getpid()}").touch()
+deadline = time.monotonic() + 120
+while not (barrier / "go").exists():
+    assert time.monotonic() < deadline, "no go"
 _ensure_partition(dagster_instance(), "r1")
 """
 
@@ -325,13 +330,23 @@ def test_two_processes_open_a_fresh_instance_and_add_one_partition_at_once(tmp_p
     for trial in range(4):
         home = tmp_path / f"dagster-{trial}"
         env = {**os.environ, "DAGSTER_HOME": str(home)}
-        start = str(time.time() + 4)
+        barrier = tmp_path / f"barrier-{trial}"
+        barrier.mkdir()
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", OPEN_INSTANCE, start], env=env, stderr=subprocess.PIPE, text=True, cwd=REPO
+                [sys.executable, "-c", OPEN_INSTANCE, str(barrier)],
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
             )
             for _ in range(2)
         ]
+        deadline = time.monotonic() + 300
+        while len(list(barrier.glob("ready-*"))) < 2:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a child did not get ready"
+            time.sleep(0.01)
+        (barrier / "go").touch()
         errors = [p.communicate(timeout=120)[1] for p in procs]
         assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errors]
         with DagsterInstance.from_config(str(home)) as instance:
