@@ -82,7 +82,12 @@ def test_plan_candidate_runs_on_the_parent_bundle(home):
         and saved["comparison_id"] == comparison["comparison_id"] == decision["comparison_id"]
     )
     assert [c_["phase"] for c_ in decision["checks"]][:1] == ["hard"]
-    assert saved["eligible"] is decision["eligible"] and saved["decisive_phase"] == decision["decisive_phase"]
+    assert (saved["eligible"], saved["decisive_phase"], decision["reasons"]) == (  # no wall clock decides
+        False,
+        "target",
+        ["target ci_lower ndcg@10: 0 is not > 0"],
+    )
+    assert (decision["eligible"], decision["decisive_phase"]) == (False, "target")
     assert (
         comparison["certificate"]["incumbent"]["run_id"] == inc.run_id
         and comparison["certificate"]["challenger"]["run_id"] == ch.run_id
