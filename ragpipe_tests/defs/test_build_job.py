@@ -351,3 +351,46 @@ def test_two_processes_open_a_fresh_instance_and_add_one_partition_at_once(tmp_p
         assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errors]
         with DagsterInstance.from_config(str(home)) as instance:
             assert instance.get_dynamic_partitions("corpus_revisions") == ["r1"]
+
+
+def test_a_sigkilled_build_is_reaped_by_the_next_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """SIGKILL a real ``ragpipe build`` (its whole process group) once its run is STARTED and tagged
+    with its worker: the next build of the revision marks that run failed naming the process, frees
+    what it held, and builds."""
+    import signal
+
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from ragpipe.orchestration.materialize import dagster_instance
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join((SAMPLE / "rev-1.jsonl").read_text().splitlines(keepends=True)[:30]))
+    env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "ragpipe"), "DAGSTER_HOME": str(tmp_path / "dagster")}
+    command = [str(REPO / ".venv" / "bin" / "ragpipe"), "build", str(corpus), "--revision", "k1", "--json"]
+    first = subprocess.Popen(
+        command, env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 300
+    run = None
+    while run is None:  # wait for a state (the run started, its worker recorded), never for a time
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.2)
+        monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+        with dagster_instance() as instance:  # under the instance lock: never racing its creation
+            records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.STARTED]), limit=1)
+            if records and "ragpipe/worker" in records[0].dagster_run.tags:
+                run = records[0].dagster_run
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate()
+    assert first.returncode == -signal.SIGKILL
+    second = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    summary = json.loads(second.stdout)
+    assert summary["revision"] == "k1" and summary["run_id"] != run.run_id
+    with DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+        (failure,) = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
+        pid = int(run.tags["ragpipe/worker"].rsplit(":", 2)[1])
+        assert failure.message.startswith(f"process {pid} on ") and failure.message.endswith(
+            "which executed this run, ended without finishing it"
+        )

@@ -142,8 +142,8 @@ def test_gate_bootstraps_revision_1_and_pairs_revision_2_with_its_active_release
     # Revision 2 repairs 24 judged abstracts revision 1 holds cut after their first sentence
     # (data/scifact-sample/changes.json): paired with revision 1 on the stable suite, its nDCG@10
     # improves beyond noise, so every quality phase passes. The checked-in policy's one wall-clock
-    # check (p95 latency against the incumbent's, measured earlier) decides the rest; the module
-    # runs the checked-in spec, so it reads that verdict rather than asserting a speed.
+    # check (p95 latency against the incumbent's, measured earlier) is advisory: whatever its
+    # verdict on this machine's load, revision 2 is eligible.
     decision = json.loads(
         (ws.stage_dir("scifact-2", "gate_decision") / g2.data_version.split(":")[1] / "decision.json").read_text()
     )
@@ -151,10 +151,8 @@ def test_gate_bootstraps_revision_1_and_pairs_revision_2_with_its_active_release
     assert target["improvement"]["value"] > 0.02 and target["ci_lower"]["value"] > 0
     verdicts = {(c["phase"], c["name"], c["metric"]): c["verdict"] for c in decision["checks"]}
     latency = verdicts.pop(("cost", "p95_latency_relative", None))
-    assert set(verdicts.values()) <= {"pass", "skipped"}
-    assert (summaries["scifact-2"].eligible, summaries["scifact-2"].decisive_phase) == (
-        (True, None) if latency == "pass" else (False, "cost")
-    )
+    assert set(verdicts.values()) <= {"pass", "skipped"} and latency in ("pass", "advisory")
+    assert (summaries["scifact-2"].eligible, summaries["scifact-2"].decisive_phase) == (True, None)
 
 
 def test_release_manifest_binds_what_was_gated(chain):

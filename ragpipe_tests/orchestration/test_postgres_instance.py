@@ -91,7 +91,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     (root / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     targets = yaml.safe_load((REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8"))
     for target in targets["targets"].values():
-        target["sensor"] = False
+        target.update(auto_activate=False, waive_human_apply=False)
     (root / "targets.yaml").write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
     env = {
         "RAGPIPE_HOME": str(root / "ragpipe"),
