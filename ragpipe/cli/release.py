@@ -38,11 +38,12 @@ ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE_ID", help="Exact rel
 def guarded(action: Callable[[], T]) -> T:
     """Run ``action``; the errors bad input or a lost race can cause become one message, exit 1."""
     from ragpipe.kernel.ledger import LedgerError
+    from ragpipe.kernel.seals import SealKeyError
     from ragpipe.release.store import ReleaseError
 
     try:
         return action()
-    except (ReleaseError, LedgerError, OSError) as exc:
+    except (ReleaseError, LedgerError, SealKeyError, OSError) as exc:
         fail(str(exc))
 
 

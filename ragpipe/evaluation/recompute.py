@@ -38,6 +38,7 @@ from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.traces import TRACE_FORMAT, TraceError, read_trace
 
 TRACE_ONLY = ("answer", "format")  # metadata keys a record does not repeat
+CITATION_KEYS = ["chunk_id", "document_id", "label"]
 RECORD_ONLY = ("hits", "trace")  # record keys the trace's metadata does not repeat
 
 
@@ -60,6 +61,43 @@ def _scopes(row: Mapping[str, Any], where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _number(value: object) -> bool:
+    return type(value) in (int, float)  # bool is neither: a forged ``true`` is no metric value
+
+
+def _check_payload(payload: Mapping[str, Any], k: int, where: str) -> None:
+    """The fields recomputation reads, of the types the runner writes (a forged record is refused,
+    never a crash): ``hits`` a count no larger than the spec's k, ``trace`` a file reference,
+    ``metrics`` names to numbers."""
+    hits, trace, metrics = payload.get("hits"), payload.get("trace"), payload.get("metrics")
+    if type(hits) is not int or not 0 <= hits <= k:
+        raise TraceError(f"{where}: hits {hits!r} is not a count of at most k = {k}")
+    if not isinstance(trace, dict) or not all(isinstance(trace.get(f), str) for f in ("file", "digest")):
+        raise TraceError(f"{where}: trace is not a {{file, digest}} reference")
+    if not isinstance(metrics, dict) or not all(_number(v) for v in metrics.values()):
+        raise TraceError(f"{where}: metrics is not an object of numbers")
+
+
+def _check_answer(answer: object, where: str) -> dict[str, Any]:
+    """The recorded answer, of the types ``AnswerResult.as_dict`` gives."""
+    ok = (
+        isinstance(answer, dict)
+        and set(answer) == set(ANSWER_FIELDS)
+        and isinstance(answer["abstained"], bool)
+        and all(answer[f] is None or isinstance(answer[f], str) for f in ("reason", "failure"))
+        and isinstance(answer["citations"], list)
+        and all(
+            isinstance(c, dict) and sorted(c) == CITATION_KEYS and all(isinstance(v, str) for v in c.values())
+            for c in answer["citations"]
+        )
+    )
+    if not ok:
+        raise TraceError(
+            f"{where}: the trace records no well-formed answer ({', '.join(ANSWER_FIELDS)}), but the run generates answers"
+        )
+    return answer  # type: ignore[return-value]
+
+
 def _observed(record: Record, table: pa.Table, meta: Mapping[str, Any], case: Case, where: str):
     """Check the trace against the record; ``(targets, shown, answer)`` to recompute from."""
     payload = record.payload
@@ -77,8 +115,11 @@ def _observed(record: Record, table: pa.Table, meta: Mapping[str, Any], case: Ca
     targets = collapse([(r["document_id"], r["chunk_id"]) for r in final], case.target_level)
     if [r["target_id"] for r in _stage(table, "collapsed")] != targets:
         raise TraceError(f"{where}: the trace's collapsed list is not its final hits at {case.target_level} level")
-    shown = [(r["document_id"], _scopes(r, where)) for r in final + _stage(table, "shown")]
-    return targets, shown, meta.get("answer")
+    extra = _stage(table, "shown")
+    if [r["rank"] for r in extra] != list(range(1, len(extra) + 1)):
+        raise TraceError(f"{where}: the trace's shown rows are not ranked 1..{len(extra)}")
+    shown = [(r["document_id"], _scopes(r, where)) for r in final + extra]
+    return targets, shown, [(r["chunk_id"], r["document_id"]) for r in extra], meta.get("answer")
 
 
 def _differences(claimed: Mapping[str, Any], recomputed: Mapping[str, float]) -> str | None:
@@ -105,14 +146,15 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
         case = cases.get(record.payload["cell"]["case"])
         if case is None:
             raise TraceError(f"{where}: case {record.payload['cell']['case']!r} is not in the run's suite")
+        _check_payload(record.payload, body.k, where)
         table, meta = read_trace(run, record.payload["trace"], where)
-        targets, shown, answer = _observed(record, table, meta, case, where)
+        targets, shown, extra, answer = _observed(record, table, meta, case, where)
         metrics: dict[str, float] = {}
         if body.answers:
-            if not isinstance(answer, dict) or set(answer) != set(ANSWER_FIELDS):
-                raise TraceError(
-                    f"{where}: the trace records no answer ({', '.join(ANSWER_FIELDS)}), but the run generates answers"
-                )
+            answer = _check_answer(answer, where)
+            cited = [(c["chunk_id"], c["document_id"]) for c in answer["citations"]]
+            if cited and extra[-len(cited) :] != cited:  # the runner shows the context, then the citations
+                raise TraceError(f"{where}: the recorded answer cites sources the trace does not show")
             metrics.update(answer_metrics(case, answer))
             if (record.payload["outcome"] == "abstained") != bool(answer["abstained"]):
                 raise TraceError(f"{where}: outcome {record.payload['outcome']!r} contradicts the recorded answer")

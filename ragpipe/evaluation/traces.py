@@ -205,8 +205,13 @@ def read_trace(run: Path, ref: Mapping[str, Any], where: str) -> tuple[pa.Table,
     try:
         table = pq.read_table(pa.BufferReader(data))
         metadata = json.loads((table.schema.metadata or {})[CELL_METADATA_KEY])
-    except (pa.ArrowException, KeyError, ValueError) as exc:
+    except (pa.ArrowException, KeyError, ValueError, RecursionError) as exc:
         raise TraceError(f"{where}: trace {run / str(ref['file'])} is not a cell trace: {exc}") from None
     if not isinstance(metadata, dict):
         raise TraceError(f"{where}: trace {run / str(ref['file'])}: metadata is not an object")
+    if not table.schema.remove_metadata().equals(HIT_SCHEMA):
+        raise TraceError(f"{where}: trace {run / str(ref['file'])}: its columns are not the trace schema")
+    nulls = [name for name in ("stage", "rank") if table[name].null_count]
+    if nulls:
+        raise TraceError(f"{where}: trace {run / str(ref['file'])}: column {nulls[0]!r} has nulls")
     return table, metadata

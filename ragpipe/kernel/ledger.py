@@ -87,9 +87,10 @@ class Domain:
     def make_record(self, seq: int, kind: str, payload: dict[str, Any], prev: str | None) -> Record:
         return Record(seq, kind, payload, prev, self.record_hash(seq, kind, payload, prev))
 
-    @property
-    def head_seal_domain(self) -> str:
-        return f"ledger-head/{self.tag}/v{self.version}"
+    def head_seal_domain(self, scope: str = "") -> str:
+        """The domain of a head's seal: the ledger kind, and ``scope`` — what one ledger of the
+        kind is about (a release history's target), so a sealed ledger cannot stand for another."""
+        return f"ledger-head/{self.tag}/v{self.version}" + (f"/{scope}" if scope else "")
 
 
 def _key(key: KeyChoice) -> SealKey | None:
@@ -163,8 +164,9 @@ def _head_document(path: Path) -> dict[str, Any] | None:
         obj = json.loads(head.read_bytes())
         if not isinstance(obj, dict) or not {"hash", "seq"} <= set(obj) <= {"hash", "seq", SEAL}:
             raise ValueError
-        int(obj["seq"]), str(obj["hash"])
-    except (ValueError, KeyError, TypeError):
+        if type(obj["seq"]) is not int or obj["seq"] < 0 or not isinstance(obj["hash"], str):
+            raise ValueError
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise LedgerError(f"{head}: record ?: head file is not {{hash, seq}} JSON") from None
     return obj
 
@@ -181,7 +183,9 @@ def _uncommitted(read: LedgerRead, n: int) -> LedgerRead:
     return LedgerRead(read.records[:n], read.valid_bytes - cut, read.dropped_bytes + cut)
 
 
-def check_head(path: Path, read: LedgerRead, domain: Domain, key: KeyChoice = "configured") -> LedgerRead:
+def check_head(
+    path: Path, read: LedgerRead, domain: Domain, key: KeyChoice = "configured", scope: str = ""
+) -> LedgerRead:
     """Refuse when the head file says complete records are missing or differ, or (module
     docstring) when its seal does not hold; returns ``read`` without uncommitted records."""
     key = _key(key)
@@ -189,7 +193,7 @@ def check_head(path: Path, read: LedgerRead, domain: Domain, key: KeyChoice = "c
     n = len(read.records)
     name = head_path(path).name
     if obj is not None:
-        content, problem = unsealed(obj, domain.head_seal_domain, key)
+        content, problem = unsealed(obj, domain.head_seal_domain(scope), key)
         if problem is not None:
             raise LedgerError(f"{path}: record {content['seq']}: {name}: {problem}")
     if obj is None:
@@ -208,19 +212,30 @@ def check_head(path: Path, read: LedgerRead, domain: Domain, key: KeyChoice = "c
             raise LedgerError(f"{path}: record {seq + 1}: {name} lags {n - seq} records behind the ledger")
         return _uncommitted(read, seq) if key is not None else read
     if seq == n + 1 and read.dropped_bytes:
+        if key is not None:  # a sealed record was complete when sealed: a cut line is a removal
+            raise LedgerError(f"{path}: record {seq}: its line is cut, but the sealed {name} names it (record removed)")
         return read  # the head was written for the record whose line is torn: impossible by order, harmless
     raise LedgerError(f"{path}: record {n + 1}: missing (the ledger ends at record {n}; {name} names record {seq})")
 
 
 def read_ledger(
-    path: Path, domain: Domain, missing: str = "no ledger file", key: KeyChoice = "configured"
+    path: Path, domain: Domain, missing: str = "no ledger file", key: KeyChoice = "configured", scope: str = ""
 ) -> LedgerRead:
     """Read and verify the ledger at ``path`` against its chain and head (and, with a key, the
-    head's seal), changing nothing; uncommitted records are left out of the result."""
+    head's seal in ``scope``), changing nothing; uncommitted records are left out of the result."""
     if not path.is_file():
+        refuse_orphan_head(path)
         raise LedgerError(f"{path}: record 1: {missing}")
     read = parse_ledger(path.read_bytes(), domain, str(path))
-    return check_head(path, read, domain, key)
+    return check_head(path, read, domain, key, scope)
+
+
+def refuse_orphan_head(path: Path) -> None:
+    """A head without its ledger means the ledger was removed (a crash never removes one)."""
+    if head_path(path).exists():
+        raise LedgerError(
+            f"{path}: record 1: the ledger is missing, but {head_path(path).name} exists (ledger removed)"
+        )
 
 
 def fold(records: Iterable[Record], step: Callable[[S, Record], S], state: S, where: str) -> S:
@@ -248,22 +263,25 @@ class Ledger:
         records: tuple[Record, ...],
         on_append: Callable[[str], None] | None = None,
         key: SealKey | None = None,
+        scope: str = "",
     ):
         self.path = path
         self.domain = domain
         self.key = key  # seals every head this writer writes (module docstring)
+        self.scope = scope
         self.records = list(records)
         self.on_append = on_append
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     @classmethod
-    def create(cls, path: Path, domain: Domain, key: KeyChoice = "configured") -> Ledger:
-        """A new, empty ledger at ``path`` (which must not exist yet)."""
+    def create(cls, path: Path, domain: Domain, key: KeyChoice = "configured", scope: str = "") -> Ledger:
+        """A new, empty ledger at ``path`` (which must not exist yet, nor its head)."""
         if path.exists():
             raise LedgerError(f"{path}: record 1: a ledger already exists here")
+        refuse_orphan_head(path)
         key = _key(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        ledger = cls(path, domain, (), key=key)
+        ledger = cls(path, domain, (), key=key, scope=scope)
         fsync_path(path.parent)  # the new file's name must survive a crash, not only its bytes
         return ledger
 
@@ -277,19 +295,20 @@ class Ledger:
         missing: str = "no ledger file",
         on_append: Callable[[str], None] | None = None,
         key: KeyChoice = "configured",
+        scope: str = "",
     ) -> Ledger:
         """Open for appending after full verification; with ``create`` a missing ledger is made."""
         key = _key(key)
         if create and not path.exists():
-            ledger = cls.create(path, domain, key)
+            ledger = cls.create(path, domain, key, scope)
             ledger.on_append = on_append
             return ledger
-        read = read_ledger(path, domain, missing, key)
+        read = read_ledger(path, domain, missing, key, scope)
         if read.dropped_bytes:  # recovery: a torn (or, keyed, uncommitted) tail is all ever removed
             with open(path, "r+b") as fh:
                 fh.truncate(read.valid_bytes)
                 os.fsync(fh.fileno())
-        ledger = cls(path, domain, read.records, on_append, key)
+        ledger = cls(path, domain, read.records, on_append, key, scope)
         if ledger.records and read_head(path) != (ledger.records[-1].seq, ledger.records[-1].hash):
             ledger._write_head()  # repairs a head that lagged one record
         return ledger
@@ -320,7 +339,7 @@ class Ledger:
         digit, and a crash between data and size leaves parseable JSON (the final newline lost, or
         one extra)."""
         last = self.records[-1]
-        head = sealed({"hash": last.hash, "seq": last.seq}, self.domain.head_seal_domain, self.key)
+        head = sealed({"hash": last.hash, "seq": last.seq}, self.domain.head_seal_domain(self.scope), self.key)
         data = canonical_bytes(head) + b"\n"
         path = head_path(self.path)
         created = not path.exists()

@@ -76,9 +76,14 @@ class Workspace:
             return str(path)
 
     def located(self, stored: str) -> Path:
-        """The path ``stored`` (``Workspace.stored``) names: relative ones are inside this home."""
+        """The path ``stored`` (``Workspace.stored``) names: relative ones are inside this home,
+        and one that would leave it (``..``) is refused — state read from disk is input."""
         path = Path(stored)
-        return path if path.is_absolute() else self.home / path
+        if path.is_absolute():
+            return path
+        if ".." in path.parts:
+            raise ValueError(f"stored path {stored!r} leaves the home {self.home}")
+        return self.home / path
 
     def stage_dir(self, revision: str, stage: str) -> Path:
         """The folder holding a revision's versions of ``stage`` and its ``latest.json`` pointer."""

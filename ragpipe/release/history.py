@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, fold, read_ledger
+from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, fold, read_ledger, refuse_orphan_head
 from ragpipe.release.store import ReleaseStore
 
 HISTORY_DOMAIN = Domain("release-history-record", 1)
@@ -169,8 +169,9 @@ def read_history(store: ReleaseStore, target: str) -> tuple[TargetHistory, tuple
     an empty history when the target has none."""
     path = store.history_path(target)
     if not path.is_file():
+        refuse_orphan_head(path)  # a removed history is not an empty one
         return TargetHistory(), ()
-    read = read_ledger(path, HISTORY_DOMAIN)
+    read = read_ledger(path, HISTORY_DOMAIN, scope=target)
     return reduce_history(read.records, str(path)), read.records
 
 
@@ -181,7 +182,9 @@ class History:
     def __init__(self, store: ReleaseStore, target: str, on_append=None):
         self.target = target
         self.where = str(store.history_path(target))
-        self.ledger = Ledger.open(store.history_path(target), HISTORY_DOMAIN, create=True, on_append=on_append)
+        self.ledger = Ledger.open(
+            store.history_path(target), HISTORY_DOMAIN, create=True, on_append=on_append, scope=target
+        )
         self.state = reduce_history(self.ledger.records, self.where)
 
     def append(self, kind: str, payload: dict[str, Any]) -> Record:

@@ -258,3 +258,51 @@ def test_a_cell_of_a_case_outside_the_suite_is_refused(ranked: Path):
     rewrite(ranked, edit)
     with pytest.raises(TraceError, match=r"record \d+: case 'ghost' is not in the run's suite"):
         verify_run(ranked)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda p: p.pop("hits"), "hits None is not a count of at most k = 20"),
+        (lambda p: p.update(hits="20"), "hits '20' is not a count"),
+        (lambda p: p.update(hits=50), "hits 50 is not a count of at most k = 20"),
+        (lambda p: p.update(trace=5), r"trace is not a \{file, digest\} reference"),
+        (lambda p: p.pop("metrics"), "metrics is not an object of numbers"),
+        (lambda p: p["metrics"].update({"ndcg@10": True}), "metrics is not an object of numbers"),
+    ],
+    ids=["no hits", "hits text", "hits over k", "trace", "no metrics", "bool metric"],
+)
+def test_a_malformed_record_is_refused_not_a_crash(ranked: Path, edit, message: str):
+    rewrite(ranked, lambda p: edit(completed(p, answerable)))
+    with pytest.raises(TraceError, match=rf"record \d+: {message}"):
+        verify_run(ranked)
+
+
+def test_a_trace_with_other_columns_is_refused(ranked: Path):
+    def drop_scopes(table: pa.Table) -> pa.Table:
+        return table.drop_columns(["access_scopes"])
+
+    rewrite(ranked, lambda p: retrace(ranked, completed(p), drop_scopes, lambda m: None))
+    with pytest.raises(TraceError, match="its columns are not the trace schema"):
+        verify_run(ranked)
+
+
+@pytest.mark.parametrize(
+    ("citations", "message"),
+    [
+        ([{}], "the trace records no well-formed answer"),
+        (5, "the trace records no well-formed answer"),
+        (
+            [{"label": "E1", "chunk_id": "sha256:" + "0" * 64, "document_id": FORBIDDEN}],
+            "the recorded answer cites sources the trace does not show",
+        ),
+    ],
+    ids=["empty citation", "not a list", "unshown source"],
+)
+def test_a_forged_answer_is_refused(answered: Path, citations, message: str):
+    def edit(payloads: Payloads) -> None:
+        retrace(answered, completed(payloads), lambda t: t, lambda m: m["answer"].update(citations=citations))
+
+    rewrite(answered, edit)
+    with pytest.raises(TraceError, match=message):
+        verify_run(answered)

@@ -102,3 +102,39 @@ def test_a_record_after_the_sealed_head_is_uncommitted_ignored_by_readers_and_dr
         assert path.read_bytes() == sealed_bytes  # dropped, as a torn tail is
         again = ledger.append("event", {"i": "again"})
     assert again.seq == 4 and read_ledger(path, D, key=KEY).records[-1] == again
+
+
+def test_a_sealed_record_cannot_be_removed_by_cutting_its_line_or_the_ledger(tmp_path: Path):
+    """Cutting the last line's newline makes it look torn; removing the ledger leaves its head:
+    with a key, both are removals, refused by readers and writers alike."""
+    path = tmp_path / "l.jsonl"
+    keyed(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1])
+    with pytest.raises(LedgerError, match=r"record 3: its line is cut, but the sealed l\.head names it"):
+        read_ledger(path, D, key=KEY)
+    with pytest.raises(LedgerError, match="its line is cut"):
+        Ledger.open(path, D, key=KEY)
+    path.unlink()
+    for attempt in (lambda: read_ledger(path, D, key=KEY), lambda: Ledger.open(path, D, create=True, key=KEY)):
+        with pytest.raises(LedgerError, match=r"record 1: the ledger is missing, but l\.head exists"):
+            attempt()
+
+
+def test_a_head_seal_binds_its_scope(tmp_path: Path):
+    """A history sealed for one target does not verify as another's (same records, other scope)."""
+    path = tmp_path / "l.jsonl"
+    with Ledger.open(path, D, create=True, key=KEY, scope="staging") as ledger:
+        ledger.append("event", {"i": 1})
+    assert len(read_ledger(path, D, key=KEY, scope="staging").records) == 1
+    with pytest.raises(LedgerError, match="the seal does not match the record"):
+        read_ledger(path, D, key=KEY, scope="production")
+
+
+@pytest.mark.parametrize("seq", ["1e999", "true", "-1", "1.5", '"3"'])
+def test_a_head_whose_seq_is_not_a_count_is_refused(tmp_path: Path, seq: str):
+    path = tmp_path / "l.jsonl"
+    keyed(path, key=None)
+    head_path(path).write_text('{"hash":"x","seq":%s}\n' % seq)
+    with pytest.raises(LedgerError, match=r"l\.head: record \?: head file is not \{hash, seq\} JSON"):
+        read_ledger(path, D, key=None)

@@ -102,3 +102,10 @@ def test_stage_records_name_bundles_and_runs_inside_the_home_relatively(built_wo
     path, problems = steps.check_bundle(copy, "hb")
     assert (Path(path).parent, problems) == (copy.bundles, [])
     assert Workspace(tmp_path).stored(Path("/elsewhere/x")) == "/elsewhere/x"  # outside a home: absolute
+
+
+def test_a_stored_path_that_leaves_the_home_is_refused(tmp_path: Path):
+    ws = Workspace(tmp_path / "home")
+    assert ws.located("bundles/x") == tmp_path / "home" / "bundles" / "x"
+    with pytest.raises(ValueError, match=r"^stored path '../../etc' leaves the home "):
+        ws.located("../../etc")
