@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from ragpipe.answer.identity import answer_plan_id
 from ragpipe.corpus.registry import RevisionRecord
@@ -64,6 +64,17 @@ class EvaluatorSettings(FrozenModel):
     k: int = Field(1000, ge=1, le=10_000)
     repeats: int = Field(1, ge=1, le=100)
     comparison: ComparisonSpec = ComparisonSpec()
+    # Set only by --allow-test-split: the candidate was made on a suite with test-split cases.
+    test_split_allowed: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_default_test_split(self, handler):
+        """``test_split_allowed`` is in the dump (hence the evaluator ID) only when set: settings
+        that never allowed it keep the ID they had before the flag existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("test_split_allowed") is False:
+            del data["test_split_allowed"]
+        return data
 
     @property
     def evaluator_id(self) -> str:

@@ -88,7 +88,9 @@ def parent_from_revision(
     policy_path: Path,
     settings: EvaluatorSettings,
 ) -> Parent:
-    """The snapshot of ``revision`` built under ``pipeline_path``, served with ``plan_path``."""
+    """The snapshot of ``revision`` built under ``pipeline_path``, served with ``plan_path``.
+    A suite with cases judged on the ``test`` split is refused unless ``settings`` allow it."""
+    refuse_test_split(suite, settings)
     try:
         pipeline, plan = load_pipeline_spec(pipeline_path), load_plan(plan_path)
         policy = load_policy(policy_path)
@@ -105,6 +107,18 @@ def parent_from_revision(
         _read(policy_path, "the gate policy"),
         settings,
     )
+
+
+def refuse_test_split(suite: Suite, settings: EvaluatorSettings) -> None:
+    """Tuning on the test split spends the measure a project reports: refused, naming the suite,
+    unless the settings record ``test_split_allowed`` (``--allow-test-split``)."""
+    test = suite.cases_of_split("test")
+    if test and not settings.test_split_allowed:
+        raise CandidateError(
+            f"suite {suite.source}: {len(test)} of its {len(suite.cases)} cases are judged on the test split "
+            f"(first: {test[0].id!r}); tune on another split (--split train), or pass --allow-test-split, "
+            "which the candidate records"
+        )
 
 
 def _build_only(pipeline_bytes: bytes) -> bytes:

@@ -40,6 +40,12 @@ SuiteOpt = Annotated[
     Path, typer.Option("--suite", help="Native suite file or BEIR folder (locked into the candidate).")
 ]
 SplitOpt = Annotated[list[str] | None, typer.Option("--split", help="BEIR qrels split(s) (repeatable; default: test).")]
+AllowTestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-test-split", help="Tune on a suite with test-split cases anyway (recorded in the candidate)."
+    ),
+]
 PipelineOpt = Annotated[
     Path | None,
     typer.Option(
@@ -110,13 +116,13 @@ def build_in_child(revision: str, pipeline: Path):
     )
 
 
-def _settings(mode: str, k: int):
+def _settings(mode: str, k: int, allow_test_split: bool = False):
     from pydantic import ValidationError
 
     from ragpipe.candidates.asset_ids import EvaluatorSettings
 
     try:
-        return EvaluatorSettings(mode=mode, k=k)
+        return EvaluatorSettings(mode=mode, k=k, test_split_allowed=allow_test_split)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ValueError(f"invalid evaluation setting --{first['loc'][0]}: {first['msg']}") from None
@@ -131,6 +137,7 @@ def resolve_parent(
     policy: Path | None,
     mode: str,
     k: int,
+    allow_test_split: bool = False,
 ):
     """``--parent``: a candidate folder (its candidate becomes the parent) or a built revision."""
     from ragpipe.candidates.create import parent_from_candidate, parent_from_revision
@@ -156,7 +163,7 @@ def resolve_parent(
         plan or DEFAULT_PLAN_PATH,
         load_suite(suite, split=split or ["test"]),
         policy or DEFAULT_POLICY_PATH,
-        _settings(mode, k),
+        _settings(mode, k, allow_test_split),
     )
 
 
@@ -208,6 +215,7 @@ def candidate_new(
         typer.Option("--suite", help="Native suite file or BEIR folder (locked; required with a revision parent)."),
     ] = None,
     split: SplitOpt = None,
+    allow_test_split: AllowTestOpt = False,
     pipeline: PipelineOpt = None,
     plan: PlanOpt = None,
     policy: PolicyOpt = None,
@@ -220,7 +228,9 @@ def candidate_new(
 
     data = guarded(
         lambda: describe(
-            new_candidate(resolve_parent(parent, suite, split, pipeline, plan, policy, mode, k), sets, out_dir)
+            new_candidate(
+                resolve_parent(parent, suite, split, pipeline, plan, policy, mode, k, allow_test_split), sets, out_dir
+            )
         )
     )
     emit_json(data) if as_json else _print_candidate(data)
@@ -293,6 +303,7 @@ def tune(
         Path | None, typer.Option("--out", help="Tune folder to create (default: $RAGPIPE_HOME/tune/<run ID>).")
     ] = None,
     split: SplitOpt = None,
+    allow_test_split: AllowTestOpt = False,
     pipeline: PipelineOpt = None,
     plan: PlanOpt = None,
     policy: PolicyOpt = None,
@@ -328,7 +339,7 @@ def tune(
 
     def run():
         loaded = load_space(space)
-        root = resolve_parent(parent, suite, split, pipeline, plan, policy, mode, k)
+        root = resolve_parent(parent, suite, split, pipeline, plan, policy, mode, k, allow_test_split)
         target = out_dir or default_home() / "tune" / new_run_id()
         return walk(Workspace(default_home()), root, loaded, target, build_in_child, on_step=report).as_json()
 

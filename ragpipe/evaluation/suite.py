@@ -68,6 +68,7 @@ class Case(BaseModel):
     answerability: Literal["answerable", "unanswerable"] = "answerable"
     subject: CaseSubject | None = None
     forbidden_sources: tuple[str, ...] = ()
+    split: tuple[str, ...] = ()  # the dataset splits the judgments come from (BEIR import sets it)
 
     @model_validator(mode="before")
     @classmethod
@@ -92,6 +93,8 @@ class Case(BaseModel):
             "answerability": self.answerability,
             "subject": None if self.subject is None else {"scopes": list(self.subject.scopes)},
             "forbidden_sources": list(self.forbidden_sources),
+            # only when set: a suite without splits keeps the digest it had before splits existed
+            **({"split": list(self.split)} if self.split else {}),
         }
 
 
@@ -123,6 +126,10 @@ class Suite:
 
     def by_id(self) -> dict[str, Case]:
         return {c.id: c for c in self.cases}
+
+    def cases_of_split(self, split: str) -> tuple[Case, ...]:
+        """The cases whose judgments come (also) from ``split``."""
+        return tuple(c for c in self.cases if split in c.split)
 
 
 def suite_digest(cases: Iterable[Case]) -> str:

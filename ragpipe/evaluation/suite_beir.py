@@ -90,9 +90,9 @@ def _qrels_row(form: str, line: str, where: str) -> tuple[str, str, str]:
     return cells[0], cells[1], cells[2]
 
 
-def read_qrels(path: Path, into: dict[str, dict[str, tuple[int, str]]]) -> None:
+def read_qrels(path: Path, into: dict[str, dict[str, tuple[int, str]]], seen: set[str] | None = None) -> None:
     """Add ``query-id`` -> ``corpus-id`` -> (grade, "<file>:<line>") from a qrels file in any of
-    the forms of the module docstring."""
+    the forms of the module docstring; ``seen`` collects the query IDs the file judges."""
     rows = _lines(path)
     if not rows:
         raise SuiteError(f"{path}: empty qrels file")
@@ -110,10 +110,12 @@ def read_qrels(path: Path, into: dict[str, dict[str, tuple[int, str]]]) -> None:
             ((target, grade),) = judgments_of({target: value}, "document").items()  # NFC, level rules
         except SuiteError as e:
             raise SuiteError(f"{where}: {e}") from None
-        seen = into.setdefault(qid, {}).get(target)
-        if seen is not None and seen[0] != grade:
-            raise SuiteError(f"{where}: ({qid!r}, {target!r}) graded {grade} here and {seen[0]} at {seen[1]}")
-        if seen is None:
+        if seen is not None:
+            seen.add(qid)
+        earlier = into.setdefault(qid, {}).get(target)
+        if earlier is not None and earlier[0] != grade:
+            raise SuiteError(f"{where}: ({qid!r}, {target!r}) graded {grade} here and {earlier[0]} at {earlier[1]}")
+        if earlier is None:
             into[qid][target] = (grade, where)
 
 
@@ -132,8 +134,12 @@ def import_beir(folder: Path, split: str | Iterable[str] = "test") -> Suite:
         raise SuiteError(f"{folder}: no split named")
     queries = read_queries(folder / "queries.jsonl")
     judged: dict[str, dict[str, tuple[int, str]]] = {}
+    split_of: dict[str, set[str]] = {}
     for name in splits:
-        read_qrels(qrels_path(folder, name), judged)
+        seen: set[str] = set()
+        read_qrels(qrels_path(folder, name), judged, seen)
+        for qid in seen:
+            split_of.setdefault(qid, set()).add(name)
     cases = []
     for qid, targets in judged.items():
         first = next(iter(targets.values()))[1]  # the query's first qrels row
@@ -144,6 +150,7 @@ def import_beir(folder: Path, split: str | Iterable[str] = "test") -> Suite:
             "query": queries[qid][1],
             "target_level": "document",
             "judgments": {t: g for t, (g, _) in targets.items()},
+            "split": sorted(split_of[qid]),
         }
         try:
             cases.append(Case.model_validate(check_case(raw)))

@@ -14,7 +14,8 @@
   [0, 2^31-1] (trec_eval relevance levels are C ints; JSON ``2.0`` reads as 2, ``true`` is no grade);
 * one level only: at ``document`` level no target is a chunk ID (``sha256:<64 hex>``) and each is a
   valid document ID; at ``chunk`` level every target is a chunk ID;
-* ``tags`` and ``forbidden_sources`` are lists of distinct non-empty strings; ``subject`` is
+* ``tags``, ``forbidden_sources`` and ``split`` (the dataset splits the case's judgments come from,
+  e.g. BEIR's ``train`` / ``test``) are lists of distinct non-empty strings; ``subject`` is
   ``{"scopes": [...]}`` with distinct valid scope names, at least one;
 * ``answerability`` is ``answerable`` or ``unanswerable``; an unanswerable case has no judgment of
   grade >= 1; no forbidden source is judged relevant (a contradiction in the suite).
@@ -30,7 +31,7 @@ from typing import Any
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.kernel.ids import DocumentId
 
-FIELDS = ("id", "query", "target_level", "judgments", "tags", "answerability", "subject", "forbidden_sources")
+FIELDS = ("id", "query", "target_level", "judgments", "tags", "answerability", "subject", "forbidden_sources", "split")
 REQUIRED = ("id", "query", "target_level", "judgments")
 CHUNK_ID = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 MAX_GRADE = 2**31 - 1
@@ -183,4 +184,5 @@ def check_case(value: Any) -> dict[str, Any]:
         "answerability": answerability,
         "subject": _subject(value.get("subject")),
         "forbidden_sources": forbidden,
+        "split": _string_set(value.get("split", ()), "split"),
     }

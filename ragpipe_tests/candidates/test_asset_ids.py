@@ -113,3 +113,52 @@ def test_check_assets_refuses_unknown_and_missing():
         check_assets({**a, "weights": "sha256:" + "0" * 64}, "snap")
     with pytest.raises(SnapshotError, match=r"^snap: asset 'suite' is missing$"):
         check_assets({k: v for k, v in a.items() if k != "suite"}, "snap")
+
+
+def test_a_suite_with_test_split_cases_is_refused_unless_allowed_and_then_recorded(tmp_path):
+    """Tuning on the test split spends the measure a project reports: ``candidate new`` and
+    ``tune`` refuse such a suite (before anything else) unless --allow-test-split, which enters the
+    evaluator settings (and ID) the candidate locks; settings without it keep their old ID."""
+    import subprocess
+    import sys
+
+    from ragpipe.candidates.create import CandidateError, refuse_test_split
+    from ragpipe.evaluation.suite import Case, Suite
+    from ragpipe_tests.conftest import REPO
+
+    suite = Suite.of(
+        [
+            Case(id="a", query="q", target_level="document", judgments={"d": 1}, split=["train"]),
+            Case(id="b", query="q", target_level="document", judgments={"d": 1}, split=["test"]),
+        ],
+        "s.jsonl",
+    )
+    with pytest.raises(CandidateError) as refused:
+        refuse_test_split(suite, EvaluatorSettings())
+    assert str(refused.value) == (
+        "suite s.jsonl: 1 of its 2 cases are judged on the test split (first: 'b'); tune on another split "
+        "(--split train), or pass --allow-test-split, which the candidate records"
+    )
+    allowed = EvaluatorSettings(test_split_allowed=True)
+    refuse_test_split(suite, allowed)  # allowed: no refusal
+    assert "test_split_allowed" not in EvaluatorSettings().model_dump() and allowed.model_dump()["test_split_allowed"]
+    assert allowed.evaluator_id != EvaluatorSettings().evaluator_id
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "queries.jsonl").write_text('{"_id": "1", "text": "one"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n")
+    for command in (
+        ("candidate", "new", "--set", "query_plan.fusion.k=15", "--out", str(tmp_path / "c")),
+        ("tune", "--space", str(REPO / "ragpipe" / "specs" / "tune_space.yaml")),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "ragpipe.cli", *command, "--parent", "r1", "--suite", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**__import__("os").environ, "RAGPIPE_HOME": str(tmp_path / "home")},
+            timeout=300,
+        )
+        assert (done.returncode, done.stdout) == (1, ""), command
+        assert "1 of its 1 cases are judged on the test split (first: '1')" in " ".join(done.stderr.split()), (
+            done.stderr
+        )

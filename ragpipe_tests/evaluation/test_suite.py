@@ -11,15 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragpipe.evaluation.suite import (
+    SUITE_ID_KIND,
+    SUITE_ID_VERSION,
     Case,
     CaseStatus,
     Suite,
     check_against_bundle,
     parse_suite_bytes,
     suite_bytes,
+    suite_digest,
     write_suite,
 )
+from ragpipe.evaluation.suite_beir import import_beir
 from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.kernel.ids import content_id
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "scifact-sample"
@@ -153,12 +158,13 @@ def test_committed_sample_suite_is_the_import_of_the_sample():
     assert suite_bytes(imported) == (SAMPLE / "suite.jsonl").read_bytes()
     assert committed.digest == imported.digest
     assert len(committed.cases) == 104
-    assert committed.digest == "sha256:35c2e03bd399ecb1c81f909f718da35a537a622ecaf9e86caad9a6088cd3e068"
+    assert committed.digest == "sha256:6f687a0d2ade6e02617b9ba3c61494e86809f75472251e7fcb1c39eb7245f11e"
     assert committed.by_id()["1"] == Case(
         id="1",
         query="0-dimensional biomaterials show inductive properties.",
         target_level="document",
         judgments={"31715818": 1},
+        split=["rev-1", "rev-2"],  # the qrels files that judge it
     )
 
 
@@ -167,7 +173,8 @@ def test_beir_import_of_scifact_test():
     assert len(suite.cases) == 300
     assert all(c.target_level == "document" and c.answerability == "answerable" and c.relevant for c in suite.cases)
     assert sum(len(c.judgments) for c in suite.cases) == 339
-    assert suite.digest == "sha256:7e5aa55d5334fe05e238ce3f31f969afb7ae81b263749bdc13affbbc24b2a003"
+    assert {c.split for c in suite.cases} == {("test",)}
+    assert suite.digest == "sha256:cd2f38a70e82372b496c4b8a3bc313bfc26e07c6f326fc37d454b8bd99644b84"
 
 
 def revision_documents(name: str) -> set[str]:
@@ -231,3 +238,18 @@ def test_optional_fields_normalised():
         case.tags == ("a", "b") and case.subject.scopes == ("public", "staff") and case.forbidden_sources == ("y", "z")
     )
     assert Case.model_validate(case) is case
+
+
+def test_cases_carry_their_split_and_a_split_less_case_keeps_its_digest(tmp_path):
+    """BEIR import records the splits a query is judged in; a case without splits encodes as it
+    did before splits existed (its canonical form has no ``split`` key)."""
+    plain = Case(id="a", query="q", target_level="document", judgments={"d": 1})
+    assert "split" not in plain.canonical()
+    assert suite_digest([plain]) == content_id(SUITE_ID_KIND, SUITE_ID_VERSION, [plain.canonical()])
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "queries.jsonl").write_text('{"_id": "1", "text": "one"}\n{"_id": "2", "text": "two"}\n')
+    (tmp_path / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n")
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n2\td2\t1\n")
+    suite = import_beir(tmp_path, ["train", "test"])
+    assert [(c.id, c.split) for c in suite.cases] == [("1", ("test", "train")), ("2", ("test",))]
+    assert [c.id for c in suite.cases_of_split("train")] == ["1"]

@@ -21,9 +21,9 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
 from ragpipe.release.gate_evidence import evidence_path, publish_gate_evidence
 from ragpipe.release.live import live_release
-from ragpipe.release.manifest import ReleaseManifest, publish_manifest
+from ragpipe.release.manifest import publish_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.support.release_fixtures import H, bundle_ids, fixture_policy, new_evaluation_run
+from ragpipe_tests.support.release_fixtures import fixture_policy, manifest_of, new_evaluation_run
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 SECRET = "a release key of at least 32 bytes!"
@@ -46,19 +46,7 @@ def sealed_home(tmp_path: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch) -
     decision = decide(policy, None, arm)
     store = ReleaseStore(ws)
     publish_gate_evidence(store, decision.as_json(), None, policy)
-    bundle_id, material = bundle_ids(copy)
-    manifest = ReleaseManifest(
-        revision="r1",
-        bundle_id=bundle_id,
-        material_digest=material,
-        query_plan_id=arm.variant.plan_id,
-        answer_plan_id=H,
-        authorization_policy_id=H,
-        gate_policy_id=policy.policy_id,
-        evaluation={"spec_id": arm.spec_id, "run_id": arm.run_id, "ledger_head": arm.ledger_head},
-        comparison_id=None,
-        gate={"decision_id": decision.decision_id, "eligible": True, "decisive_phase": None},
-    )
+    manifest = manifest_of(copy, arm, policy, decision)
     release_id = publish_manifest(store, manifest)[0]
     activate(ws, release_id, "staging")
     return ws, release_id

@@ -180,9 +180,20 @@ def manifest_for(
     """A manifest of ``bundle`` binding its real evaluation run (``evaluation_of``) and the real
     decision ``gate_of`` makes on it (``publish`` keeps that decision in the store)."""
     assert eligible == (phase is None), "an ineligible fixture release names its decisive phase"
-    bundle_id, material = bundle_ids(bundle)
-    arm = evaluation_arm(bundle)
     policy, decision = gate_of(bundle, phase)
+    return manifest_of(bundle, evaluation_arm(bundle), policy, decision, revision, material_digest)
+
+
+def manifest_of(
+    bundle: Path,
+    arm: ArmRun,
+    policy: GatePolicy,
+    decision: Decision,
+    revision: str = "r1",
+    material_digest: str | None = None,
+) -> ReleaseManifest:
+    """The manifest of ``bundle`` binding the run ``arm`` and ``decision`` (made under ``policy``)."""
+    bundle_id, material = bundle_ids(bundle)
     return ReleaseManifest(
         revision=revision,
         bundle_id=bundle_id,
@@ -193,7 +204,11 @@ def manifest_for(
         gate_policy_id=policy.policy_id,
         evaluation={"spec_id": arm.spec_id, "run_id": arm.run_id, "ledger_head": arm.ledger_head},
         comparison_id=None,
-        gate={"decision_id": decision.decision_id, "eligible": eligible, "decisive_phase": phase},
+        gate={
+            "decision_id": decision.decision_id,
+            "eligible": decision.eligible,
+            "decisive_phase": decision.decisive_phase,
+        },
     )
 
 
