@@ -121,6 +121,14 @@ def plan_target(
         return None, reasons
     newest, older = ready[-1], ready[:-1]
     reasons += [f"{target}: {c.release_id}: a newer eligible release ({newest.release_id}) is ready" for c in older]
+    after = candidates[candidates.index(newest) + 1 :]
+    if damaged := [c.release_id for c in after if c.status == "invalid manifest"]:
+        # The damaged file may be the release that should go live: never activate an older one past it.
+        return None, [
+            *reasons,
+            f"{target}: {newest.release_id}: not activated: a newer manifest file ({damaged[-1]}) does not verify; "
+            "repair or remove it",
+        ]
     if _requested_before(instance, requested, target, newest.release_id):
         return None, [
             *reasons,

@@ -17,7 +17,7 @@ hold.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -146,18 +146,22 @@ class ManifestListing:
 
     valid: list[tuple[str, ReleaseManifest]]
     invalid: list[tuple[Path, str]]
+    published: dict[str, int] = field(default_factory=dict)  # release ID or file name -> mtime (ns)
 
 
 def list_manifests(store: ReleaseStore) -> ManifestListing:
     """Every published manifest, each verified on its own (``ManifestListing``)."""
     if not store.manifests.is_dir():
         return ManifestListing([], [])
-    found, invalid = [], []
+    found, invalid, published = [], [], {}
     for path in sorted(p for p in store.manifests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")):
         try:
-            found.append((path.stat().st_mtime_ns, *parse_manifest_file(path, path.read_bytes())))
+            mtime = path.stat().st_mtime_ns
+            found.append((mtime, *parse_manifest_file(path, path.read_bytes())))
+            published[found[-1][1]] = mtime
         except ReleaseError as exc:
             invalid.append((path, str(exc)))
+            published[path.name] = mtime
         except OSError as exc:
             invalid.append((path, f"{path}: cannot read: {exc.strerror or exc}"))
-    return ManifestListing([(rid, m) for _, rid, m in sorted(found, key=lambda t: (t[0], t[1]))], invalid)
+    return ManifestListing([(rid, m) for _, rid, m in sorted(found, key=lambda t: (t[0], t[1]))], invalid, published)

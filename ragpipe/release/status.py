@@ -7,13 +7,16 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
   activation required, verified); a target with nothing active is a clear error.
   ``resolve_active_run`` adds the evaluation run as that verification read it, for the gate.
 - ``eligible_releases(ws, target)`` → one ``EligibleRelease`` per published release whose gate decision
-  is eligible, in publication order, with ``status``: ``ready`` (request activation), ``approval
+  is eligible, and one per manifest file that does not verify (status ``invalid manifest``), all in
+  publication order, with ``status``: ``ready`` (request activation), ``approval
   missing``, ``needs a person`` (``ragpipe.release.automatic``: the target does not activate
-  automatically, or its decision says human_apply_required and the target does not waive it), or its state in the target's history (``active``, ``superseded``, ``rolled_back``,
+  automatically, or its decision says human_apply_required and the target does not waive it), or
+  its state in the target's history (``active``, ``superseded``, ``rolled_back``,
   ``failed``, ``cancelled``, ``rejected``, ``activating``). The sensor requests
   ``activate:<target>:<release_id>`` for each ``ready`` one and skips the rest with ``reason``; a
   release that ever had an activation attempt on the target is never ``ready`` again, so an old
-  release is never re-activated automatically (rollback is a person's decision).
+  release is never re-activated automatically (rollback is a person's decision), and the sensor
+  never activates a release older than a manifest file that does not verify.
 - ``release_summaries(ws)`` → the ``release list`` rows, then one ``{"file", "invalid"}`` row per
   manifest file that does not verify (the sensor's list has it as status ``invalid manifest``, a
   skip with its reason): one bad file never hides the others.
@@ -103,9 +106,10 @@ def eligible_releases(
     accepted = config.accepted_policies(name)  # read the policy files once, not per release
     listing = list_manifests(store)
     invalid = [EligibleRelease(path.name, "", "invalid manifest", reason) for path, reason in listing.invalid]
-    return invalid + [
-        _candidate(ws, rid, m, name, config, accepted, state) for rid, m in listing.valid if m.gate.eligible
-    ]
+    valid = [_candidate(ws, rid, m, name, config, accepted, state) for rid, m in listing.valid if m.gate.eligible]
+    # One order for both, by publication: the sensor must see an unreadable manifest newer than
+    # every ready release (it may be the release it should activate), never skip past it.
+    return sorted(invalid + valid, key=lambda c: (listing.published.get(c.release_id, 0), c.release_id))
 
 
 def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[str, TargetHistory]:

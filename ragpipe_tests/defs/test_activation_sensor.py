@@ -212,3 +212,24 @@ def test_the_remaining_skip_reasons_are_what_the_docs_say(env, tmp_path, monkeyp
     again = tick(env, None)  # no cursor: the run key alone says it was requested
     assert again.run_requests == []
     assert f"staging: {rid}: activation already requested (run key activate:staging:{rid})" in again.skip_message
+
+
+def test_a_damaged_newer_manifest_stops_the_sensor_from_activating_an_older_release(env):
+    """The damaged file may be the release that should go live: the sensor never activates an older
+    one past it (an older stray file stops nothing: the test above)."""
+    ws, _, _, bundle = env
+    rid = publish(ws, bundle, "r1")
+    store = ReleaseStore(ws)
+    good = store.manifest_path(rid)
+    damaged = store.manifests / ("f" * 64 + ".json")
+    damaged.write_bytes(good.read_bytes()[:-10])
+    published = good.stat().st_mtime_ns
+    os.utime(damaged, ns=(published + 10**9, published + 10**9))
+    data = tick(env, None)
+    assert data.run_requests == []
+    assert (
+        f"staging: {rid}: not activated: a newer manifest file ({damaged.name}) does not verify; repair or remove it"
+        in data.skip_message
+    )
+    damaged.unlink()
+    assert requests(tick(env, None)) == [(f"activate:staging:{rid}", {"release_id": rid, "target": "staging"})]
