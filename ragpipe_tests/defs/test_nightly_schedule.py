@@ -176,3 +176,58 @@ def test_pending_follows_the_sensors_view_of_runs_and_stops_after_three_failed_n
         f"sci: unchanged since revision {rev}; revision {rev} failed 3 nightly builds: build it by hand "
         "(ragpipe build, or the UI)"
     )
+
+
+KILLED_TICK = """
+import os, signal, sys
+from datetime import datetime
+from dagster import DagsterInstance, build_schedule_context
+import ragpipe.corpus.watched as watched
+from ragpipe.defs import build_definitions
+from ragpipe.defs.resources import RagpipeHome
+
+registered = watched.register_revision
+
+def register_then_die(*args, **kwargs):
+    out = registered(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)  # right after the revision is on disk, before its partition
+    return out
+
+watched.register_revision = register_then_die
+defs = build_definitions()
+with DagsterInstance.from_config(sys.argv[1]) as instance:
+    ctx = build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=datetime.fromisoformat(sys.argv[3]),
+        resources={"ragpipe": RagpipeHome(home=sys.argv[2])},
+        repository_def=defs.get_repository_def(),
+    )
+    defs.get_schedule_def("nightly_rebuild").evaluate_tick(ctx)
+"""
+
+
+def test_a_tick_sigkilled_right_after_registering_loses_nothing(env, tmp_path: Path):
+    """A real tick process killed the moment it registered a revision: the revision is on disk
+    without a partition or run, and the next tick requests it (never "unchanged")."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from ragpipe_tests.conftest import REPO
+
+    home, instance, _, _ = env
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_TICK, str(tmp_path / "dagster"), str(home), NIGHT_1.isoformat()],
+        cwd=REPO,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (revision,) = list_revisions(home / "revisions")
+    assert instance.get_dynamic_partitions("corpus_revisions") == []
+    data = tick(env, NIGHT_2)
+    assert [(r.partition_key, r.run_key) for r in data.run_requests] == [(revision, f"nightly:{revision}:20261201")]
+    assert instance.get_dynamic_partitions("corpus_revisions") == [revision]
