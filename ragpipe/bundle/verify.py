@@ -138,10 +138,10 @@ def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> tuple[B
         manifest = BundleManifest.model_validate(json.loads(raw.decode("utf-8")))
     except (ValueError, ValidationError) as exc:
         raise BundleVerificationError(root, [f"{MANIFEST_NAME}: not a valid manifest: {exc}"]) from None
-    problems = []
     if not _all_nfc(json.loads(raw.decode("utf-8"))):
-        # canonical IDs NFC-normalise strings: a non-NFC spelling would be a second manifest of one ID
-        problems.append(f"{MANIFEST_NAME}: holds a string that is not NFC-normalised")
+        # the canonical encoder refuses a non-NFC string (it has no ID), so say so before any ID is computed
+        raise BundleVerificationError(root, [f"{MANIFEST_NAME}: holds a string that is not NFC-normalised"])
+    problems = []
     if manifest_bytes(manifest) != raw:
         # Byte-exact: any edit, even whitespace, means someone changed the file after publication.
         problems.append(f"{MANIFEST_NAME}: bytes are not the canonical rendering of its content (manifest edited)")

@@ -334,8 +334,9 @@ def test_lexical_postings_and_schema_must_agree_with_the_rows(forgeable: Path):
 
 
 def test_manifest_spellings_that_hash_alike_are_refused(forgeable: Path):
-    """Canonical encoding folds 1200.0 into 1200 and NFC-normalises strings, so such respellings keep
-    the bundle ID and the seal: verification accepts only the one canonical spelling."""
+    """Canonical encoding folds 1200.0 into 1200, so such a respelling keeps the bundle ID and the
+    seal: verification accepts only the one canonical spelling; a non-NFC string has no ID at all
+    (the encoder refuses it) and is refused by name."""
     import json as _json
 
     from ragpipe.bundle.manifest import bundle_id_of

@@ -11,7 +11,7 @@ from ragpipe_tests.cli.test_cli import ragpipe
 from ragpipe_tests.support.llm_server import LLMServer
 
 HIT_KEYS = {"rank", "chunk_id", "document_id", "title", "score", "text", "byte_start", "byte_end"}
-TRACE_KEYS = {"channels", "depth", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
+TRACE_KEYS = {"release_id", "channels", "depth", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
 SUBJECT_AUTHORIZATION_KEYS = {"view", "strategy", "policy_id", "subject"}
 
 

@@ -78,6 +78,7 @@ def scoped_service(scoped_bundles, tmp_path, monkeypatch):
 def test_no_response_holds_a_chunk_its_subject_may_not_read(scoped_service):
     base, keys, release, bundle = scoped_service
     reference = Retriever(bundle)
+    reference.release_id = release  # as the server's retriever of the release: its trace names it
     try:
         with httpx.Client(base_url=base, timeout=60) as http:
             for key_id, scopes in SUBJECTS.items():
