@@ -199,19 +199,27 @@ def verify_trace(run: Path, ref: Mapping[str, Any], where: str) -> bytes:
     return data
 
 
-def read_trace(run: Path, ref: Mapping[str, Any], where: str) -> tuple[pa.Table, dict[str, Any]]:
-    """The verified trace's rows and its ``ragpipe.cell`` metadata (``verify_trace`` first)."""
+def read_trace(
+    run: Path, ref: Mapping[str, Any], where: str, columns: Sequence[str] | None = None
+) -> tuple[pa.Table, dict[str, Any]]:
+    """The verified trace's rows (only ``columns``, when given: reading fewer is most of what
+    verifying a run costs) and its ``ragpipe.cell`` metadata (``verify_trace`` first). The file's
+    schema must be ``HIT_SCHEMA`` whatever is read."""
     data = verify_trace(run, ref, where)
     try:
-        table = pq.read_table(pa.BufferReader(data))
-        metadata = json.loads((table.schema.metadata or {})[CELL_METADATA_KEY])
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        schema = parquet.schema_arrow
+        metadata = json.loads((schema.metadata or {})[CELL_METADATA_KEY])
+        if not schema.remove_metadata().equals(HIT_SCHEMA):
+            raise TraceError(f"{where}: trace {run / str(ref['file'])}: its columns are not the trace schema")
+        table = parquet.read(columns=list(columns) if columns is not None else None)
     except (pa.ArrowException, KeyError, ValueError, RecursionError) as exc:
+        if isinstance(exc, TraceError):
+            raise
         raise TraceError(f"{where}: trace {run / str(ref['file'])} is not a cell trace: {exc}") from None
     if not isinstance(metadata, dict):
         raise TraceError(f"{where}: trace {run / str(ref['file'])}: metadata is not an object")
-    if not table.schema.remove_metadata().equals(HIT_SCHEMA):
-        raise TraceError(f"{where}: trace {run / str(ref['file'])}: its columns are not the trace schema")
-    nulls = [name for name in ("stage", "rank") if table[name].null_count]
+    nulls = [name for name in ("stage", "rank") if name in table.column_names and table[name].null_count]
     if nulls:
         raise TraceError(f"{where}: trace {run / str(ref['file'])}: column {nulls[0]!r} has nulls")
     return table, metadata
