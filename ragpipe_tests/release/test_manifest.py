@@ -11,7 +11,6 @@ from pydantic import ValidationError
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.manifest import (
-    ManifestListing,
     ReleaseManifest,
     list_manifests,
     load_manifest,
@@ -99,7 +98,9 @@ def test_publish_is_atomic_immutable_and_idempotent(tmp_path: Path):
     assert publish_manifest(store, manifest) == (rid, False)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp left
     assert load_manifest(store, rid) == manifest
-    assert list_manifests(store) == ManifestListing([(rid, manifest)], [])
+    listing = list_manifests(store)
+    assert (listing.valid, listing.invalid, list(listing.published)) == ([(rid, manifest)], [], [rid])
+    assert listing.published[rid] == path.stat().st_mtime_ns
 
 
 def test_reading_recomputes_the_id_and_refuses_edits(tmp_path: Path):
