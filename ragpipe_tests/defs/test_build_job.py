@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -309,17 +308,13 @@ def test_two_cli_builds_of_one_revision_at_once(tmp_path: Path):
     open_bundle(Path(built["bundle_path"]))
 
 
-# A file barrier after the imports (which take seconds under load): each child says it is ready,
-# then spins until the parent, having seen both, creates ``go``.
+# A barrier after the imports (which take seconds under load), over pipes: each child says
+# "ready" on stdout, then blocks reading stdin until the parent, having read both, writes "go".
 OPEN_INSTANCE = """
-import os, sys, time
-from pathlib import Path
+import sys
 from ragpipe.orchestration.materialize import _ensure_partition, dagster_instance
-barrier = Path(sys.argv[1])
-(barrier / f"ready-{os.getpid()}").touch()
-deadline = time.monotonic() + 120
-while not (barrier / "go").exists():
-    assert time.monotonic() < deadline, "no go"
+print("ready", flush=True)
+assert sys.stdin.readline() == "go\\n"
 _ensure_partition(dagster_instance(), "r1")
 """
 
@@ -330,23 +325,22 @@ def test_two_processes_open_a_fresh_instance_and_add_one_partition_at_once(tmp_p
     for trial in range(4):
         home = tmp_path / f"dagster-{trial}"
         env = {**os.environ, "DAGSTER_HOME": str(home)}
-        barrier = tmp_path / f"barrier-{trial}"
-        barrier.mkdir()
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", OPEN_INSTANCE, str(barrier)],
+                [sys.executable, "-c", OPEN_INSTANCE],
                 env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 cwd=REPO,
             )
             for _ in range(2)
         ]
-        deadline = time.monotonic() + 300
-        while len(list(barrier.glob("ready-*"))) < 2:
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a child did not get ready"
-            time.sleep(0.01)
-        (barrier / "go").touch()
+        assert [p.stdout.readline() for p in procs] == ["ready\n", "ready\n"]  # blocks; "" if one died
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
         errors = [p.communicate(timeout=120)[1] for p in procs]
         assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errors]
         with DagsterInstance.from_config(str(home)) as instance:
@@ -366,16 +360,15 @@ def test_a_sigkilled_build_is_reaped_by_the_next_build(tmp_path: Path, monkeypat
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join((SAMPLE / "rev-1.jsonl").read_text().splitlines(keepends=True)[:30]))
     env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "ragpipe"), "DAGSTER_HOME": str(tmp_path / "dagster")}
-    command = [str(REPO / ".venv" / "bin" / "ragpipe"), "build", str(corpus), "--revision", "k1", "--json"]
+    command = [str(REPO / ".venv" / "bin" / "ragpipe"), "build", str(corpus), "--revision", "k1"]
     first = subprocess.Popen(
-        command, env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        command, env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 300
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
     run = None
-    while run is None:  # wait for a state (the run started, its worker recorded), never for a time
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.2)
-        monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    while run is None:  # each progress line the build prints is a moment to look: never a timer
+        line = first.stderr.readline()
+        assert line, f"the build ended before its run was recorded: {first.communicate()}"
         with dagster_instance() as instance:  # under the instance lock: never racing its creation
             records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.STARTED]), limit=1)
             if records and "ragpipe/worker" in records[0].dagster_run.tags:
@@ -383,7 +376,7 @@ def test_a_sigkilled_build_is_reaped_by_the_next_build(tmp_path: Path, monkeypat
     os.killpg(first.pid, signal.SIGKILL)
     first.communicate()
     assert first.returncode == -signal.SIGKILL
-    second = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    second = subprocess.run([*command, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     summary = json.loads(second.stdout)
     assert summary["revision"] == "k1" and summary["run_id"] != run.run_id
