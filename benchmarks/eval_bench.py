@@ -10,11 +10,11 @@ In one process, one ``Retriever`` (query embedder loaded, warmed up on ``--warmu
   once before and once after the evaluation run;
 * ``eval``: ``run_evaluation`` of the same suite (SciFact test, imported from the BEIR folder),
   timed from folder creation to the written report — kept rankings, scoring through ir_measures,
-  Parquet traces, fsynced ledger appends and head rewrites included; ``ratio`` eval / the mean of
+  Parquet traces, fsynced group commits and head rewrites included; ``ratio`` eval / the mean of
   the two bare runs (target <= 1.15) — a drift in machine load shows as a spread between them;
 * per-cell profile of that run (``profile_ms_per_cell``): the time inside ``Retriever.query``
-  (rankings kept for the trace), the trace table, the Parquet write with its fsyncs, the ledger
-  appends (fsynced, head rewritten), the metrics; ``overhead`` is the run's wall time minus its
+  (rankings kept for the trace), the trace table, the group's Parquet write with its fsyncs, the
+  ledger's group appends (fsynced, head rewritten), the metrics; ``overhead`` is the run's wall time minus its
   query time, per cell — the evaluation's own cost; ``other`` what those figures do not explain;
   ``gc`` is the garbage collector's pauses, wherever they fell;
 * bytes: ledger and traces of the run, per cell;
@@ -64,9 +64,9 @@ def tree_bytes(path: Path) -> int:
 # (owner, attribute, label): what the profile times inside one evaluation run
 PROFILED = (
     (cell_module, "hit_table", "trace_table"),
-    (cell_module, "write_trace", "trace_write"),
+    (runner_module, "write_traces", "trace_write"),
     (cell_module, "score_cases", "metrics"),
-    (Ledger, "append", "ledger_append"),
+    (Ledger, "append_group", "ledger_append"),
     (runner_module, "build_report", "report"),
 )
 

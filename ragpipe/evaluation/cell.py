@@ -1,11 +1,13 @@
 """One cell ``(case, repeat, arm)``: query through the real ``Retriever``, score, trace.
 
-``run_cell`` returns the ledger event that closes the cell: ``CellCompleted`` with outcome
+``run_cell`` returns what closes the cell (``CellRun``): ``CellCompleted`` with outcome
 ``success`` (or ``abstained`` when the run generates answers and the answer abstains), its
-metrics, latency and trace reference; or ``CellFailed`` (outcome ``failure``) with the error when
-the retriever or the answer step raises. The query keeps its rankings (``rankings=True``): the
-per-channel hits before fusion and the fused list — what the audit trace shows as dicts — go into
-the cell's trace table straight from the retriever's own objects.
+metrics and latency, and its trace rows and description, which the runner writes with the rest of
+its group (``traces.write_traces``) before adding the trace reference to the record; or
+``CellFailed`` (outcome ``failure``) with the error when the retriever or the answer step raises.
+The query keeps its rankings (``rankings=True``): the per-channel hits before fusion and the fused
+list — what the audit trace shows as dicts — go into the cell's trace rows straight from the
+retriever's own objects.
 
 Metrics per cell: the ranking metrics of the spec on the final hits collapsed to the case's target
 level (answerable cases only: an unanswerable case has no relevant target), the safety metric
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
+
+import pyarrow as pa
 
 from ragpipe.answer.answering import answer as answer_question
 from ragpipe.evaluation.eval_spec import SpecBody
@@ -27,7 +31,7 @@ from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.run_state import CellKey, cell_dict
 from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
 from ragpipe.evaluation.suite import Case
-from ragpipe.evaluation.traces import Shown, hit_table, trace_name, write_trace
+from ragpipe.evaluation.traces import Shown, hit_table
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 
@@ -73,10 +77,36 @@ def _answer(
     return answer_metrics(case, recorded), shown, recorded, elapsed
 
 
-def run_cell(
-    retriever: Retriever, body: SpecBody, case: Case, key: CellKey, position: int, run: Path
-) -> tuple[str, dict[str, Any]]:
-    """Execute one cell and write its trace; returns ``(kind, payload)`` of the closing event."""
+@dataclass(frozen=True)
+class CellRun:
+    """A cell's closing event ``kind`` and ``payload`` (a completed cell's lacks its ``trace``
+    reference until its group's file is written), with its trace ``rows`` and ``described`` (the
+    trace's metadata entry); both None for a failed cell, which has no trace."""
+
+    kind: str
+    payload: dict[str, Any]
+    rows: pa.Table | None = None
+    described: dict[str, Any] | None = None
+    targets: list[str] | None = None  # what the ranking metrics are computed on (answerable cases)
+
+
+def score_group(runs: list[CellRun], cases: dict[str, Case], body: SpecBody) -> None:
+    """Add the ranking metrics of every answerable completed cell of a group to its record and its
+    trace description — ``ir_measures`` once for the group, not once a cell."""
+    ranked = {str(i): r.targets for i, r in enumerate(runs) if r.targets is not None}
+    if not ranked:
+        return
+    judged = {key: cases[runs[int(key)].payload["cell"]["case"]].judgments for key in ranked}
+    for key, values in score_cases(judged, ranked, body.ranking_metrics()).items():
+        run = runs[int(key)]
+        run.payload["metrics"] = {**values, **run.payload["metrics"]}
+        if run.described is not None:
+            run.described["metrics"] = run.payload["metrics"]
+
+
+def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> CellRun:
+    """Execute one cell (module docstring) but for its ranking metrics, which ``score_group``
+    adds; writes nothing."""
     cell = cell_dict(key)
     subject = subject_for(case, body)
     try:
@@ -84,9 +114,7 @@ def run_cell(
         result = retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
         latency = _ms(started)
         targets = collapse([(str(h["document_id"]), str(h["chunk_id"])) for h in result.hits], case.target_level)
-        metrics: dict[str, float] = {}
-        if case.answerability == "answerable":
-            metrics.update(score_cases({case.id: case.judgments}, {case.id: targets}, body.ranking_metrics())[case.id])
+        metrics: dict[str, float] = {}  # the ranking metrics follow, for the whole group (score_group)
         hit_scopes = [e.access_scopes for e in result.evidence]
         seen = [(e.document_id, e.access_scopes) for e in result.evidence]
         outcome, extra, shown, answer = "success", {}, [], None
@@ -99,11 +127,11 @@ def run_cell(
         record = {"cell": cell, "outcome": outcome, "metrics": metrics, "latency_ms": latency, **extra}
         if result.rankings is None:
             raise RuntimeError("the retriever returned no rankings for a query that asked for them")
-        table = hit_table(cell, result.rankings, result.hits, hit_scopes, targets, shown)
+        rows = hit_table(cell, result.rankings, result.hits, hit_scopes, shown, reranked=retriever.reranker is not None)
     except Exception as exc:  # a cell's failure is recorded and counted; the run goes on
-        return "CellFailed", {"cell": cell, "outcome": "failure", "error": _nfc(f"{type(exc).__name__}: {exc}")}
-    # Outside the try: a trace that cannot be written (disk full) stops the run, resumable,
-    # instead of marking the cell failed for ever.
+        return CellRun(
+            "CellFailed", {"cell": cell, "outcome": "failure", "error": _nfc(f"{type(exc).__name__}: {exc}")}
+        )
     described = record if answer is None else {**record, "answer": answer}
-    trace = write_trace(run, trace_name(position), table, described)
-    return "CellCompleted", {**record, "hits": len(result.hits), "trace": trace}
+    ranked = targets if case.answerability == "answerable" else None
+    return CellRun("CellCompleted", {**record, "hits": len(result.hits)}, rows, dict(described), ranked)

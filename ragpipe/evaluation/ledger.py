@@ -14,7 +14,7 @@ Everything about records, the chain, recovery and the head file is ``ragpipe.ker
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +96,12 @@ class Ledger(kernel.Ledger):
     def folder(self) -> Path:
         return self.path.parent
 
-    def append(self, kind: str, payload: dict[str, Any]) -> Record:
-        """Check the transition with the reducer (raising before anything is written), then append
-        durably and move the head."""
-        state = apply(self.state, kind, payload)
-        record = super().append(kind, payload)
+    def append_group(self, events: Sequence[tuple[str, dict[str, Any]]]) -> list[Record]:
+        """Check every transition with the reducer (raising before anything is written), then
+        append the events durably as one group and move the head (``append`` is a group of one)."""
+        state = self.state
+        for kind, payload in events:
+            state = apply(state, kind, payload)
+        records = super().append_group(events)
         self.state = state
-        return record
+        return records

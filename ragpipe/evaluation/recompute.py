@@ -5,11 +5,12 @@ a run in which any claim differs from the recomputation, so editing metrics (eve
 the head and every digest recomputed) no longer makes a losing run win. For each completed cell,
 from its trace (already checked against the record's digest) and the run's bound suite and spec:
 
-* the trace's metadata equals the record (cell, outcome, metrics, latency; format 2);
-* its ``final`` rows are the ``hits`` the record counts, rank 1..n, and its ``collapsed`` rows are
-  exactly ``metrics.collapse`` of them at the case's target level;
+* the rows its record names are all the cell's, and the trace's metadata describes the cell once,
+  as the record does (cell, outcome, metrics, latency; format 3);
+* its ``final`` rows are the ``hits`` the record counts, rank 1..n;
 * the ranking metrics (answerable cases: every ranking metric of the spec, none otherwise) equal
-  ``ir_measures`` on that list and the case's judgments — all cells in one ``score_cases`` call;
+  ``ir_measures`` on those hits collapsed to the case's target level (``metrics.collapse``) and
+  the case's judgments — all cells in one ``score_cases`` call;
 * ``unauthorized_disclosures`` equals the count over the final and shown rows and their scopes;
 * with answers, the answer metrics equal ``safety.answer_metrics`` of the recorded answer, and
   the outcome is ``abstained`` exactly when the answer abstained.
@@ -36,14 +37,14 @@ from ragpipe.evaluation.ledger import LEDGER, Record
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
 from ragpipe.evaluation.suite import Case
-from ragpipe.evaluation.traces import TRACE_FORMAT, TraceError, read_trace
+from ragpipe.evaluation.traces import TraceError, TraceReader
 
-TRACE_ONLY = ("answer", "format")  # metadata keys a record does not repeat
+TRACE_ONLY = ("answer",)  # metadata keys a record does not repeat
 CITATION_KEYS = ["chunk_id", "document_id", "label"]
 RECORD_ONLY = ("hits", "trace")  # record keys the trace's metadata does not repeat
 
 
-ROW_FIELDS = ["stage", "rank", "chunk_id", "document_id", "target_id", "access_scopes"]
+ROW_FIELDS = ["stage", "rank", "chunk_id", "document_id", "access_scopes"]
 
 
 def _stage(table: pa.Table, stage: str) -> dict[str, list[Any]]:
@@ -83,13 +84,17 @@ def _number(value: object) -> bool:
 
 def _check_payload(payload: Mapping[str, Any], k: int, where: str) -> None:
     """The fields recomputation reads, of the types the runner writes (a forged record is refused,
-    never a crash): ``hits`` a count no larger than the spec's k, ``trace`` a file reference,
-    ``metrics`` names to numbers."""
+    never a crash): ``hits`` a count no larger than the spec's k, ``trace`` a reference to rows of
+    a file, ``metrics`` names to numbers."""
     hits, trace, metrics = payload.get("hits"), payload.get("trace"), payload.get("metrics")
     if type(hits) is not int or not 0 <= hits <= k:
         raise TraceError(f"{where}: hits {hits!r} is not a count of at most k = {k}")
-    if not isinstance(trace, dict) or not all(isinstance(trace.get(f), str) for f in ("file", "digest")):
-        raise TraceError(f"{where}: trace is not a {{file, digest}} reference")
+    if (
+        not isinstance(trace, dict)
+        or not all(isinstance(trace.get(f), str) for f in ("file", "digest"))
+        or not all(type(trace.get(f)) is int and trace[f] >= 0 for f in ("first_row", "rows"))
+    ):
+        raise TraceError(f"{where}: trace is not a {{file, digest, first_row, rows}} reference")
     if not isinstance(metrics, dict) or not all(_number(v) for v in metrics.values()):
         raise TraceError(f"{where}: metrics is not an object of numbers")
 
@@ -117,11 +122,6 @@ def _check_answer(answer: object, where: str) -> dict[str, Any]:
 def _observed(record: Record, table: pa.Table, meta: Mapping[str, Any], case: Case, where: str):
     """Check the trace against the record; ``(targets, shown, answer)`` to recompute from."""
     payload = record.payload
-    if meta.get("format") != TRACE_FORMAT:
-        raise TraceError(
-            f"{where}: trace format {meta.get('format', 1)!r} does not carry what verification "
-            f"recomputes (format {TRACE_FORMAT}): evaluate again"
-        )
     claimed = {k: v for k, v in payload.items() if k not in RECORD_ONLY}
     if {k: v for k, v in meta.items() if k not in TRACE_ONLY} != claimed:
         raise TraceError(f"{where}: the trace's metadata differs from the record")
@@ -129,8 +129,6 @@ def _observed(record: Record, table: pa.Table, meta: Mapping[str, Any], case: Ca
     if final["rank"] != list(range(1, payload["hits"] + 1)):
         raise TraceError(f"{where}: the trace's final rows are not the record's {payload['hits']} hits")
     targets = collapse(list(zip(final["document_id"], final["chunk_id"])), case.target_level)
-    if _stage(table, "collapsed")["target_id"] != targets:
-        raise TraceError(f"{where}: the trace's collapsed list is not its final hits at {case.target_level} level")
     extra = _stage(table, "shown")
     if extra["rank"] != list(range(1, len(extra["rank"]) + 1)):
         raise TraceError(f"{where}: the trace's shown rows are not ranked 1..{len(extra['rank'])}")
@@ -158,13 +156,14 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
     judged: dict[str, Mapping[str, int]] = {}
     ranked: dict[str, list[str]] = {}
     completed = [r for r in records if r.kind == "CellCompleted"]
+    traces = TraceReader(run, ROW_FIELDS)
     for record in completed:
         where = f"{run / LEDGER}: record {record.seq}"
         case = cases.get(record.payload["cell"]["case"])
         if case is None:
             raise TraceError(f"{where}: case {record.payload['cell']['case']!r} is not in the run's suite")
         _check_payload(record.payload, body.k, where)
-        table, meta = read_trace(run, record.payload["trace"], where, ROW_FIELDS)
+        table, meta = traces.cell(record.payload["trace"], record.payload["cell"], where)
         targets, shown, extra, answer = _observed(record, table, meta, case, where)
         metrics: dict[str, float] = {}
         if body.answers:

@@ -60,9 +60,13 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
     created = state.created
     spec = created["spec"]
     specs = [MetricSpec.model_validate(m) for m in spec["metrics"]]
+    checked: set[tuple[str, str]] = set()  # a file holds a group of cells: read and digest it once
     for record in records:
         if record.kind == "CellCompleted":
-            verify_trace(run, record.payload["trace"], f"{run / 'ledger.jsonl'}: record {record.seq}")
+            ref = record.payload["trace"]
+            if (ref["file"], ref["digest"]) not in checked:
+                verify_trace(run, ref, f"{run / 'ledger.jsonl'}: record {record.seq}")
+                checked.add((ref["file"], ref["digest"]))
     expected_cases: dict[str, int] = {}
     for key in state.expected:
         expected_cases[key[0]] = expected_cases.get(key[0], 0) + 1

@@ -11,9 +11,14 @@ its digest), ``traces/`` (``traces.py``), ``report.json`` / ``report.md`` (``rep
 ``InputBound`` record, ``bundle``, binds the evaluated bundle without copying it: its material
 digest, its ID and its build figures (``bundle_binding``), which the gate's cost phase reads. The folder
 is published atomically holding its inputs and first records, so a run folder without its inputs
-never exists. Cells run in expected order; each is started, executed and closed by fsynced
-records before the next starts. When none is missing, ``RunCompleted`` is appended and the reports
-are written. Resume reruns a cell that was started but not closed; a closed cell is never rerun.
+never exists. Cells run in expected order, in groups of ``cells_per_commit`` (a group commit):
+the group's ``CellStarted`` records are appended with one fsync, its cells executed, their traces
+published as one file (``traces.write_traces``), then their closing records appended with one
+fsync. A crash at any point leaves each cell of the group closed or not (never half-closed): the
+closing records are a prefix of the group's, and a cell whose record is not durable is simply run
+again on resume. When none is missing, ``RunCompleted`` is appended and the reports are written.
+A closed cell is never rerun. The group size is operational: it changes where records and rows
+are stored, never what they say.
 """
 
 from __future__ import annotations
@@ -22,14 +27,14 @@ import gc
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ragpipe.bundle.manifest import BundleManifest
-from ragpipe.evaluation.cell import run_cell
+from ragpipe.evaluation.cell import CellRun, run_cell, score_group
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
 from ragpipe.evaluation.ledger import LEDGER, Ledger
 from ragpipe.evaluation.report import build_report, write_reports
@@ -40,9 +45,9 @@ from ragpipe.evaluation.run_folder import (
     load_inputs,
     rebuild_report,
 )
-from ragpipe.evaluation.run_state import CellKey, cell_dict
+from ragpipe.evaluation.run_state import CellKey, RunState, cell_dict
 from ragpipe.evaluation.suite import check_against_bundle, suite_bytes
-from ragpipe.evaluation.traces import TRACES
+from ragpipe.evaluation.traces import TRACES, trace_name, write_traces
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
@@ -50,6 +55,9 @@ from ragpipe.retrieval.retriever import Retriever
 
 RetrieverFactory = Callable[[EvaluationSpec], Retriever]
 Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, cell just closed)
+# Cells closed by one group commit: 32 puts the commit's fsyncs and file publication below 1 % of a
+# k = 1000 SciFact cell (docs/benchmarks.md, "Group commit") and loses at most 32 cells' work to a crash.
+CELLS_PER_COMMIT = 32
 
 
 @dataclass(frozen=True)
@@ -168,26 +176,58 @@ def long_lived_heap_frozen() -> Iterator[None]:
 
 
 def _execute(
-    run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None
+    run: Path,
+    ledger: Ledger,
+    spec: EvaluationSpec,
+    retriever: Retriever,
+    on_progress: Progress | None,
+    cells_per_commit: int = CELLS_PER_COMMIT,
 ) -> EvaluationResult:
+    if cells_per_commit < 1:
+        raise RunError(f"cells per commit must be at least 1, got {cells_per_commit}")
     with long_lived_heap_frozen():
-        return _execute_cells(run, ledger, spec, retriever, on_progress)
+        return _execute_cells(run, ledger, spec, retriever, on_progress, cells_per_commit)
+
+
+def _closing(runs: Sequence[CellRun], refs: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The closing records of a group: each traced cell's payload with its trace reference."""
+    given = iter(refs)
+    return [(r.kind, r.payload if r.rows is None else {**r.payload, "trace": next(given)}) for r in runs]
+
+
+def _referenced(state: RunState) -> set[str]:
+    return {str(p["trace"]["file"]) for p in state.terminal.values() if "trace" in p}
 
 
 def _execute_cells(
-    run: Path, ledger: Ledger, spec: EvaluationSpec, retriever: Retriever, on_progress: Progress | None
+    run: Path,
+    ledger: Ledger,
+    spec: EvaluationSpec,
+    retriever: Retriever,
+    on_progress: Progress | None,
+    cells_per_commit: int,
 ) -> EvaluationResult:
     state = ledger.state
     cases = spec.suite.by_id()
     position = {key: i for i, key in enumerate(state.expected, start=1)}
-    done = len(state.terminal)
-    for key in state.missing():
-        ledger.append("CellStarted", {"cell": cell_dict(key)})
-        kind, payload = run_cell(retriever, spec.body, cases[key[0]], key, position[key], run)
-        ledger.append(kind, payload)
-        done += 1
-        if on_progress is not None:
-            on_progress(done, len(state.expected), key)
+    done, missing = len(state.terminal), state.missing()
+    for start in range(0, len(missing), cells_per_commit):
+        group = missing[start : start + cells_per_commit]
+        ledger.append_group([("CellStarted", {"cell": cell_dict(key)}) for key in group])
+        runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
+        score_group(runs, cases, spec.body)
+        traced = [(r.rows, r.described) for r in runs if r.rows is not None]
+        name = trace_name(position[group[0]])
+        # A group's first cell is not closed, so no closed cell's rows can be in a file of its name
+        # (a file of a group none of whose cells closed is replaced); checked, as it would lose them.
+        if name in _referenced(ledger.state):
+            raise RunError(f"{run / name}: holds rows of closed cells; it is not replaced")
+        refs = write_traces(run, name, traced) if traced else []
+        ledger.append_group(_closing(runs, refs))
+        for key in group:
+            done += 1
+            if on_progress is not None:
+                on_progress(done, len(state.expected), key)
     final = ledger.state
     failed = sum(1 for p in final.terminal.values() if p["outcome"] in ("failure", "cancelled"))
     ledger.append(
@@ -205,9 +245,10 @@ def run_evaluation(
     retriever_factory: RetrieverFactory | None = None,
     on_progress: Progress | None = None,
     run_id: str | None = None,
+    cells_per_commit: int = CELLS_PER_COMMIT,
 ) -> EvaluationResult:
     """Create the run folder ``out`` for ``spec`` (run ID ``run_id`` or a fresh UUIDv7) and
-    execute every expected cell."""
+    execute every expected cell, ``cells_per_commit`` at a time (module docstring)."""
     out = Path(out)
     if out.exists() or out.is_symlink():
         raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
@@ -215,11 +256,15 @@ def run_evaluation(
     _check_retriever(retriever, spec.body)
     create_run(spec, out, retriever, run_id)
     with Ledger.open(out) as ledger:
-        return _execute(out, ledger, spec, retriever, on_progress)
+        return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit)
 
 
 def resume_evaluation(
-    out: Path, *, retriever_factory: RetrieverFactory | None = None, on_progress: Progress | None = None
+    out: Path,
+    *,
+    retriever_factory: RetrieverFactory | None = None,
+    on_progress: Progress | None = None,
+    cells_per_commit: int = CELLS_PER_COMMIT,
 ) -> EvaluationResult:
     """Verify ``out`` (chain, head, inputs, spec ID) and run only the missing cells. A completed
     run is not touched (its report is rebuilt from the ledger); a failed run is refused."""
@@ -234,7 +279,15 @@ def resume_evaluation(
             )
         retriever = (retriever_factory or default_factory)(spec)
         _check_retriever(retriever, spec.body)
-        return _execute(out, ledger, spec, retriever, on_progress)
+        return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit)
 
 
-__all__ = ["EvaluationResult", "bundle_binding", "create_run", "new_run_id", "resume_evaluation", "run_evaluation"]
+__all__ = [
+    "CELLS_PER_COMMIT",
+    "EvaluationResult",
+    "bundle_binding",
+    "create_run",
+    "new_run_id",
+    "resume_evaluation",
+    "run_evaluation",
+]

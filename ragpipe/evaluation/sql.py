@@ -10,9 +10,11 @@ trace the ledger does not vouch for:
   ``tags``, ``trace_file``;
 * ``metrics`` — one row per completed cell and metric: ``case_id``, ``repeat``, ``arm``,
   ``metric``, ``value``, ``direction``, ``unit``, ``k``;
-* ``hits`` — the per-cell Parquet traces the ledger references (``traces.HIT_SCHEMA``).
+* ``hits`` — the rows of every completed cell, as its record's trace reference names them in the
+  Parquet files (``traces.HIT_SCHEMA``; a file may also hold rows of cells whose closing record was
+  never made durable, which are left out).
 
-``cells`` and ``metrics`` are projections of the ledger; ``hits`` reads the Parquet files.
+``cells`` and ``metrics`` are projections of the ledger; ``hits`` is read from the verified traces.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ragpipe.evaluation.ledger import read_ledger
+from ragpipe.evaluation.ledger import LEDGER, read_ledger
 from ragpipe.evaluation.metrics import MetricSpec
 from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.evaluation.run_state import COMPLETED_OUTCOMES, RunState
-from ragpipe.evaluation.traces import HIT_SCHEMA
+from ragpipe.evaluation.traces import HIT_SCHEMA, TraceReader
 
 CELLS_SCHEMA = pa.schema(
     [
@@ -113,14 +115,16 @@ def connect(run: Path) -> duckdb.DuckDBPyConnection:
     run = Path(run)
     state = verify_run(run)  # custody first: chain, inputs, traces, every metric recomputed
     records = read_ledger(run).records[: state.events]
-    files = [str(run / r.payload["trace"]["file"]) for r in records if r.kind == "CellCompleted"]
+    traces = TraceReader(run)
+    parts = [
+        traces.cell(r.payload["trace"], r.payload["cell"], f"{run / LEDGER}: record {r.seq}")[0]
+        for r in records
+        if r.kind == "CellCompleted"
+    ]
     con = duckdb.connect()
     con.register("cells", _cells(state))
     con.register("metrics", _metrics(state))
-    if files:
-        con.read_parquet(files).create_view("hits")
-    else:
-        con.register("hits", HIT_SCHEMA.empty_table())
+    con.register("hits", pa.concat_tables(parts).replace_schema_metadata() if parts else HIT_SCHEMA.empty_table())
     return con
 
 

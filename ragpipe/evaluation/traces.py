@@ -1,25 +1,32 @@
-"""Per-cell traces: one Parquet file per cell in ``<run>/traces/``, its digest in the ledger.
+"""Traces: the rows of a group of cells in one Parquet file in ``<run>/traces/``, its digest in
+each cell's ledger record.
 
-Rows (``HIT_SCHEMA``), one per ranked item, by ``stage``:
+Rows (``HIT_SCHEMA``), one per ranked item, each naming its cell (``case_id``, ``repeat``,
+``arm``), by ``stage``:
 
 * ``channel`` — each channel's collapsed hits before fusion (``channel``, ``rank``,
   ``representation_id``, ``chunk_id``, ``document_id``, ``score``): the retriever's rankings
   (``QueryResult.rankings``), which its audit trace reports as ``channels``;
-* ``fused`` — the fused list (the trace's first ``max(k, 20)`` items, ``fusion.items``), rank 1..n;
+* ``fused`` — the fused list (the trace's first ``max(k, 20)`` items, ``fusion.items``), rank 1..n,
+  only when the plan reranks: without a reranker the hits *are* the fused list's first k items;
 * ``final`` — the hits returned for the query (after any reranker), rank 1..k, with each hit's
   ``access_scopes`` (canonical JSON list);
 * ``shown`` — what the answer step showed the subject beyond the hits (the context's evidence,
-  then the cited sources), rank 1..n, with ``access_scopes``; absent without answers;
-* ``collapsed`` — the final ranking collapsed to the case's target level (``target_id``), the
-  list the metrics were computed on.
+  then the cited sources), rank 1..n, with ``access_scopes``; absent without answers.
 
-The file's key-value metadata ``ragpipe.cell`` holds the canonical JSON of the cell, its outcome,
-metrics and latency, the trace ``format`` and, when the run answers, the ``answer`` the metrics
-were computed on (abstained, reason, failure, citations), so one file describes its cell on its
-own and verification can recompute every metric from it (``recompute.py``). Files are named by the cell's
-position in the run's expected cells (``cell-000001.parquet``); a resume finds cells through the
-ledger, never through these names. A file is written atomically before its ``CellCompleted``
-record, so a crash leaves at worst an unreferenced file that the rerun replaces.
+What the metrics were computed on — the final hits collapsed to the case's target level — is
+not stored: verification derives it from the ``final`` rows (``recompute.py``).
+
+A cell's rows are consecutive: its record's trace reference ``{file, digest, first_row, rows}``
+names them. The file's key-value metadata ``ragpipe.cells`` holds the canonical JSON
+``{"format": 3, "cells": [...]}``: for each of its cells, in row order, the cell, its outcome,
+metrics and latency and, when the run answers, the ``answer`` the metrics were computed on
+(abstained, reason, failure, citations), so one file describes its cells on its own and
+verification can recompute every metric from it. Files are named by the position of their first
+cell among the run's expected cells (``cells-000001.parquet``); a resume finds cells through the
+ledger, never through these names. A file is written atomically before its cells'
+``CellCompleted`` records (the runner's group commit), so a crash leaves at worst a file whose
+cells are not closed, which the rerun of those cells replaces or leaves unreferenced.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.results import Rankings
 
 TRACES = "traces"
-CELL_METADATA_KEY = b"ragpipe.cell"
+CELLS_METADATA_KEY = b"ragpipe.cells"
 # 2: final and shown rows carry access scopes and the metadata the answer, so every metric is
-# recomputable from the file; format-1 traces (no such columns) cannot be verified and are refused.
-TRACE_FORMAT = 2
+# recomputable from the file. 3: one file per group of cells, no collapsed rows, fused rows only
+# with a reranker. Earlier formats are refused (evaluate again).
+TRACE_FORMAT = 3
 HIT_SCHEMA = pa.schema(
     [
         ("case_id", pa.string()),
@@ -54,7 +62,6 @@ HIT_SCHEMA = pa.schema(
         ("representation_id", pa.string()),
         ("chunk_id", pa.string()),
         ("document_id", pa.string()),
-        ("target_id", pa.string()),
         ("score", pa.float64()),
         ("access_scopes", pa.string()),
     ]
@@ -67,9 +74,11 @@ class TraceError(ValueError):
 
 
 def trace_name(position: int) -> str:
-    return f"{TRACES}/cell-{position:06d}.parquet"
+    """The file of a group whose first cell is the ``position``-th expected cell."""
+    return f"{TRACES}/cells-{position:06d}.parquet"
 
 
+CELL_COLUMNS = ("case_id", "repeat", "arm")
 _FINAL_FIELDS = itemgetter("rank", "chunk_id", "document_id", "score")
 
 
@@ -89,14 +98,16 @@ def hit_table(
     rankings: Rankings,
     hits: Sequence[Mapping[str, Any]],
     hit_scopes: Sequence[Sequence[str]],
-    targets: Sequence[str],
     shown: Sequence[Shown] = (),
+    *,
+    reranked: bool = False,
 ) -> pa.Table:
-    """The rows of one cell (module docstring) from a query's rankings, hits (with the access
-    scopes of each, in order), the items the answer step showed, and the collapsed list.
+    """The rows of one cell (module docstring) from a query's rankings, its hits (with the access
+    scopes of each, in order) and the items the answer step showed; the fused list only when
+    ``reranked``.
 
     Columns are transposed with ``zip`` over the hits' tuples — in C, not a Python loop per row:
-    this runs for ~5,000 rows per cell at k = 1000 (docs/benchmarks.md, evaluation runs)."""
+    this runs for ~3,000 rows per cell at k = 1000 (docs/benchmarks.md, evaluation runs)."""
     stages: list[tuple[Any, int]] = []
     channels: list[tuple[Any, int]] = []
     rank: list[Any] = []
@@ -116,7 +127,7 @@ def hit_table(
         chunk += c
         doc += d
         score += sc
-    fused = rankings.fused
+    fused = rankings.fused if reranked else ()
     if fused:
         _, c, d, _, sc, _, _ = zip(*fused)  # FusedHit: key, chunk, document, representation, score, ...
         stages.append(("fused", len(fused)))
@@ -144,11 +155,7 @@ def hit_table(
     cache: dict[tuple[str, ...], str] = {}  # a few distinct scope sets per corpus: encode each once
     scoped = [cache.get(t) or cache.setdefault(t, scopes_json(t)) for t in map(tuple, hit_scopes)]
     scoped += [scopes_json(s) for _, _, s in shown]
-    ranked_rows = len(rank)
-    m = len(targets)
-    stages.append(("collapsed", m))
-    rank += range(1, m + 1)
-    total = ranked_rows + m
+    total = len(rank)
     channels.append((None, total - len(rep)))
     string = pa.string()
     columns = {
@@ -159,36 +166,39 @@ def hit_table(
         "channel": _runs(channels, string),
         "rank": pa.array(rank, type=pa.int32()),
         "representation_id": pa.concat_arrays([pa.array(rep, type=string), pa.nulls(total - len(rep), string)]),
-        "chunk_id": pa.concat_arrays([pa.array(chunk, type=string), pa.nulls(m, string)]),
-        "document_id": pa.concat_arrays([pa.array(doc, type=string), pa.nulls(m, string)]),
-        "target_id": pa.concat_arrays([pa.nulls(ranked_rows, string), pa.array(list(targets), type=string)]),
-        "score": pa.concat_arrays([pa.array(score, type=pa.float64()), pa.nulls(m, pa.float64())]),
-        "access_scopes": pa.concat_arrays(
-            [pa.nulls(before_final, string), pa.array(scoped, type=string), pa.nulls(m, string)]
-        ),
+        "chunk_id": pa.array(chunk, type=string),
+        "document_id": pa.array(doc, type=string),
+        "score": pa.array(score, type=pa.float64()),
+        "access_scopes": pa.concat_arrays([pa.nulls(before_final, string), pa.array(scoped, type=string)]),
     }
     return pa.Table.from_arrays([columns[f.name] for f in HIT_SCHEMA], schema=HIT_SCHEMA)
 
 
-def write_trace(run: Path, name: str, table: pa.Table, cell_record: Mapping[str, Any]) -> dict[str, Any]:
-    """Write ``table`` (with the cell's metadata: ``cell_record`` plus the trace ``format``)
-    atomically as ``run/name``; returns the ``{file, digest, rows, bytes}`` reference the
-    ``CellCompleted`` record carries."""
-    metadata = {**cell_record, "format": TRACE_FORMAT}
-    table = table.replace_schema_metadata({CELL_METADATA_KEY: canonical_bytes(metadata)})
+def write_traces(run: Path, name: str, cells: Sequence[tuple[pa.Table, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Write the rows of ``cells`` — ``(rows, description)`` each, the description being what the
+    cell's closing record says of it plus, with answers, its ``answer`` — as one file ``run/name``
+    (atomically: written, fsynced, renamed, folder fsynced); returns each cell's trace reference
+    ``{file, digest, first_row, rows}``."""
+    metadata = {"format": TRACE_FORMAT, "cells": [dict(described) for _, described in cells]}
+    table = pa.concat_tables([rows for rows, _ in cells]).replace_schema_metadata(
+        {CELLS_METADATA_KEY: canonical_bytes(metadata)}
+    )
     # An Arrow-native buffer: the encoder never calls back into Python. No dictionary pages: the
-    # ID columns are nearly unique, and zstd alone gives the same size (~170 KB a SciFact cell at
-    # k = 1000) in ~20 % less time.
+    # ID columns are nearly unique, and zstd alone gives the same size in ~20 % less time.
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer, compression="zstd", use_dictionary=False)
     data = buffer.getvalue().to_pybytes()
     write_file_atomic(run / name, data)
-    return {"file": name, "digest": bytes_digest(data), "rows": table.num_rows, "bytes": len(data)}
+    digest, refs, first = bytes_digest(data), [], 0
+    for rows, _ in cells:
+        refs.append({"file": name, "digest": digest, "first_row": first, "rows": rows.num_rows})
+        first += rows.num_rows
+    return refs
 
 
 def verify_trace(run: Path, ref: Mapping[str, Any], where: str) -> bytes:
-    """The bytes of the trace ``ref`` names; refuses a file that is missing or whose bytes differ
-    from ``ref['digest']``."""
+    """The bytes of the trace file ``ref`` names; refuses a file that is missing or whose bytes
+    differ from ``ref['digest']``."""
     path = run / str(ref["file"])
     try:
         data = path.read_bytes()
@@ -199,27 +209,66 @@ def verify_trace(run: Path, ref: Mapping[str, Any], where: str) -> bytes:
     return data
 
 
-def read_trace(
-    run: Path, ref: Mapping[str, Any], where: str, columns: Sequence[str] | None = None
-) -> tuple[pa.Table, dict[str, Any]]:
-    """The verified trace's rows (only ``columns``, when given: reading fewer is most of what
-    verifying a run costs) and its ``ragpipe.cell`` metadata (``verify_trace`` first). The file's
-    schema must be ``HIT_SCHEMA`` whatever is read."""
-    data = verify_trace(run, ref, where)
-    try:
-        parquet = pq.ParquetFile(pa.BufferReader(data))
-        schema = parquet.schema_arrow
-        metadata = json.loads((schema.metadata or {})[CELL_METADATA_KEY])
-        if not schema.remove_metadata().equals(HIT_SCHEMA):
-            raise TraceError(f"{where}: trace {run / str(ref['file'])}: its columns are not the trace schema")
-        table = parquet.read(columns=list(columns) if columns is not None else None)
-    except (pa.ArrowException, KeyError, ValueError, RecursionError) as exc:
-        if isinstance(exc, TraceError):
-            raise
-        raise TraceError(f"{where}: trace {run / str(ref['file'])} is not a cell trace: {exc}") from None
-    if not isinstance(metadata, dict):
-        raise TraceError(f"{where}: trace {run / str(ref['file'])}: metadata is not an object")
-    nulls = [name for name in ("stage", "rank") if name in table.column_names and table[name].null_count]
-    if nulls:
-        raise TraceError(f"{where}: trace {run / str(ref['file'])}: column {nulls[0]!r} has nulls")
-    return table, metadata
+class TraceReader:
+    """The verified traces of one run: each file is read, checked against its digest and parsed
+    once (a file holds a group of cells), then each cell's rows are sliced out of it."""
+
+    def __init__(self, run: Path, columns: Sequence[str] | None = None):
+        self.run = run
+        # The cell's columns are always read: they prove which cell a row belongs to.
+        self.columns = None if columns is None else list(dict.fromkeys([*CELL_COLUMNS, *columns]))
+        self._files: dict[tuple[str, str], tuple[pa.Table, list[Any]]] = {}
+
+    def _file(self, ref: Mapping[str, Any], where: str) -> tuple[pa.Table, list[Any]]:
+        key = (str(ref["file"]), str(ref["digest"]))
+        if key not in self._files:
+            self._files[key] = self._parse(verify_trace(self.run, ref, where), self.run / key[0], where)
+        return self._files[key]
+
+    def _parse(self, data: bytes, path: Path, where: str) -> tuple[pa.Table, list[Any]]:
+        try:
+            parquet = pq.ParquetFile(pa.BufferReader(data))
+            schema = parquet.schema_arrow
+            raw = (schema.metadata or {}).get(CELLS_METADATA_KEY)
+            metadata = json.loads(raw) if raw is not None else {}
+            if not isinstance(metadata, dict):
+                raise TraceError(f"{where}: trace {path}: metadata is not an object")
+            if metadata.get("format") != TRACE_FORMAT:
+                raise TraceError(
+                    f"{where}: trace {path}: format {metadata.get('format', 2 if raw is None else None)!r} does not carry "
+                    f"what verification recomputes (format {TRACE_FORMAT}): evaluate again"
+                )
+            if not schema.remove_metadata().equals(HIT_SCHEMA):
+                raise TraceError(f"{where}: trace {path}: its columns are not the trace schema")
+            table = parquet.read(columns=self.columns)
+        except (pa.ArrowException, ValueError, RecursionError) as exc:
+            if isinstance(exc, TraceError):
+                raise
+            raise TraceError(f"{where}: trace {path} is not a cell trace: {exc}") from None
+        cells = metadata.get("cells")
+        if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+            raise TraceError(f"{where}: trace {path}: metadata lists no cells")
+        nulls = [
+            name for name in (*CELL_COLUMNS, "stage", "rank") if name in table.column_names and table[name].null_count
+        ]
+        if nulls:
+            raise TraceError(f"{where}: trace {path}: column {nulls[0]!r} has nulls")
+        return table, cells
+
+    def cell(self, ref: Mapping[str, Any], cell: Mapping[str, Any], where: str) -> tuple[pa.Table, dict[str, Any]]:
+        """The rows and the metadata description of ``cell``, whose record's trace reference is
+        ``ref`` (``{file, digest, first_row, rows}``, types checked by the caller): exactly the
+        rows it names, every one naming ``cell``, and exactly one description of ``cell``."""
+        table, cells = self._file(ref, where)
+        path = self.run / str(ref["file"])
+        first, rows = ref["first_row"], ref["rows"]
+        if first + rows > table.num_rows:
+            raise TraceError(f"{where}: trace {path} has {table.num_rows} rows, not rows {first}..{first + rows - 1}")
+        part = table.slice(first, rows)
+        for column, value in zip(CELL_COLUMNS, (cell["case"], cell["repeat"], cell["arm"]), strict=True):
+            if rows and (part[column].unique().to_pylist() != [value]):
+                raise TraceError(f"{where}: trace {path}: rows {first}..{first + rows - 1} are not all this cell's")
+        described = [c for c in cells if c.get("cell") == cell]
+        if len(described) != 1:
+            raise TraceError(f"{where}: trace {path} describes this cell {len(described)} times, not once")
+        return part, described[0]

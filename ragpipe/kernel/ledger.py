@@ -5,7 +5,8 @@ names), ``prev`` is the previous record's ``hash`` (``None`` for record 1) and `
 ``content_id(<domain>, <version>, record without hash)``. The domain tag separates ledgers of
 different purposes: a record of one can never verify as a record of another. Each line is exactly
 the record's RFC 8785 bytes plus ``\\n``, written with one ``write`` and fsynced before ``append``
-returns; then the head file (``{"hash": …, "seq": …}``, ``<name>.head`` beside ``<name>.jsonl``) is
+returns (``append_group`` writes several records with one ``write`` and one fsync: a group
+commit); then the head file (``{"hash": …, "seq": …}``, ``<name>.head`` beside ``<name>.jsonl``) is
 rewritten in place and fsynced (``Ledger._write_head``). Creating the ledger file fsyncs its directory, so the file itself survives a
 crash.
 
@@ -14,14 +15,15 @@ newline, or bytes at the very end that are not a JSON value (a torn write is a p
 canonical JSON escapes newlines, so no proper prefix holds one, and no proper prefix of an object
 parses). Everything else refuses with ``"<file>: record <n>: <rule>"``: an unparsable or
 non-canonical line before the end, a final line that parses but carries trailing bytes, a bad hash,
-a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag one
-record behind (a crash between the ledger fsync and the head rewrite) and may name the record whose
-torn line was dropped; a head further ahead means complete records were lost, which is refused.
+a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag
+behind by the records of the last append (a crash between the ledger fsync and the head rewrite:
+one record, or a group) and may name the record whose torn line was dropped; a head further ahead
+means complete records were lost, which is refused.
 
 With a key configured (``ragpipe.kernel.seals``), the head also carries a seal over ``{hash,
 seq}`` in the ledger's domain, so the head — and through the chain every record up to it — is
-something only key holders can write: the head must exist and verify, and a head that lags one
-record behind leaves that record *uncommitted*: readers ignore it and ``Ledger.open`` drops it, as
+something only key holders can write: the head must exist and verify, and a head that lags
+behind leaves the records after it *uncommitted*: readers ignore it and ``Ledger.open`` drops it, as
 a torn tail (its ``append`` never returned, so nobody relied on it; an evaluation cell is run
 again, a history intent is resolved by release recovery). Without a key, a sealed head is refused.
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -208,8 +210,6 @@ def check_head(
     if 1 <= seq <= n:
         if read.records[seq - 1].hash != digest:
             raise LedgerError(f"{path}: record {seq}: hash differs from the one {name} names")
-        if seq < n - 1:
-            raise LedgerError(f"{path}: record {seq + 1}: {name} lags {n - seq} records behind the ledger")
         return _uncommitted(read, seq) if key is not None else read
     if seq == n + 1 and read.dropped_bytes:
         if key is not None:  # a sealed record was complete when sealed: a cut line is a removal
@@ -253,7 +253,7 @@ def fold(records: Iterable[Record], step: Callable[[S, Record], S], state: S, wh
 
 class Ledger:
     """The single writer of one ledger file. ``open`` verifies and recovers (truncating a torn
-    tail, repairing a lagging head); ``append`` writes one durable record. ``on_append(kind)`` runs
+    tail, repairing a lagging head); ``append`` writes one durable record, ``append_group`` several. ``on_append(kind)`` runs
     after each durable append (failure-injection tests kill the process there)."""
 
     def __init__(
@@ -310,7 +310,7 @@ class Ledger:
                 os.fsync(fh.fileno())
         ledger = cls(path, domain, read.records, on_append, key, scope)
         if ledger.records and read_head(path) != (ledger.records[-1].seq, ledger.records[-1].hash):
-            ledger._write_head()  # repairs a head that lagged one record
+            ledger._write_head()  # repairs a head that lagged behind the last append
         return ledger
 
     @property
@@ -319,17 +319,29 @@ class Ledger:
 
     def append(self, kind: str, payload: dict[str, Any]) -> Record:
         """Append one record durably (fsynced) and move the head; returns the record."""
-        record = self.domain.make_record(len(self.records) + 1, kind, payload, self.head)
-        data = encode(record)  # raises on a non-canonical payload before anything is written
+        return self.append_group([(kind, payload)])[0]
+
+    def append_group(self, events: Sequence[tuple[str, dict[str, Any]]]) -> list[Record]:
+        """Append ``events`` as consecutive records with one ``write`` and one fsync, then move the
+        head once: a crash leaves none, a prefix (a torn write), or all of them, and a head that
+        lags behind them (module docstring). ``on_append`` runs once, with the last record's kind."""
+        records, prev = [], self.head
+        for offset, (kind, payload) in enumerate(events, start=1):
+            record = self.domain.make_record(len(self.records) + offset, kind, payload, prev)
+            records.append(record)
+            prev = record.hash
+        if not records:
+            return []
+        data = b"".join(map(encode, records))  # raises on a non-canonical payload before anything is written
         written = os.write(self._fd, data)
         if written != len(data):
-            raise OSError(f"{self.path}: short write of record {record.seq}")
+            raise OSError(f"{self.path}: short write of records {records[0].seq}..{records[-1].seq}")
         os.fsync(self._fd)
-        self.records.append(record)
+        self.records.extend(records)
         self._write_head()
         if self.on_append is not None:
-            self.on_append(kind)
-        return record
+            self.on_append(records[-1].kind)
+        return records
 
     def _write_head(self) -> None:
         """Rewrite the head in place with one ``pwrite`` + ``fsync``: the file is far smaller than a

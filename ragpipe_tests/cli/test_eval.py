@@ -108,12 +108,12 @@ def test_eval_sql_views(cli_run):
         "eval",
         "sql",
         str(out),
-        "SELECT stage, count(*) FROM hits WHERE stage IN ('final', 'collapsed') GROUP BY stage ORDER BY stage",
+        "SELECT stage, count(*) FROM hits GROUP BY stage ORDER BY stage",
         "--json",
         home=home,
     )
-    rows = json.loads(done.stdout)["rows"]
-    assert rows[1] == ["final", 40 * EVALUABLE] and rows[0][0] == "collapsed"
+    rows = json.loads(done.stdout)["rows"]  # no reranker: no fused rows; nothing collapsed is stored
+    assert rows[1] == ["final", 40 * EVALUABLE] and rows[0][0] == "channel" and len(rows) == 2
     done = cli(
         "eval",
         "sql",

@@ -14,11 +14,12 @@ import pytest
 
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
 from ragpipe.evaluation.ledger import DOMAIN, HEAD, LEDGER, encode, read_ledger
+from ragpipe.evaluation.metrics import collapse
 from ragpipe.evaluation.run_folder import INPUTS, verify_run
 from ragpipe.evaluation.runner import run_evaluation
 from ragpipe.evaluation.suite import parse_suite_bytes, suite_bytes
 from ragpipe.evaluation.suite_load import load_suite
-from ragpipe.evaluation.traces import CELL_METADATA_KEY, TraceError
+from ragpipe.evaluation.traces import CELLS_METADATA_KEY, TraceError
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import bytes_digest
@@ -72,17 +73,41 @@ def completed(payloads: Payloads, which: Callable[[dict], bool] = lambda p: True
     return next(p for k, p in payloads if k == "CellCompleted" and which(p))
 
 
-def retrace(run: Path, payload: dict, table: Callable[[pa.Table], pa.Table], meta: Callable[[dict], None]) -> None:
-    """Rewrite the trace ``payload`` names through ``table`` and ``meta`` and put its new digest,
-    size and row count into ``payload`` (the record)."""
-    path = run / payload["trace"]["file"]
+def retrace(
+    run: Path,
+    payloads: Payloads,
+    payload: dict,
+    table: Callable[[pa.Table], pa.Table],
+    meta: Callable[[dict], None],
+    file_meta: Callable[[dict], None] = lambda m: None,
+) -> None:
+    """Rewrite the rows and the description of the cell ``payload`` (its record) through ``table``
+    and ``meta`` (and the file's metadata through ``file_meta``) in its group's trace file, then
+    put the file's new digest into every record that references it and move the cell's row range
+    and those after it: what a forger without a key can always do."""
+    ref = payload["trace"]
+    path = run / ref["file"]
     old = pq.read_table(path)
-    metadata = json.loads(old.schema.metadata[CELL_METADATA_KEY])
-    meta(metadata)
-    new = table(old).replace_schema_metadata({CELL_METADATA_KEY: canonical_bytes(metadata)})
+    metadata = json.loads(old.schema.metadata[CELLS_METADATA_KEY])
+    meta(next(c for c in metadata["cells"] if c["cell"] == payload["cell"]))
+    file_meta(metadata)
+    first, rows = ref["first_row"], ref["rows"]
+    cell = table(old.slice(first, rows).replace_schema_metadata())
+    parts = [old.slice(0, first).replace_schema_metadata(), cell, old.slice(first + rows).replace_schema_metadata()]
+    new = pa.concat_tables(parts).replace_schema_metadata({CELLS_METADATA_KEY: canonical_bytes(metadata)})
     pq.write_table(new, path)
-    data = path.read_bytes()
-    payload["trace"] = {**payload["trace"], "digest": bytes_digest(data), "bytes": len(data), "rows": new.num_rows}
+    digest = bytes_digest(path.read_bytes())
+    for _, other in payloads:
+        theirs = other.get("trace") if isinstance(other, dict) else None
+        if isinstance(theirs, dict) and theirs.get("file") == ref["file"]:
+            moved = theirs["first_row"] + cell.num_rows - rows if theirs["first_row"] > first else theirs["first_row"]
+            other["trace"] = {**theirs, "digest": digest, "first_row": moved}
+    payload["trace"]["rows"] = cell.num_rows
+
+
+def cell_rows(run: Path, payload: dict) -> list[dict]:
+    ref = payload["trace"]
+    return pq.read_table(run / ref["file"]).slice(ref["first_row"], ref["rows"]).to_pylist()
 
 
 def answerable(payload: dict) -> bool:
@@ -102,7 +127,7 @@ def test_a_claimed_metric_with_its_trace_rewritten_and_every_digest_recomputed_i
         seqs.append(next(i for i, (_, p) in enumerate(payloads, start=1) if p is payload))
         seqs.append(payload["metrics"]["ndcg@10"])
         payload["metrics"]["ndcg@10"] = 1.0
-        retrace(ranked, payload, lambda t: t, lambda m: m["metrics"].update({"ndcg@10": 1.0}))
+        retrace(ranked, payloads, payload, lambda t: t, lambda m: m["metrics"].update({"ndcg@10": 1.0}))
 
     rewrite(ranked, edit)
     with pytest.raises(TraceError) as err:
@@ -121,17 +146,61 @@ def test_metrics_edited_in_the_ledger_alone_are_refused(ranked: Path):
         verify_run(ranked)
 
 
-def test_a_reordered_collapsed_list_is_refused(ranked: Path):
-    def move_last_first(table: pa.Table) -> pa.Table:
+def test_final_hits_reordered_are_measured_as_they_are_now(ranked: Path):
+    """Reverse a cell's final hits (ranks kept): what the metrics are computed on is derived from
+    the final rows, so the claim no longer holds."""
+
+    def reverse(table: pa.Table) -> pa.Table:
         rows = table.to_pylist()
-        collapsed = [r for r in rows if r["stage"] == "collapsed"]
-        targets = [r["target_id"] for r in collapsed]
-        for r, target in zip(collapsed, targets[-1:] + targets[:-1], strict=True):
-            r["target_id"] = target
+        final = [r for r in rows if r["stage"] == "final"]
+        items = [(r["chunk_id"], r["document_id"], r["access_scopes"]) for r in reversed(final)]
+        for r, (chunk, document, scopes) in zip(final, items, strict=True):
+            r["chunk_id"], r["document_id"], r["access_scopes"] = chunk, document, scopes
         return pa.Table.from_pylist(rows, schema=table.schema)
 
-    rewrite(ranked, lambda p: retrace(ranked, completed(p, answerable), move_last_first, lambda m: None))
-    with pytest.raises(TraceError, match=r"collapsed list is not its final hits at document level"):
+    def found(payload: dict) -> bool:  # a relevant target in the top 10, not only relevant ones
+        return answerable(payload) and payload["metrics"]["ndcg@10"] > 0
+
+    rewrite(ranked, lambda p: retrace(ranked, p, completed(p, found), reverse, lambda m: None))
+    with pytest.raises(TraceError, match=r"record \d+: (ndcg|mrr|hit|precision|relevant_recall)@\d+ is "):
+        verify_run(ranked)
+
+
+def test_rows_of_another_cell_are_refused(ranked: Path):
+    """A cell's range moved onto its neighbour's rows (the file and its digest untouched)."""
+
+    def edit(payloads: Payloads) -> None:
+        first, second = [p for k, p in payloads if k == "CellCompleted"][:2]
+        first["trace"] = {**first["trace"], "first_row": second["trace"]["first_row"]}
+
+    rewrite(ranked, edit)
+    with pytest.raises(
+        TraceError, match=r"record \d+: trace .*cells-000001.parquet: rows \d+\.\.\d+ are not all this cell's$"
+    ):
+        verify_run(ranked)
+
+
+def test_rows_beyond_the_file_are_refused(ranked: Path):
+    rewrite(ranked, lambda p: completed(p)["trace"].update(first_row=10**6))
+    with pytest.raises(
+        TraceError, match=r"record \d+: trace .*cells-000001.parquet has \d+ rows, not rows 1000000\.\."
+    ):
+        verify_run(ranked)
+
+
+@pytest.mark.parametrize("times", [0, 2])
+def test_a_cell_described_other_than_once_is_refused(ranked: Path, times: int):
+    def edit(payloads: Payloads) -> None:
+        payload = completed(payloads)
+
+        def described(metadata: dict) -> None:
+            mine = next(c for c in metadata["cells"] if c["cell"] == payload["cell"])
+            metadata["cells"] = [c for c in metadata["cells"] if c is not mine] + [mine] * times
+
+        retrace(ranked, payloads, payload, lambda t: t, lambda m: None, described)
+
+    rewrite(ranked, edit)
+    with pytest.raises(TraceError, match=rf"record \d+: trace .* describes this cell {times} times, not once$"):
         verify_run(ranked)
 
 
@@ -142,7 +211,7 @@ def test_a_hit_whose_scopes_say_secret_counts_as_a_disclosure(ranked: Path):
         first["access_scopes"] = '["secret"]'
         return pa.Table.from_pylist(rows, schema=table.schema)
 
-    rewrite(ranked, lambda p: retrace(ranked, completed(p), secret_first, lambda m: None))
+    rewrite(ranked, lambda p: retrace(ranked, p, completed(p), secret_first, lambda m: None))
     with pytest.raises(
         TraceError, match=r"unauthorized_disclosures is 0 in the ledger, 1 recomputed from its trace and the suite"
     ):
@@ -152,7 +221,7 @@ def test_a_hit_whose_scopes_say_secret_counts_as_a_disclosure(ranked: Path):
 def test_the_forbidden_case_counts_its_forbidden_document(runs):
     records = read_ledger(runs["ranked"]).records
     forbidden = next(r for r in records if r.kind == "CellCompleted" and r.payload["cell"]["case"] == "x-forbidden")
-    rows = pq.read_table(runs["ranked"] / forbidden.payload["trace"]["file"]).to_pylist()
+    rows = cell_rows(runs["ranked"], forbidden.payload)
     shown = [r["document_id"] for r in rows if r["stage"] == "final"].count(FORBIDDEN)
     assert forbidden.payload["metrics"]["unauthorized_disclosures"] == shown
 
@@ -164,15 +233,12 @@ def test_judgments_forged_in_the_bound_suite_with_every_digest_recomputed_are_re
     suite_path = ranked / INPUTS["suite"]
     lines = [json.loads(line) for line in suite_path.read_bytes().splitlines()]
     records = read_ledger(ranked).records
-    first = {
-        r.payload["cell"]["case"]: pq.read_table(ranked / r.payload["trace"]["file"]).to_pylist()
-        for r in records
-        if r.kind == "CellCompleted"
-    }
+    first = {r.payload["cell"]["case"]: cell_rows(ranked, r.payload) for r in records if r.kind == "CellCompleted"}
     for case in lines:
         rows = first.get(case["id"])
         if rows and case["judgments"]:
-            top = next(r["target_id"] for r in rows if r["stage"] == "collapsed" and r["rank"] == 1)
+            final = sorted((r for r in rows if r["stage"] == "final"), key=lambda r: r["rank"])
+            top = collapse([(r["document_id"], r["chunk_id"]) for r in final], case.get("target_level", "document"))[0]
             case["judgments"] = {**case["judgments"], top: 2}
     forged = suite_bytes(parse_suite_bytes(b"\n".join(canonical_bytes(c) for c in lines) + b"\n", "forged"))
     suite_path.write_bytes(forged)
@@ -200,23 +266,28 @@ def test_a_metric_claimed_for_an_unanswerable_case_is_refused(ranked: Path):
     def edit(payloads: Payloads) -> None:
         payload = completed(payloads, lambda p: p["cell"]["case"] == "x-unanswerable")
         payload["metrics"]["ndcg@10"] = 1.0
-        retrace(ranked, payload, lambda t: t, lambda m: m["metrics"].update({"ndcg@10": 1.0}))
+        retrace(ranked, payloads, payload, lambda t: t, lambda m: m["metrics"].update({"ndcg@10": 1.0}))
 
     rewrite(ranked, edit)
     with pytest.raises(TraceError, match=r"metric 'ndcg@10' is claimed but not computed"):
         verify_run(ranked)
 
 
-def test_a_trace_of_the_first_format_is_refused(ranked: Path):
-    rewrite(ranked, lambda p: retrace(ranked, completed(p), lambda t: t, lambda m: m.pop("format")))
-    with pytest.raises(TraceError, match=r"trace format 1 does not carry what verification recomputes"):
+def test_a_trace_of_an_earlier_format_is_refused(ranked: Path):
+    rewrite(
+        ranked,
+        lambda p: retrace(ranked, p, completed(p), lambda t: t, lambda m: None, lambda m: m.update(format=2)),
+    )
+    with pytest.raises(
+        TraceError, match=r"format 2 does not carry what verification recomputes \(format 3\): evaluate again$"
+    ):
         verify_run(ranked)
 
 
 def test_an_answer_edited_to_abstain_contradicts_its_outcome_and_metrics(answered: Path):
     def edit(payloads: Payloads) -> None:
         payload = completed(payloads, lambda p: p["outcome"] == "success")
-        retrace(answered, payload, lambda t: t, lambda m: m["answer"].update({"abstained": True}))
+        retrace(answered, payloads, payload, lambda t: t, lambda m: m["answer"].update({"abstained": True}))
 
     rewrite(answered, edit)
     with pytest.raises(TraceError, match=r"outcome 'success' contradicts the recorded answer"):
@@ -231,7 +302,7 @@ def test_answer_metrics_are_recomputed_from_the_recorded_answer(answered: Path):
         def failed(meta: dict) -> None:
             meta["metrics"]["answer_contract_valid_rate"] = 0.0
 
-        retrace(answered, payload, lambda t: t, failed)
+        retrace(answered, payloads, payload, lambda t: t, failed)
 
     rewrite(answered, edit)
     with pytest.raises(TraceError, match=r"answer_contract_valid_rate is 0 in the ledger, 1\.0 recomputed"):
@@ -249,11 +320,18 @@ def test_a_forged_report_changes_nothing_the_gate_reads(ranked: Path):
 def test_a_cell_of_a_case_outside_the_suite_is_refused(ranked: Path):
     def edit(payloads: Payloads) -> None:
         victim = completed(payloads)["cell"]["case"]
+        # Its rows name the case too: rename them with it, so only the suite can refuse the cell.
+        retrace(
+            ranked,
+            payloads,
+            completed(payloads),
+            lambda t: t.set_column(0, "case_id", pa.array(["ghost"] * t.num_rows)),
+            lambda m: m["cell"].update({"case": "ghost"}),
+        )
         for kind, payload in payloads:
             for cell in (payload["cells"] if kind == "RunCreated" else []) + [payload.get("cell") or {}]:
                 if cell.get("case") == victim:
                     cell["case"] = "ghost"
-        retrace(ranked, completed(payloads), lambda t: t, lambda m: m["cell"].update({"case": "ghost"}))
 
     rewrite(ranked, edit)
     with pytest.raises(TraceError, match=r"record \d+: case 'ghost' is not in the run's suite"):
@@ -266,11 +344,13 @@ def test_a_cell_of_a_case_outside_the_suite_is_refused(ranked: Path):
         (lambda p: p.pop("hits"), "hits None is not a count of at most k = 20"),
         (lambda p: p.update(hits="20"), "hits '20' is not a count"),
         (lambda p: p.update(hits=50), "hits 50 is not a count of at most k = 20"),
-        (lambda p: p.update(trace=5), r"trace is not a \{file, digest\} reference"),
+        (lambda p: p.update(trace=5), r"trace is not a \{file, digest, first_row, rows\} reference"),
+        (lambda p: p["trace"].update(first_row=-1), r"trace is not a \{file, digest, first_row, rows\} reference"),
+        (lambda p: p["trace"].update(rows=True), r"trace is not a \{file, digest, first_row, rows\} reference"),
         (lambda p: p.pop("metrics"), "metrics is not an object of numbers"),
         (lambda p: p["metrics"].update({"ndcg@10": True}), "metrics is not an object of numbers"),
     ],
-    ids=["no hits", "hits text", "hits over k", "trace", "no metrics", "bool metric"],
+    ids=["no hits", "hits text", "hits over k", "trace", "negative row", "bool rows", "no metrics", "bool metric"],
 )
 def test_a_malformed_record_is_refused_not_a_crash(ranked: Path, edit, message: str):
     rewrite(ranked, lambda p: edit(completed(p, answerable)))
@@ -279,10 +359,15 @@ def test_a_malformed_record_is_refused_not_a_crash(ranked: Path, edit, message: 
 
 
 def test_a_trace_with_other_columns_is_refused(ranked: Path):
-    def drop_scopes(table: pa.Table) -> pa.Table:
-        return table.drop_columns(["access_scopes"])
+    def edit(payloads: Payloads) -> None:
+        ref = completed(payloads)["trace"]
+        path = ranked / ref["file"]
+        pq.write_table(pq.read_table(path).drop_columns(["access_scopes"]), path)  # metadata kept
+        for _, payload in payloads:
+            if isinstance(payload.get("trace"), dict) and payload["trace"]["file"] == ref["file"]:
+                payload["trace"]["digest"] = bytes_digest(path.read_bytes())
 
-    rewrite(ranked, lambda p: retrace(ranked, completed(p), drop_scopes, lambda m: None))
+    rewrite(ranked, edit)
     with pytest.raises(TraceError, match="its columns are not the trace schema"):
         verify_run(ranked)
 
@@ -301,7 +386,7 @@ def test_a_trace_with_other_columns_is_refused(ranked: Path):
 )
 def test_a_forged_answer_is_refused(answered: Path, citations, message: str):
     def edit(payloads: Payloads) -> None:
-        retrace(answered, completed(payloads), lambda t: t, lambda m: m["answer"].update(citations=citations))
+        retrace(answered, payloads, completed(payloads), lambda t: t, lambda m: m["answer"].update(citations=citations))
 
     rewrite(answered, edit)
     with pytest.raises(TraceError, match=message):

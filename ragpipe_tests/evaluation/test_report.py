@@ -11,7 +11,7 @@ from ragpipe.evaluation.eval_spec import metric_specs
 from ragpipe.evaluation.ledger import Ledger
 from ragpipe.evaluation.report import build_report, percentile, render_markdown, report_bytes
 from ragpipe.evaluation.run_state import cell_dict
-from ragpipe.evaluation.traces import hit_table, write_trace
+from ragpipe.evaluation.traces import hit_table, write_traces
 from ragpipe.retrieval.results import Rankings
 
 
@@ -59,11 +59,9 @@ def _run(tmp_path):
             "metrics": {"ndcg@10": ndcg, "unauthorized_disclosures": 1},
             "latency_ms": latency,
         }
-        trace_table = hit_table(cell_dict(key), Rankings({}, []), [], [], [])
-        ledger.append(
-            "CellCompleted",
-            {**record, "hits": 0, "trace": write_trace(run, f"traces/cell-{i:06d}.parquet", trace_table, record)},
-        )
+        trace_table = hit_table(cell_dict(key), Rankings({}, []), [], [])
+        (ref,) = write_traces(run, f"traces/cells-{i:06d}.parquet", [(trace_table, record)])
+        ledger.append("CellCompleted", {**record, "hits": 0, "trace": ref})
     ledger.append("CellStarted", {"cell": cell_dict(cells[2])})
     ledger.append("CellFailed", {"cell": cell_dict(cells[2]), "outcome": "failure", "error": "QueryError: boom"})
     return run, ledger
@@ -132,10 +130,10 @@ Latency (query, ms): p50 10.0000 · p95 30.0000 · n 2
 
 def test_report_refuses_a_tampered_trace(tmp_path):
     run, ledger = _run(tmp_path)
-    path = run / "traces" / "cell-000002.parquet"
+    path = run / "traces" / "cells-000002.parquet"
     path.write_bytes(path.read_bytes() + b"\0")
     with pytest.raises(
         ValueError,
-        match=r"ledger.jsonl: record 5: trace .*cell-000002.parquet does not match the digest in the ledger$",
+        match=r"ledger.jsonl: record 5: trace .*cells-000002.parquet does not match the digest in the ledger$",
     ):
         build_report(run, ledger.records, ledger.state)

@@ -15,9 +15,11 @@ from ragpipe_tests.conftest import REPO
 from ragpipe_tests.support.eval_support import EVALUABLE, cli, eval_bundle  # noqa: F401
 
 COMPLETED = b'"kind":"CellCompleted"'
-KILL_AT = (3, 14, 27, 41, 55, 66)  # cumulative completed cells at which a process is killed
-# The process kills itself with SIGKILL from the runner's progress hook, called right after the
-# N-th cell's closing record is durable: the kill point is the cell count, never a timing.
+KILL_AT = (3, 14, 27, 41, 55, 66)  # cumulative cells whose progress call kills the process
+PER_COMMIT = 4  # each kill lands after the group commit holding that cell: at a multiple of 4
+# The process kills itself with SIGKILL from the runner's progress hook, called for each cell of a
+# group right after the group's closing records are durable: the kill point is a cell count, never
+# a timing. (Kills inside a group commit: test_group_commit.py.)
 KILLED_AT = """
 import os, signal, sys
 from pathlib import Path
@@ -34,11 +36,11 @@ def stop(done, expected, key):
         os.kill(os.getpid(), signal.SIGKILL)
 
 if run.exists():
-    resume_evaluation(run, on_progress=stop)
+    resume_evaluation(run, on_progress=stop, cells_per_commit=4)
 else:
     retriever = Retriever(Path(bundle))
     spec = EvaluationSpec.build(load_suite(Path(suite)), load_plan(), Path(bundle), retriever.bundle_id, k=30, repeats=2)
-    run_evaluation(spec, run, retriever_factory=lambda _: retriever, on_progress=stop)
+    run_evaluation(spec, run, retriever_factory=lambda _: retriever, on_progress=stop, cells_per_commit=4)
 """
 
 
@@ -63,7 +65,9 @@ def test_sigkill_at_six_cells_then_resume(eval_bundle, tmp_path):  # noqa: F811
     bundle, suite = eval_bundle
     args = ("--suite", str(suite), "--bundle", str(bundle), "--k", "30", "--repeats", "2")
     run = tmp_path / "killed"
-    assert [killed_at(run, target, suite, bundle) for target in KILL_AT] == list(KILL_AT)
+    assert [killed_at(run, target, suite, bundle) for target in KILL_AT] == [
+        -(-t // PER_COMMIT) * PER_COMMIT for t in KILL_AT
+    ]
     done = cli("eval", "--resume", str(run), "--json", home=tmp_path)
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)

@@ -216,9 +216,9 @@ def test_head_disagreements_are_refused(tmp_path):
     (tmp_path / "run" / LEDGER).write_bytes(data)
     (tmp_path / "run" / HEAD).write_bytes(json.dumps({"hash": records[-2].hash, "seq": 8}).encode())
     assert len(read_ledger(tmp_path / "run").records) == 9
+    # ... and so is one lagging a group (a crash between a group commit's fsync and its head)
     (tmp_path / "run" / HEAD).write_bytes(json.dumps({"hash": records[-4].hash, "seq": 6}).encode())
-    with pytest.raises(LedgerError, match=r"record 7: ledger.head lags 3 records behind the ledger$"):
-        read_ledger(tmp_path / "run")
+    assert len(read_ledger(tmp_path / "run").records) == 9
     (tmp_path / "run" / HEAD).write_bytes(json.dumps({"hash": records[0].hash, "seq": 9}).encode())
     with pytest.raises(LedgerError, match=r"record 9: hash differs from the one ledger.head names$"):
         read_ledger(tmp_path / "run")

@@ -110,19 +110,22 @@ def test_open_truncates_only_the_torn_tail_and_resume_finishes(small_run, tmp_pa
     shutil.copytree(run, copy)
     data = (copy / LEDGER).read_bytes()
     records = read_ledger(copy).records
-    # cut the run back to just after cell 2 was started, with half of cell 2's CellCompleted line
-    keep = sum(len(encode(r)) for r in records[:8])
-    torn = encode(records[8])[:40]
-    assert records[7].kind == "CellStarted" and records[8].kind == "CellCompleted"
+    # A crash inside the group commit's closing write: its first closing record complete, half of
+    # the second's line, the head still on the last CellStarted (records 6-9 start, 10-13 close).
+    assert [r.kind for r in records[5:13]] == ["CellStarted"] * 4 + ["CellCompleted"] * 4
+    keep = sum(len(encode(r)) for r in records[:10])
+    torn = encode(records[10])[:40]
     (copy / LEDGER).write_bytes(data[:keep] + torn)
-    (copy / HEAD).write_bytes(canonical_bytes({"hash": records[7].hash, "seq": 8}) + b"\n")
+    (copy / HEAD).write_bytes(canonical_bytes({"hash": records[8].hash, "seq": 9}) + b"\n")
     for name in ("report.json", "report.md"):
         (copy / name).unlink()
     with Ledger.open(copy) as ledger:
-        assert len(ledger.records) == 8 and (copy / LEDGER).read_bytes() == data[:keep]
+        assert len(ledger.records) == 10 and (copy / LEDGER).read_bytes() == data[:keep]
+        assert len(ledger.state.terminal) == 1  # the first cell is closed, the other three run again
     result = resume_evaluation(copy, retriever_factory=lambda _: retriever)
     again = reduce_records(read_ledger(copy).records)
-    assert again.status == "completed" and again.starts[again.expected[1]] == 2
+    assert again.status == "completed" and again.starts[again.expected[0]] == 1
+    assert [again.starts[k] for k in again.expected[1:]] == [2, 2, 2]
     original = reduce_records(records)
     assert {k: p["metrics"] for k, p in again.terminal.items()} == {
         k: p["metrics"] for k, p in original.terminal.items()

@@ -12,13 +12,22 @@ from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.ledger import HEAD, LEDGER, read_ledger, reduce_records
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.run_folder import RunError, verify_run
-from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
+from ragpipe.evaluation.runner import CELLS_PER_COMMIT, resume_evaluation, run_evaluation
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.evaluation.traces import TraceError
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.retrieval.retriever import MODES, Retriever
 from ragpipe_tests.support.eval_support import EVALUABLE, FORBIDDEN, SUITE_CASES, eval_bundle  # noqa: F401
+
+
+def grouped(cells: int, size: int) -> list[str]:
+    """The record kinds of ``cells`` cells closed ``size`` at a time."""
+    kinds: list[str] = []
+    for start in range(0, cells, size):
+        n = min(size, cells - start)
+        kinds += ["CellStarted"] * n + ["CellCompleted"] * n
+    return kinds
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +54,19 @@ def test_run_folder_and_ledger(evaluated):
     assert (out / "inputs" / "spec.json").read_bytes() == canonical_bytes(spec.body.as_json()) + b"\n"
     records = read_ledger(out).records
     kinds = [r.kind for r in records]
-    assert kinds == ["RunCreated"] + ["InputBound"] * 4 + ["CellStarted", "CellCompleted"] * EVALUABLE + [
-        "RunCompleted"
-    ]
+    assert EVALUABLE > CELLS_PER_COMMIT  # two group commits: starts, then closes, a trace file each
+    assert kinds == ["RunCreated"] + ["InputBound"] * 4 + grouped(EVALUABLE, CELLS_PER_COMMIT) + ["RunCompleted"]
     assert [r.payload["name"] for r in records[1:5]] == ["suite", "query_plan", "spec", "bundle"]
     assert json.loads((out / HEAD).read_bytes()) == {"hash": records[-1].hash, "seq": len(records)}
-    assert len(list((out / "traces").iterdir())) == EVALUABLE
+    files = ["cells-000001.parquet", f"cells-{CELLS_PER_COMMIT + 1:06d}.parquet"]
+    assert sorted(p.name for p in (out / "traces").iterdir()) == files
+    refs = [r.payload["trace"] for r in records if r.kind == "CellCompleted"]
+    first, second = refs[:CELLS_PER_COMMIT], refs[CELLS_PER_COMMIT:]
+    for group, name in zip((first, second), files, strict=True):  # each cell's rows follow the previous cell's
+        assert [(r["first_row"], r["file"]) for r in group] == [
+            (sum(x["rows"] for x in group[:i]), f"traces/{name}") for i in range(len(group))
+        ]
+        assert sum(r["rows"] for r in group) == pq.read_metadata(out / "traces" / name).num_rows
     state = verify_run(out)
     assert state.status == "completed" and state.spec_id == spec.spec_id == result.report["spec_id"]
     report = result.report
@@ -73,22 +89,24 @@ def test_metrics_equal_ir_measures_on_the_traced_ranking(evaluated):
     ranking_specs = spec.body.ranking_metrics()
     for key, payload in state.terminal.items():
         case = cases[key[0]]
-        table = pq.read_table(out / payload["trace"]["file"]).to_pylist()
+        ref = payload["trace"]
+        table = pq.read_table(out / ref["file"]).slice(ref["first_row"], ref["rows"]).to_pylist()
         final = [
             (r["document_id"], r["chunk_id"])
             for r in sorted((r for r in table if r["stage"] == "final"), key=lambda r: r["rank"])
         ]
-        collapsed = [
-            r["target_id"] for r in sorted((r for r in table if r["stage"] == "collapsed"), key=lambda r: r["rank"])
-        ]
-        assert collapsed == collapse(final, case.target_level) and len(final) == payload["hits"] == 50
+        collapsed = collapse(final, case.target_level)
+        assert len(final) == payload["hits"] == 50
         assert {r["channel"] for r in table if r["stage"] == "channel"} == {"lexical", "vector"}
-        assert any(r["stage"] == "fused" for r in table) and all(r["case_id"] == key[0] for r in table)
+        # No reranker: the hits are the fused list's first k, so it is not stored again.
+        assert {r["stage"] for r in table} == {"channel", "final"} and all(r["case_id"] == key[0] for r in table)
         expected = {"unauthorized_disclosures": sum(1 for d, _ in final if d == FORBIDDEN and case.id == "x-forbidden")}
         if case.answerability == "answerable":
             expected.update(score_cases({case.id: case.judgments}, {case.id: collapsed}, ranking_specs)[case.id])
         assert payload["metrics"] == expected
-        meta = json.loads(pq.read_schema(out / payload["trace"]["file"]).metadata[b"ragpipe.cell"])
+        described = json.loads(pq.read_schema(out / ref["file"]).metadata[b"ragpipe.cells"])
+        assert described["format"] == 3
+        (meta,) = [c for c in described["cells"] if c["cell"] == payload["cell"]]
         assert meta["metrics"] == expected and meta["latency_ms"] == payload["latency_ms"]
     assert state.terminal[("x-forbidden", 0, "a")]["metrics"]["unauthorized_disclosures"] >= 1
     assert set(state.terminal[("x-unanswerable", 0, "a")]["metrics"]) == {"unauthorized_disclosures"}
@@ -133,6 +151,35 @@ def test_spec_identity(evaluated):
     }
 
 
+def test_the_group_size_changes_where_records_and_rows_are_never_what_they_say(evaluated, tmp_path):
+    """Two cells per commit: groups of starts then closes, one trace file per group, and the same
+    closing records (but for the trace reference) and the same rows per cell as one big group."""
+    spec, out, result, retriever = evaluated
+    small = run_evaluation(spec, tmp_path / "pairs", retriever_factory=lambda _: retriever, cells_per_commit=2)
+    records = read_ledger(small.out).records
+    assert [r.kind for r in records if r.kind.startswith("Cell")] == grouped(EVALUABLE, 2)
+    assert sorted(p.name for p in (small.out / "traces").iterdir()) == [
+        f"cells-{i:06d}.parquet" for i in range(1, EVALUABLE + 1, 2)
+    ]
+    assert small.report["metrics"] == result.report["metrics"]
+
+    def rows(run):
+        state = reduce_records(read_ledger(run).records)
+        out = {}
+        for key, p in state.terminal.items():
+            ref = p["trace"]
+            table = pq.read_table(run / ref["file"]).slice(ref["first_row"], ref["rows"])
+            out[key] = (
+                table.drop_columns(["score"]).to_pylist(),
+                {k: v for k, v in p.items() if k not in ("trace", "latency_ms")},
+            )
+        return out
+
+    assert rows(small.out) == rows(out)
+    with pytest.raises(RunError, match=r"^cells per commit must be at least 1, got 0$"):
+        run_evaluation(spec, tmp_path / "none", retriever_factory=lambda _: retriever, cells_per_commit=0)
+
+
 def test_second_run_gets_a_fresh_run_id_and_same_metrics(evaluated, tmp_path):
     spec, _, result, retriever = evaluated
     second = run_evaluation(spec, tmp_path / "again", retriever_factory=lambda _: retriever)
@@ -165,7 +212,7 @@ def test_tampered_inputs_and_traces_are_refused(evaluated, tmp_path):
     trace = copy / first.payload["trace"]["file"]
     trace.write_bytes(trace.read_bytes()[:-1] + b"X")
     with pytest.raises(
-        TraceError, match=rf"record {first.seq}: trace .*cell-000001.parquet does not match the digest in the ledger$"
+        TraceError, match=rf"record {first.seq}: trace .*cells-000001.parquet does not match the digest in the ledger$"
     ):
         verify_run(copy)
 

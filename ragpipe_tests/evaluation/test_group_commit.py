@@ -1,0 +1,122 @@
+"""SIGKILL at every step of a group commit, in a real evaluation process, then resume: each cell
+of the killed group is closed or not (never half), what is on disk is exactly that, and the
+resumed run closes every expected cell once with the metrics of an uninterrupted run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.ledger import read_ledger, reduce_records
+from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
+from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.retriever import Retriever
+from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.eval_support import eval_bundle  # noqa: F401  (fixture)
+
+PER_COMMIT = 4
+# The process wraps the runner's own functions and SIGKILLs itself inside the second group (cells
+# 5-8): after its CellStarted records are durable, after its second cell ran, after its trace file
+# is published, after its closing records are fsynced but before the head moves, after the head.
+KILL_IN_GROUP = """
+import os, signal, sys
+from pathlib import Path
+from ragpipe.evaluation import ledger as eval_ledger, runner
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.kernel import ledger as kernel_ledger
+from ragpipe.retrieval.plan import load_plan
+from ragpipe.retrieval.retriever import Retriever
+
+run, step, suite, bundle = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+calls = {}
+
+def kill():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def counted(name):
+    calls[name] = calls.get(name, 0) + 1
+    return calls[name]
+
+append_group, run_cell, write_traces = eval_ledger.Ledger.append_group, runner.run_cell, runner.write_traces
+write_head = kernel_ledger.Ledger._write_head
+
+def appended(self, events):
+    records = append_group(self, events)
+    kind = events[0][0] if events else None
+    if kind in ("CellStarted", "CellCompleted") and counted(kind) == 2 and step == {"CellStarted": "started", "CellCompleted": "closed"}[kind]:
+        kill()
+    return records
+
+def ran(*args):
+    result = run_cell(*args)
+    if counted("cell") == 6 and step == "ran":
+        kill()
+    return result
+
+def traced(*args):
+    refs = write_traces(*args)
+    if counted("trace") == 2 and step == "traced":
+        kill()
+    return refs
+
+def headed(self):
+    if self.records[-1].kind == "CellCompleted" and counted("head") == 2 and step == "unheaded":
+        kill()
+    write_head(self)
+
+eval_ledger.Ledger.append_group, runner.run_cell, runner.write_traces = appended, ran, traced
+kernel_ledger.Ledger._write_head = headed
+retriever = Retriever(Path(bundle), plan=load_plan())
+spec = EvaluationSpec.build(load_suite(Path(suite)), load_plan(), Path(bundle), retriever.bundle_id, k=20)
+runner.run_evaluation(spec, run, retriever_factory=lambda _: retriever, cells_per_commit=4)
+"""
+# Cells closed on disk after the kill; whether the second group's trace file exists.
+AFTER = {"started": (4, False), "ran": (4, False), "traced": (4, True), "unheaded": (8, True), "closed": (8, True)}
+
+
+@pytest.fixture(scope="module")
+def clean(eval_bundle, tmp_path_factory):  # noqa: F811
+    bundle, suite = eval_bundle
+    retriever = Retriever(bundle, plan=load_plan())
+    spec = EvaluationSpec.build(load_suite(suite), load_plan(), bundle, retriever.bundle_id, k=20)
+    out = tmp_path_factory.mktemp("clean") / "run"
+    run_evaluation(spec, out, retriever_factory=lambda _: retriever, cells_per_commit=PER_COMMIT)
+    return reduce_records(read_ledger(out).records), retriever
+
+
+@pytest.mark.parametrize("step", list(AFTER))
+def test_sigkill_at_each_step_of_a_group_commit_then_resume(eval_bundle, clean, tmp_path, step: str):  # noqa: F811
+    bundle, suite = eval_bundle
+    expected_state, retriever = clean
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_IN_GROUP, str(run), step, str(suite), str(bundle)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    closed, has_file = AFTER[step]
+    state = reduce_records(read_ledger(run).records)
+    assert sorted(state.terminal, key=state.expected.index) == list(state.expected[:closed])
+    assert (run / "traces" / "cells-000005.parquet").exists() == has_file
+    assert sum(state.starts.values()) == 8  # both groups were started, whatever was closed
+
+    resume_evaluation(run, retriever_factory=lambda _: retriever, cells_per_commit=PER_COMMIT)
+    records = read_ledger(run).records
+    done = reduce_records(records)
+    closes = Counter(tuple(r.payload["cell"].values()) for r in records if r.kind in ("CellCompleted", "CellFailed"))
+    assert done.status == "completed" and set(closes.values()) == {1} and len(closes) == len(done.expected)
+    rerun = [k for k in done.expected[4:8] if done.starts[k] == 2]
+    assert rerun == ([] if closed == 8 else list(done.expected[4:8]))
+    assert {k: p["metrics"] for k, p in done.terminal.items()} == {
+        k: p["metrics"] for k, p in expected_state.terminal.items()
+    }
