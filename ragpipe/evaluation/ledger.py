@@ -24,7 +24,9 @@ from ragpipe.kernel.ledger import Domain, LedgerError, LedgerRead, Record, encod
 
 LEDGER = "ledger.jsonl"
 HEAD = "ledger.head"
-DOMAIN = Domain("eval-ledger-record", 1)
+# A group commit appends at most MAX_CELLS_PER_COMMIT starts or closes (runner.py).
+MAX_CELLS_PER_COMMIT = 256
+DOMAIN = Domain("eval-ledger-record", 1, max_group=MAX_CELLS_PER_COMMIT)
 MISSING = "no ledger file (not an evaluation run folder)"
 
 record_hash = DOMAIN.record_hash

@@ -36,7 +36,7 @@ from typing import Any
 from ragpipe.bundle.manifest import BundleManifest
 from ragpipe.evaluation.cell import CellRun, run_cell, score_group
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
-from ragpipe.evaluation.ledger import LEDGER, Ledger
+from ragpipe.evaluation.ledger import LEDGER, MAX_CELLS_PER_COMMIT, Ledger
 from ragpipe.evaluation.report import build_report, write_reports
 from ragpipe.evaluation.run_folder import (
     BUNDLE_INPUT,
@@ -183,8 +183,8 @@ def _execute(
     on_progress: Progress | None,
     cells_per_commit: int = CELLS_PER_COMMIT,
 ) -> EvaluationResult:
-    if cells_per_commit < 1:
-        raise RunError(f"cells per commit must be at least 1, got {cells_per_commit}")
+    if not 1 <= cells_per_commit <= MAX_CELLS_PER_COMMIT:
+        raise RunError(f"cells per commit must be 1 to {MAX_CELLS_PER_COMMIT}, got {cells_per_commit}")
     with long_lived_heap_frozen():
         return _execute_cells(run, ledger, spec, retriever, on_progress, cells_per_commit)
 

@@ -217,15 +217,15 @@ class TraceReader:
         self.run = run
         # The cell's columns are always read: they prove which cell a row belongs to.
         self.columns = None if columns is None else list(dict.fromkeys([*CELL_COLUMNS, *columns]))
-        self._files: dict[tuple[str, str], tuple[pa.Table, list[Any]]] = {}
+        self._files: dict[tuple[str, str], tuple[pa.Table, list[Any], dict[tuple[Any, ...], int]]] = {}
 
-    def _file(self, ref: Mapping[str, Any], where: str) -> tuple[pa.Table, list[Any]]:
+    def _file(self, ref: Mapping[str, Any], where: str) -> tuple[pa.Table, list[Any], dict[tuple[Any, ...], int]]:
         key = (str(ref["file"]), str(ref["digest"]))
         if key not in self._files:
             self._files[key] = self._parse(verify_trace(self.run, ref, where), self.run / key[0], where)
         return self._files[key]
 
-    def _parse(self, data: bytes, path: Path, where: str) -> tuple[pa.Table, list[Any]]:
+    def _parse(self, data: bytes, path: Path, where: str) -> tuple[pa.Table, list[Any], dict[tuple[Any, ...], int]]:
         try:
             parquet = pq.ParquetFile(pa.BufferReader(data))
             schema = parquet.schema_arrow
@@ -253,15 +253,23 @@ class TraceReader:
         ]
         if nulls:
             raise TraceError(f"{where}: trace {path}: column {nulls[0]!r} has nulls")
-        return table, cells
+        # How many rows name each cell: a record must name all of its cell's rows, so no row that
+        # counts against it (a disclosure, a better hit) can sit beside the range it names.
+        counted = table.group_by(list(CELL_COLUMNS)).aggregate([([], "count_all")])
+        counts = {tuple(row[c] for c in CELL_COLUMNS): row["count_all"] for row in counted.to_pylist()}
+        return table, cells, counts
 
     def cell(self, ref: Mapping[str, Any], cell: Mapping[str, Any], where: str) -> tuple[pa.Table, dict[str, Any]]:
         """The rows and the metadata description of ``cell``, whose record's trace reference is
         ``ref`` (``{file, digest, first_row, rows}``, types checked by the caller): exactly the
         rows it names, every one naming ``cell``, and exactly one description of ``cell``."""
-        table, cells = self._file(ref, where)
+        table, cells, counts = self._file(ref, where)
         path = self.run / str(ref["file"])
         first, rows = ref["first_row"], ref["rows"]
+        if counts.get((cell["case"], cell["repeat"], cell["arm"]), 0) != rows:
+            raise TraceError(
+                f"{where}: trace {path}: the cell has {counts.get((cell['case'], cell['repeat'], cell['arm']), 0)} rows, its record names {rows}"
+            )
         if first + rows > table.num_rows:
             raise TraceError(f"{where}: trace {path} has {table.num_rows} rows, not rows {first}..{first + rows - 1}")
         part = table.slice(first, rows)

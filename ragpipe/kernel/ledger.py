@@ -17,7 +17,7 @@ parses). Everything else refuses with ``"<file>: record <n>: <rule>"``: an unpar
 non-canonical line before the end, a final line that parses but carries trailing bytes, a bad hash,
 a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag
 behind by the records of the last append (a crash between the ledger fsync and the head rewrite:
-one record, or a group) and may name the record whose torn line was dropped; a head further ahead
+one record, or a group of at most the domain's ``max_group``) and may name the record whose torn line was dropped; a head further ahead
 means complete records were lost, which is refused.
 
 With a key configured (``ragpipe.kernel.seals``), the head also carries a seal over ``{hash,
@@ -78,10 +78,14 @@ class LedgerRead:
 
 @dataclass(frozen=True)
 class Domain:
-    """The hash domain of one kind of ledger: ``content_id(tag, version, …)`` of each record."""
+    """The hash domain of one kind of ledger: ``content_id(tag, version, …)`` of each record, and
+    ``max_group``, the most records one append of this kind writes: a head may lag that many
+    records behind (a crash before the head moved), never more — a replayed older head (which,
+    keyed, was validly sealed once) would otherwise roll committed records back."""
 
     tag: str
     version: int = 1
+    max_group: int = 1
 
     def record_hash(self, seq: int, kind: str, payload: dict[str, Any], prev: str | None) -> str:
         return content_id(self.tag, self.version, {"seq": seq, "kind": kind, "payload": payload, "prev": prev})
@@ -210,6 +214,10 @@ def check_head(
     if 1 <= seq <= n:
         if read.records[seq - 1].hash != digest:
             raise LedgerError(f"{path}: record {seq}: hash differs from the one {name} names")
+        if n - seq > domain.max_group:
+            raise LedgerError(
+                f"{path}: record {seq + 1}: {name} lags {n - seq} records behind the ledger (one append writes at most {domain.max_group})"
+            )
         return _uncommitted(read, seq) if key is not None else read
     if seq == n + 1 and read.dropped_bytes:
         if key is not None:  # a sealed record was complete when sealed: a cut line is a removal
@@ -325,6 +333,10 @@ class Ledger:
         """Append ``events`` as consecutive records with one ``write`` and one fsync, then move the
         head once: a crash leaves none, a prefix (a torn write), or all of them, and a head that
         lags behind them (module docstring). ``on_append`` runs once, with the last record's kind."""
+        if len(events) > self.domain.max_group:
+            raise LedgerError(
+                f"{self.path}: {len(events)} records in one append; this ledger takes at most {self.domain.max_group}"
+            )
         records, prev = [], self.head
         for offset, (kind, payload) in enumerate(events, start=1):
             record = self.domain.make_record(len(self.records) + offset, kind, payload, prev)

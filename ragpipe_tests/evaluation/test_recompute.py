@@ -180,8 +180,17 @@ def test_rows_of_another_cell_are_refused(ranked: Path):
         verify_run(ranked)
 
 
+def test_a_record_naming_only_some_of_its_cells_rows_is_refused(ranked: Path):
+    """The rows it leaves out (here its last final hit) could hold what counts against it."""
+    rewrite(ranked, lambda p: completed(p)["trace"].update(rows=completed(p)["trace"]["rows"] - 1))
+    with pytest.raises(
+        TraceError, match=r"record \d+: trace .*cells-000001.parquet: the cell has (\d+) rows, its record names \d+$"
+    ):
+        verify_run(ranked)
+
+
 def test_rows_beyond_the_file_are_refused(ranked: Path):
-    rewrite(ranked, lambda p: completed(p)["trace"].update(first_row=10**6))
+    rewrite(ranked, lambda p: completed(p)["trace"].update(first_row=10**6))  # its row count still right
     with pytest.raises(
         TraceError, match=r"record \d+: trace .*cells-000001.parquet has \d+ rows, not rows 1000000\.\."
     ):

@@ -176,7 +176,7 @@ def test_the_group_size_changes_where_records_and_rows_are_never_what_they_say(e
         return out
 
     assert rows(small.out) == rows(out)
-    with pytest.raises(RunError, match=r"^cells per commit must be at least 1, got 0$"):
+    with pytest.raises(RunError, match=r"^cells per commit must be 1 to 256, got 0$"):
         run_evaluation(spec, tmp_path / "none", retriever_factory=lambda _: retriever, cells_per_commit=0)
 
 

@@ -29,6 +29,7 @@ from ragpipe.kernel.ledger import (
 from ragpipe_tests.conftest import REPO
 
 D = Domain("test-ledger-record", 1)
+G = Domain("test-ledger-record", 1, max_group=4)  # the same records, appended in groups of up to 4
 
 
 def make(path: Path, n: int = 3, domain: Domain = D) -> Ledger:
@@ -153,11 +154,11 @@ def test_head_rules(tmp_path: Path):
     with pytest.raises(LedgerError) as exc:
         read_ledger(path, D)
     assert str(exc.value) == f"{path}: record 1: hash differs from the one l.head names"
-    head.write_bytes(canonical_bytes({"hash": ledger.records[0].hash, "seq": 1}))  # lags a group of two
-    assert [r.seq for r in read_ledger(path, D).records] == [1, 2, 3]
-    with Ledger.open(path, D):
-        pass
-    assert read_head(path) == (3, third.hash)  # repaired
+    head.write_bytes(canonical_bytes({"hash": ledger.records[0].hash, "seq": 1}))
+    with pytest.raises(LedgerError) as exc:  # more than one append lost its head: a replayed older head
+        read_ledger(path, D)
+    assert str(exc.value) == f"{path}: record 2: l.head lags 2 records behind the ledger (one append writes at most 1)"
+    assert [r.seq for r in read_ledger(path, G).records] == [1, 2, 3]  # a ledger of groups of two or more
     head.write_bytes(canonical_bytes({"hash": third.hash, "seq": 5}))
     with pytest.raises(LedgerError) as exc:
         read_ledger(path, D)
@@ -243,7 +244,7 @@ def test_a_group_is_the_records_single_appends_write(tmp_path: Path):
     one, grouped = tmp_path / "one.jsonl", tmp_path / "grouped.jsonl"
     make(one).close()
     seen: list[str] = []
-    with Ledger.open(grouped, D, create=True, on_append=seen.append) as ledger:
+    with Ledger.open(grouped, G, create=True, on_append=seen.append) as ledger:
         assert ledger.append_group([]) == []
         records = ledger.append_group(events)
     assert one.read_bytes() == grouped.read_bytes() and [r.seq for r in records] == [1, 2, 3]
@@ -252,8 +253,10 @@ def test_a_group_is_the_records_single_appends_write(tmp_path: Path):
 
 def test_a_refused_payload_in_a_group_writes_none_of_it(tmp_path: Path):
     path = tmp_path / "l.jsonl"
-    with make(path, 1) as ledger:
+    with make(path, 1, G) as ledger:
         before = path.read_bytes()
+        with pytest.raises(LedgerError, match="5 records in one append; this ledger takes at most 4$"):
+            ledger.append_group([("event", {"i": i}) for i in range(5)])
         with pytest.raises(ValueError):
             ledger.append_group([("event", {"i": 1}), ("event", {"f": float("nan")})])
         assert path.read_bytes() == before and len(ledger.records) == 1
@@ -264,7 +267,7 @@ def test_every_byte_cut_of_a_group_recovers_its_complete_records(tmp_path: Path)
     group's bytes, with the head on the record before the group. Recovery keeps exactly the
     records whose line is complete and repairs the head to the last of them."""
     path = tmp_path / "l.jsonl"
-    with make(path, 1) as ledger:
+    with make(path, 1, G) as ledger:
         before, head = path.read_bytes(), head_path(path).read_bytes()
         group = ledger.append_group([("event", {"i": i}) for i in range(1, 4)])
     data = path.read_bytes()
@@ -272,7 +275,7 @@ def test_every_byte_cut_of_a_group_recovers_its_complete_records(tmp_path: Path)
         path.write_bytes(data[:cut])
         head_path(path).write_bytes(head)
         complete = data[len(before) : cut].count(b"\n")
-        with Ledger.open(path, D) as reopened:
+        with Ledger.open(path, G) as reopened:
             assert [r.seq for r in reopened.records] == list(range(1, 2 + complete)), cut
         assert path.read_bytes() == data[: len(before) + sum(len(encode(r)) for r in group[:complete])]
         assert read_head(path) == (1 + complete, ([ledger.records[0]] + group)[complete].hash)

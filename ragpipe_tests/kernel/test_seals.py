@@ -144,12 +144,15 @@ def test_a_group_after_the_sealed_head_is_uncommitted_as_a_whole(tmp_path: Path)
     """A crash after a group's fsync, before its head: none of the group was sealed, so all of it
     is dropped (an evaluation runs those cells again)."""
     path = tmp_path / "l.jsonl"
-    records = keyed(path, 1)
+    group = Domain("test-ledger-record", 1, max_group=3)
+    with Ledger.open(path, group, create=True, key=KEY) as ledger:
+        ledger.append("event", {"i": 0})
+        records = list(ledger.records)
     sealed_bytes, head = path.read_bytes(), head_path(path).read_bytes()
-    with Ledger.open(path, D, key=KEY) as ledger:
+    with Ledger.open(path, group, key=KEY) as ledger:
         ledger.append_group([("event", {"i": i}) for i in range(1, 4)])
     head_path(path).write_bytes(head)
-    assert read_ledger(path, D, key=KEY).records == tuple(records)
-    with Ledger.open(path, D, key=KEY) as ledger:
+    assert read_ledger(path, group, key=KEY).records == tuple(records)
+    with Ledger.open(path, group, key=KEY) as ledger:
         assert ledger.records == records
     assert path.read_bytes() == sealed_bytes
