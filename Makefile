@@ -32,12 +32,12 @@ dagster-home:
 # rolled back to revision 1 (as after an incident: no rebuild), the release table and the pointer are
 # shown, and queries are served by the active release. `release_of` reads a revision's release ID
 # from its (up-to-date, so instant) build.
-release_of = $$($(BIN)/ragpipe build data/scifact-sample/rev-$(1).jsonl --revision scifact-$(1) --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["release_id"])')
+release_of = $$($(BIN)/ragpipe build data/scifact-sample/rev-$(1).jsonl --revision scifact-$(1) --default-scope public --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["release_id"])')
 
 demo: install dagster-home
-	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1
+	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1 --default-scope public
 	$(BIN)/ragpipe release activate $(call release_of,1) --target staging
-	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2
+	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2 --default-scope public
 	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-1 --out var/demo-eval/scifact-1-$$(date +%s)
 	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-2 --out var/demo-eval/scifact-2-$$(date +%s)
 	$(BIN)/ragpipe release activate $(call release_of,2) --target staging || echo "revision 2 was not activated: the error above names the gate's decisive phase"

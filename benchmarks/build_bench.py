@@ -88,7 +88,18 @@ def run_build(corpus: Path, revision: str, home: Path) -> dict:
     """``ragpipe build --json`` in a fresh process with its own RAGPIPE_HOME and DAGSTER_HOME."""
     env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
     (home / "dagster").mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision, "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ragpipe.cli",
+        "build",
+        str(corpus),
+        "--revision",
+        revision,
+        "--default-scope",
+        "public",
+        "--json",
+    ]
     stdout, wall, rss = run_measured(cmd, env, home / f"logs-{revision}")
     return {**json.loads(stdout), "wall_seconds": round(wall, 2), "peak_rss_mib": round(rss, 1)}
 

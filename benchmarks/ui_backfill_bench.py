@@ -83,7 +83,18 @@ def cli_baseline(root: Path, revisions: dict[str, Path]) -> dict:
     for rev, path in revisions.items():
         t0 = time.perf_counter()
         out = subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", "build", str(path), "--revision", rev, "--json"],
+            [
+                sys.executable,
+                "-m",
+                "ragpipe.cli",
+                "build",
+                str(path),
+                "--revision",
+                rev,
+                "--default-scope",
+                "public",
+                "--json",
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -107,7 +118,7 @@ def ui_backfill(root: Path, revisions: dict[str, Path]) -> dict:
     env = {"RAGPIPE_HOME": str(ragpipe_home), "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml")}
     ws = Workspace(ragpipe_home)
     for rev, path in revisions.items():
-        register_revision(ws.registry, rev, path, "beir")
+        register_revision(ws.registry, rev, path, "beir", "public")
     instance = open_instance(dagster_home)  # creates the tables before two services race to
     since = time.time()
     daemon = start_daemon(dagster_home, env)

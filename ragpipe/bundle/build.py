@@ -45,7 +45,7 @@ class BundleInputs:
 def bundle_semantic(
     spec: PipelineSpec,
     corpus_digest: str,
-    default_scope: str,
+    default_scope: str | None,
     chunk_set_digest: str,
     representation_set_digest: str,
     embeddings_digest: str | None,

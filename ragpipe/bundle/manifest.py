@@ -46,7 +46,7 @@ class BundleCounts(_Model):
 class BundleSemantic(_Model):
     schema_version: Literal[2] = 2
     corpus_digest: str
-    default_scope: str
+    default_scope: str | None
     specs: dict[str, StageSpecRecord]
     chunk_set_digest: str
     representation_set_digest: str

@@ -31,8 +31,12 @@ def build(
         Format | None, typer.Option("--format", help="Input format (default: folder → markdown, file → beir).")
     ] = None,
     default_scope: Annotated[
-        str, typer.Option("--default-scope", help="Scope of documents that declare none.")
-    ] = "public",
+        str | None,
+        typer.Option(
+            "--default-scope",
+            help="Scope of documents that declare no access_scopes (recorded). Without it such documents are refused.",
+        ),
+    ] = None,
     launch: Annotated[
         Launch, typer.Option("--launch", help="auto: the run queue when a daemon serves it, else in this process.")
     ] = Launch.auto,

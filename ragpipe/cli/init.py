@@ -152,7 +152,7 @@ corpus of your own. The full walk-through is `docs/your-corpus.md` in the ragpip
 
 ```bash
 {env}
-ragpipe build CORPUS --revision KEY          # a Markdown folder or a BEIR JSONL file
+ragpipe build CORPUS --revision KEY [--default-scope SCOPE]  # a Markdown folder or a BEIR JSONL file
 ragpipe query --revision KEY "your question"  # the bundle just built, released or not
 ```
 
@@ -302,7 +302,7 @@ def init(
     typer.echo("next:")
     for line in (
         *exports(folder).splitlines(),
-        "ragpipe build CORPUS --revision KEY",
+        "ragpipe build CORPUS --revision KEY [--default-scope SCOPE]",
         'ragpipe query --revision KEY "..."',
     ):
         typer.echo(f"  {line}")

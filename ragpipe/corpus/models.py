@@ -42,14 +42,14 @@ class SnapshotSummary(BaseModel):
 
     revision: str
     corpus_digest: ContentDigest
-    default_scope: str
+    default_scope: str | None
     normalization: str = NORMALIZATION
     documents: int
     excluded: list[Exclusion] = Field(default_factory=list)
     ignored_metadata_keys: list[str] = Field(default_factory=list)
 
 
-def corpus_digest(documents: list[Document], default_scope: str) -> ContentDigest:
+def corpus_digest(documents: list[Document], default_scope: str | None) -> ContentDigest:
     """Digest over the documents sorted by ID: every field that can change a result."""
     rows = [
         [d.document_id, d.content_digest, d.title, list(d.access_scopes), d.source_role]

@@ -37,6 +37,37 @@ class CorpusRead(list[SourceRecord]):
         self.excluded: tuple[Exclusion, ...] = tuple(excluded)
 
 
+_SHOWN_UNSCOPED = 3
+
+
+def unscoped_refusal(records: Iterable[SourceRecord], default_scope: str | None, source: str) -> str | None:
+    """Why ``records`` cannot be published with ``default_scope``, or None when they can: with no
+    default scope, every document must declare its ``access_scopes`` — guessing an audience for
+    the rest (``public``, the widest) is what a fail-safe policy must not do. The message names the
+    first documents and their locations, and how to give a default."""
+    if default_scope is not None:
+        return None
+    missing = [r for r in records if r.access_scopes is None]
+    if not missing:
+        return None
+    shown = ", ".join(f"{r.document_id!r} ({_within(r.location, source)})" for r in missing[:_SHOWN_UNSCOPED])
+    more = f" and {len(missing) - _SHOWN_UNSCOPED} more" if len(missing) > _SHOWN_UNSCOPED else ""
+    return (
+        f"{source}: {len(missing)} {'documents declare' if len(missing) != 1 else 'document declares'} no access_scopes: "
+        f"{shown}{more}; declare them, or give the revision a default scope "
+        "(ragpipe build --default-scope SCOPE, default_scope in the sources file)"
+    )
+
+
+def _within(location: str, source: str) -> str:
+    """``location`` relative to the source the message already names: a folder's file, a line."""
+    if location.startswith(source + "/"):
+        return location[len(source) + 1 :]
+    if location.startswith(source + ":"):
+        return "line " + location[len(source) + 1 :]
+    return location
+
+
 def shown_value(value: Any) -> str:
     """A metadata value as JSON for messages (``null``, ``[]``, ``false`` …), cut at 60 chars; a
     value JSON cannot hold (a YAML date …) is shown as ``<type> <value>``."""

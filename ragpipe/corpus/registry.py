@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from ragpipe.corpus.connectors import CorpusFormat, CorpusRead, load_source, parse_source
 from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
+from ragpipe.corpus.records import unscoped_refusal
 from ragpipe.kernel.publish import write_file_atomic
 
 # (format, source path, source digest) -> the parse of exactly those bytes at that path: the last
@@ -56,7 +57,7 @@ class RevisionRecord(BaseModel):
     revision: str
     source_path: str
     format: CorpusFormat
-    default_scope: str
+    default_scope: str | None  # None: every document declared its scopes at registration
     source_digest: str
 
 
@@ -76,17 +77,23 @@ def _record_path(registry: Path, revision: str) -> Path:
 
 
 def register_revision(
-    registry: Path, revision: str, source: Path, fmt: CorpusFormat, default_scope: str = "public"
+    registry: Path, revision: str, source: Path, fmt: CorpusFormat, default_scope: str | None
 ) -> tuple[RevisionRecord, bool]:
-    """Validate and register a revision. Returns (record, newly_registered)."""
+    """Validate and register a revision. Returns (record, newly_registered).
+
+    ``default_scope`` is the scope of documents that declare none; None (no default) refuses a
+    corpus with such documents, naming them, before anything is written."""
     path = _record_path(registry, revision)
-    if not SCOPE_PATTERN.match(default_scope):
+    if default_scope is not None and not SCOPE_PATTERN.match(default_scope):
         raise RevisionError(f"invalid default scope {default_scope!r}")
     source = source.resolve()
     if not source.exists():
         raise RevisionError(f"{source}: corpus path does not exist")
     loaded = load_source(source, fmt)
-    _parse(loaded, fmt)  # raises CorpusError naming file/line/ID; nothing is written
+    read = _parse(loaded, fmt)  # raises CorpusError naming file/line/ID; nothing is written
+    refusal = unscoped_refusal(read, default_scope, str(source))
+    if refusal is not None:
+        raise RevisionError(refusal)
     record = RevisionRecord(
         revision=revision,
         source_path=str(source),

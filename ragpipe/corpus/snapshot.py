@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 
 from ragpipe.corpus.connectors import CorpusRead, SourceRecord
 from ragpipe.corpus.models import Document, Exclusion, SnapshotSummary, corpus_digest
+from ragpipe.corpus.normalize import CorpusError
+from ragpipe.corpus.records import unscoped_refusal
 from ragpipe.kernel.ids import ContentDigest, DocumentId, bytes_digest
 from ragpipe.spec import SnapshotSpec
 
@@ -26,13 +28,17 @@ DOCUMENTS_SCHEMA = pa.schema(
 
 
 def build_snapshot(
-    records: list[SourceRecord], revision: str, default_scope: str, spec: SnapshotSpec
+    records: list[SourceRecord], revision: str, default_scope: str | None, spec: SnapshotSpec
 ) -> tuple[list[Document], SnapshotSummary]:
-    """Apply the default scope and the exclusion policy; documents come back sorted by ID.
+    """Apply the default scope and the exclusion policy; documents come back sorted by ID. With no
+    default scope, a document that declares none is refused (``unscoped_refusal``), never guessed.
 
     The exclusions list the connector's (symbolic links, special files: ``CorpusRead.excluded``)
     and the policy's, sorted by ID.
     """
+    refusal = unscoped_refusal(records, default_scope, f"revision {revision!r}")
+    if refusal is not None:
+        raise CorpusError([refusal])
     documents: list[Document] = []
     excluded: list[Exclusion] = list(records.excluded) if isinstance(records, CorpusRead) else []
     for rec in sorted(records, key=lambda r: r.document_id):
@@ -51,7 +57,7 @@ def build_snapshot(
                 title=rec.title,
                 text=rec.text,
                 content_digest=ContentDigest(bytes_digest(rec.text.encode("utf-8"))),
-                access_scopes=rec.access_scopes or (default_scope,),
+                access_scopes=rec.access_scopes or (str(default_scope),),
                 source_role=rec.source_role,
             )
         )

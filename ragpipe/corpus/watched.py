@@ -39,7 +39,7 @@ class WatchedSource(BaseModel):
     name: str = Field(pattern=rf"^{NAME}$")
     path: Path
     format: Literal["beir", "markdown"]
-    default_scope: str = "public"
+    default_scope: str | None = None  # None: every document must declare its access_scopes
 
 
 class SourcesConfig(BaseModel):

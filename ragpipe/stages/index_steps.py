@@ -129,7 +129,7 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
     semantic = bundle_semantic(
         spec,
         corpus_digest=snap.data_version,
-        default_scope=str(snap.facts["default_scope"]),
+        default_scope=snap.facts["default_scope"],
         chunk_set_digest=chunks.data_version,
         representation_set_digest=reps.data_version,
         embeddings_digest=emb.data_version if vector else None,

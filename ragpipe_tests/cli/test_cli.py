@@ -123,7 +123,9 @@ def test_build_prints_one_line_per_step_and_the_summary_last(cli_build):
 
 def test_build_verbose_shows_dagsters_event_stream(cli_build):
     home, corpus, _ = cli_build
-    out = ragpipe("build", str(corpus), "--revision", "hb-verbose", "--verbose", "--json", home=home)
+    out = ragpipe(
+        "build", str(corpus), "--revision", "hb-verbose", "--default-scope", "public", "--verbose", "--json", home=home
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["revision"] == "hb-verbose"  # stdout still holds only the object
     assert "STEP_SUCCESS" in out.stderr and 'Finished execution of step "index_bundle"' in out.stderr
@@ -169,16 +171,41 @@ def test_changed_source_under_same_key_is_refused(cli_build, tmp_path: Path):
 def test_bad_corpus_exits_nonzero_and_registers_nothing(tmp_path: Path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"_id": "a", "text": "fine text"}\n{"_id": "a", "text": "again"}\n')
-    out = ragpipe("build", str(bad), "--revision", "bad-1", "--json", home=tmp_path)
+    out = ragpipe("build", str(bad), "--revision", "bad-1", "--default-scope", "public", "--json", home=tmp_path)
     assert out.returncode == 1
     assert out.stdout == ""
     assert f"{bad}:2 [id=a]: duplicate document ID (first seen on line 1)" in out.stderr.replace("\n", "")
     assert not (tmp_path / "ragpipe" / "revisions" / "bad-1.json").exists()
 
 
+def test_unscoped_documents_without_a_default_scope_exit_nonzero_and_register_nothing(tmp_path: Path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        '{"_id": "a", "text": "one text", "metadata": {"access_scopes": ["staff"]}}\n{"_id": "b", "text": "two text"}\n'
+    )
+    out = ragpipe("build", str(corpus), "--revision", "c-1", "--json", home=tmp_path)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == (
+        f"error: {corpus}: 1 document declares no access_scopes: 'b' (line 2); declare them, or give the revision "
+        "a default scope (ragpipe build --default-scope SCOPE, default_scope in the sources file)\n"
+    )
+    assert not (tmp_path / "ragpipe" / "revisions").exists()
+
+
 def test_forced_queue_without_a_daemon_is_refused_before_any_run(tmp_path: Path):
     corpus = write_tree(tmp_path / "handbook", HANDBOOK)
-    out = ragpipe("build", str(corpus), "--revision", "hb-q", "--launch", "queue", "--json", home=tmp_path)
+    out = ragpipe(
+        "build",
+        str(corpus),
+        "--revision",
+        "hb-q",
+        "--default-scope",
+        "public",
+        "--launch",
+        "queue",
+        "--json",
+        home=tmp_path,
+    )
     assert (out.returncode, out.stdout) == (1, "")
     assert "launch queue: no dagster-daemon serves this instance's run queue" in " ".join(out.stderr.split())
     with DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
@@ -187,7 +214,16 @@ def test_forced_queue_without_a_daemon_is_refused_before_any_run(tmp_path: Path)
 
 def test_relative_dagster_home_is_a_clear_error(tmp_path: Path):
     corpus = write_tree(tmp_path / "handbook", HANDBOOK)
-    out = ragpipe("build", str(corpus), "--revision", "hb-rel", home=tmp_path, DAGSTER_HOME="var/rel-dagster")
+    out = ragpipe(
+        "build",
+        str(corpus),
+        "--revision",
+        "hb-rel",
+        "--default-scope",
+        "public",
+        home=tmp_path,
+        DAGSTER_HOME="var/rel-dagster",
+    )
     assert (out.returncode, out.stdout) == (1, "")
     assert " ".join(out.stderr.split()).endswith(  # after "registered: …", no traceback
         f"error: DAGSTER_HOME 'var/rel-dagster' is not an absolute path: set it to one, e.g. DAGSTER_HOME={REPO / 'var/rel-dagster'}"

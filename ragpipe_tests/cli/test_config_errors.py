@@ -204,7 +204,9 @@ def test_the_working_configuration_builds_past_the_check(cfg: Path, tmp_path: Pa
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_broken_file_stops_the_build_with_one_line(cfg: Path, tmp_path: Path, case: str):
     expected = CASES[case](cfg)
-    proc = ragpipe("build", str(CORPUS), "--revision", "r1", home=tmp_path / "home", **broken_env(cfg))
+    proc = ragpipe(
+        "build", str(CORPUS), "--revision", "r1", "--default-scope", "public", home=tmp_path / "home", **broken_env(cfg)
+    )
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"error: {expected}"]
     assert proc.stdout == ""

@@ -70,7 +70,7 @@ def first_build(tmp_path_factory: pytest.TempPathFactory):
     project = root / "notes-project"
     made = ragpipe("init", str(project))
     env = project_env(project)
-    built = ragpipe("build", str(notes), "--revision", "notes-1", env=env)
+    built = ragpipe("build", str(notes), "--revision", "notes-1", "--default-scope", "public", env=env)
     return root, notes, project, made, env, built
 
 
@@ -83,7 +83,7 @@ def second_build(first_build):
     text = policy.read_text()
     assert text.count("min_cases: 20 ") == 1
     policy.write_text(text.replace("min_cases: 20 ", "min_cases: 2  "))
-    built = ragpipe("build", str(notes), "--revision", "notes-1", "--json", env=env)
+    built = ragpipe("build", str(notes), "--revision", "notes-1", "--default-scope", "public", "--json", env=env)
     return built
 
 
@@ -100,7 +100,7 @@ def test_init_writes_the_project_and_prints_the_next_commands(first_build):
         "next:",
         f"  export RAGPIPE_PIPELINE_SPEC={project}/pipeline.yaml RAGPIPE_TARGETS={project}/targets.yaml",
         f"  export RAGPIPE_HOME={project}/var/ragpipe DAGSTER_HOME={project}/var/dagster",
-        "  ragpipe build CORPUS --revision KEY",
+        "  ragpipe build CORPUS --revision KEY [--default-scope SCOPE]",
         '  ragpipe query --revision KEY "..."',
     ]
     assert json.loads((project / "suite.jsonl").read_text()) == {

@@ -139,18 +139,53 @@ def test_snapshot_default_scope_and_exclusions_are_recorded(handbook: Path):
     assert other.corpus_digest != summary.corpus_digest
 
 
+def test_no_default_scope_refuses_unscoped_documents_naming_them(tmp_path: Path, handbook: Path):
+    registry = tmp_path / "reg"
+    with pytest.raises(RevisionError) as refused:
+        register_revision(registry, "v1", handbook, "markdown", None)
+    assert str(refused.value) == (
+        f"{handbook.resolve()}: 3 documents declare no access_scopes: 'guide/intro.md' (guide/intro.md), "
+        "'notes/short.md' (notes/short.md), 'notes/ünïcode.txt' (notes/ünïcode.txt); declare them, or give the "
+        "revision a default scope (ragpipe build --default-scope SCOPE, default_scope in the sources file)"
+    )
+    assert list_revisions(registry) == [] and not registry.exists()
+    # a fourth unscoped document is counted, not listed
+    (handbook / "guide" / "more.md").write_text("# More\n\nAnother document without a scope.\n")
+    with pytest.raises(
+        RevisionError, match=r": 4 documents declare no access_scopes: .*\(notes/short.md\) and 1 more;"
+    ):
+        register_revision(registry, "v1", handbook, "markdown", None)
+    # the snapshot refuses the same corpus too: no caller can publish a guessed scope
+    with pytest.raises(CorpusError, match=r"^invalid corpus:\n  revision 'v1': 4 documents declare no access_scopes"):
+        build_snapshot(read_markdown_folder(handbook), "v1", None, SnapshotSpec(min_text_chars=1))
+
+
+def test_a_corpus_whose_documents_all_declare_scopes_needs_no_default(tmp_path: Path):
+    scoped = write_tree(tmp_path / "md", {"a.md": "---\naccess_scopes: [staff]\n---\nStaff only text here.\n"})
+    record, new = register_revision(tmp_path / "reg", "v1", scoped, "markdown", None)
+    assert new and record.default_scope is None
+    docs, summary = build_snapshot(read_registered_corpus(record), "v1", None, SnapshotSpec(min_text_chars=1))
+    assert [(d.document_id, d.access_scopes) for d in docs] == [("a.md", ("staff",))]
+    assert summary.default_scope is None
+    # "no default" is recorded: it is another revision than the same bytes with a default
+    _, public = build_snapshot(read_registered_corpus(record), "v1", "public", SnapshotSpec(min_text_chars=1))
+    assert public.corpus_digest != summary.corpus_digest
+    with pytest.raises(RevisionError, match="already registered with different content"):
+        register_revision(tmp_path / "reg", "v1", scoped, "markdown", "public")
+
+
 def test_registration_is_immutable(tmp_path: Path, handbook: Path):
     registry = tmp_path / "reg"
-    record, new = register_revision(registry, "v1", handbook, "markdown")
+    record, new = register_revision(registry, "v1", handbook, "markdown", "public")
     assert new and record.source_digest == source_digest(handbook, "markdown")
-    assert register_revision(registry, "v1", handbook, "markdown") == (record, False)
+    assert register_revision(registry, "v1", handbook, "markdown", "public") == (record, False)
     with pytest.raises(RevisionError, match="already registered with different content"):
         register_revision(registry, "v1", handbook, "markdown", default_scope="staff")
     (handbook / "guide" / "intro.md").write_text("# Changed\n\nNew content, long enough.\n")
     with pytest.raises(RevisionError, match="changed since registration"):
         read_registered_corpus(record)
     with pytest.raises(RevisionError, match="invalid revision key"):
-        register_revision(registry, "../evil", handbook, "markdown")
+        register_revision(registry, "../evil", handbook, "markdown", "public")
     assert list_revisions(registry) == ["v1"]
 
 
@@ -158,11 +193,11 @@ def test_bad_corpus_registers_nothing(tmp_path: Path):
     path = write_beir(tmp_path / "c.jsonl", [{"_id": "a", "text": "fine text here"}, {"_id": "a", "text": "dup"}])
     registry = tmp_path / "reg"
     with pytest.raises(CorpusError, match="duplicate document ID"):
-        register_revision(registry, "v1", path, "beir")
+        register_revision(registry, "v1", path, "beir", "public")
     assert list_revisions(registry) == []
     md = write_tree(
         tmp_path / "md", {"a.md": "ok text that is long\n", "b.md": "---\naccess_scopes: null\n---\nhidden\n"}
     )
     with pytest.raises(CorpusError, match="access_scopes must be a non-empty list of strings, got null"):
-        register_revision(registry, "v1", md, "markdown")
+        register_revision(registry, "v1", md, "markdown", "public")
     assert list_revisions(registry) == []

@@ -152,7 +152,7 @@ def test_jsonl_near_miss_security_metadata_keys_are_refused(tmp_path: Path, key:
         f"{path}:2 [id=d2]: metadata key {key!r} must be spelt exactly {intended!r} (a misspelt security key is refused, never ignored)"
     ]
     with pytest.raises(CorpusError):
-        register_revision(tmp_path / "reg", "k1", path, "beir")
+        register_revision(tmp_path / "reg", "k1", path, "beir", "public")
     assert list_revisions(tmp_path / "reg") == []
 
 
@@ -255,7 +255,7 @@ def test_bad_ids_are_refused_at_validation_naming_line_and_id(tmp_path: Path, na
     assert problems_of(read_beir, path) == [f"{path}:2 {rule}"]
     registry = tmp_path / "reg"
     with pytest.raises(CorpusError):
-        register_revision(registry, "k1", path, "beir")
+        register_revision(registry, "k1", path, "beir", "public")
     assert list_revisions(registry) == []
 
 
@@ -348,13 +348,13 @@ def test_failed_validation_does_not_burn_the_revision_key(tmp_path: Path):
     path.write_text(GOOD + json.dumps({"_id": "bad\nid", "text": "t"}) + "\n")
     registry = tmp_path / "reg"
     with pytest.raises(CorpusError) as info:
-        register_revision(registry, "rev-1", path, "beir")
+        register_revision(registry, "rev-1", path, "beir", "public")
     assert info.value.problems == [
         f"{path}:2 [id=bad\\x0aid]: document ID contains control character U+000A (not allowed in IDs)"
     ]
     assert not (registry / "rev-1.json").exists()
     path.write_text(GOOD + json.dumps({"_id": "bad-id", "text": "t"}) + "\n")
-    record, new = register_revision(registry, "rev-1", path, "beir")
+    record, new = register_revision(registry, "rev-1", path, "beir", "public")
     assert new and record.source_digest == bytes_digest(path.read_bytes())
     assert [r.document_id for r in read_registered_corpus(record)] == ["d1", "bad-id"]
 
@@ -382,7 +382,7 @@ def test_registration_digests_exactly_the_bytes_it_parses(tmp_path: Path, monkey
 
     monkeypatch.setattr(registry_module, "load_source", load_then_swap)
     monkeypatch.setattr(registry_module, "parse_source", lambda s: parsed.append(real_parse(s)) or parsed[-1])
-    record, _ = register_revision(tmp_path / "reg", "r1", source, fmt)
+    record, _ = register_revision(tmp_path / "reg", "r1", source, fmt, "public")
     assert record.source_digest == first_digest
     assert [(r.text, r.access_scopes) for r in parsed[-1]] == [
         ("Some text that is long enough." if fmt == "beir" else OK_TEXT, None)
@@ -403,7 +403,7 @@ def test_snapshot_read_parses_exactly_the_bytes_whose_digest_matched(tmp_path: P
     else:
         source = write_tree(tmp_path / "md", {"a.md": "---\naccess_scopes: [hr]\n---\nsecret words here\n"})
         target, swapped = source / "a.md", "swapped\n"
-    record, _ = register_revision(tmp_path / "reg", "r1", source, fmt)
+    record, _ = register_revision(tmp_path / "reg", "r1", source, fmt, "public")
     expected = [(r.document_id, r.text, r.access_scopes) for r in read_registered_corpus(record)]
     real_load = registry_module.load_source
 
@@ -427,7 +427,9 @@ def test_bad_revision_keys_are_refused_everywhere(tmp_path: Path, key: str):
     for call in (
         lambda: check_revision_key(key),
         lambda: load_revision(tmp_path / "reg", key),
-        lambda: register_revision(tmp_path / "reg", key, write_tree(tmp_path / "md", {"a.md": OK_TEXT}), "markdown"),
+        lambda: register_revision(
+            tmp_path / "reg", key, write_tree(tmp_path / "md", {"a.md": OK_TEXT}), "markdown", "public"
+        ),
     ):
         with pytest.raises(RevisionError) as info:
             call()
@@ -439,7 +441,7 @@ def test_good_revision_keys_and_hand_made_registry_files(tmp_path: Path):
     for key in ("v1", "2024-05-01.r_1", "a..b", "K" * 128):
         assert check_revision_key(key) == key
     registry = tmp_path / "reg"
-    register_revision(registry, "v1", write_tree(tmp_path / "md", {"a.md": OK_TEXT}), "markdown")
+    register_revision(registry, "v1", write_tree(tmp_path / "md", {"a.md": OK_TEXT}), "markdown", "public")
     for name in ("bad key.json", ".hidden.json", "-x.json"):
         (registry / name).write_text("{}")
     assert list_revisions(registry) == ["v1"]
@@ -474,7 +476,7 @@ def test_cli_build_of_a_symlink_only_folder_names_the_exclusion_and_registers_no
     root = tmp_path / "corpus"
     root.mkdir()
     (root / "passwd.md").symlink_to("/etc/passwd")
-    out = ragpipe("build", str(root), "--revision", "links-1", home=tmp_path)
+    out = ragpipe("build", str(root), "--revision", "links-1", "--default-scope", "public", home=tmp_path)
     assert (out.returncode, out.stdout) == (1, "")
     assert one_line(out.stderr) == (
         f"error: invalid corpus:  {root}: no Markdown or text files found (1 excluded: passwd.md: symbolic link: not followed)"
@@ -486,7 +488,7 @@ def test_cli_build_with_a_non_utf8_file_name_is_a_clear_error(tmp_path: Path):
     root = write_tree(tmp_path / "corpus", {"ok.md": OK_TEXT})
     with open(os.fsencode(root) + b"/caf\xe9.md", "wb") as fh:
         fh.write(OK_TEXT.encode())
-    out = ragpipe("build", str(root), "--revision", "names-1", home=tmp_path)
+    out = ragpipe("build", str(root), "--revision", "names-1", "--default-scope", "public", home=tmp_path)
     assert (out.returncode, out.stdout) == (1, "")
     assert one_line(out.stderr) == f"error: invalid corpus:  {root}/caf\\xe9.md: file name is not valid UTF-8"
     assert "Traceback" not in out.stderr

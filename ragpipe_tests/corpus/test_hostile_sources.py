@@ -74,7 +74,7 @@ def test_snapshot_stage_records_the_symlink_exclusions(hostile_folder, tmp_path:
 
     root, _ = hostile_folder
     ws, spec = Workspace(tmp_path / "home"), load_pipeline_spec()
-    register_revision(ws.registry, "links", root, "markdown")
+    register_revision(ws.registry, "links", root, "markdown", "public")
     steps.run_source_snapshot(ws, "links", spec)
     facts = steps.read_stage_record(ws, "links", "source_snapshot").facts
     assert (facts["documents"], facts["excluded"]) == (1, 3)
@@ -193,7 +193,7 @@ def test_every_entry_not_read_is_excluded_with_a_reason(tmp_path: Path):
 
 def test_a_hidden_or_other_file_added_after_registration_changes_the_digest(tmp_path: Path):
     root = write_tree(tmp_path / "corpus", {"ok.md": OK_TEXT})
-    record, _ = register_revision(tmp_path / "reg", "r1", root, "markdown")
+    record, _ = register_revision(tmp_path / "reg", "r1", root, "markdown", "public")
     for rel in (".hr.md", "notes.docx", ".cache/x.md"):
         (root / rel).parent.mkdir(exist_ok=True)
         (root / rel).write_text(HR_FRONT)

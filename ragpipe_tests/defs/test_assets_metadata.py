@@ -40,7 +40,7 @@ def built(tmp_path_factory: pytest.TempPathFactory):
     """One real run of build_revision for the handbook: (workspace, run result)."""
     root = tmp_path_factory.mktemp("meta")
     home = root / "ragpipe"
-    register_revision(home / "revisions", "hb", write_tree(root / "hb", HANDBOOK), "markdown")
+    register_revision(home / "revisions", "hb", write_tree(root / "hb", HANDBOOK), "markdown", "public")
     (root / "dagster").mkdir()
     with pytest.MonkeyPatch.context() as mp, DagsterInstance.local_temp(str(root / "dagster")) as instance:
         mp.setenv("RAGPIPE_HOME", str(home))

@@ -55,7 +55,7 @@ def sample_build(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAGPIPE_HOME", str(ws.home))
         for rev, path in (("scifact-1", SAMPLE / "rev-1.jsonl"), ("scifact-2", SAMPLE / "rev-2.jsonl")):
-            register_revision(ws.registry, rev, path, "beir")
+            register_revision(ws.registry, rev, path, "beir", "public")
             summaries[rev] = materialize_revision(rev, ws, instance=instance, spec=spec)
         yield ws, instance, spec, summaries
     instance.dispose()
@@ -144,7 +144,7 @@ def test_up_to_date_is_what_the_instance_records(tmp_path: Path, monkeypatch: py
     already published: nothing is embedded again); the next one is up to date."""
     ws = Workspace(tmp_path / "ragpipe")
     monkeypatch.setenv("RAGPIPE_HOME", str(ws.home))
-    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown")
+    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown", "public")
     summaries = []
     for name in ("first", "fresh"):
         (tmp_path / name).mkdir()
@@ -250,7 +250,7 @@ def test_a_stage_failure_is_reported_by_its_root_cause(tmp_path: Path):
     not Dagster's "Error occurred while executing op" wrapper."""
     spec = load_pipeline_spec()
     ws = Workspace(tmp_path / "ragpipe")
-    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown")
+    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown", "public")
     other = with_changes(spec, snapshot={"min_text_chars": 5})
     steps.run_source_snapshot(ws, "hb", other)
     job = build_definitions(spec, home=str(ws.home)).resolve_job_def("build_revision")
@@ -272,14 +272,14 @@ def test_cli_build_prints_the_failed_checks_description(tmp_path: Path):
     spec = load_pipeline_spec()
     corpus = write_tree(tmp_path / "hb", HANDBOOK)
     ws = Workspace(tmp_path / "ragpipe")
-    register_revision(ws.registry, "hb", corpus, "markdown")
+    register_revision(ws.registry, "hb", corpus, "markdown", "public")
     steps.run_source_snapshot(ws, "hb", spec)
     steps.run_chunks(ws, "hb", spec)
     path = read_output(ws, "hb", "chunks").path / "chunks.parquet"
     chunks = read_chunks(path)
     bad = chunks[0]
     write_chunks(path, [bad.model_copy(update={"text": bad.text.upper()}), *chunks[1:]])
-    proc = cli("build", str(corpus), "--revision", "hb", "--json", home=tmp_path)
+    proc = cli("build", str(corpus), "--revision", "hb", "--default-scope", "public", "--json", home=tmp_path)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1 and out == ""
     assert err.startswith("error: ")  # --json: no progress lines, no Dagster event stream
@@ -295,7 +295,19 @@ def test_cli_build_prints_the_failed_checks_description(tmp_path: Path):
 def test_two_cli_builds_of_one_revision_at_once(tmp_path: Path):
     """Fresh RAGPIPE_HOME and DAGSTER_HOME: one build builds, the other waits and reports the same
     bundle as up to date; no traceback."""
-    procs = [cli("build", str(SAMPLE / "rev-1.jsonl"), "--revision", "s1", "--json", home=tmp_path) for _ in range(2)]
+    procs = [
+        cli(
+            "build",
+            str(SAMPLE / "rev-1.jsonl"),
+            "--revision",
+            "s1",
+            "--default-scope",
+            "public",
+            "--json",
+            home=tmp_path,
+        )
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=900) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in results]
     assert not any("Traceback" in err for _, err in results)
@@ -360,7 +372,15 @@ def test_a_sigkilled_build_is_reaped_by_the_next_build(tmp_path: Path, monkeypat
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join((SAMPLE / "rev-1.jsonl").read_text().splitlines(keepends=True)[:30]))
     env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "ragpipe"), "DAGSTER_HOME": str(tmp_path / "dagster")}
-    command = [str(REPO / ".venv" / "bin" / "ragpipe"), "build", str(corpus), "--revision", "k1"]
+    command = [
+        str(REPO / ".venv" / "bin" / "ragpipe"),
+        "build",
+        str(corpus),
+        "--revision",
+        "k1",
+        "--default-scope",
+        "public",
+    ]
     first = subprocess.Popen(
         command, env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -107,8 +107,9 @@ def test_a_malformed_source_stops_no_other_and_nothing_is_lost(env, tmp_path: Pa
     sources = tmp_path / "two.yaml"
     sources.write_text(
         "schema: ragpipe.sources/v1\nsources:\n"
-        "  - {name: sci, path: src/corpus.jsonl, format: beir}\n"
-        "  - {name: broken, path: src/bad.jsonl, format: beir}\n"
+        "  - {name: sci, path: src/corpus.jsonl, format: beir, default_scope: public}\n"
+        "  - {name: broken, path: src/bad.jsonl, format: beir, default_scope: public}\n"
+        "  - {name: unscoped, path: src/corpus.jsonl, format: beir}\n"
     )
     monkeypatch.setenv("RAGPIPE_SOURCES", str(sources))
     rev1 = f"sci-20261130-{source_digest(corpus, 'beir').split(':')[1][:8]}"
@@ -125,6 +126,11 @@ def test_a_malformed_source_stops_no_other_and_nothing_is_lost(env, tmp_path: Pa
     assert done.run_requests == []
     assert done.skip_message.startswith(
         f"sci: unchanged since revision {rev1}; broken: cannot snapshot: invalid corpus: {bad}:2: malformed JSON"
+    )
+    # a source with no default scope and documents that declare none is refused, never made public
+    assert (
+        f"; unscoped: cannot snapshot: {corpus.resolve()}: 300 documents declare no access_scopes: "
+        in done.skip_message
     )
 
 

@@ -67,7 +67,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory):
         env.setenv("RAGPIPE_HOME", str(ws.home))
         defs = build_definitions()
         for rev, path in (("scifact-1", SAMPLE / "rev-1.jsonl"), ("scifact-2", SAMPLE / "rev-2.jsonl")):
-            register_revision(ws.registry, rev, path, "beir")
+            register_revision(ws.registry, rev, path, "beir", "public")
             summaries[rev] = materialize_revision(rev, ws, instance=instance, spec=spec)
             if rev == "scifact-1":
                 config = {

@@ -75,7 +75,7 @@ def attempt_tags(n: int) -> dict[str, str]:
 
 
 def register(home: Path, revision: str, corpus: Path) -> None:
-    register_revision(home / "revisions", revision, corpus, "markdown")
+    register_revision(home / "revisions", revision, corpus, "markdown", "public")
 
 
 def test_new_revision_is_requested_once_and_recorded_in_the_cursor(env, tmp_path: Path):

@@ -57,7 +57,7 @@ def ui_job_snapshot_id(instance: DagsterInstance) -> str:
 def test_cli_run_has_workspace_origin(tmp_path: Path):
     env = homes(tmp_path)
     corpus = write_tree(tmp_path / "hb-src", HANDBOOK)
-    out = ragpipe("build", str(corpus), "--revision", "hb", "--json", env=env)
+    out = ragpipe("build", str(corpus), "--revision", "hb", "--default-scope", "public", "--json", env=env)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["launched"] == "in_process"
@@ -272,7 +272,7 @@ def test_queue_launch_follows_the_daemons_run(tmp_path: Path):
     try:
         with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
             wait_daemons(instance, ("QUEUED_RUN_COORDINATOR",), timeout=120)
-        out = ragpipe("build", str(corpus), "--revision", "hb", env=env)
+        out = ragpipe("build", str(corpus), "--revision", "hb", "--default-scope", "public", env=env)
     finally:
         daemon.stop()
     assert out.returncode == 0, out.stderr + daemon.log_tail()

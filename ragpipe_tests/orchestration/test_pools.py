@@ -53,7 +53,7 @@ def test_two_runs_of_one_partition_take_turns_per_pool(tmp_path: Path, monkeypat
     home, dagster_home = tmp_path / "home", tmp_path / "dagster"
     dagster_home.mkdir()
     shutil.copy(REPO / "dagster.yaml", dagster_home / "dagster.yaml")
-    register_revision(home / "revisions", "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown")
+    register_revision(home / "revisions", "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown", "public")
     monkeypatch.setenv("RAGPIPE_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
     instance = DagsterInstance.get()

@@ -138,7 +138,7 @@ def builds(stack: Stack) -> dict[str, dict]:
     """``ragpipe build --json`` of both sample revisions, in order, while the daemon is live."""
     summaries = {}
     for rev, path in REVISIONS.items():
-        out = ragpipe_cli(stack, "build", str(path), "--revision", rev, "--json")
+        out = ragpipe_cli(stack, "build", str(path), "--revision", rev, "--default-scope", "public", "--json")
         assert out.returncode == 0, f"{out.stderr}\n--- daemon log ---\n{stack.daemon.log_tail(80)}"
         summaries[rev] = json.loads(out.stdout)
     return summaries

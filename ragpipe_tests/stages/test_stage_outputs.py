@@ -55,7 +55,7 @@ def pointer(ws: Workspace, stage: str, revision: str = "hb") -> StageRecord:
 def early_workspace(home: Path, corpus: Path, spec: PipelineSpec) -> Workspace:
     """Revision 'hb' of the handbook through snapshot, chunks and representations (no embedder)."""
     ws = Workspace(home)
-    register_revision(ws.registry, "hb", corpus, "markdown")
+    register_revision(ws.registry, "hb", corpus, "markdown", "public")
     for run in EARLY:
         run(ws, "hb", spec)
     return ws
@@ -320,7 +320,7 @@ def test_racing_stage_materializations_and_a_reader(tmp_path: Path):
     with ctx.Manager() as manager:
         for round_ in range(3):
             ws = Workspace(tmp_path / f"home-{round_}")
-            register_revision(ws.registry, "hb", corpus, "markdown")
+            register_revision(ws.registry, "hb", corpus, "markdown", "public")
             barrier, done, lock = manager.Barrier(2), manager.Value("i", 0), manager.Lock()
             home = str(ws.home)
             out = run_concurrently(
@@ -378,7 +378,7 @@ def test_racing_dagster_runs_of_one_partition_and_a_reader(tmp_path: Path):
     every stage pointer: both runs succeed, no read fails, and each stage holds exactly one version
     folder per distinct output the runs reported."""
     ws = Workspace(tmp_path / "home")
-    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown")
+    register_revision(ws.registry, "hb", write_tree(tmp_path / "hb", HANDBOOK), "markdown", "public")
     ctx = multiprocessing.get_context("spawn")
     home = str(ws.home)
     with ctx.Manager() as manager:
