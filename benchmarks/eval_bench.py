@@ -1,21 +1,22 @@
 """Evaluation-run benchmark on a SciFact bundle: overhead of custody, bytes per cell, resume.
 
     python -m benchmarks.eval_bench --bundle PATH [--scifact ../shared/datasets/scifact]
-        [--mode hybrid] [--k 1000] [--warmup 30] [--out DIR] [--limit N]
+        [--mode hybrid] [--k 1000] [--warmup 30] [--out DIR] [--limit N] [--rounds 3]
 
 In one process, one ``Retriever`` (query embedder loaded, warmed up on ``--warmup`` claims):
 
 * ``bare``: the suite's queries as plain ``Retriever.query(text, k, mode)`` calls, timed in total,
   under the collector setting the runner's cells run under (``runner.long_lived_heap_frozen``),
-  once before and once after the evaluation run;
+  before, between and after the ``--rounds`` evaluation runs (default 3);
 * ``eval``: ``run_evaluation`` of the same suite (SciFact test, imported from the BEIR folder),
   timed from folder creation to the written report — kept rankings, scoring through ir_measures,
-  Parquet traces, fsynced group commits and head rewrites included; ``ratio`` eval / the mean of
-  the two bare runs (target <= 1.15) — a drift in machine load shows as a spread between them;
+  Parquet traces, fsynced group commits and head rewrites included; ``ratios`` each run / the mean
+  of the bare runs either side of it, ``ratio`` their median (target <= 1.15);
 * per-cell profile of that run (``profile_ms_per_cell``): the time inside ``Retriever.query``
   (rankings kept for the trace), the trace table, the group's Parquet write with its fsyncs, the
   ledger's group appends (fsynced, head rewritten), the metrics; ``overhead`` is the run's wall time minus its
-  query time, per cell — the evaluation's own cost; ``other`` what those figures do not explain;
+  query time, per cell — the evaluation's own cost; ``other`` what those figures do not explain
+  (negative when the Parquet write, on the runner's writer thread, overlaps the queries);
   ``gc`` is the garbage collector's pauses, wherever they fell;
 * bytes: ledger and traces of the run, per cell;
 * resume: a second run killed (an exception from its progress hook, after the cell's records
@@ -34,8 +35,10 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -140,6 +143,7 @@ def main() -> None:
     ap.add_argument(
         "--out", type=Path, default=None, help="where to put the run folders (default: a temp dir, removed)"
     )
+    ap.add_argument("--rounds", type=int, default=3, help="evaluation runs, each between two bare runs (default 3)")
     args = ap.parse_args()
     suite, plan, retriever, spec = scifact_evaluation(args)
     texts = [c.query for c in suite.cases]
@@ -157,24 +161,29 @@ def main() -> None:
                 retriever.query(text, Subject.default(), k=args.k, mode=args.mode)
             return time.perf_counter() - started
 
-    # Bare queries before and after the run: their mean is the ratio's denominator, so a drift in
-    # machine load during the benchmark shows as a spread between the two, not as a bias.
-    bare_before = bare_run()
-    with profiled(retriever) as seconds:
-        started = time.perf_counter()
-        result = run_evaluation(spec, work / "run", retriever_factory=lambda _: retriever)
-        evaluation = time.perf_counter() - started
-    bare_after = bare_run()
-    bare = (bare_before + bare_after) / 2
+    # Rounds alternate: bare, eval, bare, eval, ..., bare. Each run's ratio is its time over the
+    # mean of the bare runs either side of it, so a drift in machine speed during the benchmark
+    # (this VM's bare time drifts by up to 30 % over a minute) shows as a spread between rounds,
+    # not as a bias; the reported ratio is their median.
+    bares, evaluations, seconds = [bare_run()], [], Counter()
+    for i in range(args.rounds):
+        with profiled(retriever) as measured:
+            started = time.perf_counter()
+            result = run_evaluation(spec, work / f"run-{i + 1}", retriever_factory=lambda _: retriever)
+            evaluations.append(time.perf_counter() - started)
+        seconds.update(measured)
+        bares.append(bare_run())
+    ratios = [e / ((bares[i] + bares[i + 1]) / 2) for i, e in enumerate(evaluations)]
+    evaluation, bare = statistics.mean(evaluations), statistics.mean(bares)
     cells = result.report["cells"]["expected"]
-    profile = {label: round(s * 1000 / cells, 2) for label, s in seconds.items()}
-    profile["overhead"] = round((evaluation - seconds["query"]) * 1000 / cells, 2)
+    profile = {label: round(s * 1000 / (cells * args.rounds), 2) for label, s in seconds.items()}
+    profile["overhead"] = round((evaluation - seconds["query"] / args.rounds) * 1000 / cells, 2)
     # gc pauses fall inside the other figures (mostly the query), so they are not subtracted
     profile["other"] = round(
         profile["overhead"] - sum(v for k, v in profile.items() if k not in ("query", "overhead", "gc")), 2
     )
-    ledger_bytes = (work / "run" / LEDGER).stat().st_size
-    trace_bytes = tree_bytes(work / "run" / "traces")
+    ledger_bytes = (work / "run-1" / LEDGER).stat().st_size
+    trace_bytes = tree_bytes(work / "run-1" / "traces")
 
     half = cells // 2
 
@@ -205,9 +214,10 @@ def main() -> None:
                 "k": args.k,
                 "cases": len(suite.cases),
                 "cells": cells,
-                "bare_query_s": {"before": round(bare_before, 3), "after": round(bare_after, 3)},
-                "eval_s": round(evaluation, 3),
-                "ratio": round(evaluation / bare, 3),
+                "bare_query_s": [round(b, 3) for b in bares],
+                "eval_s": [round(e, 3) for e in evaluations],
+                "ratios": [round(r, 3) for r in ratios],
+                "ratio": round(statistics.median(ratios), 3),
                 "bare_query_ms_per_cell": round(bare * 1000 / len(texts), 2),
                 "profile_ms_per_cell": profile,
                 "load_average": {

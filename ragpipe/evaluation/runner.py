@@ -13,10 +13,10 @@ digest, its ID and its build figures (``bundle_binding``), which the gate's cost
 is published atomically holding its inputs and first records, so a run folder without its inputs
 never exists. Cells run in expected order, in groups of ``cells_per_commit`` (a group commit):
 the group's ``CellStarted`` records are appended with one fsync, its cells executed, their traces
-published as one file (``traces.write_traces``), then their closing records appended with one
-fsync. A crash at any point leaves each cell of the group closed or not (never half-closed): the
-closing records are a prefix of the group's, and a cell whose record is not durable is simply run
-again on resume. When none is missing, ``RunCompleted`` is appended and the reports are written.
+published as one file (``traces.write_traces``, on a writer thread while the next group runs),
+then their closing records appended with one fsync, after the next group's starts. A crash at any
+point leaves each cell closed or not (never half-closed): the closing records are a prefix of the
+group's, and a cell whose record is not durable is simply run again on resume (at most two groups). When none is missing, ``RunCompleted`` is appended and the reports are written.
 A closed cell is never rerun. The group size is operational: it changes where records and rows
 are stored, never what they say.
 """
@@ -28,6 +28,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,7 @@ from ragpipe.retrieval.retriever import Retriever
 RetrieverFactory = Callable[[EvaluationSpec], Retriever]
 Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, cell just closed)
 # Cells closed by one group commit: 32 puts the commit's fsyncs and file publication below 1 % of a
-# k = 1000 SciFact cell (docs/benchmarks.md, "Group commit") and loses at most 32 cells' work to a crash.
+# k = 1000 SciFact cell (docs/benchmarks.md, "Group commit"); a crash loses at most two groups' work.
 CELLS_PER_COMMIT = 32
 
 
@@ -199,6 +200,33 @@ def _referenced(state: RunState) -> set[str]:
     return {str(p["trace"]["file"]) for p in state.terminal.values() if "trace" in p}
 
 
+@dataclass(frozen=True)
+class _Written:
+    """A group whose trace file a writer thread is publishing; its cells close once it is durable."""
+
+    group: Sequence[CellKey]
+    runs: Sequence[CellRun]
+    refs: Future[list[dict[str, Any]]] | None  # None: no cell of the group has a trace
+
+
+def _publish(
+    writer: ThreadPoolExecutor, run: Path, ledger: Ledger, name: str, group: Sequence[CellKey], runs: Sequence[CellRun]
+) -> _Written:
+    """Hand the group's trace file to ``writer``. A group's first cell is not closed, so no closed
+    cell's rows can be in a file of its name (a file of a group none of whose cells closed is
+    replaced); checked, as replacing it would lose them."""
+    if name in _referenced(ledger.state):
+        raise RunError(f"{run / name}: holds rows of closed cells; it is not replaced")
+    traced = [(r.rows, r.described) for r in runs if r.rows is not None]
+    return _Written(group, runs, writer.submit(write_traces, run, name, traced) if traced else None)
+
+
+def _close(ledger: Ledger, written: _Written) -> None:
+    """Wait until the group's trace file is durable, then append its closing records (one fsync)."""
+    refs = written.refs.result() if written.refs is not None else []
+    ledger.append_group(_closing(written.runs, refs))
+
+
 def _execute_cells(
     run: Path,
     ledger: Ledger,
@@ -207,27 +235,36 @@ def _execute_cells(
     on_progress: Progress | None,
     cells_per_commit: int,
 ) -> EvaluationResult:
+    """Run the missing cells group by group. A group's trace file is encoded, written and fsynced
+    by a second thread while this one runs the next group's queries (Parquet encoding, zstd and
+    fsync release the GIL); its closing records follow the next group's ``CellStarted`` records,
+    appended here, so the ledger keeps one writer and one order: starts of group n + 1, then the
+    closes of group n. A crash therefore loses at most two groups' work, never a closed cell."""
     state = ledger.state
     cases = spec.suite.by_id()
     position = {key: i for i, key in enumerate(state.expected, start=1)}
     done, missing = len(state.terminal), state.missing()
-    for start in range(0, len(missing), cells_per_commit):
-        group = missing[start : start + cells_per_commit]
-        ledger.append_group([("CellStarted", {"cell": cell_dict(key)}) for key in group])
-        runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
-        score_group(runs, cases, spec.body)
-        traced = [(r.rows, r.described) for r in runs if r.rows is not None]
-        name = trace_name(position[group[0]])
-        # A group's first cell is not closed, so no closed cell's rows can be in a file of its name
-        # (a file of a group none of whose cells closed is replaced); checked, as it would lose them.
-        if name in _referenced(ledger.state):
-            raise RunError(f"{run / name}: holds rows of closed cells; it is not replaced")
-        refs = write_traces(run, name, traced) if traced else []
-        ledger.append_group(_closing(runs, refs))
-        for key in group:
+
+    def closed(written: _Written) -> None:
+        nonlocal done
+        _close(ledger, written)
+        for key in written.group:
             done += 1
             if on_progress is not None:
                 on_progress(done, len(state.expected), key)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragpipe-traces") as writer:
+        pending: _Written | None = None
+        for start in range(0, len(missing), cells_per_commit):
+            group = missing[start : start + cells_per_commit]
+            ledger.append_group([("CellStarted", {"cell": cell_dict(key)}) for key in group])
+            runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
+            score_group(runs, cases, spec.body)
+            if pending is not None:
+                closed(pending)
+            pending = _publish(writer, run, ledger, trace_name(position[group[0]]), group, runs)
+        if pending is not None:
+            closed(pending)
     final = ledger.state
     failed = sum(1 for p in final.terminal.values() if p["outcome"] in ("failure", "cancelled"))
     ledger.append(

@@ -240,7 +240,7 @@ class TraceReader:
                 )
             if not schema.remove_metadata().equals(HIT_SCHEMA):
                 raise TraceError(f"{where}: trace {path}: its columns are not the trace schema")
-            table = parquet.read(columns=self.columns)
+            table = parquet.read(columns=self.columns, use_threads=False)
         except (pa.ArrowException, ValueError, RecursionError) as exc:
             if isinstance(exc, TraceError):
                 raise
@@ -255,7 +255,7 @@ class TraceReader:
             raise TraceError(f"{where}: trace {path}: column {nulls[0]!r} has nulls")
         # How many rows name each cell: a record must name all of its cell's rows, so no row that
         # counts against it (a disclosure, a better hit) can sit beside the range it names.
-        counted = table.group_by(list(CELL_COLUMNS)).aggregate([([], "count_all")])
+        counted = table.group_by(list(CELL_COLUMNS), use_threads=False).aggregate([([], "count_all")])
         counts = {tuple(row[c] for c in CELL_COLUMNS): row["count_all"] for row in counted.to_pylist()}
         return table, cells, counts
 

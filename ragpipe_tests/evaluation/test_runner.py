@@ -22,12 +22,15 @@ from ragpipe_tests.support.eval_support import EVALUABLE, FORBIDDEN, SUITE_CASES
 
 
 def grouped(cells: int, size: int) -> list[str]:
-    """The record kinds of ``cells`` cells closed ``size`` at a time."""
+    """The record kinds of ``cells`` cells run ``size`` at a time: a group's closing records follow
+    the next group's starts (its trace file is written while the next group runs)."""
+    sizes = [min(size, cells - start) for start in range(0, cells, size)]
     kinds: list[str] = []
-    for start in range(0, cells, size):
-        n = min(size, cells - start)
-        kinds += ["CellStarted"] * n + ["CellCompleted"] * n
-    return kinds
+    for i, n in enumerate(sizes):
+        kinds += ["CellStarted"] * n
+        if i:
+            kinds += ["CellCompleted"] * sizes[i - 1]
+    return kinds + ["CellCompleted"] * sizes[-1] if sizes else kinds
 
 
 @pytest.fixture(scope="module")
