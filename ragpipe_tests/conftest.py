@@ -62,7 +62,9 @@ def handbook(tmp_path: Path) -> Path:
     return write_tree(tmp_path / "handbook", HANDBOOK)
 
 
-def build_all_stages(home: Path, revision: str, corpus: Path, fmt: str, default_scope: str = "public", spec=None):
+def build_all_stages(
+    home: Path, revision: str, corpus: Path, fmt: str, default_scope: str | None = "public", spec=None
+):
     """Register ``corpus`` and run every stage (plain functions, no Dagster); returns (ws, spec, bundle path)."""
     from ragpipe.corpus.registry import register_revision
     from ragpipe.kernel.workspace import Workspace

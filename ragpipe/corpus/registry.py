@@ -81,9 +81,13 @@ def register_revision(
 ) -> tuple[RevisionRecord, bool]:
     """Validate and register a revision. Returns (record, newly_registered).
 
-    ``default_scope`` is the scope of documents that declare none; None (no default) refuses a
-    corpus with such documents, naming them, before anything is written."""
+    ``default_scope`` is the scope of documents that declare none; None (none given) refuses a
+    corpus with such documents, naming them, before anything is written — unless ``revision`` is
+    registered already: then its recorded default applies (building a registered revision again
+    needs no flag; the record, not a guess, says what its default is)."""
     path = _record_path(registry, revision)
+    if default_scope is None and path.exists():
+        default_scope = load_revision(registry, revision).default_scope
     if default_scope is not None and not SCOPE_PATTERN.match(default_scope):
         raise RevisionError(f"invalid default scope {default_scope!r}")
     source = source.resolve()
@@ -112,7 +116,8 @@ def register_revision(
     if existing != record:
         raise RevisionError(
             f"revision {revision!r} is already registered with different content "
-            f"(source {existing.source_path}, digest {existing.source_digest}, scope {existing.default_scope}); "
+            f"(source {existing.source_path}, digest {existing.source_digest}, "
+            f"{'no default scope' if existing.default_scope is None else 'default scope ' + existing.default_scope}); "
             "revision keys name immutable revisions: register the new content under a new key"
         )
     return record, False

@@ -27,6 +27,18 @@ DOCUMENTS_SCHEMA = pa.schema(
 )
 
 
+def _scopes_of(rec: SourceRecord, default_scope: str | None) -> tuple[str, ...]:
+    """The record's declared scopes, or the default (``unscoped_refusal`` has made sure there is
+    one); an empty declaration is no declaration, and never becomes the default."""
+    if rec.access_scopes is not None:
+        if not rec.access_scopes:
+            raise CorpusError([f"{rec.location} [id={rec.document_id}]: access_scopes is empty"])
+        return rec.access_scopes
+    if default_scope is None:
+        raise CorpusError([f"{rec.location} [id={rec.document_id}]: no access_scopes and no default scope"])
+    return (default_scope,)
+
+
 def build_snapshot(
     records: list[SourceRecord], revision: str, default_scope: str | None, spec: SnapshotSpec
 ) -> tuple[list[Document], SnapshotSummary]:
@@ -57,7 +69,7 @@ def build_snapshot(
                 title=rec.title,
                 text=rec.text,
                 content_digest=ContentDigest(bytes_digest(rec.text.encode("utf-8"))),
-                access_scopes=rec.access_scopes or (str(default_scope),),
+                access_scopes=_scopes_of(rec, default_scope),
                 source_role=rec.source_role,
             )
         )

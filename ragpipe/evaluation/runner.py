@@ -227,6 +227,16 @@ def _close(ledger: Ledger, written: _Written) -> None:
     ledger.append_group(_closing(written.runs, refs))
 
 
+def _salvage(ledger: Ledger, written: _Written, error: BaseException) -> None:
+    """Close ``written`` while ``error`` stops the run, once its trace file is durable: its cells
+    are done, and an interruption elsewhere (never inside a ledger append) must not cost them. A
+    write that failed too is noted on ``error``, not lost."""
+    try:
+        _close(ledger, written)
+    except Exception as also:
+        error.add_note(f"the trace file of the group before could not be written either: {also}")
+
+
 def _execute_cells(
     run: Path,
     ledger: Ledger,
@@ -257,9 +267,16 @@ def _execute_cells(
         pending: _Written | None = None
         for start in range(0, len(missing), cells_per_commit):
             group = missing[start : start + cells_per_commit]
+            if pending is not None and pending.refs is not None and pending.refs.done():
+                pending.refs.result()  # a failed write stops the run before another group starts
             ledger.append_group([("CellStarted", {"cell": cell_dict(key)}) for key in group])
-            runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
-            score_group(runs, cases, spec.body)
+            try:
+                runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
+                score_group(runs, cases, spec.body)
+            except BaseException as exc:  # an interrupt, a cancelled run: keep what is on disk
+                if pending is not None:
+                    _salvage(ledger, pending, exc)
+                raise
             if pending is not None:
                 closed(pending)
             pending = _publish(writer, run, ledger, trace_name(position[group[0]]), group, runs)

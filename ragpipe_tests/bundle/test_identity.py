@@ -81,3 +81,29 @@ def test_bundle_id_is_independent_of_batch_size_threads_and_cache_state(tmp_path
     assert np.abs(vectors(builds["cold batch 1, 1 thread"]) - cold).max() < 1e-5
     # nothing operational is recorded in the semantic section
     assert "execution" not in json.dumps(m_cold.semantic.model_dump(mode="json"))
+
+
+def test_a_corpus_without_a_default_scope_builds_and_verifies_recording_none(tmp_path: Path):
+    """Every document declares its scopes: no default is needed, and "none" is what the revision,
+    the snapshot's facts and the bundle record — another corpus digest than the same bytes with one."""
+    from ragpipe.corpus.registry import load_revision
+    from ragpipe.stages.steps import read_stage_record
+
+    scoped = [
+        {
+            "_id": f"d{i}",
+            "title": f"T{i}",
+            "text": f"aspirin stroke text number {i}",
+            "metadata": {"access_scopes": ["staff"]},
+        }
+        for i in range(4)
+    ]
+    corpus = write_beir(tmp_path / "c.jsonl", scoped)
+    ws, _, none = build_all_stages(tmp_path / "none", "r1", corpus, "beir", default_scope=None)
+    _, _, public = build_all_stages(tmp_path / "public", "r1", corpus, "beir", default_scope="public")
+    assert load_revision(ws.registry, "r1").default_scope is None
+    assert read_stage_record(ws, "r1", "source_snapshot").facts["default_scope"] is None
+    opened, other = open_bundle(none), open_bundle(public)
+    assert opened.manifest.semantic.default_scope is None and other.manifest.semantic.default_scope == "public"
+    assert opened.manifest.semantic.corpus_digest != other.manifest.semantic.corpus_digest
+    assert opened.manifest.bundle_id != other.manifest.bundle_id

@@ -10,6 +10,7 @@ import pytest
 
 from ragpipe.corpus.connectors import read_beir, read_markdown_folder, source_digest
 from ragpipe.corpus.normalize import CorpusError
+from ragpipe.corpus.records import SourceRecord
 from ragpipe.corpus.registry import RevisionError, list_revisions, read_registered_corpus, register_revision
 from ragpipe.corpus.snapshot import build_snapshot
 from ragpipe.spec import SnapshotSpec
@@ -148,7 +149,10 @@ def test_no_default_scope_refuses_unscoped_documents_naming_them(tmp_path: Path,
         "'notes/short.md' (notes/short.md), 'notes/ünïcode.txt' (notes/ünïcode.txt); declare them, or give the "
         "revision a default scope (ragpipe build --default-scope SCOPE, default_scope in the sources file)"
     )
-    assert list_revisions(registry) == [] and not registry.exists()
+    assert not registry.exists()
+    # a registered revision is built again without the flag: its recorded default applies
+    record, _ = register_revision(registry, "v0", handbook, "markdown", "staff")
+    assert register_revision(registry, "v0", handbook, "markdown", None) == (record, False)
     # a fourth unscoped document is counted, not listed
     (handbook / "guide" / "more.md").write_text("# More\n\nAnother document without a scope.\n")
     with pytest.raises(
@@ -170,8 +174,14 @@ def test_a_corpus_whose_documents_all_declare_scopes_needs_no_default(tmp_path: 
     # "no default" is recorded: it is another revision than the same bytes with a default
     _, public = build_snapshot(read_registered_corpus(record), "v1", "public", SnapshotSpec(min_text_chars=1))
     assert public.corpus_digest != summary.corpus_digest
-    with pytest.raises(RevisionError, match="already registered with different content"):
+    with pytest.raises(RevisionError, match=r"already registered with different content \(.*, no default scope\)"):
         register_revision(tmp_path / "reg", "v1", scoped, "markdown", "public")
+
+
+def test_an_empty_scope_declaration_never_becomes_the_default():
+    empty = SourceRecord("d1", "T", "Some text that is long enough.", (), "primary", "c.jsonl:1")
+    with pytest.raises(CorpusError, match=r"c.jsonl:1 \[id=d1\]: access_scopes is empty"):
+        build_snapshot([empty], "r1", "public", SnapshotSpec(min_text_chars=1))
 
 
 def test_registration_is_immutable(tmp_path: Path, handbook: Path):

@@ -82,11 +82,11 @@ runner.run_evaluation(spec, run, retriever_factory=lambda _: retriever, cells_pe
 # cells whose CellStarted records may be durable. A group closes after the next group's cells ran
 # (its trace file is written meanwhile, on the runner's writer thread), so a kill inside group 2
 # finds group 1 unclosed; a kill on the writer thread right after group 2's file finds group 3's
-# starts appended or not, as the main thread had got there or not.
+# starts appended, not, or cut inside their write, as the main thread had got there or not.
 AFTER = {
     "started": (0, False, {8}),
     "ran": (0, False, {8}),
-    "traced": (4, True, {8, 12}),
+    "traced": (4, True, set(range(8, 13))),  # group 3's starts may be cut mid-write: a torn tail
     "unheaded": (8, True, {12}),
     "closed": (8, True, {12}),
 }
@@ -129,6 +129,73 @@ def test_sigkill_at_each_step_of_a_group_commit_then_resume(eval_bundle, clean, 
     assert done.status == "completed" and set(closes.values()) == {1} and len(closes) == len(done.expected)
     # exactly the cells started but not closed before the kill ran again
     assert [k for k in done.expected if done.starts[k] == 2] == [k for k in started if k not in state.terminal]
+    assert {k: p["metrics"] for k, p in done.terminal.items()} == {
+        k: p["metrics"] for k, p in expected_state.terminal.items()
+    }
+
+
+def test_a_failed_trace_write_stops_the_run_and_closes_nothing_of_its_group(
+    eval_bundle,  # noqa: F811
+    clean,
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The writer thread's error reaches the caller; the group it was writing stays unclosed."""
+    from ragpipe.evaluation import runner
+
+    bundle, suite = eval_bundle
+    _, retriever = clean
+    spec = EvaluationSpec.build(load_suite(suite), load_plan(), bundle, retriever.bundle_id, k=20)
+    write_traces, calls = runner.write_traces, []
+
+    def failing(*args):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return write_traces(*args)
+
+    monkeypatch.setattr(runner, "write_traces", failing)
+    with pytest.raises(OSError, match="No space left on device"):
+        run_evaluation(spec, tmp_path / "run", retriever_factory=lambda _: retriever, cells_per_commit=PER_COMMIT)
+    state = reduce_records(read_ledger(tmp_path / "run").records)
+    assert calls == ["traces/cells-000001.parquet", "traces/cells-000005.parquet"]
+    assert sorted(state.terminal, key=state.expected.index) == list(state.expected[:PER_COMMIT])
+    assert not (tmp_path / "run" / "traces" / "cells-000005.parquet").exists()
+
+
+def test_an_interrupt_while_a_group_runs_closes_the_group_whose_file_is_written(
+    eval_bundle,  # noqa: F811
+    clean,
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """KeyboardInterrupt (or a cancelled run) inside the second group: the first group's trace file
+    is durable, so its cells are closed before the interrupt propagates; a resume runs the rest."""
+    from ragpipe.evaluation import runner
+
+    bundle, suite = eval_bundle
+    expected_state, retriever = clean
+    spec = EvaluationSpec.build(load_suite(suite), load_plan(), bundle, retriever.bundle_id, k=20)
+    score_group, groups = runner.score_group, []
+
+    def interrupted(*args):
+        groups.append(len(args[0]))
+        if len(groups) == 2:
+            raise KeyboardInterrupt
+        return score_group(*args)
+
+    monkeypatch.setattr(runner, "score_group", interrupted)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(spec, run, retriever_factory=lambda _: retriever, cells_per_commit=PER_COMMIT)
+    state = reduce_records(read_ledger(run).records)
+    assert sorted(state.terminal, key=state.expected.index) == list(state.expected[:PER_COMMIT])
+    assert {p["trace"]["file"] for p in state.terminal.values()} == {"traces/cells-000001.parquet"}
+    assert sum(state.starts.values()) == 2 * PER_COMMIT
+    monkeypatch.setattr(runner, "score_group", score_group)
+    resume_evaluation(run, retriever_factory=lambda _: retriever, cells_per_commit=PER_COMMIT)
+    done = reduce_records(read_ledger(run).records)
+    assert [k for k in done.expected if done.starts[k] == 2] == list(state.expected[PER_COMMIT : 2 * PER_COMMIT])
     assert {k: p["metrics"] for k, p in done.terminal.items()} == {
         k: p["metrics"] for k, p in expected_state.terminal.items()
     }
