@@ -14,6 +14,8 @@ Everything about records, the chain, recovery and the head file is ``ragpipe.ker
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,24 @@ def read_ledger(folder: Path) -> LedgerRead:
     return kernel.read_ledger(folder / LEDGER, DOMAIN, MISSING)
 
 
+def _exclusive(path: Path) -> int:
+    """A descriptor of ``path`` holding its exclusive ``flock`` (-1 when there is no such file);
+    ``LedgerError`` if another process (or another open ledger of this process) holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1  # nothing to guard: reading the folder names what is missing
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LedgerError(
+            f"{path}: another process is writing this run (an evaluation or a resume of it); "
+            "wait for it to end, then resume"
+        ) from None
+    return fd
+
+
 def _step(state: RunState, record: Record) -> RunState:
     return apply(state, record.kind, record.payload)
 
@@ -80,6 +100,7 @@ class Ledger(kernel.Ledger):
     a ledger the reducer refuses is left as it was."""
 
     state: RunState = initial_state()
+    _held: int = -1  # the descriptor holding the writer's lock (``open``)
 
     @classmethod
     def create(cls, folder: Path) -> Ledger:  # type: ignore[override]
@@ -88,11 +109,27 @@ class Ledger(kernel.Ledger):
 
     @classmethod
     def open(cls, folder: Path) -> Ledger:  # type: ignore[override]
-        """The ledger of the run folder ``folder``, verified, reduced, then recovered."""
-        state = reduce_records(read_ledger(folder).records, str(folder / LEDGER))
-        ledger = super().open(folder / LEDGER, DOMAIN, missing=MISSING)
+        """The ledger of the run folder ``folder``, verified, reduced, then recovered — by this
+        writer alone: an exclusive ``flock`` on the ledger file, taken before recovery and held
+        until ``close``, refuses a second writer (two ``ragpipe eval --resume`` of one folder would
+        each truncate, append and run the same cells). A killed holder's lock vanishes with it."""
+        held = _exclusive(folder / LEDGER)
+        try:
+            state = reduce_records(read_ledger(folder).records, str(folder / LEDGER))
+            ledger = super().open(folder / LEDGER, DOMAIN, missing=MISSING)
+        except BaseException:
+            if held >= 0:
+                os.close(held)
+            raise
         ledger.state = state
+        ledger._held = held
         return ledger  # type: ignore[return-value]
+
+    def close(self) -> None:
+        super().close()
+        held, self._held = self._held, -1
+        if held >= 0:
+            os.close(held)  # releases the writer's lock
 
     @property
     def folder(self) -> Path:

@@ -290,3 +290,34 @@ def test_reducer_laws(events, data):
     assert terminal_at is None or terminal_at == len(kept) - 1
     if state.status == "completed":
         assert not state.missing()
+
+
+def test_a_second_writer_of_a_run_is_refused_until_the_first_closes(tmp_path: Path):
+    """Two resumes of one run folder would both recover, append and run the same cells: the
+    ledger's writer holds an exclusive lock, in this process or another."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    Ledger.create(folder).close()
+    holder = Ledger.open(folder)
+    with pytest.raises(LedgerError) as refused:
+        Ledger.open(folder)
+    assert str(refused.value) == (
+        f"{folder / 'ledger.jsonl'}: another process is writing this run (an evaluation or a resume of it); "
+        "wait for it to end, then resume"
+    )
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from ragpipe.evaluation.ledger import Ledger; Ledger.open(Path(sys.argv[1]))",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode == 1 and "another process is writing this run" in other.stderr
+    holder.close()
+    Ledger.open(folder).close()  # free again
