@@ -28,15 +28,13 @@ DOCUMENTS_SCHEMA = pa.schema(
 
 
 def _scopes_of(rec: SourceRecord, default_scope: str | None) -> tuple[str, ...]:
-    """The record's declared scopes, or the default (``unscoped_refusal`` has made sure there is
-    one); an empty declaration is no declaration, and never becomes the default."""
-    if rec.access_scopes is not None:
-        if not rec.access_scopes:
-            raise CorpusError([f"{rec.location} [id={rec.document_id}]: access_scopes is empty"])
-        return rec.access_scopes
-    if default_scope is None:
-        raise CorpusError([f"{rec.location} [id={rec.document_id}]: no access_scopes and no default scope"])
-    return (default_scope,)
+    """The record's declared scopes, or the default, which ``build_snapshot``'s
+    ``unscoped_refusal`` has made sure exists; an empty declaration is refused, never defaulted."""
+    if rec.access_scopes is None:
+        return (str(default_scope),)
+    if not rec.access_scopes:
+        raise CorpusError([f"{rec.location} [id={rec.document_id}]: access_scopes is empty"])
+    return rec.access_scopes
 
 
 def build_snapshot(

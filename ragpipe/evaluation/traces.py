@@ -266,10 +266,9 @@ class TraceReader:
         table, cells, counts = self._file(ref, where)
         path = self.run / str(ref["file"])
         first, rows = ref["first_row"], ref["rows"]
-        if counts.get((cell["case"], cell["repeat"], cell["arm"]), 0) != rows:
-            raise TraceError(
-                f"{where}: trace {path}: the cell has {counts.get((cell['case'], cell['repeat'], cell['arm']), 0)} rows, its record names {rows}"
-            )
+        found = counts.get((cell["case"], cell["repeat"], cell["arm"]), 0)
+        if found != rows:
+            raise TraceError(f"{where}: trace {path}: the cell has {found} rows, its record names {rows}")
         if first + rows > table.num_rows:
             raise TraceError(f"{where}: trace {path} has {table.num_rows} rows, not rows {first}..{first + rows - 1}")
         part = table.slice(first, rows)

@@ -17,8 +17,9 @@ parses). Everything else refuses with ``"<file>: record <n>: <rule>"``: an unpar
 non-canonical line before the end, a final line that parses but carries trailing bytes, a bad hash,
 a broken chain, a gap in ``seq``, and a head that disagrees with the ledger. The head may lag
 behind by the records of the last append (a crash between the ledger fsync and the head rewrite:
-one record, or a group of at most the domain's ``max_group``) and may name the record whose torn line was dropped; a head further ahead
-means complete records were lost, which is refused.
+one record, or a group of at most the domain's ``max_group``), never further, and may name the
+record whose torn line was dropped; a head further ahead means complete records were lost, which
+is refused.
 
 With a key configured (``ragpipe.kernel.seals``), the head also carries a seal over ``{hash,
 seq}`` in the ledger's domain, so the head — and through the chain every record up to it — is
