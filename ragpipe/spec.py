@@ -9,6 +9,7 @@ downstream, while the ``execution`` section (batch sizes, threads) and the ``dag
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -17,9 +18,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ragpipe.kernel.ids import SpecId, content_id
+from ragpipe.work.policy import ExecutionPolicy
 
 DEFAULT_SPEC_PATH = Path(__file__).parent / "specs" / "pipeline.yaml"
 
@@ -66,8 +79,118 @@ class ChunkerSpec(_Spec):
             )
 
 
+DERIVED_KINDS = ("raw", "title_breadcrumb")  # pure functions of the chunk: verified by re-deriving
+GeneratedKind = Literal["questions", "summary"]
+RepresentationKind = Literal["raw", "title_breadcrumb", "questions", "summary"]
+# The output contract of each generated kind: its version names the reply format and the checks a
+# reply must pass (ragpipe.representations.generate); a change to either bumps it.
+GENERATION_CONTRACTS: dict[str, str] = {"questions": "ragpipe.questions/v1", "summary": "ragpipe.summary/v1"}
+DEFAULT_PROMPTS = Path(__file__).parent / "specs" / "prompts"
+# The serialization context of a spec's identity dump: what enters its spec ID and a bundle manifest.
+SEMANTIC = {"semantic": True}
+
+
+class GeneratedKindSpec(_Spec):
+    """How one generated kind is asked for: model, prompt, parameters, output contract — all
+    semantic. The prompt enters the spec ID by the digest of its text, never by its path; a spec
+    read back from a record (a bundle manifest) carries only the digest."""
+
+    model: str = Field(min_length=1)
+    prompt: Path | None = None  # None: ragpipe/specs/prompts/<kind>.txt; never in an ID
+    prompt_text: str | None = Field(None, exclude=True, repr=False)
+    prompt_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    n: int = Field(3, ge=1, le=20)  # questions per chunk (a summary is one)
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(200, ge=1, le=32768)
+    seed: int | None = 0
+    max_chars: int = Field(300, ge=1, le=20_000)  # the longest one question or summary may be
+    contract: str
+
+
+def _with_prompt(kind: str, entry: object, base: Path) -> object:
+    """A ``generated`` entry with its prompt read and digested, its contract filled in. An entry
+    that carries a digest and no prompt is a recorded spec and is left as it is."""
+    if not isinstance(entry, Mapping):
+        return entry
+    entry = dict(entry)
+    expected = GENERATION_CONTRACTS.get(kind)
+    if expected is None:
+        return entry  # pydantic refuses the key itself
+    if entry.setdefault("contract", expected) != expected:
+        raise ValueError(f"generated.{kind}.contract: must be {expected!r}")
+    if "prompt_digest" in entry and entry.get("prompt") is None and entry.get("prompt_text") is None:
+        return entry
+    if entry.get("prompt_text") is None:
+        path = Path(entry["prompt"]) if entry.get("prompt") is not None else DEFAULT_PROMPTS / f"{kind}.txt"
+        path = path if path.is_absolute() else base / path
+        try:
+            entry["prompt_text"] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"generated.{kind}.prompt: cannot read {path}: {read_error_text(exc)}") from None
+        entry["prompt"] = path
+    digest = content_digest_of(entry["prompt_text"])
+    if entry.setdefault("prompt_digest", digest) != digest:
+        raise ValueError(f"generated.{kind}.prompt_digest: does not match the prompt's text ({digest})")
+    return entry
+
+
+def content_digest_of(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 class RepresentationSpec(_Spec):
-    kinds: tuple[Literal["raw", "title_breadcrumb"], ...] = ("raw", "title_breadcrumb")
+    """Which representation kinds a chunk gets. ``generated`` configures the generated kinds
+    (``questions``, ``summary``); only the entries of listed kinds enter the spec ID, so a spec
+    that lists ``[raw]`` has one ID whatever it keeps configured for later."""
+
+    kinds: tuple[RepresentationKind, ...] = DERIVED_KINDS
+    generated: dict[GeneratedKind, GeneratedKindSpec] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_prompts(cls, data: object, info: ValidationInfo) -> object:
+        if not isinstance(data, Mapping) or not isinstance(data.get("generated"), Mapping):
+            return data
+        base = Path((info.context or {}).get("base", Path.cwd()))
+        generated = {k: _with_prompt(k, v, base) for k, v in data["generated"].items()}
+        return {**data, "generated": generated}
+
+    @model_validator(mode="after")
+    def _kinds_configured(self) -> RepresentationSpec:
+        if not self.kinds:
+            raise ValueError("kinds: at least one kind is needed")
+        if len(set(self.kinds)) != len(self.kinds):
+            raise ValueError(f"kinds: {list(self.kinds)} lists a kind twice")
+        for kind in self.kinds:
+            if kind in GENERATION_CONTRACTS and kind not in self.generated:
+                raise ValueError(f"kinds: {kind!r} is generated: configure it under representations.generated.{kind}")
+        if "summary" in self.generated and self.generated["summary"].n != 1:
+            raise ValueError("generated.summary.n: a summary is one text (n: 1)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _semantic(self, handler, info: SerializationInfo) -> dict:
+        """A dump keeps the prompt's path (so it loads again); the semantic dump (context
+        ``{"semantic": True}``: spec IDs, bundle manifests) drops it and every entry of an unlisted kind."""
+        out = handler(self)
+        semantic = bool((info.context or {}).get("semantic"))
+        used = {
+            k: ({f: x for f, x in v.items() if f != "prompt"} if semantic else v)
+            for k, v in (out.get("generated") or {}).items()
+            if k in self.kinds or not semantic
+        }
+        if used:
+            out["generated"] = used
+        else:
+            out.pop("generated", None)  # a spec without generated kinds keeps its former ID
+        return out
+
+    def __hash__(self) -> int:  # generated is a dict
+        return hash((self.kinds, tuple(sorted(self.generated.items()))))
+
+    @property
+    def generated_kinds(self) -> tuple[str, ...]:
+        return tuple(k for k in self.kinds if k in GENERATION_CONTRACTS)
 
 
 class EmbedderSpec(_Spec):
@@ -94,12 +217,22 @@ class VectorIndexSpec(_Spec):
     metric: Literal["cosine", "dot", "l2"] = "cosine"
 
 
+class GenerationExecution(ExecutionPolicy):
+    """How generated representations are computed: the step policy (``ragpipe.work.policy``) plus
+    where the model is reached. Operational: the endpoint serves the spec's ``model``."""
+
+    concurrency: int = Field(4, ge=1, le=64)
+    api_base: str | None = None  # None: litellm's default for the model's provider
+    timeout_seconds: float = Field(60.0, gt=0, le=3600)
+
+
 class ExecutionSettings(_Spec):
     """Operational settings: they change speed, never results, and enter no ID."""
 
     embed_batch_size: int = Field(64, ge=1)
     torch_threads: int = Field(2, ge=1)
     index_writer_heap_mb: int = Field(128, ge=16)
+    generation: GenerationExecution = GenerationExecution()
 
 
 # Dagster's own rules for owners and tags (dagster/_core/utils.py is_valid_email,
@@ -272,7 +405,7 @@ def own_spec_id(stage: str, spec: _Spec | None) -> SpecId:
             {
                 "stage": stage,
                 "implementation": IMPLEMENTATION_VERSIONS[stage],
-                "spec": spec.model_dump(mode="json") if spec is not None else None,
+                "spec": spec.model_dump(mode="json", context=SEMANTIC) if spec is not None else None,
             },
         )
     )
@@ -349,7 +482,7 @@ def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
     path = pipeline_spec_path(path)
     raw = read_yaml_file(path, "pipeline spec", PipelineSpecError)
     try:
-        spec = PipelineSpec.model_validate(raw)
+        spec = PipelineSpec.model_validate(raw, context={"base": path.resolve().parent})
     except ValidationError as exc:
         raise PipelineSpecError(f"{path}: invalid pipeline spec: {validation_error_text(exc)}") from None
     if spec.evaluation is not None:

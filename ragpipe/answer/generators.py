@@ -8,6 +8,7 @@ from typing import Protocol
 
 from ragpipe.retrieval.authz import AuthorizationCertificate
 from ragpipe.retrieval.context import Context
+from ragpipe.work.usage import Usage
 
 _SENTENCE = re.compile(r"(?<!\bvs\.)(?<!\be\.g\.)(?<!\bi\.e\.)(?<=[.!?])\s+(?=[A-Z(\[])")
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -35,6 +36,7 @@ class CandidateAnswer:
     failure: GeneratorFailure | None = None
     raw: str = ""
     cached: bool = False
+    usage: Usage | None = None  # the model call that produced it (None: cached, or no model)
     extras: dict[str, object] = field(default_factory=dict)
 
 

@@ -1,4 +1,4 @@
-"""The litellm generator: the only module that imports litellm.
+"""The litellm generator: answers through ``ragpipe.work.chat`` (the litellm adapter).
 
 It sends the question and the certified evidence to the plan's model, asks for a JSON object
 ``{"answer": str, "citations": [label, ...], "abstained": bool}``, and turns timeouts, HTTP errors
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 from ragpipe.answer.generators import CandidateAnswer, GeneratorFailure
@@ -25,6 +24,9 @@ from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.authz import AuthorizationCertificate
 from ragpipe.retrieval.context import Context, payload_digest
 from ragpipe.retrieval.plan import GeneratorPlan
+from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json
+from ragpipe.work.failures import StepFailure
+from ragpipe.work.usage import load_prices
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +44,9 @@ def _typed(value, kind: type):
     return value
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
-
-
 def parse_model_json(content: str) -> tuple[str, tuple[str, ...], bool]:
     """Parse the model's reply; raise ValueError describing what is malformed."""
-    text = content.strip()
-    if m := _FENCE.match(text):
-        text = m.group(1)
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"reply is not JSON ({exc.msg} at column {exc.colno})") from None
+    obj = reply_json(content)
     if not isinstance(obj, dict) or set(obj) != {"answer", "citations", "abstained"}:
         raise ValueError("reply must be an object with exactly the keys answer, citations, abstained")
     answer, citations, abstained = obj["answer"], obj["citations"], obj["abstained"]
@@ -155,52 +148,30 @@ class LiteLLMGenerator:
         key = self.cache_key(question, payload_digest(payload))
         if (hit := self._cached(key)) is not None:
             return hit
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map
-        import litellm
-
+        request = ChatRequest(
+            model=self.plan.model,
+            messages=tuple(ChatMessage(**m) for m in build_messages(payload, question)),
+            temperature=self.plan.temperature,
+            max_tokens=self.plan.max_tokens,
+            seed=self.plan.seed,
+            response_format="json_object",
+        )
         try:
-            response = litellm.completion(
-                model=self.plan.model,
-                messages=build_messages(payload, question),
+            reply = complete(
+                request,
                 api_base=self.plan.api_base,
                 api_key=self.api_key,
-                temperature=self.plan.temperature,
-                seed=self.plan.seed,
-                max_tokens=self.plan.max_tokens,
                 timeout=self.plan.timeout_seconds,
-                response_format={"type": "json_object"},
-                num_retries=0,
-                max_retries=0,
+                prices=load_prices(),
             )
-        except litellm.Timeout as exc:
-            return CandidateAnswer("", (), True, failure=GeneratorFailure("timeout", _short(exc)))
-        except litellm.APIConnectionError as exc:
-            return CandidateAnswer("", (), True, failure=GeneratorFailure("connection_error", _short(exc)))
-        except Exception as exc:  # every provider error becomes a typed failure, never a crash
-            if _caused_by_connection_failure(exc):
-                return CandidateAnswer("", (), True, failure=GeneratorFailure("connection_error", _short(exc)))
-            status = getattr(exc, "status_code", None)
-            kind = f"http_error:{status}" if status else type(exc).__name__
-            return CandidateAnswer("", (), True, failure=GeneratorFailure(kind, _short(exc)))
-        content = response.choices[0].message.content or ""
+        except StepFailure as failure:  # every provider error is a typed failure, never a crash
+            return CandidateAnswer("", (), True, failure=GeneratorFailure(failure.detail, failure.message))
+        content, usage = reply.content, reply.usage
         try:
             answer, citations, abstained = parse_model_json(content)
         except ValueError as exc:
-            return CandidateAnswer("", (), True, failure=GeneratorFailure("malformed_output", str(exc)), raw=content)
-        cand = CandidateAnswer(answer=answer, citations=citations, abstained=abstained, raw=content)
+            failure = GeneratorFailure("malformed_output", str(exc))
+            return CandidateAnswer("", (), True, failure=failure, raw=content, usage=usage)
+        cand = CandidateAnswer(answer=answer, citations=citations, abstained=abstained, raw=content, usage=usage)
         self._store(key, cand)
         return cand
-
-
-def _caused_by_connection_failure(exc: BaseException) -> bool:
-    """litellm reports a refused connection as InternalServerError(500); the cause chain tells."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionError) or type(seen).__name__ in ("ConnectError", "APIConnectionError"):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _short(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:300]

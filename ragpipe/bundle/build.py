@@ -23,7 +23,8 @@ from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_
 from ragpipe.index.vector_file import VECTORS_FILE, vectors_file_bytes
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
 from ragpipe.kernel.seals import SealKey, configured_key
-from ragpipe.spec import PipelineSpec
+from ragpipe.representations.evidence import GENERATIONS_FILE
+from ragpipe.spec import SEMANTIC, PipelineSpec
 
 # Every point where a crash leaves a distinct state on disk, in order (failure-injection tests).
 BUNDLE_PUBLISH_STEPS = ("temp_created", "tables_copied", "lexical_copied", "vector_copied") + PUBLISH_STEPS[1:]
@@ -40,6 +41,7 @@ class BundleInputs:
     representations_parquet: Path
     lexical_dir: Path
     vector_dir: Path | None
+    generations_parquet: Path | None = None  # the evidence of generated kinds, when there are any
 
 
 def bundle_semantic(
@@ -62,7 +64,8 @@ def bundle_semantic(
     for stage in stages:
         own = spec.stage_spec(stage)
         specs[stage] = StageSpecRecord(
-            spec_id=spec.own_spec_ids[stage], spec=own.model_dump(mode="json") if own is not None else None
+            spec_id=spec.own_spec_ids[stage],
+            spec=own.model_dump(mode="json", context=SEMANTIC) if own is not None else None,
         )
     return BundleSemantic(
         corpus_digest=corpus_digest,
@@ -79,6 +82,8 @@ def _copy_payload(inputs: BundleInputs, target: Path, step: StepHook) -> None:
     shutil.copyfile(inputs.documents_parquet, target / "documents.parquet")
     shutil.copyfile(inputs.chunks_parquet, target / "chunks.parquet")
     shutil.copyfile(inputs.representations_parquet, target / "representations.parquet")
+    if inputs.generations_parquet is not None:
+        shutil.copyfile(inputs.generations_parquet, target / GENERATIONS_FILE)
     step("tables_copied")
     shutil.copytree(inputs.lexical_dir, target / "lexical", symlinks=False)
     step("lexical_copied")

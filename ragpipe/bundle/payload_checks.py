@@ -27,7 +27,9 @@ from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
 from ragpipe.kernel.ids import SpecId, bytes_digest
 from ragpipe.representations.derive import Representation, derive_representations, representation_set_digest
+from ragpipe.representations.evidence import GENERATIONS_FILE, GenerationRecord, verify_generations
 from ragpipe.spec import (
+    SEMANTIC,
     ChunkerSpec,
     EmbedderSpec,
     LexicalIndexSpec,
@@ -65,7 +67,9 @@ def check_specs(manifest: BundleManifest) -> list[str]:
             continue
         # canonical encoding folds 1200.0 into 1200: only the model's own rendering is accepted, so
         # two different manifests can never share one bundle ID
-        if json.dumps(record.spec, sort_keys=True) != json.dumps(parsed.model_dump(mode="json"), sort_keys=True):
+        if json.dumps(record.spec, sort_keys=True) != json.dumps(
+            parsed.model_dump(mode="json", context=SEMANTIC), sort_keys=True
+        ):
             problems.append(f"manifest.json: specs.{stage}: spec is not written in its canonical form")
         if actual != record.spec_id:
             problems.append(
@@ -122,17 +126,33 @@ def check_chunks(documents: list[Document], chunks: list[Chunk], manifest: Bundl
 
 
 def check_representations(
-    documents: list[Document], chunks: list[Chunk], reps: list[Representation], manifest: BundleManifest
+    documents: list[Document],
+    chunks: list[Chunk],
+    reps: list[Representation],
+    manifest: BundleManifest,
+    generations: list[GenerationRecord] | None = None,
 ) -> list[str]:
+    """The representations are those the manifest's spec makes: derived kinds re-derived from the
+    chunks, generated kinds taken from their verified evidence (``generations.parquet``;
+    ``ragpipe.representations.evidence``) — never re-generated."""
     record = manifest.semantic.specs["representations"]
-    kinds = RepresentationSpec.model_validate(record.spec).kinds
-    expected = derive_representations(documents, chunks, kinds, SpecId(record.spec_id))
+    spec = RepresentationSpec.model_validate(record.spec)
+    texts: dict[tuple[str, str], str] = {}
+    if spec.generated_kinds:
+        if generations is None:
+            return [f"{GENERATIONS_FILE}: missing: the spec has generated kinds {list(spec.generated_kinds)}"]
+        texts, problems = verify_generations(documents, chunks, spec, record.spec_id, generations)
+        if problems:
+            return problems[:MAX_PROBLEMS]
+    elif generations is not None:
+        return [f"{GENERATIONS_FILE}: present in a bundle whose spec has no generated kind"]
+    expected = derive_representations(documents, chunks, spec.kinds, SpecId(record.spec_id), texts)
     problems = _first_difference(
         "representations.parquet",
         reps,
         expected,
         lambda r: f"representation {r.representation_id}",
-        "re-deriving them from the chunks under the manifest's representation spec",
+        "re-deriving them from the chunks (and the verified generations) under the manifest's representation spec",
     )
     if representation_set_digest(reps) != manifest.semantic.representation_set_digest:
         problems.append("representations.parquet: representation-set digest differs from the manifest")
@@ -222,6 +242,7 @@ def check_payload(
     reps: list[Representation],
     vectors_file: bytes | None = None,
     vector_table: bool = True,
+    generations: list[GenerationRecord] | None = None,
 ) -> list[str]:
     """Every recomputation and cross-check above, in dependency order; stops at the first layer
     that fails (later layers would only repeat its problem). The tables (and ``vectors_file``, the
@@ -245,7 +266,9 @@ def check_payload(
     problems += check_documents(documents, manifest)
     if problems:
         return problems
-    problems += check_chunks(documents, chunks, manifest) or check_representations(documents, chunks, reps, manifest)
+    problems += check_chunks(documents, chunks, manifest) or check_representations(
+        documents, chunks, reps, manifest, generations
+    )
     if problems:
         return problems
     expected_rows = index_rows(documents, reps)

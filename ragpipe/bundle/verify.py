@@ -38,10 +38,11 @@ from ragpipe.index.rows import index_rows
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
 from ragpipe.kernel.seals import SealKey, SealKeyError, configured_key
 from ragpipe.representations.derive import Representation, read_representations
+from ragpipe.representations.evidence import GENERATIONS_FILE, GenerationRecord, read_generations
 
 TABLE_FILES = ("documents.parquet", "chunks.parquet", "representations.parquet")
 # Files whose verified bytes are kept: the tables, and the vectors the in-memory engine searches.
-KEPT_FILES = (*TABLE_FILES, VECTORS_FILE)
+KEPT_FILES = (*TABLE_FILES, VECTORS_FILE, GENERATIONS_FILE)
 
 
 class BundleVerificationError(ValueError):
@@ -71,6 +72,12 @@ class VerifiedTables:
     @cached_property
     def representations(self) -> list[Representation]:
         return read_representations(pa.BufferReader(self._data["representations.parquet"]))
+
+    @cached_property
+    def generations(self) -> list[GenerationRecord] | None:
+        """The evidence of generated representations (None: the bundle has no generated kinds)."""
+        data = self._data.get(GENERATIONS_FILE)
+        return None if data is None else read_generations(pa.BufferReader(data))
 
     @property
     def vectors_file(self) -> bytes | None:
@@ -260,6 +267,7 @@ def open_bundle(
                 tables.chunks,
                 tables.representations,
                 vectors_file=tables.vectors_file,
+                generations=tables.generations,
                 vector_table=not deferred,
             )
         except Exception as exc:  # a corrupt-but-digest-matching file is impossible; anything else is still a refusal

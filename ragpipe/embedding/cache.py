@@ -52,6 +52,7 @@ class EmbeddingCache:
         self.spec_hex = embedder_spec_id.hex
         self.directory = root / embedder_spec_id.hex
         self.dimensions = dimensions
+        self._read: set[str] = set()  # shards this object has read (or written): lookup_new skips them
 
     def _schema(self) -> pa.Schema:
         meta = {"format": FORMAT, "embedder_spec": self.spec_hex, "dimensions": self.dimensions}
@@ -67,21 +68,37 @@ class EmbeddingCache:
     def lookup(self, digests: set[str]) -> dict[str, np.ndarray]:
         """Vectors for the digests that are cached in shards that verify (missing digests are
         simply absent; a refused shard is set aside: module docstring)."""
+        return self._lookup(digests, only_new=False)
+
+    def lookup_new(self, digests: set[str]) -> dict[str, np.ndarray]:
+        """``lookup`` over the shards this object has not read yet: the cheap re-check a step
+        makes under a key's lease (what another run published meanwhile)."""
+        return self._lookup(digests, only_new=True)
+
+    def _lookup(self, digests: set[str], only_new: bool) -> dict[str, np.ndarray]:
         found: dict[str, np.ndarray] = {}
         if not self.directory.is_dir() or not digests:
             return found
         for shard in sorted(self.directory.glob("shard-*.parquet")):
+            if only_new and shard.name in self._read:
+                continue
             try:
-                keys, matrix = self._read(shard)
+                keys, matrix = self._read_shard(shard)
             except ShardRefused as exc:
                 self._refuse(shard, str(exc))
                 continue
+            self._read.add(shard.name)
             for i, key in enumerate(keys):
                 if key in digests and key not in found:
                     found[key] = matrix[i]
         return found
 
-    def _read(self, shard: Path) -> tuple[list[str], np.ndarray]:
+    def commit(self, entries: list[tuple[str, np.ndarray]]) -> None:
+        """The step runner's commit: one shard with these entries."""
+        if entries:
+            self.add([k for k, _ in entries], np.stack([v for _, v in entries]))
+
+    def _read_shard(self, shard: Path) -> tuple[list[str], np.ndarray]:
         """The shard's keys and vectors, each entry verified; ``ShardRefused`` naming the rule."""
         try:
             table = pq.read_table(shard)
@@ -131,5 +148,6 @@ class EmbeddingCache:
         fsync_path(tmp)
         final = self.directory / name
         os.rename(tmp, final)
+        self._read.add(name)  # its own entries are in hand: never read back
         fsync_path(self.directory)
         return final

@@ -15,6 +15,9 @@ import pyarrow.parquet as pq
 from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.embedder import Embedder
 from ragpipe.representations.derive import Representation
+from ragpipe.work.leases import KeyLeases
+from ragpipe.work.policy import ExecutionPolicy
+from ragpipe.work.runner import Done, run_step
 
 # (texts encoded so far, new texts to encode): a typed count, never a log line to parse.
 Progress = Callable[[int, int], None]
@@ -29,6 +32,29 @@ class EmbeddingStats:
     encode_seconds: float
 
 
+class EmbeddingStep:
+    """Embedding as a step (``ragpipe.work.runner``): one ``embed`` call per batch of texts. The
+    model is loaded on the first call, so a fully cached revision never loads it."""
+
+    name = "embed"
+
+    def __init__(self, embedder_factory: Callable[[], Embedder]):
+        self.factory = embedder_factory
+        self.embedder: Embedder | None = None
+        self.encode_seconds = 0.0
+
+    def compute(self, texts: list[str]) -> list[Done[np.ndarray]]:
+        if self.embedder is None:
+            self.embedder = self.factory()
+        t0 = time.perf_counter()
+        vectors = self.embedder.embed(texts)
+        self.encode_seconds += time.perf_counter() - t0
+        return [Done(v) for v in vectors]
+
+    def worst_cost(self, texts: list[str]) -> int:
+        return 0  # a local model: no money
+
+
 def compute_embeddings(
     reps: list[Representation],
     cache: EmbeddingCache,
@@ -36,40 +62,28 @@ def compute_embeddings(
     chunk_size: int = 256,
     progress: Progress | None = None,
 ) -> tuple[np.ndarray, EmbeddingStats]:
-    """Vectors for ``reps`` in their order. The embedder is built only if something misses,
-    so a fully cached revision never loads the model. Misses are encoded in slices of
-    ``chunk_size`` and each slice is added to the cache as soon as it is done, so a killed run
-    keeps the work it finished.
+    """Vectors for ``reps`` in their order, through the step runner: the key is the text digest
+    within the cache's embedder spec; misses are encoded in batches of ``chunk_size``, each added
+    to the cache as soon as it is done (a killed run keeps the work it finished), under the keys'
+    leases (two runs never encode one text twice).
 
-    ``progress(0, N)`` is called before the model loads and ``progress(k, N)`` after each slice
+    ``progress(0, N)`` is called before the model loads and ``progress(k, N)`` after each batch
     (``ragpipe build`` draws its bar from these counts, which the asset records as observations).
-    256 texts per slice is one update every second or two on a laptop CPU: a live bar without
+    256 texts per batch is one update every second or two on a laptop CPU: a live bar without
     measurable overhead."""
-    unique = sorted({r.digest for r in reps})
-    found = cache.lookup(set(unique))
-    texts = {r.digest: r.text for r in reps}
-    misses = [d for d in unique if d not in found]
-    encode_seconds = 0.0
-    if misses:
-        if progress:
-            progress(0, len(misses))
-        embedder = embedder_factory()
-        for start in range(0, len(misses), chunk_size):
-            part = misses[start : start + chunk_size]
-            t0 = time.perf_counter()
-            vectors = embedder.embed([texts[d] for d in part])
-            encode_seconds += time.perf_counter() - t0
-            cache.add(part, vectors)
-            found.update(zip(part, vectors))
-            if progress:
-                progress(min(start + chunk_size, len(misses)), len(misses))
+    step = EmbeddingStep(embedder_factory)
+    policy = ExecutionPolicy(batch_size=chunk_size, max_attempts=1, retry_on=())
+    items = [(str(r.digest), r.text) for r in reps]
+    found, report = run_step(
+        step, items, cache, policy, leases=KeyLeases(cache.directory / "leases"), progress=progress
+    )
     matrix = np.stack([found[r.digest] for r in reps]) if reps else np.zeros((0, cache.dimensions), np.float32)
     stats = EmbeddingStats(
         representations=len(reps),
-        unique_texts=len(unique),
-        cache_hits=len(unique) - len(misses),
-        encoded=len(misses),
-        encode_seconds=encode_seconds,
+        unique_texts=report.unique,
+        cache_hits=report.cache_hits + report.waited_hits,
+        encoded=report.computed,
+        encode_seconds=step.encode_seconds,
     )
     return matrix.astype(np.float32, copy=False), stats
 

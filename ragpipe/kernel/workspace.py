@@ -7,6 +7,8 @@ work/<key>/<stage>/<version hex>/    one immutable folder per distinct output of
 work/<key>/<stage>/latest.json       the revision's latest materialization of the stage: which
                                      version folder, under which spec (replaced atomically)
 embedding_cache/<spec hex>/          embedding cache shards, shared by all revisions
+generation_cache/<kind>/             generated representations: one verified entry per request
+                                     (ragpipe.work.entries), shared by all revisions
 query_graphs/<key hex>/              exported query-side ONNX graphs, one per embedder (verified
                                      on every load; ragpipe.embedding.query_graph)
 engine_calibrations/<key hex>.json   whether a bundle's vectors may be served from memory on this
@@ -45,6 +47,10 @@ class Workspace:
     @property
     def embedding_cache(self) -> Path:
         return self.home / "embedding_cache"
+
+    @property
+    def generation_cache(self) -> Path:
+        return self.home / "generation_cache"
 
     @property
     def query_graphs(self) -> Path:

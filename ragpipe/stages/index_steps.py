@@ -17,6 +17,7 @@ from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import Representation, read_representations
+from ragpipe.representations.evidence import GENERATIONS_FILE
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.results import StageResult, finish, table
 from ragpipe.stages.stage_store import (
@@ -147,6 +148,9 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
         representations_parquet=ins["representations"].path / "representations.parquet",
         lexical_dir=ins["lexical_index"].path / "index",
         vector_dir=ins["vector_index"].path / "index" if vector else None,
+        generations_parquet=generations
+        if (generations := ins["representations"].path / GENERATIONS_FILE).exists()
+        else None,
     )
     bundle, outcome = publish_bundle(semantic, inputs, ws.bundles, on_step)
     m = bundle.manifest

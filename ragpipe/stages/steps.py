@@ -29,7 +29,10 @@ from ragpipe.representations.derive import (
     representation_set_digest,
     write_representations,
 )
+from ragpipe.representations.evidence import GENERATIONS_FILE, write_generations
+from ragpipe.representations.generation_run import GenerationFailed, GenerationOutcome, generate_representations
 from ragpipe.spec import PipelineSpec
+from ragpipe.stages.generation_metadata import generation_metadata
 from ragpipe.stages.index_steps import check_bundle, run_index_bundle, run_lexical_index, run_vector_index
 from ragpipe.stages.results import StageResult, finish, table
 from ragpipe.stages.stage_store import (
@@ -41,6 +44,8 @@ from ragpipe.stages.stage_store import (
     read_outputs,
     version_dir,
 )
+from ragpipe.work.failures import BudgetExhausted, BudgetUnenforceable
+from ragpipe.work.usage import PriceError, load_prices
 
 # The asset layer and the CLI call every stage through this module.
 __all__ = [
@@ -161,32 +166,51 @@ def check_chunks(ws: Workspace, revision: str) -> tuple[int, list[str]]:
 def run_representations(
     ws: Workspace, revision: str, spec: PipelineSpec, *, on_step: StepHook | None = None
 ) -> StageResult:
+    """Derive (and generate, for generated kinds) every chunk's representations; a generation
+    that cannot finish publishes nothing (``StageError``, one line) and keeps what it finished."""
     t0 = time.perf_counter()
     ins = read_outputs(ws, revision, ["source_snapshot", "chunks"], spec)
     documents = read_snapshot_documents(ins["source_snapshot"].path / "documents.parquet")
     chunks = read_chunks(ins["chunks"].path / "chunks.parquet")
-    reps = derive_representations(documents, chunks, spec.representations.kinds, spec.own_spec_ids["representations"])
-    digest = representation_set_digest(reps)
-    out = publish_stage(
-        ws,
-        revision,
-        "representations",
-        spec,
-        digest,
-        lambda tmp: write_representations(tmp / "representations.parquet", reps),
-        {"representations": len(reps)},
-        ins,
-        on_step,
+    producer = spec.own_spec_ids["representations"]
+    generation = _generate(ws, spec, documents, chunks) if spec.representations.generated_kinds else None
+    reps = derive_representations(
+        documents, chunks, spec.representations.kinds, producer, generation.texts if generation else None
     )
+    digest = representation_set_digest(reps)
+
+    def write(tmp: Path) -> None:
+        write_representations(tmp / "representations.parquet", reps)
+        if generation is not None:
+            write_generations(tmp / GENERATIONS_FILE, generation.records)
+
+    facts = {"representations": len(reps)} | ({"generated": len(generation.records)} if generation else {})
+    out = publish_stage(ws, revision, "representations", spec, digest, write, facts, ins, on_step)
     kinds = {k: sum(r.kind == k for r in reps) for k in spec.representations.kinds}
     return finish(
         out,
         t0,
         version_dir(ws, revision, "representations", out.data_version),
         len(reps),
-        {"representations": len(reps), "representation_set_digest": digest},
+        {"representations": len(reps), "representation_set_digest": digest}
+        | (generation_metadata(generation) if generation else {}),
         {"kinds": table([("kind", "string"), ("representations", "int")], [[k, v] for k, v in kinds.items()])},
     )
+
+
+def _generate(ws: Workspace, spec: PipelineSpec, documents, chunks) -> GenerationOutcome:
+    try:
+        return generate_representations(
+            documents,
+            chunks,
+            spec.representations,
+            spec.own_spec_ids["representations"],
+            spec.execution.generation,
+            ws.generation_cache,
+            load_prices(),
+        )
+    except (GenerationFailed, BudgetExhausted, BudgetUnenforceable, PriceError) as exc:
+        raise StageError(f"representations: {exc}") from None
 
 
 @lru_cache(maxsize=2)

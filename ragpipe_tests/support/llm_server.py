@@ -4,36 +4,64 @@ It speaks ``POST /v1/chat/completions`` and answers according to ``server.scenar
 body is recorded — raw bytes in ``server.bodies``, parsed in ``server.requests`` — so tests can
 inspect exactly what left the process — and every accepted TCP connection is counted in
 ``server.connections``, so "nothing was sent" can be asserted as "nothing even connected".
+
+Scenario ``"responder"`` answers with ``server.responder(request)`` (deterministic content computed
+from the request, e.g. questions about the chunk it carries). Before the scenario applies, each
+request takes the next entry of ``server.faults`` if there is one:
+
+* ``"429:<seconds>"`` — 429 with ``Retry-After: <seconds>``;
+* ``"500"`` — a server error; ``"timeout"`` — no answer until the client gives up;
+* ``"malformed"`` — 200 with a body that is not JSON;
+* ``"partial"`` — 200 whose body stops half-way (the connection closes before ``Content-Length``).
+
+Usage is deterministic: ``prompt_tokens`` counts the whitespace-separated words of every message,
+``completion_tokens`` those of the reply, so a test can compute cost by hand. ``delay`` seconds are
+waited before each successful reply (a generation a test can kill in the middle of).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def completion(content: str) -> dict:
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def completion(content: str, request: dict | None = None) -> dict:
+    prompt = sum(words(str(m.get("content", ""))) for m in (request or {}).get("messages", [])) if request else 1
+    done = words(content) if request else 1
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
         "created": 0,
         "model": "local-test",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
     }
 
 
 class Handler(BaseHTTPRequestHandler):
     server: LLMServer
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, *args) -> None:  # keep test output clean
         pass
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.server.bodies.append(body)
-        self.server.requests.append(json.loads(body))
+        request = json.loads(body)
+        with self.server.lock:
+            self.server.bodies.append(body)
+            self.server.requests.append(request)
+            fault = self.server.faults.popleft() if self.server.faults else None
+        if fault is not None and self._fault(fault):
+            return
         scenario = self.server.scenario
         if scenario == "timeout":
             self.server.release.wait(10)  # the client gives up long before this
@@ -41,16 +69,53 @@ class Handler(BaseHTTPRequestHandler):
         if scenario == "http500":
             self._send(500, {"error": {"message": "internal error", "type": "server_error"}})
             return
-        content = self.server.replies.get(scenario)
-        if content is None:
-            raise AssertionError(f"unknown scenario {scenario}")
-        self._send(200, completion(content))
+        if scenario == "responder":
+            content = self.server.responder(request)
+        else:
+            content = self.server.replies.get(scenario)
+            if content is None:
+                raise AssertionError(f"unknown scenario {scenario}")
+        if self.server.delay:
+            time.sleep(self.server.delay)
+        self._send(200, completion(content, request if scenario == "responder" else None))
+        with self.server.lock:
+            self.server.answered += 1
 
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
+    def _fault(self, fault: str) -> bool:
+        """Answer with ``fault``; False for ``"ok"`` (the scenario answers)."""
+        if fault.startswith("429:"):
+            error = {"error": {"message": "rate limited", "type": "rate_limit_error"}}
+            self._send(429, error, {"Retry-After": fault.split(":", 1)[1]})
+        elif fault == "500":
+            self._send(500, {"error": {"message": "internal error", "type": "server_error"}})
+        elif fault == "timeout":
+            self.server.release.wait(10)
+        elif fault == "malformed":
+            self._raw(200, b"<html>this is not json</html>")
+        elif fault == "partial":
+            data = json.dumps(completion("cut")).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+        elif fault == "ok":
+            return False
+        else:
+            raise AssertionError(f"unknown fault {fault}")
+        return True
+
+    def _send(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
+        self._raw(status, json.dumps(payload).encode(), headers)
+
+    def _raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -58,12 +123,17 @@ class Handler(BaseHTTPRequestHandler):
 class LLMServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, port: int = 0):
+        super().__init__(("127.0.0.1", port), Handler)
+        self.lock = threading.Lock()
         self.requests: list[dict] = []
         self.bodies: list[bytes] = []
         self.connections = 0
+        self.answered = 0
         self.scenario = "valid"
+        self.faults: collections.deque[str] = collections.deque()
+        self.responder: Callable[[dict], str] = lambda request: ""
+        self.delay = 0.0
         self.release = threading.Event()
         self.replies: dict[str, str] = {}
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)

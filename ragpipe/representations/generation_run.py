@@ -1,0 +1,150 @@
+"""Generate a revision's generated kinds through the step runner, and record the evidence.
+
+For each generated kind of the spec, every chunk becomes one item keyed by its request
+(``generation_key``); the runner looks each key up in ``$RAGPIPE_HOME/generation_cache/<kind>/``
+first, so a revision that changes 1 % of the chunks calls the model for exactly those. One budget
+covers every kind of the run. Outcomes:
+
+* a valid reply → the chunk's text of that kind, and an ``ok`` evidence record;
+* an invalid reply (attempts exhausted) → an ``invalid_output`` record and no representation;
+* any other failure left after its attempts (rate limited, timeout, server or client error) →
+  ``GenerationFailed``: nothing is published, every finished item stays cached, and building again
+  asks only for the rest. A budget stop raises ``BudgetExhausted`` the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragpipe.chunking.models import Chunk
+from ragpipe.corpus.models import Document
+from ragpipe.representations.evidence import GenerationRecord
+from ragpipe.representations.generate import (
+    GenerationInput,
+    GenerationStep,
+    InvalidOutput,
+    chat_request,
+    generation_key,
+    parse_reply,
+)
+from ragpipe.spec import GenerationExecution, RepresentationSpec
+from ragpipe.work.admission import Budget
+from ragpipe.work.chat import ChatRequest
+from ragpipe.work.entries import JsonEntryStore
+from ragpipe.work.leases import KeyLeases
+from ragpipe.work.runner import StepReport, run_step
+from ragpipe.work.usage import PriceTable, Usage, UsageTotals
+
+
+class GenerationFailed(RuntimeError):
+    """Items failed for a reason other than their output; ``str(e)`` is one line with the counts."""
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    texts: dict[tuple[str, str], str]  # (chunk ID, kind) -> representation text
+    records: list[GenerationRecord]  # one per chunk and generated kind, in chunk order
+    reports: dict[str, StepReport]  # per kind
+
+    @property
+    def usage(self) -> UsageTotals:
+        """What this run's calls cost (cache hits cost nothing)."""
+        total = UsageTotals()
+        for report in self.reports.values():
+            total = total.merge(report.usage)
+        return total
+
+
+def generate_representations(
+    documents: list[Document],
+    chunks: list[Chunk],
+    spec: RepresentationSpec,
+    producer_spec_id: str,
+    execution: GenerationExecution,
+    cache_root: Path,
+    prices: PriceTable,
+) -> GenerationOutcome:
+    """Module docstring. Raises ``GenerationFailed`` or ``BudgetExhausted`` (nothing to publish)."""
+    titles = {d.document_id: d.title for d in documents}
+    budget = Budget(execution.budget_micros)
+    texts: dict[tuple[str, str], str] = {}
+    records: list[GenerationRecord] = []
+    reports: dict[str, StepReport] = {}
+    for kind in spec.generated_kinds:
+        kspec = spec.generated[kind]  # type: ignore[index]
+        items = []
+        for chunk in chunks:
+            request = chat_request(kind, kspec, titles.get(chunk.document_id, ""), chunk.text)
+            items.append((generation_key(kind, kspec, request), GenerationInput(kind, kspec, request)))
+        folder = cache_root / kind
+        values, report = run_step(
+            GenerationStep(kind, kspec, execution, prices),
+            items,
+            JsonEntryStore(folder, f"generation cache ({kind})", _value_check(kind, kspec)),
+            execution,
+            leases=KeyLeases(folder / "leases"),
+            budget=budget,
+        )
+        reports[kind] = report
+        failures = {f.key: f for f in report.failures}
+        stuck = [f for f in report.failures if f.kind != "invalid_output"]
+        if stuck:
+            counts = ", ".join(f"{k}: {n}" for k, n in report.failure_counts().items() if k != "invalid_output")
+            raise GenerationFailed(
+                f"generating {kind}: {len(stuck)} item(s) failed after their attempts ({counts}); first: "
+                f"{stuck[0].detail}: {stuck[0].message} (finished items are cached: build again to continue)"
+            )
+        for chunk, (key, _) in zip(chunks, items, strict=True):
+            value = values.get(key)
+            failure = failures.get(key)
+            evidence = value if value is not None else (failure.evidence if failure is not None else None)
+            if evidence is None:
+                raise GenerationFailed(f"generating {kind}: chunk {chunk.chunk_id} has neither a reply nor a failure")
+            record = _record(chunk.chunk_id, kind, key, evidence, producer_spec_id)
+            try:
+                texts[(chunk.chunk_id, kind)] = parse_reply(kind, kspec, record.content)
+            except InvalidOutput as exc:
+                record = record.model_copy(update={"status": "invalid_output", "failure": str(exc)})
+            records.append(record)
+    return GenerationOutcome(texts, records, reports)
+
+
+def _value_check(kind: str, kspec):
+    """A cached value must be a call for its key: its request's key is the entry's, its usage and
+    reply well-formed (pydantic's ``ValidationError`` is a ``ValueError``)."""
+
+    def check(key: str, value: object) -> None:
+        if not isinstance(value, dict) or set(value) != {"request", "content", "response", "usage"}:
+            raise ValueError("is not a generation (request, content, response, usage)")
+        if generation_key(kind, kspec, ChatRequest.model_validate(value["request"])) != key:
+            raise ValueError("holds the reply to another request than its key's")
+        Usage.model_validate(value["usage"])
+        if not isinstance(value["content"], str) or not isinstance(value["response"], dict):
+            raise ValueError("its reply is not a text and a response object")
+
+    return check
+
+
+def _record(chunk_id: str, kind: str, key: str, value: dict, producer_spec_id: str) -> GenerationRecord:
+    request = ChatRequest.model_validate(value["request"])
+    usage = Usage.model_validate(value["usage"])
+    return GenerationRecord(
+        chunk_id=chunk_id,
+        kind=kind,
+        status="ok",
+        failure=None,
+        step_key=key,
+        request_digest=request.digest,
+        request=json.dumps(request.body(), sort_keys=True, ensure_ascii=False),
+        content=value["content"],
+        response=json.dumps(value["response"], sort_keys=True, ensure_ascii=False),
+        producer_spec_id=producer_spec_id,
+        provider=usage.provider,
+        model=usage.model,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        latency_ms=usage.latency_ms,
+        cost_micros=usage.cost_micros,
+    )

@@ -1,0 +1,1 @@
+"""Expensive work as steps: semantic keys apart from execution policy, cached, admitted, costed."""

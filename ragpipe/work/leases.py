@@ -1,0 +1,38 @@
+"""Per-key leases, so concurrent runs never compute one key twice.
+
+A lease is an exclusive ``flock`` on one of 256 stripe files ``<folder>/<key hex[:2]>.lock``; a
+batch takes the stripes of all its keys in sorted order (no two holders can wait on each other in
+a cycle), then looks its keys up again and computes only those still missing. Striping bounds the
+files to 256 whatever the cache size; its price is that two keys of one stripe wait for each other
+even when distinct — a pause, never a duplicate. ``flock`` belongs to an open file and dies with
+its process: a killed holder frees its keys at once. Threads of one process contend like processes
+(each lease opens its own descriptors).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class KeyLeases:
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    @contextmanager
+    def hold(self, keys: Iterable[str]) -> Iterator[None]:
+        """Hold the leases of ``keys`` for the ``with`` block (blocking until free)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fds: list[int] = []
+        try:
+            for stripe in sorted({key.split(":", 1)[1][:2] for key in keys}):
+                fd = os.open(self.folder / f"{stripe}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fds.append(fd)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)
