@@ -84,7 +84,9 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
 
     @asset(deps=[source_snapshot, chunks], kinds={"python", "parquet"}, **common("representations"))
     def representations(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
-        """Retrieval texts derived from chunks (raw, title breadcrumb); each points to one chunk."""
+        """Retrieval texts derived from chunks (raw, title breadcrumb) or written by a model
+        (questions, summary: cached, budgeted calls with usage and cost in the metadata); each
+        points to one chunk."""
         return to_materialize_result(steps.run_representations(ragpipe.workspace, context.partition_key, spec))
 
     @asset(deps=[representations], kinds={"pytorch", "parquet"}, **common("embeddings"))

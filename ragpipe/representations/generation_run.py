@@ -102,7 +102,7 @@ def generate_representations(
             evidence = value if value is not None else (failure.evidence if failure is not None else None)
             if evidence is None:
                 raise GenerationFailed(f"generating {kind}: chunk {chunk.chunk_id} has neither a reply nor a failure")
-            record = _record(chunk.chunk_id, kind, key, evidence, producer_spec_id)
+            record = evidence_record(chunk.chunk_id, kind, key, evidence, producer_spec_id)
             try:
                 texts[(chunk.chunk_id, kind)] = parse_reply(kind, kspec, record.content)
             except InvalidOutput as exc:
@@ -127,7 +127,7 @@ def _value_check(kind: str, kspec):
     return check
 
 
-def _record(chunk_id: str, kind: str, key: str, value: dict, producer_spec_id: str) -> GenerationRecord:
+def evidence_record(chunk_id: str, kind: str, key: str, value: dict, producer_spec_id: str) -> GenerationRecord:
     request = ChatRequest.model_validate(value["request"])
     usage = Usage.model_validate(value["usage"])
     return GenerationRecord(
