@@ -88,6 +88,8 @@ GENERATION_CONTRACTS: dict[str, str] = {"questions": "ragpipe.questions/v1", "su
 DEFAULT_PROMPTS = Path(__file__).parent / "specs" / "prompts"
 # The serialization context of a spec's identity dump: what enters its spec ID and a bundle manifest.
 SEMANTIC = {"semantic": True}
+# The validation context of a spec read back from such a record: prompts by digest only.
+RECORDED = {"recorded": True}
 
 
 class GeneratedKindSpec(_Spec):
@@ -107,7 +109,7 @@ class GeneratedKindSpec(_Spec):
     contract: str
 
 
-def _with_prompt(kind: str, entry: object, base: Path) -> object:
+def _with_prompt(kind: str, entry: object, base: Path, recorded: bool = False) -> object:
     """A ``generated`` entry with its prompt read and digested, its contract filled in. An entry
     that carries a digest and no prompt is a recorded spec and is left as it is."""
     if not isinstance(entry, Mapping):
@@ -118,8 +120,18 @@ def _with_prompt(kind: str, entry: object, base: Path) -> object:
         return entry  # pydantic refuses the key itself
     if entry.setdefault("contract", expected) != expected:
         raise ValueError(f"generated.{kind}.contract: must be {expected!r}")
+    if recorded:
+        # a spec read back from a record (a bundle manifest) names its prompt by digest only: a
+        # path there would make a verifier read files a manifest chose
+        if entry.get("prompt") is not None or entry.get("prompt_text") is not None:
+            raise ValueError(f"generated.{kind}: a recorded spec carries prompt_digest only, not prompt or prompt_text")
+        return entry
     if "prompt_digest" in entry and entry.get("prompt") is None and entry.get("prompt_text") is None:
         return entry
+    if not isinstance(entry.get("prompt"), (str, Path, type(None))):
+        raise ValueError(f"generated.{kind}.prompt: must be a path to a text file")
+    if not isinstance(entry.get("prompt_text"), (str, type(None))):
+        raise ValueError(f"generated.{kind}.prompt_text: must be a string")
     if entry.get("prompt_text") is None:
         path = Path(entry["prompt"]) if entry.get("prompt") is not None else DEFAULT_PROMPTS / f"{kind}.txt"
         path = path if path.is_absolute() else base / path
@@ -151,8 +163,9 @@ class RepresentationSpec(_Spec):
     def _read_prompts(cls, data: object, info: ValidationInfo) -> object:
         if not isinstance(data, Mapping) or not isinstance(data.get("generated"), Mapping):
             return data
-        base = Path((info.context or {}).get("base", Path.cwd()))
-        generated = {k: _with_prompt(k, v, base) for k, v in data["generated"].items()}
+        context = info.context or {}
+        base, recorded = Path(context.get("base", Path.cwd())), bool(context.get("recorded"))
+        generated = {k: _with_prompt(k, v, base, recorded) for k, v in data["generated"].items()}
         return {**data, "generated": generated}
 
     @model_validator(mode="after")
@@ -485,6 +498,12 @@ def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
         spec = PipelineSpec.model_validate(raw, context={"base": path.resolve().parent})
     except ValidationError as exc:
         raise PipelineSpecError(f"{path}: invalid pipeline spec: {validation_error_text(exc)}") from None
+    for kind in spec.representations.generated_kinds:
+        if spec.representations.generated[kind].prompt_text is None:  # type: ignore[index]
+            raise PipelineSpecError(
+                f"{path}: invalid pipeline spec: representations.generated.{kind}.prompt: a spec file names its "
+                "prompt file (or neither prompt nor prompt_digest, for the default prompt)"
+            )
     if spec.evaluation is not None:
         spec = spec.model_copy(update={"evaluation": spec.evaluation.resolved(path.resolve().parent)})
     return spec

@@ -29,6 +29,7 @@ from ragpipe.kernel.ids import SpecId, bytes_digest
 from ragpipe.representations.derive import Representation, derive_representations, representation_set_digest
 from ragpipe.representations.evidence import GENERATIONS_FILE, GenerationRecord, verify_generations
 from ragpipe.spec import (
+    RECORDED,
     SEMANTIC,
     ChunkerSpec,
     EmbedderSpec,
@@ -60,7 +61,7 @@ def check_specs(manifest: BundleManifest) -> list[str]:
             problems.append(f"manifest.json: specs.{stage}: unknown stage")
             continue
         try:
-            parsed = model.model_validate(record.spec)
+            parsed = model.model_validate(record.spec, context=RECORDED)
             actual = own_spec_id(stage, parsed)
         except ValueError as exc:
             problems.append(f"manifest.json: specs.{stage}: invalid spec: {exc}")
@@ -136,7 +137,7 @@ def check_representations(
     chunks, generated kinds taken from their verified evidence (``generations.parquet``;
     ``ragpipe.representations.evidence``) — never re-generated."""
     record = manifest.semantic.specs["representations"]
-    spec = RepresentationSpec.model_validate(record.spec)
+    spec = RepresentationSpec.model_validate(record.spec, context=RECORDED)
     texts: dict[tuple[str, str], str] = {}
     if spec.generated_kinds:
         if generations is None:

@@ -144,9 +144,14 @@ class GenerationStep:
             except StepFailure as failure:
                 out.append(failure)
                 continue
-            value = call_value(item.request, reply.content, reply.response, reply.usage)
             try:
+                reply.content.encode("utf-8")  # a lone surrogate (a JSON escape) is no text
+                value = call_value(item.request, reply.content, reply.response, reply.usage)
                 parse_reply(self.kind, self.spec, reply.content)
+            except UnicodeEncodeError:
+                message = "reply is not valid Unicode text (an unpaired surrogate)"
+                out.append(StepFailure("invalid_output", message, usage=reply.usage))
+                continue
             except InvalidOutput as exc:
                 out.append(StepFailure("invalid_output", str(exc), usage=reply.usage, evidence=value))
                 continue

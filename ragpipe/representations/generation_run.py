@@ -100,8 +100,9 @@ def generate_representations(
             value = values.get(key)
             failure = failures.get(key)
             evidence = value if value is not None else (failure.evidence if failure is not None else None)
-            if evidence is None:
-                raise GenerationFailed(f"generating {kind}: chunk {chunk.chunk_id} has neither a reply nor a failure")
+            if evidence is None:  # an invalid reply that cannot even be recorded (not Unicode text)
+                why = failure.message if failure is not None else "no reply"
+                raise GenerationFailed(f"generating {kind}: chunk {chunk.chunk_id}: {why}")
             record = evidence_record(chunk.chunk_id, kind, key, evidence, producer_spec_id)
             try:
                 texts[(chunk.chunk_id, kind)] = parse_reply(kind, kspec, record.content)
@@ -123,6 +124,12 @@ def _value_check(kind: str, kspec):
         Usage.model_validate(value["usage"])
         if not isinstance(value["content"], str) or not isinstance(value["response"], dict):
             raise ValueError("its reply is not a text and a response object")
+        try:
+            message = value["response"]["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("its response is not a chat completion") from None
+        if message != value["content"]:
+            raise ValueError("its reply text is not its response's message")
 
     return check
 

@@ -80,8 +80,12 @@ def _retry_after(exc: BaseException) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
-        when = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, when.timestamp() - time.time()) if when is not None else None
+        pass
+    try:  # an HTTP date
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # unreadable: the policy's own backoff applies
+    return max(0.0, when.timestamp() - time.time()) if when.tzinfo is not None else None
 
 
 def _caused_by_connection_failure(exc: BaseException) -> bool:
@@ -143,15 +147,17 @@ def complete(
         raise _failure(exc, litellm) from None
     latency_ms = round((time.perf_counter() - start) * 1000)
     usage_obj = getattr(response, "usage", None)
-    input_tokens = int(getattr(usage_obj, "prompt_tokens", 0) or 0)
-    output_tokens = int(getattr(usage_obj, "completion_tokens", 0) or 0)
+    input_tokens = getattr(usage_obj, "prompt_tokens", None)
+    output_tokens = getattr(usage_obj, "completion_tokens", None)
+    metered = isinstance(input_tokens, int) and isinstance(output_tokens, int)
     usage = Usage(
         provider=provider_of(request.model),
         model=request.model,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
+        input_tokens=input_tokens if metered else 0,
+        output_tokens=output_tokens if metered else 0,
         latency_ms=latency_ms,
-        cost_micros=prices.cost_micros(request.model, input_tokens, output_tokens),
+        # a reply without token counts has an unknown cost, never a zero one
+        cost_micros=prices.cost_micros(request.model, input_tokens, output_tokens) if metered else None,
     )
     choices = getattr(response, "choices", None) or []
     content = (choices[0].message.content if choices else None) or ""

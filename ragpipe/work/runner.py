@@ -21,6 +21,7 @@ usage; a budget stop raises ``BudgetExhausted`` once the admitted calls have fin
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ from ragpipe.work.leases import KeyLeases
 from ragpipe.work.policy import ExecutionPolicy
 from ragpipe.work.usage import Usage, UsageTotals
 
+log = logging.getLogger(__name__)
 I = TypeVar("I")  # noqa: E741 - the input type
 V = TypeVar("V")
 
@@ -169,6 +171,24 @@ def run_step(
     return tally.values, report
 
 
+# Failures whose request may have reached the provider and been billed without a usage report:
+# the budget charges them their worst case (a 429 or a refusal is not billed).
+_UNMETERED = ("timeout", "server_error")
+
+
+def _charged(outcomes: list, worst: int, usages: dict[int, Usage], step: str) -> int:
+    """What an attempt costs the budget: the calls' reported cost, or the worst case for an
+    attempt that failed in a way a provider may still bill (``_UNMETERED``) or reported no price."""
+    if any(isinstance(o, StepFailure) and o.usage is None and o.kind in _UNMETERED for o in outcomes):
+        return worst
+    if any(u.cost_micros is None for u in usages.values()):
+        return worst
+    actual = sum(u.cost_micros or 0 for u in usages.values())
+    if actual > worst:
+        log.warning("%s: an attempt cost %d micros, above its estimated worst case %d", step, actual, worst)
+    return actual
+
+
 def _run_batch(step, batch, inputs, store, policy, leases, budget, limiter, stop, tally, sleep) -> None:
     if stop.is_set():
         with tally.lock:
@@ -203,7 +223,7 @@ def _run_batch(step, batch, inputs, store, policy, leases, budget, limiter, stop
             if len(outcomes) != len(pending):
                 raise RuntimeError(f"{step.name}: {len(outcomes)} outcomes for {len(pending)} inputs")
             usages = {id(o.usage): o.usage for o in outcomes if o.usage is not None}
-            budget.settle(worst or 0, sum(u.cost_micros or 0 for u in usages.values()))
+            budget.settle(worst or 0, _charged(outcomes, worst or 0, usages, step.name))
             committed = [(k, o.value) for k, o in zip(pending, outcomes) if isinstance(o, Done)]
             if committed:
                 store.commit(committed)

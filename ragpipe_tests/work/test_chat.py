@@ -58,6 +58,16 @@ def test_each_server_fault_is_a_typed_failure(fault, kind, detail, retry_after):
     assert "\n" not in caught.value.message
 
 
+@pytest.mark.parametrize(("header", "expected"), [("2.5", 2.5), ("soon", None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)])
+def test_retry_after_is_seconds_or_an_http_date_and_unreadable_is_ignored(header, expected):
+    with LLMServer() as server:
+        server.scenario = "responder"
+        server.faults.append(f"429:{header}")
+        with pytest.raises(StepFailure) as caught:
+            call(server)
+    assert (caught.value.kind, caught.value.retry_after) == ("rate_limited", expected)
+
+
 def test_an_unreachable_server_is_a_connection_error():
     with LLMServer() as server:
         base = server.api_base

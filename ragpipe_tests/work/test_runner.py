@@ -168,6 +168,38 @@ def test_the_budget_stops_admission_before_it_is_exceeded_and_keeps_what_finishe
     assert len(again.calls) == 3 and report.cache_hits == 3 and len(values) == 6
 
 
+def test_a_failed_attempt_a_provider_may_bill_is_charged_its_worst_case(tmp_path):
+    """A timeout or 5xx reports no usage but may have been billed: the budget counts it at its
+    worst case, so retries of failing calls cannot spend past the budget."""
+    step = Upper({f"t{i}": [StepFailure("timeout", "slow")] * 4 for i in range(10)}, cost=100)
+    with pytest.raises(BudgetExhausted) as caught:
+        run_step(
+            step,
+            items(*[f"t{i}" for i in range(10)]),
+            store(tmp_path),
+            ExecutionPolicy(budget_micros=150, backoff_seconds=0),
+        )
+    assert len(step.calls) == 1 and caught.value.spent == 100 <= 150
+    # a 429 is not billed: it costs the budget nothing
+    limited = Upper({"a": [StepFailure("rate_limited", "429")] * 3}, cost=100)
+    values, _ = run_step(
+        limited, items("a"), store(tmp_path / "2"), ExecutionPolicy(budget_micros=150, backoff_seconds=0)
+    )
+    assert values == {key("a"): "A"} and len(limited.calls) == 4
+
+
+def test_concurrent_admission_never_spends_past_the_budget(tmp_path):
+    step = Upper(cost=10, delay=0.01)
+    with pytest.raises(BudgetExhausted) as caught:
+        run_step(
+            step,
+            items(*[f"t{i}" for i in range(40)]),
+            store(tmp_path),
+            ExecutionPolicy(concurrency=4, budget_micros=95),
+        )
+    assert len(step.calls) == 9 and caught.value.spent == 90
+
+
 def test_a_budget_with_an_unpriced_model_is_refused_before_any_call(tmp_path):
     step = Upper(cost=None)
     with pytest.raises(BudgetUnenforceable, match="cost of a call is unknown"):
@@ -194,6 +226,7 @@ def test_concurrent_runs_never_compute_one_key_twice(tmp_path):
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads)
     assert sorted(step.calls) == sorted(texts)
     assert sum(r.computed for r in reports) == 24
     assert sum(r.computed + r.cache_hits + r.waited_hits for r in reports) == 36
