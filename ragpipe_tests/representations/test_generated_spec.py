@@ -6,9 +6,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from ragpipe.spec import RECORDED, PipelineSpecError, RepresentationSpec, load_pipeline_spec
+from ragpipe.spec import DEFAULT_SPEC_PATH, RECORDED, PipelineSpecError, RepresentationSpec, load_pipeline_spec
 
-BASE = yaml.safe_load(open("ragpipe/specs/pipeline.yaml", encoding="utf-8"))
+BASE = yaml.safe_load(DEFAULT_SPEC_PATH.read_text(encoding="utf-8"))
 
 
 def spec_file(tmp_path, generated: dict, kinds=("raw", "questions")):
