@@ -78,8 +78,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.delay:
             time.sleep(self.server.delay)
         self._send(200, completion(content, request if scenario == "responder" else None))
-        with self.server.lock:
+        with self.server.answered_changed:
             self.server.answered += 1
+            self.server.answered_changed.notify_all()
 
     def _fault(self, fault: str) -> bool:
         """Answer with ``fault``; False for ``"ok"`` (the scenario answers)."""
@@ -130,6 +131,7 @@ class LLMServer(ThreadingHTTPServer):
         self.bodies: list[bytes] = []
         self.connections = 0
         self.answered = 0
+        self.answered_changed = threading.Condition(self.lock)
         self.scenario = "valid"
         self.faults: collections.deque[str] = collections.deque()
         self.responder: Callable[[dict], str] = lambda request: ""
@@ -141,6 +143,11 @@ class LLMServer(ThreadingHTTPServer):
     def verify_request(self, request, client_address) -> bool:
         self.connections += 1  # called by the serving thread for every accepted connection
         return True
+
+    def wait_answered(self, count: int, timeout: float) -> bool:
+        """Block until ``count`` replies were sent (False if ``timeout`` seconds pass first)."""
+        with self.answered_changed:
+            return self.answered_changed.wait_for(lambda: self.answered >= count, timeout)
 
     @property
     def api_base(self) -> str:
