@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 
@@ -58,7 +57,3 @@ def backoff(attempt: int, base: float, cap: float, retry_after: float | None) ->
     ``base × 2^(attempt-1)``; never more than ``cap``."""
     wish = retry_after if retry_after is not None else base * (2 ** (attempt - 1))
     return max(0.0, min(cap, wish))
-
-
-def monotonic() -> float:
-    return time.monotonic()
