@@ -4,7 +4,9 @@ Both arms make the same N chat calls through ``ragpipe.work.chat.complete`` with
 step arm adds what ``ragpipe.work.runner.run_step`` does per item (key, cache lookup, lease,
 admission, commit with fsync, usage accounting). Rounds alternate bare/step and the median of the
 per-round ratios is reported. ``--delay`` is the server's time per reply (a model's latency). The
-bytes an item adds to a bundle are measured from the evidence records of the step arm.
+server runs in its own process, as a model endpoint does: in this process it would share the GIL
+with the client threads and turn every client-side microsecond into wall time. The bytes an item
+adds to a bundle are measured from the evidence records of the step arm.
 
     python -m benchmarks.step_bench --items 200 --delay 0.05 --rounds 3
 """
@@ -12,7 +14,9 @@ bytes an item adds to a bundle are measured from the evidence records of the ste
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -33,7 +37,26 @@ from ragpipe.work.runner import run_step
 from ragpipe.work.usage import load_prices
 from ragpipe_tests.support.llm_server import LLMServer
 
-REPLY = json.dumps({"questions": ["What does the trial report?", "Which dose was tested?", "Who took part?"]})
+
+def reply(request: dict) -> str:
+    """Three questions that differ per chunk (identical replies would compress unrealistically)."""
+    tag = hashlib.sha256(request["messages"][-1]["content"].encode()).hexdigest()
+    return json.dumps(
+        {
+            "questions": [
+                f"What does trial {tag[:8]} report about stroke risk in adults over seventy?",
+                f"Which aspirin dose did study {tag[8:16]} test, and for how long?",
+                f"How many people took part in cohort {tag[16:24]}?",
+            ]
+        }
+    )
+
+
+def _serve(delay: float, ports) -> None:
+    with LLMServer() as server:
+        server.scenario, server.responder, server.delay = "responder", reply, delay
+        ports.put(server.server_address[1])
+        server.release.wait()
 
 
 def texts(n: int) -> list[str]:
@@ -54,16 +77,19 @@ def main() -> None:
     kspec: GeneratedKindSpec = spec.generated["questions"]
     prices = load_prices()
     requests = [chat_request("questions", kspec, "Aspirin", t) for t in texts(args.items)]
-    with LLMServer() as server:
-        server.scenario, server.responder, server.delay = "responder", (lambda r: REPLY), args.delay
-        execution = GenerationExecution(api_base=server.api_base, concurrency=args.concurrency, backoff_seconds=0)
+    ports = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=_serve, args=(args.delay, ports), daemon=True)
+    child.start()
+    api_base = f"http://127.0.0.1:{ports.get(timeout=30)}/v1"
+    try:
+        execution = GenerationExecution(api_base=api_base, concurrency=args.concurrency, backoff_seconds=0)
 
         def bare() -> float:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
                 list(
                     pool.map(
-                        lambda r: complete(r, api_base=server.api_base, api_key="k", timeout=30, prices=prices),
+                        lambda r: complete(r, api_base=api_base, api_key="k", timeout=30, prices=prices),
                         requests,
                     )
                 )
@@ -105,6 +131,9 @@ def main() -> None:
             sink = pa.BufferOutputStream()
             pq.write_table(pa.Table.from_pylist([r.model_dump() for r in records], schema=GENERATIONS_SCHEMA), sink)
             evidence_bytes = sink.getvalue().size
+    finally:
+        child.terminate()
+        child.join(10)
     print(
         json.dumps(
             {

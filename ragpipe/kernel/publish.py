@@ -195,12 +195,17 @@ def publish_directory(
     return PublishOutcome.published
 
 
-def write_file_atomic(path: Path, data: bytes, *, replace: bool = True, on_step: StepHook | None = None) -> bool:
+def write_file_atomic(
+    path: Path, data: bytes, *, replace: bool = True, sync: bool = True, on_step: StepHook | None = None
+) -> bool:
     """Write ``data`` to ``path`` via temp + fsync + rename, then fsync the parent.
 
     With ``replace=True`` (a pointer file) the rename is ``os.replace``: a reader sees the old or
     the new bytes, never a mix. With ``replace=False`` an existing file is kept and False is
-    returned. ``on_step`` is called at each of ``FILE_STEPS``.
+    returned. ``on_step`` is called at each of ``FILE_STEPS``. ``sync=False`` skips both fsyncs:
+    the rename still makes the write all-or-nothing for readers and for a killed writer (the page
+    cache survives a process), but a power loss may leave a cut or empty file — only for files
+    verified on every load whose loss costs a recomputation (a cache entry), never a record.
     """
     step = on_step or _noop
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +214,8 @@ def write_file_atomic(path: Path, data: bytes, *, replace: bool = True, on_step:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         step("file_temp_written")
         if replace:
             os.replace(tmp, path)
@@ -222,6 +228,7 @@ def write_file_atomic(path: Path, data: bytes, *, replace: bool = True, on_step:
         tmp.unlink(missing_ok=True)
         raise
     step("file_renamed")
-    fsync_path(path.parent)
+    if sync:
+        fsync_path(path.parent)
     step("file_parent_fsynced")
     return done
