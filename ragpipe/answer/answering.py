@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ragpipe.answer.generators import ExtractiveGenerator, Generator
-from ragpipe.answer.results import AnswerResult
+from ragpipe.answer.results import AnswerResult, AnswerUsage
 from ragpipe.answer.validate import abstain, validate_candidate
 from ragpipe.retrieval.authz import AuthorizationError, Subject, issue_certificate
 from ragpipe.retrieval.context import build_context
@@ -61,5 +61,11 @@ def answer(
     candidate = generator.generate(text, context, certificate)
     failure = {"kind": candidate.failure.kind, "message": candidate.failure.message} if candidate.failure else None
     return AnswerResult(
-        validate_candidate(candidate, context), generator.name, context, result, certificate.certificate_id, failure
+        validate_candidate(candidate, context),
+        generator.name,
+        context,
+        result,
+        certificate.certificate_id,
+        failure,
+        AnswerUsage.of(candidate),
     )

@@ -36,7 +36,10 @@ class CandidateAnswer:
     failure: GeneratorFailure | None = None
     raw: str = ""
     cached: bool = False
-    usage: Usage | None = None  # the model call that produced it (None: cached, or no model)
+    # The model call that produced it — also when it comes from the answer cache, which keeps the
+    # usage of the call it recorded (None: no model, or a call that reported none).
+    usage: Usage | None = None
+    calls: int = 0  # model calls it took (a cached answer: the one that produced it)
     extras: dict[str, object] = field(default_factory=dict)
 
 

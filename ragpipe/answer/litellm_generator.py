@@ -26,7 +26,7 @@ from ragpipe.retrieval.context import Context, payload_digest
 from ragpipe.retrieval.plan import GeneratorPlan
 from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json
 from ragpipe.work.failures import StepFailure
-from ragpipe.work.usage import load_prices
+from ragpipe.work.usage import Usage, load_prices
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,11 @@ class LiteLLMGenerator:
                 abstained=_typed(value["abstained"], bool),
                 raw=_typed(value["raw"], str),
                 cached=True,
+                # entries written before usage was kept have none: their cost is unknown
+                usage=None if value.get("usage") is None else Usage.model_validate(value["usage"]),
+                calls=1,
             )
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("answer cache: %s: %s; set aside as %s.refused, asking the model again", path, exc, path.name)
             try:
                 os.replace(path, path.with_name(path.name + ".refused"))
@@ -135,6 +138,7 @@ class LiteLLMGenerator:
                 "citations": list(cand.citations),
                 "abstained": cand.abstained,
                 "raw": cand.raw,
+                "usage": None if cand.usage is None else cand.usage.model_dump(),
             }
             entry = {"key": key, "value": value, "value_digest": bytes_digest(_value_bytes(value))}
             write_file_atomic(self.cache_dir / f"{key.split(':')[1]}.json", json.dumps(entry, sort_keys=True).encode())
@@ -165,13 +169,18 @@ class LiteLLMGenerator:
                 prices=load_prices(),
             )
         except StepFailure as failure:  # every provider error is a typed failure, never a crash
-            return CandidateAnswer("", (), True, failure=GeneratorFailure(failure.detail, failure.message))
+            # a failed call may still be billed: its usage is unknown (StepFailure.usage when reported)
+            return CandidateAnswer(
+                "", (), True, failure=GeneratorFailure(failure.detail, failure.message), usage=failure.usage, calls=1
+            )
         content, usage = reply.content, reply.usage
         try:
             answer, citations, abstained = parse_model_json(content)
         except ValueError as exc:
             failure = GeneratorFailure("malformed_output", str(exc))
-            return CandidateAnswer("", (), True, failure=failure, raw=content, usage=usage)
-        cand = CandidateAnswer(answer=answer, citations=citations, abstained=abstained, raw=content, usage=usage)
+            return CandidateAnswer("", (), True, failure=failure, raw=content, usage=usage, calls=1)
+        cand = CandidateAnswer(
+            answer=answer, citations=citations, abstained=abstained, raw=content, usage=usage, calls=1
+        )
         self._store(key, cand)
         return cand

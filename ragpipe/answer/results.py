@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ragpipe.answer.generators import CandidateAnswer
 from ragpipe.answer.validate import ValidatedAnswer
+from ragpipe.kernel.models import FrozenModel
 from ragpipe.retrieval.context import Context
 from ragpipe.retrieval.results import QueryResult
+
+
+class AnswerUsage(FrozenModel):
+    """What answering one question took from a model: the ``calls`` made (0: the extractive
+    generator, or nothing to answer from), whether the answer came from the answer cache — its
+    usage is then that of the call that produced it, so a recorded cost never depends on the
+    cache's state — and tokens and micros, None when unknown (a call that failed without
+    reporting usage, a model without a price, an answer cached before usage was kept)."""
+
+    calls: int
+    cached: bool
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_micros: int | None
+
+    @classmethod
+    def of(cls, candidate: CandidateAnswer | None) -> AnswerUsage:
+        if candidate is None or candidate.calls == 0:
+            return cls(calls=0, cached=False, input_tokens=0, output_tokens=0, cost_micros=0)
+        u = candidate.usage
+        return cls(
+            calls=candidate.calls,
+            cached=candidate.cached,
+            input_tokens=None if u is None else u.input_tokens,
+            output_tokens=None if u is None else u.output_tokens,
+            cost_micros=None if u is None else u.cost_micros,
+        )
 
 
 @dataclass
@@ -17,6 +46,7 @@ class AnswerResult:
     query: QueryResult
     certificate_id: str | None
     failure: dict[str, str] | None
+    usage: AnswerUsage = field(default_factory=lambda: AnswerUsage.of(None))
 
     def as_dict(self) -> dict[str, object]:
         labels = self.context.by_label()
@@ -34,6 +64,7 @@ class AnswerResult:
             "context_digest": self.context.digest,
             "certificate_id": self.certificate_id,
             "failure": self.failure,
+            "usage": self.usage.model_dump(),
             "plan_id": self.query.plan_id,
             "bundle_id": self.query.bundle_id,
             "subject": self.query.subject.as_dict(),

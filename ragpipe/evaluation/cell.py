@@ -13,7 +13,9 @@ Metrics per cell: the ranking metrics of the spec on the final hits collapsed to
 level (answerable cases only: an unanswerable case has no relevant target), the safety metric
 over every hit (and, with answers, every evidence item and citation the subject was shown), and
 the answer metrics when the run generates answers. Latency is the query's wall time in ms
-(execution data: recorded and reported, never in an ID); ``answer_ms`` is the answer step's.
+(execution data: recorded and reported, never in an ID); ``answer_ms`` is the answer step's and
+``answer_usage`` what it took from a model (``ragpipe.answer.results.AnswerUsage``: calls,
+tokens, micros — a cached answer's are those of the call that produced it).
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ def _ms(started: float) -> float:
 
 def _answer(
     retriever: Retriever, case: Case, subject: Subject, body: SpecBody
-) -> tuple[dict[str, float], list[Shown], dict[str, object], float]:
+) -> tuple[dict[str, float], list[Shown], dict[str, object], dict[str, object]]:
     """The answer step's metrics, the items it showed beyond the hits (context evidence, then
-    cited sources), the answer fields the metrics were computed on, and its wall time."""
+    cited sources), the answer fields the metrics were computed on, and the cell record's
+    ``answer_ms`` and ``answer_usage``."""
     started = time.perf_counter()
     answer = answer_question(retriever, case.query, subject, mode=body.mode)
     elapsed = _ms(started)
@@ -74,7 +77,8 @@ def _answer(
         for c in data["citations"]  # type: ignore[union-attr]
     ]
     recorded = {name: _nfc(data[name]) for name in ANSWER_FIELDS}
-    return answer_metrics(case, recorded), shown, recorded, elapsed
+    extra = {"answer_ms": elapsed, "answer_usage": answer.usage.model_dump()}
+    return answer_metrics(case, recorded), shown, recorded, extra
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> 
         seen = [(e.document_id, e.access_scopes) for e in result.evidence]
         outcome, extra, shown, answer = "success", {}, [], None
         if body.answers:
-            answered, shown, answer, extra["answer_ms"] = _answer(retriever, case, subject, body)
+            answered, shown, answer, extra = _answer(retriever, case, subject, body)
             metrics.update(answered)
             seen += [(document, scopes) for _, document, scopes in shown]
             outcome = "abstained" if answer["abstained"] else "success"

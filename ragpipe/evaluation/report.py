@@ -9,7 +9,9 @@ run's value is ``metrics.aggregate`` over the evaluated cases carrying the metri
 for counts such as ``unauthorized_disclosures``), with ``n`` the number of cases averaged.
 Unanswerable cases carry no ranking metric; skipped cases and failed cells carry none at all.
 Latency: p50 / p95 by nearest rank over the completed cells' query latencies, with the count.
-``evaluated`` counts cases all of whose cells completed. Nothing operational that varies between
+``evaluated`` counts cases all of whose cells completed. A run that generates answers adds
+``answer_usage``: the completed cells' model calls, cached answers, tokens and micros summed
+(``sum_answer_usage``; a sum with any unknown part is unknown, ``null``). Nothing operational that varies between
 rebuilds (paths, time) is in a report; ``eval --json`` adds ``out``.
 """
 
@@ -47,6 +49,25 @@ def _per_case(state: RunState) -> dict[str, dict[str, float]]:
             for name, value in payload["metrics"].items():
                 sums.setdefault(key[0], {}).setdefault(name, []).append(float(value))
     return {case: {m: math.fsum(v) / len(v) for m, v in metrics.items()} for case, metrics in sums.items()}
+
+
+USAGE_FIGURES = ("input_tokens", "output_tokens", "cost_micros")
+
+
+def sum_answer_usage(usages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals of cells' ``answer_usage`` records: ``cells``, ``calls``, ``cached``, and each of
+    ``USAGE_FIGURES`` — None when any cell's is unknown (never a smaller number) — with the count
+    of cells whose cost is unknown."""
+    totals: dict[str, Any] = {
+        "cells": len(usages),
+        "calls": sum(u["calls"] for u in usages),
+        "cached": sum(bool(u["cached"]) for u in usages),
+    }
+    for name in USAGE_FIGURES:
+        values = [u[name] for u in usages]
+        totals[name] = None if any(v is None for v in values) else sum(values)
+    totals["unknown_cost_cells"] = sum(u["cost_micros"] is None for u in usages)
+    return totals
 
 
 def _metric_table(
@@ -88,7 +109,7 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
     for case in evaluated:
         for tag in created["tags"].get(case, ()):
             tags.setdefault(tag, []).append(case)
-    return {
+    report = {
         "schema": "ragpipe.evaluation_report/v1",
         "run_id": state.run_id,
         "spec_id": state.spec_id,
@@ -115,6 +136,14 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
         },
         "ledger_head": records[-1].hash if records else None,
     }
+    if spec.get("answers"):
+        usages = [
+            p["answer_usage"]
+            for p in state.terminal.values()
+            if p["outcome"] in COMPLETED_OUTCOMES and "answer_usage" in p
+        ]
+        report["answer_usage"] = sum_answer_usage(usages)
+    return report
 
 
 def _fmt(value: object, unit: str = "ratio") -> str:
@@ -146,9 +175,16 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"| {name} | {_fmt(m['value'], m['unit'])} | {m['direction']} | {m['unit']} | {_fmt(m['k'])} | {m['n']} |"
         )
     lat = report["latency_ms"]
+    lines += ["", f"Latency (query, ms): p50 {_fmt(lat['p50'])} · p95 {_fmt(lat['p95'])} · n {lat['n']}"]
+    if (u := report.get("answer_usage")) is not None:
+        cost = "unknown" if u["cost_micros"] is None else f"{u['cost_micros']} micros"
+        lines += [
+            "",
+            f"Answers (model usage over {u['cells']} cells): {u['calls']} calls · {u['cached']} cached · "
+            f"tokens in {_fmt(u['input_tokens'])} · out {_fmt(u['output_tokens'])} · cost {cost}"
+            + (f" ({u['unknown_cost_cells']} cells of unknown cost)" if u["unknown_cost_cells"] else ""),
+        ]
     lines += [
-        "",
-        f"Latency (query, ms): p50 {_fmt(lat['p50'])} · p95 {_fmt(lat['p95'])} · n {lat['n']}",
         "",
         "## Per tag",
         "",

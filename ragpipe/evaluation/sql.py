@@ -6,8 +6,10 @@ trace the ledger does not vouch for:
 
 * ``cells`` — one row per expected cell, in expected order: ``position``, ``case_id``,
   ``repeat``, ``arm``, ``status`` (``pending`` | ``started`` | the terminal outcome), ``starts``
-  (how many times the cell was started), ``latency_ms``, ``answer_ms``, ``hits``, ``error``,
-  ``tags``, ``trace_file``;
+  (how many times the cell was started), ``latency_ms``, ``answer_ms``, ``answer_calls``,
+  ``answer_input_tokens``, ``answer_output_tokens``, ``answer_cost_micros`` (the cell's
+  ``answer_usage``; null without answers, or when unknown), ``hits``, ``error``, ``tags``,
+  ``trace_file``;
 * ``metrics`` — one row per completed cell and metric: ``case_id``, ``repeat``, ``arm``,
   ``metric``, ``value``, ``direction``, ``unit``, ``k``;
 * ``hits`` — the rows of every completed cell, as its record's trace reference names them in the
@@ -41,6 +43,10 @@ CELLS_SCHEMA = pa.schema(
         ("starts", pa.int32()),
         ("latency_ms", pa.float64()),
         ("answer_ms", pa.float64()),
+        ("answer_calls", pa.int32()),
+        ("answer_input_tokens", pa.int64()),
+        ("answer_output_tokens", pa.int64()),
+        ("answer_cost_micros", pa.int64()),
         ("hits", pa.int32()),
         ("error", pa.string()),
         ("tags", pa.list_(pa.string())),
@@ -66,6 +72,7 @@ def _cells(state: RunState) -> pa.Table:
     tags = state.created.get("tags", {})
     for position, key in enumerate(state.expected, start=1):
         p = state.terminal.get(key, {})
+        usage = p.get("answer_usage") or {}
         status = p.get("outcome") or ("started" if state.starts.get(key) else "pending")
         rows.append(
             {
@@ -77,6 +84,10 @@ def _cells(state: RunState) -> pa.Table:
                 "starts": state.starts.get(key, 0),
                 "latency_ms": p.get("latency_ms"),
                 "answer_ms": p.get("answer_ms"),
+                "answer_calls": usage.get("calls"),
+                "answer_input_tokens": usage.get("input_tokens"),
+                "answer_output_tokens": usage.get("output_tokens"),
+                "answer_cost_micros": usage.get("cost_micros"),
                 "hits": p.get("hits"),
                 "error": p.get("error"),
                 "tags": tags.get(key[0], []),

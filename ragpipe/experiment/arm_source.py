@@ -12,7 +12,8 @@ cell terminal). It then reads only the verified ledger state:
 * ``expected`` from ``RunCreated.cells``, ``skipped`` and ``tags`` from ``RunCreated``;
 * cells from the terminal records (``CellCompleted`` / ``CellFailed``): outcome, metrics,
   ``latency_ms``; a failed cell's class is the exception type that prefixes its ``error``
-  (``"TimeoutError: …"``), a cancelled cell's class is ``cancelled``;
+  (``"TimeoutError: …"``), a cancelled cell's class is ``cancelled``; a completed cell's
+  ``answer_usage`` when the run generated answers;
 * ``build`` from the ``bundle`` InputBound record (``runner.bundle_binding``: material digest,
   vectors, payload bytes), already checked by ``verify_run`` against the spec's bundle; ``None``
   for a run made before runs recorded it.
@@ -52,6 +53,7 @@ def _cell(case: str, repeat: int, payload: dict[str, Any]) -> CellOutcome:
         failure_class=_failure_class(payload),
         metrics={k: float(v) for k, v in payload.get("metrics", {}).items()} if completed else {},
         latency_ms=float(payload["latency_ms"]) if completed and payload.get("latency_ms") is not None else None,
+        answer_usage=payload.get("answer_usage") if completed else None,
     )
 
 

@@ -12,7 +12,10 @@
 * each cell's outcome (success, abstained, failure, cancelled), failure class, metric values
   and query latency (execution data: read by the cost phase, never part of an identity);
 * ``build``: the build-cost figures of the evaluated bundle (``BuildCost``), when the run
-  recorded them (runs made before they were recorded have none).
+  recorded them (runs made before they were recorded have none);
+* each completed cell's ``answer_usage`` when the run generates answers (model calls, tokens,
+  micros; ``ragpipe.answer.results.AnswerUsage``), which ``summarize`` turns into per-case
+  figures (``AnswerCost``) for the cost phase.
 
 The model accepts duplicate or missing cells as data, because *detecting* them is the pairing's
 job (``pairing.check_arm``), which names the arm and the cell. ``summarize`` is the per-arm view
@@ -27,6 +30,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_serializer
 
+from ragpipe.answer.results import AnswerUsage
 from ragpipe.experiment.catalog import Direction
 from ragpipe.kernel.models import FrozenModel
 
@@ -81,6 +85,7 @@ class CellOutcome(FrozenModel):
     failure_class: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     latency_ms: float | None = Field(None, ge=0)
+    answer_usage: AnswerUsage | None = None  # completed cells of a run that generates answers
 
     @property
     def key(self) -> CellKey:
@@ -109,6 +114,17 @@ class BuildCost(FrozenModel):
     material_digest: str
     vectors: int = Field(ge=0)
     payload_bytes: int = Field(ge=0)
+
+
+class AnswerCost(FrozenModel):
+    """What answering cost per evaluated case, over its repeats' mean, then the cases' mean (as a
+    metric aggregates): ``tokens_per_case`` (input + output) and ``micros_per_case`` — None when
+    any contributing cell's figure is unknown (never a smaller number) — over ``cases`` cases."""
+
+    cases: int
+    calls: int
+    tokens_per_case: float | None
+    micros_per_case: float | None
 
 
 class ArmRun(FrozenModel):
@@ -155,18 +171,21 @@ class ArmSummary(FrozenModel):
     latency_p95_ms: float | None
     latency_n: int
     build: BuildCost | None = None  # None: the run recorded no build figures
+    answer_cost: AnswerCost | None = None  # None: the run generates no answers
 
     @property
     def failed_cells(self) -> int:
         return sum(self.failed.values())
 
     @model_serializer(mode="wrap")
-    def _without_absent_build(self, handler):
-        """No ``build`` key when there are no figures, so a comparison of runs made before they
-        were recorded keeps the content (and ID) it was written with."""
+    def _without_absent_figures(self, handler):
+        """No ``build`` / ``answer_cost`` key when there are no such figures, so a comparison of
+        runs made before they were recorded keeps the content (and ID) it was written with."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("build") is None:
-            data.pop("build", None)
+        if isinstance(data, dict):
+            for key in ("build", "answer_cost"):
+                if data.get(key, 0) is None:
+                    data.pop(key)
         return data
 
 
@@ -188,8 +207,37 @@ def case_means(cells: Iterable[CellOutcome]) -> dict[str, dict[str, float]]:
     return {case: {m: math.fsum(v) / len(v) for m, v in metrics.items()} for case, metrics in sums.items()}
 
 
+def _per_case(values: dict[str, list[float | None]]) -> float | None:
+    """The mean over cases of each case's mean over its cells; None if any value is unknown."""
+    if not values or any(v is None for vs in values.values() for v in vs):
+        return None
+    return math.fsum(math.fsum(vs) / len(vs) for vs in values.values()) / len(values)  # type: ignore[arg-type]
+
+
+def answer_cost(arm: ArmRun, evaluated: list[str]) -> AnswerCost | None:
+    """Per-case answer usage over the evaluated cases (``AnswerCost``); None without answers."""
+    if not arm.coordinates.answers:
+        return None
+    tokens: dict[str, list[float | None]] = {}
+    micros: dict[str, list[float | None]] = {}
+    calls, wanted = 0, set(evaluated)
+    for cell in arm.cells:
+        if cell.case_id not in wanted:
+            continue
+        u = cell.answer_usage
+        known = u is not None and u.input_tokens is not None and u.output_tokens is not None
+        tokens.setdefault(cell.case_id, []).append(float(u.input_tokens + u.output_tokens) if known else None)  # type: ignore[union-attr,operator]
+        cost = None if u is None or u.cost_micros is None else float(u.cost_micros)
+        micros.setdefault(cell.case_id, []).append(cost)
+        calls += 0 if u is None else u.calls
+    return AnswerCost(
+        cases=len(tokens), calls=calls, tokens_per_case=_per_case(tokens), micros_per_case=_per_case(micros)
+    )
+
+
 def summarize(arm: ArmRun) -> ArmSummary:
-    """Counts, failures by class, aggregates, p95 latency and build figures of one (integrity-checked) arm.
+    """Counts, failures by class, aggregates, p95 latency, build figures and answer cost of one
+    (integrity-checked) arm.
 
     As the evaluation report: a case is *evaluated* when all its cells completed; a metric's value is
     the mean (or sum) over evaluated cases carrying it of each case's mean over its repeats;
@@ -221,4 +269,5 @@ def summarize(arm: ArmRun) -> ArmSummary:
         latency_p95_ms=nearest_rank(latencies, 0.95),
         latency_n=len(latencies),
         build=arm.build,
+        answer_cost=answer_cost(arm, evaluated),
     )

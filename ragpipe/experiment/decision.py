@@ -20,12 +20,15 @@ instead of only that there is none. The outcome is the same; only the reasons ar
 
 The cost phase checks, in this order: p95 latency (relative, absolute), then the build cost of
 the arm's bundle (``arms.BuildCost``, recorded by the run when it bound the bundle): vectors
-(relative, absolute), then payload bytes (relative, absolute). A run without a build figure
-fails the check (``no value``, fail closed). The latency checks are *advisory*: a latency bound
+(relative, absolute), then payload bytes (relative, absolute), then — for runs that generate
+answers — model tokens and micros per evaluated case against their ceilings (``arms.AnswerCost``;
+a cost the run does not know, such as a model without a price, fails the bound). A run without a
+build figure fails the check (``no value``, fail closed). The latency checks are *advisory*: a latency bound
 that does not hold (or has no sample) gets verdict ``advisory`` with its reason, is shown, and
 never decides — each arm's latencies are wall-clock times of its own run, taken at another
 moment under another load, so a busy machine would flip the outcome (``ADVISORY_LATENCY``).
-Only deterministic figures (build cost) make the cost phase decisive.
+Only recorded figures (build cost, answer usage — a cached answer keeps the usage of the call
+that produced it) make the cost phase decisive.
 
 Refused with ``GateError`` (no decision is made): a policy naming a metric the run does not
 declare (other than ``if_measured`` bounds), a run declaring a known metric with another
@@ -325,7 +328,39 @@ def _cost(
         out.append(
             check("cost", "p95_latency_absolute", p95, "<=", cost.max_p95_latency_ms, missing=no_sample, advisory=True)
         )
-    return out + _build_cost(policy, challenger, incumbent)
+    return out + _build_cost(policy, challenger, incumbent) + _answer_cost(policy, challenger)
+
+
+ANSWER_FIGURES = (  # (check name, AnswerCost field, policy ceiling, why a value is missing)
+    (
+        "answer_tokens_per_case",
+        "tokens_per_case",
+        "max_answer_tokens_per_case",
+        "some answer's token counts are unknown",
+    ),
+    (
+        "answer_micros_per_case",
+        "micros_per_case",
+        "max_answer_micros_per_case",
+        "some answer's cost is unknown (a model without a price, or a call that reported no usage)",
+    ),
+)
+
+
+def _answer_cost(policy: GatePolicy, challenger: ArmSummary) -> list[Check]:
+    """Challenger tokens and micros per evaluated case <= their ceilings (fail closed)."""
+    out = []
+    for name, figure, ceiling_key, unknown in ANSWER_FIGURES:
+        ceiling = getattr(policy.cost, ceiling_key)
+        if ceiling is None:
+            continue
+        cost = challenger.answer_cost
+        value = None if cost is None else getattr(cost, figure)
+        missing = "the run generates no answers" if cost is None else unknown
+        if cost is not None and cost.cases == 0:
+            missing = "no evaluated case"
+        out.append(check("cost", name, value, "<=", ceiling, missing=missing))
+    return out
 
 
 BUILD_FIGURES = (  # (check name prefix, BuildCost field, policy ratio, policy ceiling), in check order

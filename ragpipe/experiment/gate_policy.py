@@ -65,14 +65,18 @@ class RegressionPolicy(FrozenModel):
 
 
 BUILD_BOUNDS = ("max_build_vectors_ratio", "max_build_vectors", "max_bundle_bytes_ratio", "max_bundle_bytes")
-COST_KEYS = ("max_p95_latency_ratio", "latency_slack_ms", "max_p95_latency_ms", *BUILD_BOUNDS)
+ANSWER_BOUNDS = ("max_answer_tokens_per_case", "max_answer_micros_per_case")
+OPTIONAL_BOUNDS = (*BUILD_BOUNDS, *ANSWER_BOUNDS)
+COST_KEYS = ("max_p95_latency_ratio", "latency_slack_ms", "max_p95_latency_ms", *OPTIONAL_BOUNDS)
 
 
 class CostPolicy(FrozenModel):
     """Latency: challenger p95 <= max(incumbent p95 x ratio, incumbent p95 + slack), and an
     absolute ceiling. Build cost (the bundle's figures, ``arms.BuildCost``): challenger vectors
     <= incumbent vectors x ratio, challenger payload bytes <= incumbent bytes x ratio, and
-    absolute ceilings on each. ``None``: no such bound."""
+    absolute ceilings on each. Answer cost (``arms.AnswerCost``, runs that generate answers):
+    ceilings on model tokens (input + output) and micros per evaluated case. ``None``: no such
+    bound."""
 
     max_p95_latency_ratio: float | None = None
     latency_slack_ms: float = 0.0
@@ -81,14 +85,16 @@ class CostPolicy(FrozenModel):
     max_build_vectors: float | None = None
     max_bundle_bytes_ratio: float | None = None
     max_bundle_bytes: float | None = None
+    max_answer_tokens_per_case: float | None = None
+    max_answer_micros_per_case: float | None = None
 
     @model_serializer(mode="wrap")
-    def _without_unset_build_bounds(self, handler):
-        """Unset build-cost bounds are left out of the dump (hence the policy ID): a policy that
-        does not bound build cost has the ID it had before these bounds existed."""
+    def _without_unset_bounds(self, handler):
+        """Unset build- and answer-cost bounds are left out of the dump (hence the policy ID): a
+        policy that does not set them has the ID it had before these bounds existed."""
         data = handler(self)
         if isinstance(data, dict):
-            for key in BUILD_BOUNDS:
+            for key in OPTIONAL_BOUNDS:
                 if data.get(key, 0) is None:
                     del data[key]
         return data
@@ -250,7 +256,7 @@ def _build_ratio(r: _Reader, value: Any, path: str) -> float | None:
 
 
 def _build_ceiling(r: _Reader, value: Any, path: str) -> float | None:
-    """An absolute build-cost ceiling: a whole count (vectors or bytes) > 0."""
+    """An absolute ceiling on a count (vectors, bytes, tokens or micros): a whole number > 0."""
     if value is None:
         return None
     ceiling = r.number(value, path, 0.0, lo_open=True)
@@ -272,6 +278,12 @@ def _cost(r: _Reader, raw: Any) -> CostPolicy:
         max_build_vectors=_build_ceiling(r, spec.get("max_build_vectors"), "cost.max_build_vectors"),
         max_bundle_bytes_ratio=_build_ratio(r, spec.get("max_bundle_bytes_ratio"), "cost.max_bundle_bytes_ratio"),
         max_bundle_bytes=_build_ceiling(r, spec.get("max_bundle_bytes"), "cost.max_bundle_bytes"),
+        max_answer_tokens_per_case=_build_ceiling(
+            r, spec.get("max_answer_tokens_per_case"), "cost.max_answer_tokens_per_case"
+        ),
+        max_answer_micros_per_case=_build_ceiling(
+            r, spec.get("max_answer_micros_per_case"), "cost.max_answer_micros_per_case"
+        ),
     )
 
 

@@ -144,6 +144,25 @@ def test_answers_are_cached_by_provider_config_prompt_and_context(retriever, tmp
         assert len(server.requests) == 2  # a different effective configuration is a different cache entry
 
 
+def test_a_cached_answer_reports_the_usage_of_the_call_that_produced_it(retriever, tmp_path):
+    """Cache state is operational: a warm cache must not make an answer look free to the gate."""
+    with LLMServer() as server:
+        server.replies["valid"] = reply("Yes [E1].", ["E1"], False)
+        plan = GeneratorPlan(kind="litellm", model="openai/gpt-4o-mini", api_base=server.api_base)
+        gen = LiteLLMGenerator(plan, retriever.bundle_id, cache_dir=tmp_path)
+        first = answer(retriever, QUESTION, generator=gen).as_dict()["usage"]
+        second = answer(retriever, QUESTION, generator=gen).as_dict()["usage"]
+        assert len(server.requests) == 1
+    assert first["calls"] == second["calls"] == 1 and (first["cached"], second["cached"]) == (False, True)
+    assert first["input_tokens"] > 0 and first["cost_micros"] > 0
+    assert {k: v for k, v in first.items() if k != "cached"} == {k: v for k, v in second.items() if k != "cached"}
+
+
+def test_the_extractive_generator_uses_no_model(retriever):
+    usage = answer(retriever, QUESTION, generator=ExtractiveGenerator()).as_dict()["usage"]
+    assert usage == {"calls": 0, "cached": False, "input_tokens": 0, "output_tokens": 0, "cost_micros": 0}
+
+
 @pytest.mark.parametrize("damage", ["value", "key", "digest", "type", "cut", "not json"])
 def test_a_damaged_answer_cache_entry_is_set_aside_and_asked_again(retriever, tmp_path, damage):
     with LLMServer() as server:

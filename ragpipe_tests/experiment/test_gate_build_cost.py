@@ -389,7 +389,8 @@ MALFORMED = [
         "unknown build key",
         ("max_build_vectors: null", "max_vectors: 10"),
         "22: cost.max_vectors: unknown key (allowed: max_p95_latency_ratio, latency_slack_ms, max_p95_latency_ms, "
-        "max_build_vectors_ratio, max_build_vectors, max_bundle_bytes_ratio, max_bundle_bytes)",
+        "max_build_vectors_ratio, max_build_vectors, max_bundle_bytes_ratio, max_bundle_bytes, "
+        "max_answer_tokens_per_case, max_answer_micros_per_case)",
     ),
     (
         "duplicate build key",

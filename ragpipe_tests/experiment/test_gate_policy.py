@@ -187,7 +187,8 @@ MALFORMED = [
         "unknown cost key",
         edit("  latency_slack_ms: 5.0\n", "  latency_slack: 5.0\n"),
         "19: cost.latency_slack: unknown key (allowed: max_p95_latency_ratio, latency_slack_ms, max_p95_latency_ms, "
-        "max_build_vectors_ratio, max_build_vectors, max_bundle_bytes_ratio, max_bundle_bytes)",
+        "max_build_vectors_ratio, max_build_vectors, max_bundle_bytes_ratio, max_bundle_bytes, "
+        "max_answer_tokens_per_case, max_answer_micros_per_case)",
     ),
     (
         "invalid YAML",
