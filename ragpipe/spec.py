@@ -101,7 +101,7 @@ class GeneratedKindSpec(_Spec):
     prompt: Path | None = None  # None: ragpipe/specs/prompts/<kind>.txt; never in an ID
     prompt_text: str | None = Field(None, exclude=True, repr=False)
     prompt_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    n: int = Field(3, ge=1, le=20)  # questions per chunk (a summary is one)
+    n: int = Field(3, ge=1, le=20)  # questions per chunk (a summary is one: its default n is 1)
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(200, ge=1, le=32768)
     seed: int | None = 0
@@ -110,7 +110,8 @@ class GeneratedKindSpec(_Spec):
 
 
 def _with_prompt(kind: str, entry: object, base: Path, recorded: bool = False) -> object:
-    """A ``generated`` entry with its prompt read and digested, its contract filled in. An entry
+    """A ``generated`` entry with its prompt read and digested, its contract (and a summary's
+    ``n: 1``) filled in. An entry
     that carries a digest and no prompt is a recorded spec and is left as it is."""
     if not isinstance(entry, Mapping):
         return entry
@@ -120,6 +121,8 @@ def _with_prompt(kind: str, entry: object, base: Path, recorded: bool = False) -
         return entry  # pydantic refuses the key itself
     if entry.setdefault("contract", expected) != expected:
         raise ValueError(f"generated.{kind}.contract: must be {expected!r}")
+    if kind == "summary":
+        entry.setdefault("n", 1)  # a summary is one text: the questions' default of 3 cannot apply
     if recorded:
         # a spec read back from a record (a bundle manifest) names its prompt by digest only: a
         # path there would make a verifier read files a manifest chose

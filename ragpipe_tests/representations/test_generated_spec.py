@@ -49,6 +49,16 @@ def test_a_listed_generated_kind_needs_its_configuration(tmp_path):
     assert "kinds: 'summary' is generated: configure it under representations.generated.summary" in str(caught.value)
 
 
+def test_a_summary_is_one_text_by_default_and_only_one(tmp_path):
+    spec = load_pipeline_spec(spec_file(tmp_path, {"summary": {"model": "m"}}, kinds=("raw", "summary")))
+    assert spec.representations.generated["summary"].n == 1
+    explicit = load_pipeline_spec(spec_file(tmp_path, {"summary": {"model": "m", "n": 1}}, kinds=("raw", "summary")))
+    assert explicit.own_spec_ids["representations"] == spec.own_spec_ids["representations"]
+    with pytest.raises(PipelineSpecError) as caught:
+        load_pipeline_spec(spec_file(tmp_path, {"summary": {"model": "m", "n": 3}}, kinds=("raw", "summary")))
+    assert str(caught.value).endswith("representations: generated.summary.n: a summary is one text (n: 1)")
+
+
 def test_a_relative_prompt_is_read_next_to_the_spec_and_enters_the_id_by_digest(tmp_path):
     (tmp_path / "q.txt").write_text("Ask.\n", encoding="utf-8")
     spec = load_pipeline_spec(spec_file(tmp_path, {"questions": {"model": "m", "prompt": "q.txt"}}))
