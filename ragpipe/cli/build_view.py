@@ -138,9 +138,22 @@ def summary_table(summary: dict[str, object], *, note: bool = True) -> Renderabl
             continue
         if key == "gate_reasons" and isinstance(value, (list, tuple)):
             value = "; ".join(map(str, value)) or "none"
+        if key == "generation":
+            if value is None:
+                continue
+            value = generation_line(value)  # type: ignore[arg-type]
         table.add_row(key, str(value))
     line = summary.get(NOTE) if note else None
     return table if not line else Group(Text(str(line), overflow="fold"), table)
+
+
+def generation_line(g: dict[str, object]) -> str:
+    """The build's model calls on one row: ``12 calls · 30 cached · 1 invalid · tokens in 4100 ·
+    out 610 · cost 981 micros`` (the cost as ``unknown (…)`` when a model has no price)."""
+    return (
+        f"{g['calls']} calls · {g['cache_hits']} cached · {g['invalid_output']} invalid · "
+        f"tokens in {g['input_tokens']} · out {g['output_tokens']} · cost {g['cost']}"
+    )
 
 
 def print_summary(console: Console, summary: dict[str, object]) -> None:

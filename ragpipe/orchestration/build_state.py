@@ -58,6 +58,9 @@ class BuildSummary:
     skipped_cases: int | None = None
     gate_reasons: tuple[str, ...] | None = None
     evaluation_note: str | None = None
+    # The model calls of this build's generated representations (``GENERATION_FIELDS``: calls,
+    # cache hits, tokens, micros, the cost as text); None when the spec generates no kind.
+    generation: dict[str, object] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
@@ -176,15 +179,41 @@ def _release_fields(built: BuiltRevision, revision: str, spec: PipelineSpec) -> 
     }
 
 
-def _embedding_counts(instance: DagsterInstance, run_id: str) -> tuple[int, int]:
-    """(texts encoded, cache hits) of the ``embeddings`` materialization of run ``run_id``: what
-    *this* build embedded (a version folder keeps the counts of the run that first published it)."""
+def _run_metadata(instance: DagsterInstance, run_id: str | None, asset: str) -> dict[str, object]:
+    """The metadata values of ``asset``'s materialization in run ``run_id`` ({} if none): what
+    *this* build did (a version folder keeps the counts of the run that first published it)."""
+    if run_id is None:
+        return {}
     for record in instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records:
         materialization = record.event_log_entry.asset_materialization
-        if materialization is not None and materialization.asset_key == AssetKey("embeddings"):
-            metadata = materialization.metadata
-            return tuple(int(getattr(metadata.get(k), "value", 0) or 0) for k in ("encoded", "cache_hits"))  # type: ignore[return-value]
-    return 0, 0
+        if materialization is not None and materialization.asset_key == AssetKey(asset):
+            return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+    return {}
+
+
+# The summary's ``generation`` fields, read from the representations materialization's
+# ``generation_<field>`` metadata (ragpipe.stages.generation_metadata).
+GENERATION_FIELDS = (
+    "calls",
+    "cache_hits",
+    "computed",
+    "invalid_output",
+    "retries",
+    "input_tokens",
+    "output_tokens",
+    "cost_micros",
+    "cost_known",
+    "cost",
+)
+
+
+def _generation(instance: DagsterInstance, run_id: str | None, spec: PipelineSpec) -> dict[str, object] | None:
+    """This build's generation sums; zeros (cost ``0 micros``) when nothing ran or nothing was asked."""
+    if not spec.representations.generated_kinds:
+        return None
+    metadata = _run_metadata(instance, run_id, "representations")
+    zero: dict[str, object] = {f: 0 for f in GENERATION_FIELDS} | {"cost_known": True, "cost": "0 micros"}
+    return {f: metadata.get(f"generation_{f}", zero[f]) for f in GENERATION_FIELDS}
 
 
 def build_summary(
@@ -202,7 +231,8 @@ def build_summary(
     snap, chunks, reps = (
         _input(ws, revision, built.bundle, s).record for s in ("source_snapshot", "chunks", "representations")
     )
-    embedded, cache_hits = (0, 0) if run_id is None else _embedding_counts(instance, run_id)
+    embedding = _run_metadata(instance, run_id, "embeddings")
+    embedded, cache_hits = (int(embedding.get(k, 0) or 0) for k in ("encoded", "cache_hits"))  # type: ignore[call-overload]
     return BuildSummary(
         revision=revision,
         bundle_id=str(bundle.facts["bundle_id"]),
@@ -217,4 +247,5 @@ def build_summary(
         run_id=run_id,
         launched=launched,
         **_release_fields(built, revision, spec),  # type: ignore[arg-type]
+        generation=_generation(instance, run_id, spec),
     )

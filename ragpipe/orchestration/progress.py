@@ -17,12 +17,14 @@ from ragpipe.defs.metadata import ENCODED, NEW_TEXTS
 
 # Dagster's engine event for a step waiting on a pool carries the pool as structured metadata.
 POOL = "pool"
-# Materialization metadata a step line shows (the keys ragpipe.defs.assets guarantees), in order.
+# Materialization metadata a step line shows, in order, when the step's materialization has it.
 COUNT_KEYS = (
     ("dagster/row_count", "rows"),
     ("excluded", "excluded"),
     ("encoded", "encoded"),
     ("cache_hits", "cached"),
+    ("generation_calls", "model calls"),  # representations with generated kinds
+    ("generation_cost", "cost"),
     ("bundle_id", "bundle"),
 )
 # The chain's steps have other key facts (and release_manifest also carries bundle_id, which its
