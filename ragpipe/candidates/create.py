@@ -101,7 +101,7 @@ def parent_from_revision(
     assets = asset_ids(corpus_revision_id(record), pipeline, plan, suite.digest, policy.policy_id, settings)
     return Parent(
         Snapshot(revision=revision, assets=assets),
-        _build_only(_read(pipeline_path, "the pipeline spec")),
+        _build_only(pipeline_path),
         _read(plan_path, "the query plan"),
         suite,
         _read(policy_path, "the gate policy"),
@@ -121,16 +121,37 @@ def refuse_test_split(suite: Suite, settings: EvaluatorSettings) -> None:
         )
 
 
-def _build_only(pipeline_bytes: bytes) -> bytes:
-    """The pipeline spec without its ``evaluation`` section: a candidate's build stops at the
-    bundle (``candidate run`` evaluates and gates it; the chain would gate and release an
-    experiment), and the section's paths are relative to the original file. No stage ID
-    depends on the section, so the copy is the same snapshot."""
+_ABSENT = object()
+
+
+def _build_only(pipeline_path: Path) -> bytes:
+    """The parent's pipeline spec as a candidate folder keeps it: without its ``evaluation``
+    section — a candidate's build stops at the bundle (``candidate run`` evaluates and gates it;
+    the chain would gate and release an experiment), and the section's paths are relative to the
+    original file — and with relative prompt paths made absolute (``_portable``). No stage ID
+    depends on either, so the copy is the same snapshot; a spec needing neither keeps its bytes."""
+    pipeline_bytes = _read(pipeline_path, "the pipeline spec")
     doc = yaml.safe_load(pipeline_bytes) or {}
-    if not isinstance(doc, dict) or "evaluation" not in doc:
+    if not isinstance(doc, dict):
         return pipeline_bytes
-    doc.pop("evaluation")
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8")
+    dropped = doc.pop("evaluation", _ABSENT) is not _ABSENT
+    changed = _portable(doc, Path(pipeline_path).resolve().parent) or dropped
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8") if changed else pipeline_bytes
+
+
+def _portable(doc: dict, base: Path) -> bool:
+    """Make each relative ``representations.generated.<kind>.prompt`` absolute against ``base``
+    (in place; True if any was). A spec resolves its prompts against its own folder, and the
+    candidate's copy lives in another one: the copy must name the same file. The prompt enters
+    IDs by its text's digest, never its path, so this changes no ID."""
+    generated = (doc.get("representations") or {}).get("generated") if isinstance(doc, dict) else None
+    changed = False
+    for entry in (generated or {}).values() if isinstance(generated, dict) else ():
+        prompt = entry.get("prompt") if isinstance(entry, dict) else None
+        if isinstance(prompt, str) and not Path(prompt).is_absolute():
+            entry["prompt"] = str(base / prompt)
+            changed = True
+    return changed
 
 
 def parent_from_candidate(candidate: Candidate) -> Parent:
@@ -207,6 +228,8 @@ def _edited(parent: Parent, sets: list[str]) -> tuple[str, bytes, bytes]:
     doc = yaml.safe_load(parent.plan_bytes if is_plan else parent.pipeline_bytes) or {}
     for text, _, keys, value in parsed:
         apply_set(doc, text, asset, keys, value)
+    if not is_plan:
+        _portable(doc, Path.cwd())  # a prompt path given on the command line is the user's
     data = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8")
     name = PLAN if is_plan else PIPELINE
     try:

@@ -50,7 +50,8 @@ RUN = "run"
 
 @dataclass(frozen=True)
 class BuiltBundle:
-    """What a build reports: the bundle, and how many texts were embedded or cache hits."""
+    """What a build reports: the bundle, how many texts were embedded or cache hits, and the
+    model calls of its generated representations."""
 
     revision: str
     bundle_id: str
@@ -59,6 +60,7 @@ class BuiltBundle:
     cache_hits: int
     up_to_date: bool
     dagster_run_id: str | None
+    generation: dict[str, Any] | None = None  # the build summary's model calls (None: no generated kind)
 
 
 Build = Callable[[str, Path], BuiltBundle]  # (revision key, pipeline spec path) -> the built bundle

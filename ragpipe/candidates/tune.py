@@ -13,7 +13,9 @@ Runs are labelled ``s-<12 hex of the snapshot ID>`` (not incumbent/challenger), 
 accepted candidate can be the incumbent of the next step. Output, under ``out``: one candidate
 folder per option (``NN-<dimension>-<option>``) and ``tune.json`` (``TuneResult.as_json``): each
 step's candidate ID, edits, decision, decisive phase and target delta with its interval; the
-chosen snapshot and its spec files; candidates run, builds, texts embedded and cache hits; wall time.
+chosen snapshot and its spec files; candidates run, builds, texts embedded and cache hits; the
+builds' model calls of generated representations (``generation``: calls, cache hits, tokens,
+micros, whether the cost is known; null when no build generated); wall time.
 """
 
 from __future__ import annotations
@@ -102,7 +104,19 @@ class TuneResult:
     builds: int = 0
     embedded: int = 0
     cache_hits: int = 0
+    generation: dict[str, Any] = field(default_factory=dict)  # summed over builds (``add_generation``)
     seconds: float = 0.0
+
+    def add_generation(self, g: dict[str, Any] | None) -> None:
+        """Sum one build's model calls; the total cost is known only if every build's was."""
+        if g is None:
+            return
+        total = self.generation or {"calls": 0, "cache_hits": 0, "input_tokens": 0, "output_tokens": 0}
+        total = {k: total[k] + int(g[k]) for k in ("calls", "cache_hits", "input_tokens", "output_tokens")} | {
+            "cost_micros": self.generation.get("cost_micros", 0) + int(g["cost_micros"]),
+            "cost_known": self.generation.get("cost_known", True) and bool(g["cost_known"]),
+        }
+        self.generation = total
 
     def as_json(self) -> dict[str, Any]:
         run = [s for s in self.steps if s["status"] == "evaluated"]
@@ -116,6 +130,7 @@ class TuneResult:
             "steps": self.steps,
             "chosen": self.chosen,
             "embedding": {"builds": self.builds, "embedded": self.embedded, "cache_hits": self.cache_hits},
+            "generation": self.generation or None,
             "seconds": round(self.seconds, 3),
         }
 
@@ -160,6 +175,7 @@ def tune(
                 result.builds += 1
                 result.embedded += run.build.embedded
                 result.cache_hits += run.build.cache_hits
+                result.add_generation(run.build.generation)
             summary = run.as_json()
             step.update(
                 status="evaluated",

@@ -85,6 +85,7 @@ def build_in_child(revision: str, pipeline: Path):
     env = {**os.environ, "RAGPIPE_PIPELINE_SPEC": str(Path(pipeline).resolve()), "RAGPIPE_HOME": str(default_home())}
     cmd = [
         sys.executable,
+        "-P",  # not the working directory first on sys.path: a ``ragpipe/`` folder there (a home) would shadow the package
         "-m",
         "ragpipe.cli",
         "build",
@@ -112,6 +113,7 @@ def build_in_child(revision: str, pipeline: Path):
         cache_hits=int(s["cache_hits"]),
         up_to_date=bool(s["up_to_date"]),
         dagster_run_id=s["run_id"],
+        generation=s.get("generation"),
     )
 
 

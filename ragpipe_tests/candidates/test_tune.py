@@ -29,6 +29,17 @@ def test_checked_in_space_loads_and_every_edit_parses():
             assert len({parse_set(e)[0] for e in option}) == 1  # one asset per option
 
 
+def test_checked_in_representations_space_edits_only_the_kinds():
+    space = load_space(SPACE.with_name("tune_space_representations.yaml"))
+    assert [d.name for d in space.dimensions] == ["representations"]
+    assert [parse_set(e) for (e,) in space.dimensions[0].options] == [
+        ("representations", ("kinds",), ["raw"]),
+        ("representations", ("kinds",), ["raw", "questions"]),
+        ("representations", ("kinds",), ["raw", "summary"]),
+        ("representations", ("kinds",), ["raw", "title_breadcrumb", "questions", "summary"]),
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
