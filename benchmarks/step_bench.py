@@ -2,7 +2,7 @@
 
 Both arms make the same N chat calls through ``ragpipe.work.chat.complete`` with 4 threads; the
 step arm adds what ``ragpipe.work.runner.run_step`` does per item (key, cache lookup, lease,
-admission, commit with fsync, usage accounting). Rounds alternate bare/step and the median of the
+admission, atomic commit without fsync, usage accounting). Rounds alternate bare/step and the median of the
 per-round ratios is reported. ``--delay`` is the server's time per reply (a model's latency). The
 server runs in its own process, as a model endpoint does: in this process it would share the GIL
 with the client threads and turn every client-side microsecond into wall time. The bytes an item

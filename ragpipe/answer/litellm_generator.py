@@ -57,6 +57,16 @@ def parse_model_json(content: str) -> tuple[str, tuple[str, ...], bool]:
     return answer, tuple(citations), abstained
 
 
+def _priced(usage: Usage) -> Usage:
+    """A cached call's usage priced by today's table, as a cold cache would price it (the tokens
+    are the call's; the price is configuration, not part of what was cached)."""
+    if not usage.metered:
+        return usage
+    return usage.model_copy(
+        update={"cost_micros": load_prices().cost_micros(usage.model, usage.input_tokens, usage.output_tokens)}
+    )
+
+
 class LiteLLMGenerator:
     def __init__(self, plan: GeneratorPlan, bundle_id: str, cache_dir: Path | None = None, api_key: str | None = None):
         if not plan.model:
@@ -112,14 +122,18 @@ class LiteLLMGenerator:
                 raise ValueError(f"names key {entry['key']!r}, not {key!r}")
             if entry["value_digest"] != bytes_digest(_value_bytes(value)):
                 raise ValueError("its value does not match its value digest")
+            if value.get("usage") is None:
+                # written before usage was kept: serving it would report an unknown cost that a
+                # cold cache would know, so cache state would change a gate decision
+                log.info("answer cache: %s: no usage recorded; asking the model again", path)
+                return None
             answer = CandidateAnswer(
                 answer=_typed(value["answer"], str),
                 citations=tuple(_typed(c, str) for c in _typed(value["citations"], list)),
                 abstained=_typed(value["abstained"], bool),
                 raw=_typed(value["raw"], str),
                 cached=True,
-                # entries written before usage was kept have none: their cost is unknown
-                usage=None if value.get("usage") is None else Usage.model_validate(value["usage"]),
+                usage=_priced(Usage.model_validate(value["usage"])),
                 calls=1,
             )
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:

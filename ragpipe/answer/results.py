@@ -11,6 +11,12 @@ from ragpipe.retrieval.context import Context
 from ragpipe.retrieval.results import QueryResult
 
 
+def _unbilled(failure_kind: str | None) -> bool:
+    """A call the provider refused before a model ran (429 or another 4xx) is not billed; a
+    timeout, 5xx or dropped connection may have been, so its cost stays unknown."""
+    return failure_kind is not None and failure_kind.startswith("http_error:4")
+
+
 class AnswerUsage(FrozenModel):
     """What answering one question took from a model: the ``calls`` made (0: the extractive
     generator, or nothing to answer from), whether the answer came from the answer cache — its
@@ -29,12 +35,16 @@ class AnswerUsage(FrozenModel):
         if candidate is None or candidate.calls == 0:
             return cls(calls=0, cached=False, input_tokens=0, output_tokens=0, cost_micros=0)
         u = candidate.usage
+        failure = candidate.failure.kind if candidate.failure is not None else None
+        if u is None and _unbilled(failure):
+            return cls(calls=candidate.calls, cached=False, input_tokens=0, output_tokens=0, cost_micros=0)
+        known = u is not None and u.metered
         return cls(
             calls=candidate.calls,
             cached=candidate.cached,
-            input_tokens=None if u is None else u.input_tokens,
-            output_tokens=None if u is None else u.output_tokens,
-            cost_micros=None if u is None else u.cost_micros,
+            input_tokens=u.input_tokens if known else None,  # type: ignore[union-attr]
+            output_tokens=u.output_tokens if known else None,  # type: ignore[union-attr]
+            cost_micros=u.cost_micros if known else None,  # type: ignore[union-attr]
         )
 
 

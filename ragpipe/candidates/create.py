@@ -54,7 +54,14 @@ from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.plan import PlanError, load_plan, parse_plan
-from ragpipe.spec import PipelineSpec, PipelineSpecError, load_pipeline_spec, validation_error_text
+from ragpipe.spec import (
+    DEFAULT_PROMPTS,
+    GENERATION_CONTRACTS,
+    PipelineSpec,
+    PipelineSpecError,
+    load_pipeline_spec,
+    validation_error_text,
+)
 from ragpipe.stages.steps import StageError, read_stage_record
 
 SET_HELP = "expected ASSET.PATH=VALUE, e.g. query_plan.channels.vector.weight=0.7"
@@ -128,7 +135,7 @@ def _build_only(pipeline_path: Path) -> bytes:
     """The parent's pipeline spec as a candidate folder keeps it: without its ``evaluation``
     section — a candidate's build stops at the bundle (``candidate run`` evaluates and gates it;
     the chain would gate and release an experiment), and the section's paths are relative to the
-    original file — and with relative prompt paths made absolute (``_portable``). No stage ID
+    original file — and with its prompt files inlined (``_portable``). No stage ID
     depends on either, so the copy is the same snapshot; a spec needing neither keeps its bytes."""
     pipeline_bytes = _read(pipeline_path, "the pipeline spec")
     doc = yaml.safe_load(pipeline_bytes) or {}
@@ -140,17 +147,29 @@ def _build_only(pipeline_path: Path) -> bytes:
 
 
 def _portable(doc: dict, base: Path) -> bool:
-    """Make each relative ``representations.generated.<kind>.prompt`` absolute against ``base``
-    (in place; True if any was). A spec resolves its prompts against its own folder, and the
-    candidate's copy lives in another one: the copy must name the same file. The prompt enters
-    IDs by its text's digest, never its path, so this changes no ID."""
+    """Inline each ``representations.generated.<kind>`` prompt as ``prompt_text`` (in place; True
+    if any was): its ``prompt`` file read against ``base``, or the packaged default of its kind. A
+    spec resolves its prompts against its own folder, and the candidate's copy lives in another
+    one; inlined, the copy is self-contained and its file digest covers the prompt, so editing or
+    moving the original (or upgrading the default) later cannot change what a candidate built. IDs
+    take the prompt by its text's digest, so none changes. An entry that already holds its text, or
+    whose file does not read, is left as it is: validating the spec reports the latter."""
     generated = (doc.get("representations") or {}).get("generated") if isinstance(doc, dict) else None
     changed = False
-    for entry in (generated or {}).values() if isinstance(generated, dict) else ():
-        prompt = entry.get("prompt") if isinstance(entry, dict) else None
-        if isinstance(prompt, str) and not Path(prompt).is_absolute():
-            entry["prompt"] = str(base / prompt)
-            changed = True
+    for kind, entry in generated.items() if isinstance(generated, dict) else ():
+        if not isinstance(entry, dict) or entry.get("prompt_text") is not None or kind not in GENERATION_CONTRACTS:
+            continue
+        prompt = entry.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            continue
+        path = DEFAULT_PROMPTS / f"{kind}.txt" if prompt is None else base / prompt
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        entry.pop("prompt", None)
+        entry["prompt_text"] = text
+        changed = True
     return changed
 
 

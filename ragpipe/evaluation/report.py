@@ -137,11 +137,9 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
         "ledger_head": records[-1].hash if records else None,
     }
     if spec.get("answers"):
-        usages = [
-            p["answer_usage"]
-            for p in state.terminal.values()
-            if p["outcome"] in COMPLETED_OUTCOMES and "answer_usage" in p
-        ]
+        # a completed cell recorded before usage was kept counts as one of unknown usage
+        unknown = {"calls": 0, "cached": False, "input_tokens": None, "output_tokens": None, "cost_micros": None}
+        usages = [p.get("answer_usage", unknown) for p in state.terminal.values() if p["outcome"] in COMPLETED_OUTCOMES]
         report["answer_usage"] = sum_answer_usage(usages)
     return report
 

@@ -215,8 +215,10 @@ def _per_case(values: dict[str, list[float | None]]) -> float | None:
 
 
 def answer_cost(arm: ArmRun, evaluated: list[str]) -> AnswerCost | None:
-    """Per-case answer usage over the evaluated cases (``AnswerCost``); None without answers."""
-    if not arm.coordinates.answers:
+    """Per-case answer usage over the evaluated cases (``AnswerCost``); None when the run
+    generates no answers or recorded no usage (runs made before it was recorded keep the
+    comparison content they were written with)."""
+    if not arm.coordinates.answers or all(c.answer_usage is None for c in arm.cells):
         return None
     tokens: dict[str, list[float | None]] = {}
     micros: dict[str, list[float | None]] = {}

@@ -356,7 +356,9 @@ def _answer_cost(policy: GatePolicy, challenger: ArmSummary) -> list[Check]:
             continue
         cost = challenger.answer_cost
         value = None if cost is None else getattr(cost, figure)
-        missing = "the run generates no answers" if cost is None else unknown
+        missing = (
+            "the run recorded no answer usage (it generates no answers, or predates usage)" if cost is None else unknown
+        )
         if cost is not None and cost.cases == 0:
             missing = "no evaluated case"
         out.append(check("cost", name, value, "<=", ceiling, missing=missing))

@@ -149,7 +149,9 @@ def complete(
     usage_obj = getattr(response, "usage", None)
     input_tokens = getattr(usage_obj, "prompt_tokens", None)
     output_tokens = getattr(usage_obj, "completion_tokens", None)
-    metered = isinstance(input_tokens, int) and isinstance(output_tokens, int)
+    # litellm fills in a zero usage when the provider reported none; every request sends a
+    # prompt, so 0 input tokens means "not reported" — unknown, never a free call
+    metered = isinstance(input_tokens, int) and isinstance(output_tokens, int) and input_tokens > 0
     usage = Usage(
         provider=provider_of(request.model),
         model=request.model,

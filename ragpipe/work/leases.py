@@ -9,7 +9,11 @@ runner starts batches in key order: stripes by the first digits would put neighb
 the ones in flight together — on one stripe far more often than chance (measured: 256 leading
 stripes cost 40 % of wall time at 4-way concurrency, ``benchmarks/step_bench.py``). ``flock`` belongs to an open file and dies with
 its process: a killed holder frees its keys at once. Threads of one process contend like processes
-(each lease opens its own descriptors).
+(each lease opens its own descriptors). A batch holds one descriptor per distinct stripe of its
+keys — at most min(batch size, 4096), about 250 for an embedding batch of 256 — so a process needs
+that many free descriptors per concurrent batch. Builds of the 256-stripe layout (two-digit file
+names) and of this one do not exclude each other: running both at once can compute a key twice
+(a wasted call, never a wrong entry).
 """
 
 from __future__ import annotations

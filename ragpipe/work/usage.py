@@ -85,6 +85,12 @@ class Usage(FrozenModel):
     latency_ms: int = Field(ge=0)
     cost_micros: int | None = Field(ge=0)
 
+    @property
+    def metered(self) -> bool:
+        """Whether the provider reported token counts. Every request sends a prompt, so a call
+        with 0 input tokens reported none (its tokens are then 0 here and its cost None)."""
+        return self.input_tokens > 0
+
 
 class UsageTotals(FrozenModel):
     """Sums over calls. ``cost_micros`` sums the priced calls; ``unpriced_calls`` counts the others,

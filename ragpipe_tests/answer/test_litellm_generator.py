@@ -158,6 +158,44 @@ def test_a_cached_answer_reports_the_usage_of_the_call_that_produced_it(retrieve
     assert {k: v for k, v in first.items() if k != "cached"} == {k: v for k, v in second.items() if k != "cached"}
 
 
+def test_an_answer_without_reported_usage_has_unknown_tokens_and_cost(retriever):
+    with LLMServer() as server:
+        server.replies["valid"], server.report_usage = reply("Yes [E1].", ["E1"], False), False
+        plan = GeneratorPlan(kind="litellm", model="openai/gpt-4o-mini", api_base=server.api_base)
+        usage = answer(retriever, QUESTION, generator=LiteLLMGenerator(plan, retriever.bundle_id)).as_dict()["usage"]
+    assert usage == {"calls": 1, "cached": False, "input_tokens": None, "output_tokens": None, "cost_micros": None}
+
+
+@pytest.mark.parametrize(("fault", "known"), [("429:1", True), ("500", False)])
+def test_a_refused_call_costs_nothing_and_a_failed_one_is_unknown(retriever, fault, known):
+    with LLMServer() as server:
+        server.faults.append(fault)
+        plan = GeneratorPlan(kind="litellm", model="openai/gpt-4o-mini", api_base=server.api_base)
+        data = answer(retriever, QUESTION, generator=LiteLLMGenerator(plan, retriever.bundle_id)).as_dict()
+    assert data["abstained"] and data["failure"] is not None
+    figures = (data["usage"]["input_tokens"], data["usage"]["cost_micros"])
+    assert data["usage"]["calls"] == 1 and figures == ((0, 0) if known else (None, None))
+
+
+def test_a_cached_answer_without_usage_is_asked_again(retriever, tmp_path):
+    """An entry written before usage was kept would make a warm cache report an unknown cost."""
+    from ragpipe.answer.litellm_generator import _value_bytes
+
+    with LLMServer() as server:
+        server.replies["valid"] = reply("Yes [E1].", ["E1"], False)
+        plan = GeneratorPlan(kind="litellm", model="openai/gpt-4o-mini", api_base=server.api_base)
+        gen = LiteLLMGenerator(plan, retriever.bundle_id, cache_dir=tmp_path)
+        answer(retriever, QUESTION, generator=gen)
+        (path,) = tmp_path.glob("*.json")
+        entry = json.loads(path.read_text())
+        del entry["value"]["usage"]
+        entry["value_digest"] = bytes_digest(_value_bytes(entry["value"]))  # a valid old-format entry
+        path.write_text(json.dumps(entry))
+        again = answer(retriever, QUESTION, generator=gen).as_dict()["usage"]
+        assert len(server.requests) == 2 and again["cached"] is False and again["cost_micros"] > 0
+        assert "usage" in json.loads(path.read_text())["value"]  # rewritten with its usage
+
+
 def test_the_extractive_generator_uses_no_model(retriever):
     usage = answer(retriever, QUESTION, generator=ExtractiveGenerator()).as_dict()["usage"]
     assert usage == {"calls": 0, "cached": False, "input_tokens": 0, "output_tokens": 0, "cost_micros": 0}

@@ -121,9 +121,20 @@ def test_the_model_is_asked_once_per_chunk_and_kind_with_the_parents_prompt(walk
     chunks = chunk_count(ws)
     assert Counter(kind_of(r) for r in requests) == {"questions": chunks, "summary": chunks}
     assert len({(kind_of(r), r["messages"][-1]["content"]) for r in requests}) == len(requests)
-    # the candidate folders' copies name the parent's prompt file, wherever the walk ran from
+    # the candidate folders' copies carry the parent's prompt, wherever the walk ran from
     assert all(r["messages"][0]["content"].startswith(PROMPT + "\n") for r in requests if kind_of(r) == "questions")
     assert all(r["model"] == MODEL.split("/", 1)[1] for r in requests)
+
+
+def test_each_candidate_folder_holds_the_prompts_inline(walk):
+    """A candidate's copy of the spec names no prompt file: editing or moving the parent's later
+    cannot change what the candidate built, and the folder's file digests cover the prompt."""
+    _, _, _, data, _ = walk
+    for step in data["steps"]:
+        for name in ("pipeline.yaml", "parent/pipeline.yaml"):
+            generated = yaml.safe_load((Path(step["folder"]) / name).read_text())["representations"]["generated"]
+            assert generated["questions"]["prompt_text"] == PROMPT and "prompt" not in generated["questions"]
+            assert "prompt" not in generated["summary"] and generated["summary"]["prompt_text"].strip()
 
 
 def test_each_build_reports_its_calls_and_the_walk_sums_them(walk):

@@ -110,7 +110,11 @@ def test_a_decisive_answer_bound_fails_the_decision():
 @pytest.mark.parametrize(
     ("usage", "answers", "reason"),
     [
-        ({}, False, "cost answer_micros_per_case: the run generates no answers"),
+        (
+            {},
+            False,
+            "cost answer_micros_per_case: the run recorded no answer usage (it generates no answers, or predates usage)",
+        ),
         (
             {"c03": used(10, 10, None)},
             True,
@@ -127,3 +131,25 @@ def test_a_missing_figure_fails_the_bound_closed(usage: dict, answers: bool, rea
     assert answer_checks(run, max_answer_micros_per_case=1_000_000) == [
         ("answer_micros_per_case", None, "fail", reason)
     ]
+
+
+def test_repeats_average_within_a_case_and_unevaluated_cases_are_left_out():
+    values = {"c00": 0.5, "c01": 0.6, "c02": 0.7}
+    run = arm("run-2", values, repeats=2, failed={("c02", 1): "timeout"})
+    micros = {("c00", 0): 10, ("c00", 1): 30, ("c01", 0): 100, ("c01", 1): 100, ("c02", 0): 10_000}
+    cells = tuple(
+        c.model_copy(update={"answer_usage": used(1, 1, micros[(c.case_id, c.repeat)])})
+        if c.outcome == "success"
+        else c
+        for c in run.cells
+    )
+    run = run.model_copy(update={"coordinates": coordinates(repeats=2, answers=True), "cells": cells})
+    cost = summarize(run).answer_cost
+    # c02 is not evaluated (a cell failed): its 10,000 micros are not a case's cost
+    assert cost is not None and (cost.cases, cost.micros_per_case, cost.tokens_per_case) == (2, (20 + 100) / 2, 2.0)
+
+
+def test_a_run_that_recorded_no_usage_has_no_answer_cost():
+    """Runs made before usage was recorded keep the comparison content they were written with."""
+    run = arm("run-2", CASES).model_copy(update={"coordinates": coordinates(answers=True)})
+    assert summarize(run).answer_cost is None and "answer_cost" not in summarize(run).model_dump()

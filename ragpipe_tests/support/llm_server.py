@@ -80,7 +80,10 @@ class Handler(BaseHTTPRequestHandler):
                 raise AssertionError(f"unknown scenario {scenario}")
         if self.server.delay:
             time.sleep(self.server.delay)
-        self._send(200, completion(content, request if scenario == "responder" else None))
+        reply = completion(content, request if scenario == "responder" else None)
+        if not self.server.report_usage:  # a provider that reports no token counts
+            del reply["usage"]
+        self._send(200, reply)
         with self.server.answered_changed:
             self.server.answered += 1
             self.server.answered_changed.notify_all()
@@ -139,6 +142,7 @@ class LLMServer(ThreadingHTTPServer):
         self.faults: collections.deque[str] = collections.deque()
         self.responder: Callable[[dict], str] = lambda request: ""
         self.delay = 0.0
+        self.report_usage = True
         self.release = threading.Event()
         self.replies: dict[str, str] = {}
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)

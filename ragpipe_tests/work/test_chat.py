@@ -38,6 +38,14 @@ def test_a_reply_carries_its_text_response_and_priced_usage():
     assert (sent["temperature"], sent["max_tokens"], sent["seed"]) == (0, 50, 0)
 
 
+def test_a_reply_without_token_counts_has_unknown_usage_not_a_free_one():
+    with LLMServer() as server:
+        server.scenario, server.responder, server.report_usage = "responder", lambda request: '{"summary": "x"}', False
+        reply = call(server)
+    # litellm fills in zeros for the missing counts: they are read as "not reported"
+    assert (reply.usage.input_tokens, reply.usage.cost_micros, reply.usage.metered) == (0, None, False)
+
+
 @pytest.mark.parametrize(
     ("fault", "kind", "detail", "retry_after"),
     [
