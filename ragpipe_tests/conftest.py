@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Fixtures of the release tests (e.g. ``accepting_fixture_policies``), usable from any module.
-pytest_plugins = ["ragpipe_tests.support.release_fixtures"]
+pytest_plugins = ["ragpipe_tests.support.release_fixtures", "ragpipe_tests.support.storage_fixtures"]
 
 
 # SIGTERM as the session started (before any test module is imported or any fixture runs).

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ragpipe"
 # Bottom to top: a unit imports only units listed before it.
 FLOORS = (
     "kernel",  # identity, canonical encoding, publication, ledgers, workspace, locks
+    "storage",  # the object-store interface and its filesystem and S3 backends
     "work",  # steps for expensive work: keys, policy, caches, leases, admission, usage, the litellm adapter
     "spec",  # the pipeline spec models every floor above reads
     "corpus",
@@ -191,6 +192,8 @@ def test_provider_sdks_only_in_their_adapters():
     adapters = {
         "sentence_transformers": {"embedding/embedder.py", "retrieval/rerank.py"},
         "litellm": {"work/chat.py"},
+        "boto3": {"storage/s3.py"},
+        "botocore": {"storage/s3.py"},
         "tantivy": {"index/lexical.py", "index/lexical_checks.py"},
         "lancedb": {"index/vector.py", "index/vector_checks.py"},
         "onnxruntime": {"embedding/onnx_query.py"},

@@ -9,7 +9,9 @@
    relative to the folder of the spec file, never to the working directory. Then the section's
    ``cutoffs`` and the chain's code versions (``ragpipe.stages.release_chain_ids``);
 3. the release targets: ``$RAGPIPE_TARGETS``, else ``ragpipe/specs/targets.yaml``, and the gate
-   policies each target accepts (relative to the targets file).
+   policies each target accepts (relative to the targets file);
+4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
+   contacted.
 
 Contract: a problem raises ``ConfigurationError`` whose ``str`` is exactly one line (no line break,
 several problems of one file joined with ``; ``, the first first) naming the file, the field and
@@ -22,6 +24,7 @@ the rule; nothing is written anywhere. The lines::
     <targets>: cannot read targets config: <OS error> | invalid YAML at line L, column C: <problem>
     <targets>: invalid targets config: <field.path>: <rule>
     <targets>: target '<name>': gate policy '<entry>': <the policy's own line>
+    RAGPIPE_STORE: '<location>': <rule>
 
 ``<problem>`` is the named file's own one-line error without its path (given just before):
 ``cannot read suite: No such file or directory``, ``line 3: not valid JSON: …`` (suite line),
@@ -57,6 +60,7 @@ from ragpipe.spec import (
     validation_error_text,
 )
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
+from ragpipe.storage.location import LocationError, store_from_env
 
 # The files of an evaluation: section, in the order chain_plan loads them, with the error type
 # each loader raises (so the field of a failure is known) and the file an unset field means.
@@ -102,6 +106,10 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
         for name in config.targets:
             config.accepted_policies(name)
     except ReleaseError as exc:
+        raise ConfigurationError(str(exc)) from None
+    try:
+        store_from_env()  # parsed only: reaching the store is the first step's business, not loading's
+    except LocationError as exc:
         raise ConfigurationError(str(exc)) from None
     return Configuration(path, spec, chain, where, config)
 

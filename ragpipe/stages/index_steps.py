@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ragpipe.bundle.build import BundleInputs, bundle_semantic, publish_bundle
 from ragpipe.bundle.manifest import BundleCounts
+from ragpipe.bundle.objects import push_bundle
 from ragpipe.bundle.verify import BundleVerificationError, open_bundle
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.embedding.compute import read_embeddings
@@ -29,6 +30,7 @@ from ragpipe.stages.stage_store import (
     read_outputs,
     version_dir,
 )
+from ragpipe.storage.location import store_from_env
 
 
 def _rows(ins: dict[str, StageOutput]) -> tuple[list[Representation], list[IndexRow]]:
@@ -153,6 +155,8 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
         else None,
     )
     bundle, outcome = publish_bundle(semantic, inputs, ws.bundles, on_step)
+    store = store_from_env()
+    pushed = push_bundle(store, bundle) if store is not None else None  # the store is the record others read
     m = bundle.manifest
     out = publish_stage(
         ws,
@@ -174,6 +178,7 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
             "bundle_id": m.bundle_id,
             "bundle_path": Path(bundle.path),
             "publication": outcome.value,
+            **({"store": store.url, "store_publication": pushed.value} if store and pushed else {}),
             "files": len(m.files),
             "bundle_bytes": sum(f.size for f in m.files),
             "documents": counts.documents,

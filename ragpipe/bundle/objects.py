@@ -1,0 +1,146 @@
+"""A bundle on object storage: published as immutable objects, made visible by one manifest
+object, hydrated into a local folder only after verification (docs/operations.md, "Object
+storage").
+
+Layout under the store: every file of a bundle is a content-addressed blob
+``blobs/sha256/<hex>`` (create-only, shared by every bundle holding the same bytes), and the
+bundle is ``bundles/<bundle id hex>/manifest.json`` — the exact manifest bytes, created only after
+all of its blobs exist. A reader that finds the manifest therefore finds every blob it names; two
+racing publishers of one ID write the same blobs (or leave harmless extra ones) and exactly one
+manifest wins. Nothing in the store is trusted: ``hydrate_bundle`` checks each blob's size and
+digest against the manifest as it downloads, then the complete ``open_bundle`` verification runs
+on the assembled folder before it is published (atomically) under its ID; a local copy is verified
+again on every use, and one that fails is set aside and fetched again — the local folder is a
+cache, the store is the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, manifest_bytes
+from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, open_bundle
+from ragpipe.kernel.publish import PublishOutcome, StepHook, discard, publish_directory
+from ragpipe.kernel.seals import SealKey
+from ragpipe.storage.objects import ObjectStore
+
+log = logging.getLogger(__name__)
+
+# The points of ``push_bundle`` where a crash leaves a distinct state in the store.
+PUSH_STEPS = ("blob_written", "blobs_written", "manifest_written")
+
+
+def blob_key(sha256: str) -> str:
+    """The object holding the bytes whose digest is ``sha256`` (``sha256:<hex>``)."""
+    return "blobs/sha256/" + sha256.removeprefix("sha256:")
+
+
+def manifest_key(bundle_hex: str) -> str:
+    return f"bundles/{bundle_hex}/{MANIFEST_NAME}"
+
+
+def push_bundle(store: ObjectStore, bundle: VerifiedBundle, on_step: StepHook | None = None) -> PublishOutcome:
+    """Publish ``bundle`` (verified, local) to ``store``: its blobs, then its manifest object.
+    ``existing`` if a manifest for its ID was there already (that bundle stays the record). Each
+    file is re-read and checked against the manifest as it is sent, so a local copy changed since
+    verification is refused, never published."""
+    step = on_step or (lambda _: None)
+    key = manifest_key(bundle.manifest.bundle_id.hex)
+    if store.get(key) is not None:
+        return PublishOutcome.existing
+    for entry in sorted(bundle.manifest.material.files, key=lambda e: e.path):
+        data = (bundle.path / entry.path).read_bytes()
+        if len(data) != entry.size or "sha256:" + hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise BundleVerificationError(bundle.path, [f"{entry.path}: changed since the bundle was verified"])
+        store.put_new(blob_key(entry.sha256), data)  # an existing blob holds these very bytes
+        step("blob_written")
+    step("blobs_written")
+    created = store.put_new(key, manifest_bytes(bundle.manifest))
+    step("manifest_written")
+    return PublishOutcome.published if created else PublishOutcome.existing
+
+
+def _safe_path(where: str, rel: str) -> str:
+    """A manifest's file path as a folder-relative path that cannot leave the folder."""
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")) or "\\" in rel or "\0" in rel:
+        raise BundleVerificationError(Path(where), [f"{MANIFEST_NAME}: file path {rel!r} leaves the bundle folder"])
+    return rel
+
+
+def _fetch_manifest(store: ObjectStore, bundle_id: str, where: str) -> tuple[bytes, BundleManifest]:
+    hex_id = bundle_id.removeprefix("sha256:")
+    stored = store.get(manifest_key(hex_id))
+    if stored is None:
+        raise BundleVerificationError(Path(where), ["not published in the store (no manifest object)"])
+    try:
+        manifest = BundleManifest.model_validate(json.loads(stored.data.decode("utf-8")))
+    except (ValueError, ValidationError) as exc:
+        first = str(exc).splitlines()[0]
+        raise BundleVerificationError(Path(where), [f"{MANIFEST_NAME}: not a valid manifest: {first}"]) from None
+    if manifest.bundle_id.hex != hex_id:
+        raise BundleVerificationError(Path(where), [f"{MANIFEST_NAME}: names bundle {manifest.bundle_id}"])
+    for entry in manifest.material.files:
+        _safe_path(where, entry.path)
+    return stored.data, manifest
+
+
+def hydrate_bundle(
+    store: ObjectStore,
+    bundle_id: str,
+    root: Path,
+    material_digest: str | None = None,
+    key: SealKey | None | Literal["configured"] = "configured",
+) -> VerifiedBundle:
+    """The bundle ``bundle_id`` as a verified local folder ``root/<hex>``, downloaded from
+    ``store`` unless a local copy verifies. ``material_digest``: the exact material a release
+    bound (a manifest with another is refused, so a store cannot substitute a rebuild). Raises
+    ``BundleVerificationError`` naming the store and the problem."""
+    hex_id = bundle_id.removeprefix("sha256:")
+    final = root / hex_id
+    where = f"{store.url}{manifest_key(hex_id)}"
+    if final.exists():
+        try:
+            return _expected(open_bundle(final, key=key), material_digest)
+        except BundleVerificationError as exc:
+            log.warning("bundle %s: the local copy does not verify (%s); fetching it again", hex_id, exc)
+            discard(final)
+    raw, manifest = _fetch_manifest(store, bundle_id, where)
+    if material_digest is not None and manifest.material_digest != material_digest:
+        raise BundleVerificationError(
+            Path(where), [f"material digest {manifest.material_digest} is not the expected {material_digest}"]
+        )
+
+    def write_data(tmp: Path) -> None:
+        for entry in manifest.material.files:
+            target = tmp / entry.path  # checked by _fetch_manifest
+            blob = store.get(blob_key(entry.sha256))
+            if blob is None:
+                raise BundleVerificationError(Path(where), [f"{entry.path}: blob {entry.sha256} is missing"])
+            data = blob.data
+            if len(data) != entry.size or "sha256:" + hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise BundleVerificationError(Path(where), [f"{entry.path}: blob does not match its digest"])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+    def write_manifest(tmp: Path) -> None:
+        (tmp / MANIFEST_NAME).write_bytes(raw)
+
+    root.mkdir(parents=True, exist_ok=True)
+    publish_directory(
+        final, write_data, write_manifest, validate=lambda tmp: open_bundle(tmp, check_name=False, key=key)
+    )
+    return _expected(open_bundle(final, key=key), material_digest)
+
+
+def _expected(bundle: VerifiedBundle, material_digest: str | None) -> VerifiedBundle:
+    if material_digest is not None and bundle.manifest.material_digest != material_digest:
+        raise BundleVerificationError(
+            bundle.path, [f"material digest {bundle.manifest.material_digest} is not the expected {material_digest}"]
+        )
+    return bundle
