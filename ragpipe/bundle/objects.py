@@ -3,7 +3,8 @@ object, hydrated into a local folder only after verification (docs/operations.md
 storage").
 
 Layout under the store: every file of a bundle is a content-addressed blob
-``blobs/sha256/<hex>`` (create-only, shared by every bundle holding the same bytes), and the
+``blobs/sha256/<hex>`` (``ragpipe.storage.blobs``: create-only, shared by everything holding the
+same bytes), and the
 bundle is ``bundles/<bundle id hex>/manifest.json`` — the exact manifest bytes, created only after
 all of its blobs exist. A reader that finds the manifest therefore finds every blob it names; two
 racing publishers of one ID write the same blobs (or leave harmless extra ones) and exactly one
@@ -16,7 +17,6 @@ cache, the store is the record.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -28,17 +28,13 @@ from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, manifest_byte
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, open_bundle
 from ragpipe.kernel.publish import PublishOutcome, StepHook, discard, publish_directory
 from ragpipe.kernel.seals import SealKey
-from ragpipe.storage.objects import ObjectStore
+from ragpipe.storage.blobs import get_blob, put_blob, safe_relative_path, sha256_of
+from ragpipe.storage.objects import ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 
 # The points of ``push_bundle`` where a crash leaves a distinct state in the store.
 PUSH_STEPS = ("blob_written", "blobs_written", "manifest_written")
-
-
-def blob_key(sha256: str) -> str:
-    """The object holding the bytes whose digest is ``sha256`` (``sha256:<hex>``)."""
-    return "blobs/sha256/" + sha256.removeprefix("sha256:")
 
 
 def manifest_key(bundle_hex: str) -> str:
@@ -56,9 +52,9 @@ def push_bundle(store: ObjectStore, bundle: VerifiedBundle, on_step: StepHook | 
         return PublishOutcome.existing
     for entry in sorted(bundle.manifest.material.files, key=lambda e: e.path):
         data = (bundle.path / entry.path).read_bytes()
-        if len(data) != entry.size or "sha256:" + hashlib.sha256(data).hexdigest() != entry.sha256:
+        if len(data) != entry.size or sha256_of(data) != entry.sha256:
             raise BundleVerificationError(bundle.path, [f"{entry.path}: changed since the bundle was verified"])
-        store.put_new(blob_key(entry.sha256), data)  # an existing blob holds these very bytes
+        put_blob(store, data)
         step("blob_written")
     step("blobs_written")
     created = store.put_new(key, manifest_bytes(bundle.manifest))
@@ -68,7 +64,7 @@ def push_bundle(store: ObjectStore, bundle: VerifiedBundle, on_step: StepHook | 
 
 def _safe_path(where: str, rel: str) -> str:
     """A manifest's file path as a folder-relative path that cannot leave the folder."""
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")) or "\\" in rel or "\0" in rel:
+    if not safe_relative_path(rel):
         raise BundleVerificationError(Path(where), [f"{MANIFEST_NAME}: file path {rel!r} leaves the bundle folder"])
     return rel
 
@@ -119,12 +115,10 @@ def hydrate_bundle(
     def write_data(tmp: Path) -> None:
         for entry in manifest.material.files:
             target = tmp / entry.path  # checked by _fetch_manifest
-            blob = store.get(blob_key(entry.sha256))
-            if blob is None:
-                raise BundleVerificationError(Path(where), [f"{entry.path}: blob {entry.sha256} is missing"])
-            data = blob.data
-            if len(data) != entry.size or "sha256:" + hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise BundleVerificationError(Path(where), [f"{entry.path}: blob does not match its digest"])
+            try:
+                data = get_blob(store, entry.sha256, entry.size, entry.path)
+            except StorageError as exc:
+                raise BundleVerificationError(Path(where), [str(exc)]) from None
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
 

@@ -10,6 +10,15 @@ process the parse of those bytes is remembered by (format, path, digest) for the
 ``ragpipe build`` — which registers and then snapshots the revision in the same process —
 parses its corpus once (a run executed by another process parses it there, once).
 
+With an object store configured (``RAGPIPE_STORE``) registration also publishes the source (as a
+folder listing of its regular files under ``sources/<digest hex>/``) and then the record
+(``revisions/<key>.json``, create-only, refused if another record holds the key), so a step on a
+machine that shares no disk with the registering one finds both: ``load_revision`` falls back to
+the store's record and ``read_registered_corpus`` downloads the source into a local cache when the
+recorded path is not there — checked against the registered digest like any other read (a
+Markdown tree whose links or special files were excluded at registration cannot be rebuilt from
+the store: its digest names those exclusions, so it is refused, never read differently).
+
 A revision key is a partition name, a file name here and a folder name under ``work/``:
 ``check_revision_key`` is the one rule for it, applied by every function taking a key.
 """
@@ -19,13 +28,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ragpipe.corpus.connectors import CorpusFormat, CorpusRead, load_source, parse_source
 from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.records import unscoped_refusal
+from ragpipe.corpus.source import TreeSource
 from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.storage.blobs import LISTING, pull_folder, push_files, read_listing
+from ragpipe.storage.location import store_from_env
+from ragpipe.storage.objects import ObjectStore, StorageError
 
 # (format, source path, source digest) -> the parse of exactly those bytes at that path: the last
 # source parsed in this process. A clean parse is a pure function of the bytes and the path
@@ -106,26 +119,67 @@ def register_revision(
         source_digest=loaded.digest(),
     )
     data = (record.model_dump_json(indent=2) + "\n").encode()
+    store = store_from_env()
+    if store is not None:  # the store is the record: a key it holds for other content is refused first
+        _publish(store, record, loaded, data)
     try:
         created = write_file_atomic(path, data, replace=False)
     except OSError as exc:
         raise RevisionError(f"{path}: cannot write the revision record: {exc.strerror}") from None
-    if created:
-        return record, True
-    existing = load_revision(registry, revision)
+    if not created:
+        _refuse_other(load_revision(registry, revision), record)
+    return record, created
+
+
+def _refuse_other(existing: RevisionRecord, record: RevisionRecord) -> None:
     if existing != record:
         raise RevisionError(
-            f"revision {revision!r} is already registered with different content "
+            f"revision {record.revision!r} is already registered with different content "
             f"(source {existing.source_path}, digest {existing.source_digest}, "
             f"{'no default scope' if existing.default_scope is None else 'default scope ' + existing.default_scope}); "
             "revision keys name immutable revisions: register the new content under a new key"
         )
-    return record, False
+
+
+def _source_key(record: RevisionRecord) -> str:
+    return f"sources/{record.source_digest.removeprefix('sha256:')}/{LISTING}"
+
+
+def _publish(store: ObjectStore, record: RevisionRecord, loaded, data: bytes) -> None:
+    """The source (its bytes as read at registration), then the record: a record in the store
+    always has its source there. A key the store holds for other content is refused."""
+    if isinstance(loaded, TreeSource):
+        files = {f.rel: f.data for f in loaded.files}
+    else:
+        files = {loaded.path.name: loaded.raw}
+    try:
+        push_files(store, _source_key(record), files)
+        if not store.put_new(f"revisions/{record.revision}.json", data):
+            _refuse_other(_stored_record(store, record.revision), record)
+    except StorageError as exc:
+        raise RevisionError(str(exc)) from None
+
+
+def _stored_record(store: ObjectStore, revision: str) -> RevisionRecord:
+    key = f"revisions/{revision}.json"
+    stored = store.get(key)
+    if stored is None:
+        raise RevisionError(f"revision {revision!r} is not registered (neither here nor in {store.url})")
+    try:
+        return RevisionRecord.model_validate(json.loads(stored.data))
+    except (ValueError, ValidationError) as exc:
+        raise RevisionError(f"{store.url}{key}: not a valid revision record ({str(exc).splitlines()[0]})") from None
 
 
 def load_revision(registry: Path, revision: str) -> RevisionRecord:
     path = _record_path(registry, revision)
     if not path.exists():
+        store = store_from_env()
+        if store is not None:
+            try:
+                return _stored_record(store, revision)
+            except StorageError as exc:
+                raise RevisionError(str(exc)) from None
         raise RevisionError(f"revision {revision!r} is not registered (no {path})")
     return RevisionRecord.model_validate(json.loads(path.read_text(encoding="utf-8")))
 
@@ -137,11 +191,15 @@ def list_revisions(registry: Path) -> list[str]:
     return sorted(p.stem for p in registry.glob("*.json") if REVISION_PATTERN.match(p.stem))
 
 
-def read_registered_corpus(record: RevisionRecord) -> CorpusRead:
+def read_registered_corpus(record: RevisionRecord, sources_cache: Path | None = None) -> CorpusRead:
     """Read a registered revision's source once, refuse it if its bytes changed since
-    registration, and parse exactly the bytes whose digest matched."""
+    registration, and parse exactly the bytes whose digest matched. A source missing here is
+    taken from the configured store into ``sources_cache`` (module docstring)."""
     check_revision_key(record.revision)
     source = Path(record.source_path)
+    store = store_from_env()
+    if not source.exists() and store is not None and sources_cache is not None:
+        source = _pulled_source(store, record, sources_cache)
     if not source.exists():
         raise RevisionError(f"revision {record.revision!r}: source {source} no longer exists")
     loaded = load_source(source, record.format)
@@ -154,3 +212,19 @@ def read_registered_corpus(record: RevisionRecord) -> CorpusRead:
             f"({record.source_digest} -> {digest}); register the new content under a new revision key"
         )
     return _parse(loaded, record.format)
+
+
+def _pulled_source(store: ObjectStore, record: RevisionRecord, cache: Path) -> Path:
+    """The store's copy of the source as a local path: the folder, or the one file in it."""
+    folder = cache / record.source_digest.removeprefix("sha256:")
+    try:
+        if pull_folder(store, _source_key(record), folder) is None:
+            raise RevisionError(
+                f"revision {record.revision!r}: source {record.source_path} is neither here nor in {store.url}"
+            )
+        listing = read_listing(store, _source_key(record))
+    except StorageError as exc:
+        raise RevisionError(str(exc)) from None
+    if record.format == "beir" and listing is not None and len(listing.files) == 1:
+        return folder / listing.files[0].path
+    return folder

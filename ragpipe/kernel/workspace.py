@@ -2,6 +2,7 @@
 
 ```
 revisions/<key>.json                 registered corpus revisions (immutable)
+sources/<digest hex>/                corpus sources downloaded from the object store (RAGPIPE_STORE), a cache
 work/<key>/<stage>/<version hex>/    one immutable folder per distinct output of a stage for a
                                      revision, named by its data version; never replaced
 work/<key>/<stage>/latest.json       the revision's latest materialization of the stage: which
@@ -43,6 +44,11 @@ class Workspace:
     @property
     def registry(self) -> Path:
         return self.home / "revisions"
+
+    @property
+    def sources(self) -> Path:
+        """Corpus sources downloaded from the object store (a cache keyed by source digest)."""
+        return self.home / "sources"
 
     @property
     def embedding_cache(self) -> Path:

@@ -14,6 +14,13 @@ names, so a concurrent materialization can never hand them a half-replaced outpu
 materialization history keeps pointing at folders that exist (until garbage collection, which
 removes only folders no pointer references: ``ragpipe.gc``).
 
+With an object store configured (``RAGPIPE_STORE``) the store is the record and the local folders
+a cache: a published version folder is pushed as ``work/<revision>/<stage>/<hex>/listing.json``
+plus its blobs (``ragpipe.storage.blobs``), then the store's ``latest.json`` is moved (compare-and-
+swap, last writer wins as with ``os.replace``); readers take ``latest.json`` from the store and
+download a version folder they do not have, every file checked against its listing. Steps on
+machines that share no disk meet there.
+
 A record keeps the cumulative spec ID it was built under, and the data versions of the upstream
 outputs it read (``inputs``): a stage refuses an upstream recorded under another spec, and a set of
 upstream outputs that were not built from one another.
@@ -43,11 +50,17 @@ from ragpipe.kernel.publish import (
 )
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import PipelineSpec
+from ragpipe.storage.blobs import LISTING, pull_folder, push_folder
+from ragpipe.storage.location import store_from_env
+from ragpipe.storage.objects import Conflict, ObjectStore, StorageError
 
 POINTER = "latest.json"
 STAGE_RECORD = "stage.json"
 # Every point of a stage publication where a crash leaves a distinct state on disk, in order.
 STAGE_PUBLISH_STEPS = PUBLISH_STEPS + FILE_STEPS
+# ... and, with an object store configured, in the store after them.
+STORE_STEPS = ("store_folder_pushed", "store_latest_moved")
+_LATEST_ATTEMPTS = 50
 _VERSION = re.compile(r"^sha256:([0-9a-f]{64})$")
 VERSION_NAME = re.compile(r"^[0-9a-f]{64}$")
 P = ParamSpec("P")
@@ -149,11 +162,10 @@ def read_output(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | N
 
     The pointer is read once; everything after that reads only the immutable folder it names.
     """
-    pointer = pointer_path(ws, revision, stage)
-    try:
-        data = pointer.read_bytes()
-    except FileNotFoundError:
-        raise StageError(f"{stage} has not been materialized for revision {revision!r}: materialize it first") from None
+    store = store_from_env()
+    pointer, data = _latest_bytes(ws, store, revision, stage)
+    if data is None:
+        raise StageError(f"{stage} has not been materialized for revision {revision!r}: materialize it first")
     record = parse_record(pointer, data)
     if (record.stage, record.revision) != (stage, revision):
         raise StageError(f"{pointer}: names {record.stage} of revision {record.revision!r}")
@@ -163,6 +175,7 @@ def read_output(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | N
             f"spec expects {spec.spec_ids[stage]}: re-materialize {stage} first"
         )
     folder = version_dir(ws, revision, stage, record.data_version)
+    _pull(store, revision, stage, record.data_version, folder)
     _check_folder(folder, record)
     return StageOutput(record, folder)
 
@@ -174,6 +187,7 @@ def read_version(ws: Workspace, revision: str, stage: str, data_version: str, na
     was built from, even after a later materialization moved ``latest.json`` on.
     """
     folder = version_dir(ws, revision, stage, data_version)
+    _pull(store_from_env(), revision, stage, data_version, folder)
     path = folder / STAGE_RECORD
     try:
         data = path.read_bytes()
@@ -220,7 +234,60 @@ def publish_output(
     if outcome is PublishOutcome.existing:
         _check_folder(folder, record)
     write_file_atomic(pointer_path(ws, record.revision, record.stage), _record_bytes(record), on_step=on_step)
+    store = store_from_env()
+    if store is not None:
+        _push(store, record, folder, on_step or (lambda _: None))
     return StageOutput(record, folder), outcome
+
+
+def _store_key(revision: str, stage: str, name: str) -> str:
+    return f"work/{revision}/{stage}/{name}"
+
+
+def _push(store: ObjectStore, record: StageRecord, folder: Path, step: StepHook) -> None:
+    """The version folder to the store (create-only), then the store's pointer to it."""
+    name = version_name(record.data_version)
+    push_folder(store, _store_key(record.revision, record.stage, f"{name}/{LISTING}"), folder)
+    step("store_folder_pushed")
+    key = _store_key(record.revision, record.stage, POINTER)
+    for _ in range(_LATEST_ATTEMPTS):  # bounded: each lost round means another writer moved it
+        current = store.get(key)
+        try:
+            store.put_if(key, _record_bytes(record), current.etag if current else None)
+            break
+        except Conflict:
+            continue
+    else:
+        raise StageError(f"{store.url}{key}: other writers kept moving it; materialize {record.stage} again")
+    step("store_latest_moved")
+
+
+def _latest_bytes(ws: Workspace, store: ObjectStore | None, revision: str, stage: str) -> tuple[Path, bytes | None]:
+    """Where the partition's pointer is (the store's, when one is configured) and its bytes (None:
+    never materialized)."""
+    if store is None:
+        pointer = pointer_path(ws, revision, stage)
+        try:
+            return pointer, pointer.read_bytes()
+        except FileNotFoundError:
+            return pointer, None
+    key = _store_key(check_revision_key(revision), stage, POINTER)
+    try:
+        stored = store.get(key)
+    except StorageError as exc:
+        raise StageError(str(exc)) from None
+    return Path(store.url + key), None if stored is None else stored.data
+
+
+def _pull(store: ObjectStore | None, revision: str, stage: str, data_version: str, folder: Path) -> None:
+    """Download a version folder from the store unless it is here (a cache miss); a version the
+    store does not hold is left to the caller's "missing" message."""
+    if store is None or folder.exists():
+        return
+    try:
+        pull_folder(store, _store_key(revision, stage, f"{version_name(data_version)}/{LISTING}"), folder)
+    except StorageError as exc:
+        raise StageError(str(exc)) from None
 
 
 def holding_workspace_lock(fn: Callable[P, R]) -> Callable[P, R]:

@@ -77,7 +77,9 @@ def run_source_snapshot(
 ) -> StageResult:
     t0 = time.perf_counter()
     record = load_revision(ws.registry, revision)
-    documents, summary = build_snapshot(read_registered_corpus(record), revision, record.default_scope, spec.snapshot)
+    documents, summary = build_snapshot(
+        read_registered_corpus(record, ws.sources), revision, record.default_scope, spec.snapshot
+    )
     out = publish_stage(
         ws,
         revision,

@@ -11,6 +11,7 @@ an ID.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -46,9 +47,20 @@ def open_store(
 
 
 def store_from_env() -> ObjectStore | None:
-    """The store ``RAGPIPE_STORE`` names, or ``None`` when it is unset (local-only operation)."""
+    """The store ``RAGPIPE_STORE`` names, or ``None`` when it is unset (local-only operation).
+    One store object per process and configuration: its client (a connection pool) is reused."""
     location = os.environ.get(ENV_STORE, "")
-    return open_store(location, source=ENV_STORE) if location else None
+    if not location:
+        return None
+    return _opened(
+        location, os.environ.get(ENV_ENDPOINT), os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION")
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _opened(location: str, endpoint: str | None, region: str | None, default_region: str | None) -> ObjectStore:
+    # the arguments are the cache key: a changed environment opens a new store
+    return open_store(location, source=ENV_STORE)
 
 
 def _local(path: Path) -> ObjectStore:

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from ragpipe.bundle.manifest import MANIFEST_NAME, manifest_bytes
-from ragpipe.bundle.objects import PUSH_STEPS, blob_key, hydrate_bundle, manifest_key, push_bundle
+from ragpipe.bundle.objects import PUSH_STEPS, hydrate_bundle, manifest_key, push_bundle
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, open_bundle
 from ragpipe.kernel.publish import PublishOutcome
+from ragpipe.storage.blobs import blob_key
 from ragpipe.storage.local import LocalObjectStore
 from ragpipe.storage.objects import ObjectStore
 from ragpipe_tests.bundle.test_forgery import manifest_of, reseal, rewrite_documents
@@ -125,7 +126,7 @@ def test_a_damaged_or_missing_blob_is_never_hydrated(store: ObjectStore, bundle:
         (store.root / blob_key(entry.sha256)).unlink()
     else:
         store.client.delete_object(Bucket=store.bucket, Key=store.prefix + blob_key(entry.sha256))
-    assert f"chunks.parquet: blob {entry.sha256} is missing" in refusal(store, bundle, tmp_path / "c")
+    assert f"{blob_key(entry.sha256)}: chunks.parquet: blob is missing" in refusal(store, bundle, tmp_path / "c")
 
 
 def test_a_forgery_with_every_digest_recomputed_is_refused(store: ObjectStore, bundle: VerifiedBundle, tmp_path: Path):
