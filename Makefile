@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo serve-demo test lint ui ui-check bench query-bench clean dagster-home
+.PHONY: install demo serve-demo test lint ui ui-check bench query-bench clean dagster-home redis celery-worker
 
 install: $(VENV)/.installed
 
@@ -86,6 +86,17 @@ ui: install dagster-home
 # Starts the webserver on 127.0.0.1 (temporary homes) and checks the graph it serves through GraphQL.
 ui-check: install dagster-home
 	$(BIN)/python -m pytest -q ragpipe_tests/defs/test_ui_graphql.py
+
+# Redis on 127.0.0.1 for the Celery executor (broker db 0, results db 1), in the foreground, nothing
+# persisted; and one Celery worker for ragpipe's steps (docs/operations.md, "Celery workers").
+REDIS_PORT ?= 6379
+redis:
+	redis-server --port $(REDIS_PORT) --bind 127.0.0.1 --save '' --appendonly no --daemonize no
+
+WORKER ?= worker-1
+celery-worker: install
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dagster-celery worker start -A dagster_celery.app -y deploy/celery-worker.yaml \
+	  -n $(WORKER) -q dagster -- --concurrency=1
 
 bench: install
 	$(BIN)/python -m benchmarks.build_bench

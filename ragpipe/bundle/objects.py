@@ -29,6 +29,7 @@ from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, open_
 from ragpipe.kernel.publish import PublishOutcome, StepHook, discard, publish_directory
 from ragpipe.kernel.seals import SealKey
 from ragpipe.storage.blobs import get_blob, put_blob, safe_relative_path, sha256_of
+from ragpipe.storage.location import store_from_env
 from ragpipe.storage.objects import ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
@@ -138,3 +139,19 @@ def _expected(bundle: VerifiedBundle, material_digest: str | None) -> VerifiedBu
             bundle.path, [f"material digest {bundle.manifest.material_digest} is not the expected {material_digest}"]
         )
     return bundle
+
+
+def open_bundle_here(
+    path: Path, material_digest: str | None = None, defer_vector_table: bool = False
+) -> VerifiedBundle:
+    """``open_bundle(path)`` for a bundle folder named by its ID (``<bundles>/<hex>``), first
+    downloading it from the configured store (``RAGPIPE_STORE``) when it is not here — a step, a
+    launcher or a server on a machine that did not build it. ``material_digest``: the material a
+    release bound. Every failure, the store's included, is a ``BundleVerificationError``."""
+    store = store_from_env()
+    if store is not None and not path.exists():
+        try:
+            hydrate_bundle(store, path.name, path.parent, material_digest)
+        except StorageError as exc:
+            raise BundleVerificationError(path, [str(exc)]) from None
+    return _expected(open_bundle(path, defer_vector_table=defer_vector_table), material_digest)

@@ -43,8 +43,9 @@ def emit_json(obj: object) -> None:
 
 
 def revision_bundle(revision: str) -> Path:
-    """The bundle last built for ``revision`` (its ``index_bundle`` stage record); ``ValueError``
-    naming the problem when the key is malformed or nothing was built."""
+    """The bundle last built for ``revision`` (its ``index_bundle`` stage record), downloaded from
+    the configured store when it was built elsewhere; ``ValueError`` naming the problem when the
+    key is malformed, nothing was built or the bundle cannot be had."""
     from ragpipe.corpus.registry import check_revision_key
     from ragpipe.kernel.workspace import Workspace, default_home
     from ragpipe.stages.steps import StageError, read_stage_record
@@ -52,9 +53,14 @@ def revision_bundle(revision: str) -> Path:
     check_revision_key(revision)  # a key is a path segment: '../x' would leave RAGPIPE_HOME
     try:
         ws = Workspace(default_home())
-        return ws.located(str(read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
+        path = ws.located(str(read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
     except StageError as exc:
         raise ValueError(str(exc)) from None
+    if not path.exists():  # built elsewhere: from the configured store (BundleVerificationError is a ValueError)
+        from ragpipe.bundle.objects import open_bundle_here
+
+        open_bundle_here(path)
+    return path
 
 
 def bundle_path(bundle: Path | None, revision: str | None) -> Path:

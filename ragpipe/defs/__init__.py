@@ -1,10 +1,11 @@
 """The Dagster layer: with ``orchestration/`` the only packages that import dagster."""
 
-from dagster import Definitions, in_process_executor
+from dagster import Definitions
 
 from ragpipe.defs.activation import activate_release_job, activation_sensor_def
 from ragpipe.defs.assets import build_assets
 from ragpipe.defs.checks import build_checks
+from ragpipe.defs.executors import executor_from_env
 from ragpipe.defs.jobs import build_revision_job
 from ragpipe.defs.release_chain import build_chain_checks
 from ragpipe.defs.resources import RagpipeHome
@@ -21,8 +22,9 @@ def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Defin
     """Definitions for ``spec`` (default: the checked-in pipeline spec or ``$RAGPIPE_PIPELINE_SPEC``).
 
     ``home`` empty means ``$RAGPIPE_HOME`` at run time: that is what the code location loads, and
-    ``ragpipe build`` runs that location. The in-process executor is the default for every job,
-    including the implicit asset job that UI materializations and backfills use (see ``jobs``).
+    ``ragpipe build`` runs that location. The executor ``RAGPIPE_EXECUTOR`` names (default: in
+    process) runs every job, including the implicit asset job that UI materializations and
+    backfills use (``executors``).
     With an ``evaluation:`` section the graph continues after ``index_bundle`` with the evaluation →
     gate → release chain, and ``build_revision`` selects it too. ``activation_sensor``'s default
     status comes from the targets config (``$RAGPIPE_TARGETS``) read here.
@@ -44,5 +46,5 @@ def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Defin
         sensors=[corpus_revision_sensor, activation_sensor_def(targets)],
         schedules=[nightly_rebuild],
         resources={"ragpipe": RagpipeHome(home=home)},
-        executor=in_process_executor,
+        executor=executor_from_env(),
     )

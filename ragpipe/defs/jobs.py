@@ -5,17 +5,19 @@ the pipeline spec has an ``evaluation:`` section, the chain after it (evaluation
 manifest). It is built per spec (``build_revision_job(spec)``) so its owners are the spec's and its
 selection follows the spec; its partitions are those of the assets it selects (``corpus_revisions``).
 
-Every run of it executes in one process (``in_process_executor``): the steps form a chain (only
-the lexical and vector indexes could overlap), and one process imports torch and loads the
-embedding model once per run instead of once per step. The same executor is the ``Definitions``
-default, so the UI's ``__ASSET_JOB`` runs and asset backfills use it too.
+By default every run of it executes in one process (``in_process_executor``): the steps form a
+chain (only the lexical and vector indexes could overlap), and one process imports torch and loads
+the embedding model once per run instead of once per step. ``RAGPIPE_EXECUTOR=celery`` runs each
+step as a Celery task instead (``executors``). The same executor is the ``Definitions`` default,
+so the UI's ``__ASSET_JOB`` runs and asset backfills use it too.
 """
 
 import warnings
 
-from dagster import AssetSelection, BetaWarning, define_asset_job, in_process_executor
+from dagster import AssetSelection, BetaWarning, define_asset_job
 
 from ragpipe.defs.assets import GROUP as BUILD_GROUP
+from ragpipe.defs.executors import executor_from_env
 from ragpipe.defs.release_chain import GROUP as CHAIN_GROUP
 from ragpipe.spec import PipelineSpec
 
@@ -38,10 +40,11 @@ def build_revision_job(spec: PipelineSpec):  # -> the unresolved asset job defin
     return define_asset_job(
         BUILD_JOB,
         selection=selection,
-        executor_def=in_process_executor,
+        executor_def=executor_from_env(),
         owners=list(spec.dagster.owners),
         description=(
-            f"Materialize the whole graph ({what}) for one corpus revision, in one process. "
+            f"Materialize the whole graph ({what}) for one corpus revision "
+            "(in one process unless RAGPIPE_EXECUTOR says otherwise). "
             "`ragpipe build`, the sensors, the nightly schedule and the UI all launch this job."
         ),
     )

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
-from ragpipe.bundle.verify import BundleVerificationError, open_bundle
+from ragpipe.bundle.objects import open_bundle_here
+from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpec, PipelineSpecError, load_pipeline_spec
@@ -116,7 +117,7 @@ def built_revision(instance: DagsterInstance, ws: Workspace, revision: str, spec
     try:
         bundle = _materialized(instance, ws, revision, "index_bundle", spec.spec_ids["index_bundle"])
         try:
-            open_bundle(ws.located(str(bundle.record.facts["bundle_path"])))
+            open_bundle_here(ws.located(str(bundle.record.facts["bundle_path"])))
         except BundleVerificationError as exc:
             raise NotBuilt(f"bundle of revision {revision!r} does not verify: {exc}") from None
         if spec.evaluation is None:

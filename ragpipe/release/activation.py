@@ -32,8 +32,6 @@ from ragpipe.release.pointer import Pointer, check_generation, current_generatio
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.storage.location import store_from_env
-from ragpipe.storage.objects import StorageError
 
 if TYPE_CHECKING:
     from ragpipe.bundle.verify import VerifiedBundle
@@ -117,19 +115,14 @@ def verified_release(
     ``defer_vector_table``: leave the lance table's content checks to the moment lancedb serves
     (``ragpipe.bundle.verify.open_bundle``); a query process that serves from memory then never
     imports lancedb."""
-    from ragpipe.bundle.objects import hydrate_bundle  # pyarrow: only when verifying
-    from ragpipe.bundle.verify import BundleVerificationError, open_bundle
+    from ragpipe.bundle.objects import open_bundle_here  # pyarrow: only when verifying
+    from ragpipe.bundle.verify import BundleVerificationError
 
     try:
-        path, store = bundle_path(ws, manifest), store_from_env()
-        if store is not None and not path.exists():
-            # built on another machine: the store holds it; hydrated only as the release bound it
-            hydrate_bundle(store, manifest.bundle_id, ws.bundles, manifest.material_digest)
-        bundle = open_bundle(path, defer_vector_table=defer_vector_table)
+        # built on another machine, the store holds it: downloaded only as the release bound it
+        bundle = open_bundle_here(bundle_path(ws, manifest), defer_vector_table=defer_vector_table)
     except BundleVerificationError as exc:
         return None, [f"bundle {manifest.bundle_id}: {p}" for p in exc.problems]
-    except StorageError as exc:
-        return None, [f"bundle {manifest.bundle_id}: {exc}"]
     problems = []
     if bundle.manifest.bundle_id != manifest.bundle_id:
         problems.append(f"bundle ID {bundle.manifest.bundle_id} differs from the release's {manifest.bundle_id}")

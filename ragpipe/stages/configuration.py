@@ -11,7 +11,8 @@
 3. the release targets: ``$RAGPIPE_TARGETS``, else ``ragpipe/specs/targets.yaml``, and the gate
    policies each target accepts (relative to the targets file);
 4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
-   contacted.
+   contacted; then ``$RAGPIPE_EXECUTOR`` (``in_process`` or ``celery``, which needs its broker,
+   backend and a store).
 
 Contract: a problem raises ``ConfigurationError`` whose ``str`` is exactly one line (no line break,
 several problems of one file joined with ``; ``, the first first) naming the file, the field and
@@ -25,6 +26,7 @@ the rule; nothing is written anywhere. The lines::
     <targets>: invalid targets config: <field.path>: <rule>
     <targets>: target '<name>': gate policy '<entry>': <the policy's own line>
     RAGPIPE_STORE: '<location>': <rule>
+    RAGPIPE_EXECUTOR: <rule>
 
 ``<problem>`` is the named file's own one-line error without its path (given just before):
 ``cannot read suite: No such file or directory``, ``line 3: not valid JSON: …`` (suite line),
@@ -38,6 +40,7 @@ path as written is already that absolute path.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +114,26 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
         store_from_env()  # parsed only: reaching the store is the first step's business, not loading's
     except LocationError as exc:
         raise ConfigurationError(str(exc)) from None
+    _check_executor()
     return Configuration(path, spec, chain, where, config)
+
+
+EXECUTOR_ENV = "RAGPIPE_EXECUTOR"
+EXECUTORS = ("in_process", "celery")
+
+
+def _check_executor() -> None:
+    """``RAGPIPE_EXECUTOR`` names a known executor; Celery needs its broker, backend and a store
+    (its workers share no disk: without a store a step could not find what the previous one wrote)."""
+    name = os.environ.get(EXECUTOR_ENV, "in_process")
+    if name not in EXECUTORS:
+        raise ConfigurationError(f"{EXECUTOR_ENV}: {name!r}: must be one of {', '.join(EXECUTORS)}")
+    if name == "celery":
+        for needed in ("RAGPIPE_CELERY_BROKER", "RAGPIPE_CELERY_BACKEND", "RAGPIPE_STORE"):
+            if not os.environ.get(needed):
+                raise ConfigurationError(
+                    f'{EXECUTOR_ENV}: celery needs {needed} (docs/operations.md, "Celery workers")'
+                )
 
 
 def _check_chain(path: Path, spec: PipelineSpec) -> ChainPlan:

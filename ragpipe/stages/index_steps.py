@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ragpipe.bundle.build import BundleInputs, bundle_semantic, publish_bundle
 from ragpipe.bundle.manifest import BundleCounts
-from ragpipe.bundle.objects import push_bundle
-from ragpipe.bundle.verify import BundleVerificationError, open_bundle
+from ragpipe.bundle.objects import open_bundle_here, push_bundle
+from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.embedding.compute import read_embeddings
 from ragpipe.index.lexical import build_lexical_index
@@ -200,7 +200,7 @@ def check_bundle(ws: Workspace, revision: str) -> tuple[str, list[str]]:
     record = read_output(ws, revision, "index_bundle").record
     path = str(ws.located(str(record.facts["bundle_path"])))
     try:
-        open_bundle(Path(path))
+        open_bundle_here(Path(path))
     except BundleVerificationError as exc:
         return path, exc.problems
     return path, []

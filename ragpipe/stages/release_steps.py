@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from ragpipe.bundle.verify import open_bundle
+from ragpipe.bundle.objects import open_bundle_here
 from ragpipe.experiment.decision import Decision
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.gate_evidence import publish_gate_evidence
@@ -62,7 +62,7 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
     ev = read_chain_upstream(ws, revision, gate, "evaluation_run", chain.evaluation_code_version)
     bundle = read_chain_upstream(ws, revision, ev, "index_bundle", spec.spec_ids["index_bundle"])
     decision = read_decision(gate.path)
-    opened = open_bundle(ws.located(str(bundle.record.facts["bundle_path"])))
+    opened = open_bundle_here(ws.located(str(bundle.record.facts["bundle_path"])))
     f = ev.record.facts
     _check_links(revision, gate.data_version, decision, f, bundle.data_version, opened.manifest.bundle_id)
     manifest = ReleaseManifest(

@@ -42,6 +42,7 @@ from ragpipe.stages.stage_store import (
     publish_stage,
     read_output,
     read_outputs,
+    read_version,
     version_dir,
 )
 from ragpipe.work.failures import BudgetExhausted, BudgetUnenforceable
@@ -158,8 +159,8 @@ def check_chunks(ws: Workspace, revision: str) -> tuple[int, list[str]]:
     """Re-verify every chunk of the latest ``chunks`` output against the snapshot version it was
     built from: (chunks checked, problems)."""
     chunks = read_output(ws, revision, "chunks")
-    snapshot = version_dir(ws, revision, "source_snapshot", chunks.record.inputs["source_snapshot"])
-    documents = read_snapshot_documents(snapshot / "documents.parquet")
+    snapshot = read_version(ws, revision, "source_snapshot", chunks.record.inputs["source_snapshot"], "chunks")
+    documents = read_snapshot_documents(snapshot.path / "documents.parquet")
     items = read_chunks(chunks.path / "chunks.parquet")
     return len(items), verify_chunks(documents, items)
 

@@ -165,7 +165,12 @@ def test_the_top_level_instance_is_what_make_dagster_home_installs_and_make_ui_u
     assert "cd $(DAGSTER_HOME) && $(CURDIR)/$(BIN)/dagster dev -w $(CURDIR)/workspace.yaml" in text
     config = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
     assert config["nux"] == {"enabled": False} and config["telemetry"] == {"enabled": False}
-    assert sorted(p.name for p in (REPO / "deploy").iterdir()) == ["dagster-postgres.yaml", "serve-local.yaml"]
+    assert sorted(p.name for p in (REPO / "deploy").iterdir()) == [
+        "celery-worker.yaml",
+        "dagster-celery.yaml",
+        "dagster-postgres.yaml",
+        "serve-local.yaml",
+    ]
 
 
 def test_loading_the_location_prints_no_warning(server, nodes):

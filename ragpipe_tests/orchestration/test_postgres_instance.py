@@ -179,6 +179,15 @@ def test_postgres_yaml_is_the_default_instance_plus_storage():
     assert pg_cfg == default
 
 
+def test_celery_yaml_is_the_postgres_instance_plus_compute_logs():
+    celery_cfg = yaml.safe_load((REPO / "deploy" / "dagster-celery.yaml").read_text())
+    assert celery_cfg.pop("compute_logs") == {
+        "module": "dagster._core.storage.noop_compute_log_manager",
+        "class": "NoOpComputeLogManager",
+    }
+    assert celery_cfg == yaml.safe_load((REPO / "deploy" / "dagster-postgres.yaml").read_text())
+
+
 def test_instance_storage_is_postgres(stack: Stack, builds):
     inst = stack.instance
     assert type(inst.run_storage) is PostgresRunStorage

@@ -12,11 +12,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ragpipe_tests.support.services import free_port
 
 
 class PostgresUnavailable(RuntimeError):
@@ -32,12 +33,6 @@ def postgres_bindir() -> Path:
     if not candidates:
         raise PostgresUnavailable("PostgreSQL server binaries not found: apt-get install postgresql-15 (see .ci/run)")
     return Path(candidates[-1]).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -64,7 +59,7 @@ class PostgresServer:
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chown(root, pw.pw_uid, pw.pw_gid)
-        server = cls(root=root, port=_free_port())
+        server = cls(root=root, port=free_port())
         data, sockets = root / "data", root / "sockets"
         try:
             server._run(

@@ -1,0 +1,163 @@
+"""ragpipe's build on Dagster's Celery executor, with workers that share no disk.
+
+One module-scoped stack, every component real: PostgreSQL (the instance, ``deploy/dagster-celery
+.yaml``), Redis (the broker and result backend), moto's S3 server (``RAGPIPE_STORE``), and two
+Celery workers started with the documented ``dagster-celery worker start`` command, each in a
+temporary folder of its own that is its working directory, ``$RAGPIPE_HOME`` and
+``$DAGSTER_HOME``. The launcher is ``ragpipe build`` in a third folder; its corpus is deleted
+once registered, so the steps can only find it in the store. The build's stage data versions and
+bundle ID must equal those of an in-process build of the same corpus in a home of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
+
+from ragpipe.kernel.workspace import Workspace
+from ragpipe.stages.steps import read_stage_record
+from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.orchestration.test_postgres_instance import start_postgres
+from ragpipe_tests.support.celery_workers import CeleryWorker
+from ragpipe_tests.support.redis_server import RedisServer, RedisUnavailable
+from ragpipe_tests.support.s3_server import S3Server
+from ragpipe_tests.support.services import open_instance
+
+pytestmark = pytest.mark.slow
+
+STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
+CHECKS = ["chunks_chunks_match_source", "index_bundle_bundle_verifies"]  # blocking asset checks: steps too
+
+
+@dataclass
+class Stack:
+    root: Path
+    env: dict[str, str]
+    workers: list[CeleryWorker]
+    instance: DagsterInstance
+
+
+def start_redis() -> RedisServer:
+    try:
+        return RedisServer.start()
+    except RedisUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must provide Redis (.ci/run installs redis-server): {exc}")
+        pytest.skip(f"no redis-server on this machine: {exc}")
+
+
+def small_corpus(path: Path, lines: int = 40) -> Path:
+    text = (SAMPLE / "rev-1.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(text), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server):
+    root = tmp_path_factory.mktemp("celery")
+    pg, redis = start_postgres(), start_redis()
+    spec = yaml.safe_load((REPO / "ragpipe" / "specs" / "pipeline.yaml").read_text(encoding="utf-8"))
+    spec.pop("evaluation")  # the build group: the evaluation chain does not run on workers yet
+    (root / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RAGPIPE_", "DAGSTER_"))},
+        **s3_server.env(),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
+        "RAGPIPE_STORE": f"s3://{s3_server.bucket()}/ragpipe",
+        "RAGPIPE_EXECUTOR": "celery",
+        "RAGPIPE_CELERY_BROKER": redis.url(0),
+        "RAGPIPE_CELERY_BACKEND": redis.url(1),
+        "DAGSTER_PG_HOST": "127.0.0.1",
+        "DAGSTER_PG_PORT": str(pg.port),
+        "DAGSTER_PG_DB": pg.database,
+        "DAGSTER_PG_USERNAME": pg.user,
+        "DAGSTER_PG_PASSWORD": "",
+    }
+    launcher = root / "launcher"
+    (launcher / "dagster").mkdir(parents=True)
+    shutil.copyfile(REPO / "deploy" / "dagster-celery.yaml", launcher / "dagster" / "dagster.yaml")
+    workers: list[CeleryWorker] = []
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            instance = open_instance(launcher / "dagster")  # creates the tables before any worker races to
+            workers += [CeleryWorker.start(name, env) for name in ("w1", "w2")]
+            yield Stack(root, env, workers, instance)
+            instance.dispose()
+    finally:
+        for worker in workers:
+            worker.stop()
+            shutil.rmtree(worker.folder, ignore_errors=True)
+        redis.stop()
+        pg.stop()
+
+
+def build(stack: Stack, revision: str, corpus: Path) -> dict:
+    launcher = stack.root / "launcher"
+    env = {**stack.env, "RAGPIPE_HOME": str(launcher / "ragpipe"), "DAGSTER_HOME": str(launcher / "dagster")}
+    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision]
+    proc = subprocess.run(
+        [*args, "--default-scope", "public", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr + "\n".join("".join(w.lines[-40:]) for w in stack.workers)
+    return json.loads(proc.stdout)
+
+
+def in_process_reference(root: Path, revision: str, corpus: Path) -> Workspace:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RAGPIPE_", "DAGSTER_"))},
+        "HF_HUB_OFFLINE": "1",
+        "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
+        "RAGPIPE_HOME": str(root / "reference" / "ragpipe"),
+        "DAGSTER_HOME": str(root / "reference" / "dagster"),
+    }
+    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision, "--default-scope"]
+    proc = subprocess.run([*args, "public", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return Workspace(root / "reference" / "ragpipe")
+
+
+def where_steps_ran(instance: DagsterInstance, run_id: str) -> dict[str, str]:
+    """Step key -> the Celery worker that reported executing it (Dagster's own engine event)."""
+    ran = {}
+    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ENGINE_EVENT), limit=10_000)
+    for record in records:
+        entry = record.event_log_entry
+        if entry.run_id != run_id or not entry.dagster_event:
+            continue
+        metadata = entry.dagster_event.event_specific_data.metadata
+        if "Celery worker" in metadata:  # "[CeleryExecutor] Executing steps <key> in celery worker"
+            ran[metadata["step_keys"].value] = metadata["Celery worker"].value
+    return ran
+
+
+def test_a_build_runs_its_steps_on_workers_that_share_no_disk(stack: Stack):
+    corpus = small_corpus(stack.root / "corpus" / "c1.jsonl")
+    reference = in_process_reference(stack.root, "c1", small_corpus(stack.root / "reference-corpus" / "c1.jsonl"))
+    out = build(stack, "c1", corpus)
+    assert out["launched"] == "in_process"  # the run's orchestrator; its steps went to the workers
+    ran = where_steps_ran(stack.instance, out["run_id"])
+    assert sorted(ran) == sorted(STAGES + CHECKS)
+    assert set(ran.values()) <= {f"w1@{os.uname().nodename}", f"w2@{os.uname().nodename}"}, ran
+    workers = {w.home: w for w in stack.workers}
+    for stage in STAGES:
+        expected = read_stage_record(reference, "c1", stage).data_version
+        assert read_stage_record(Workspace(stack.root / "launcher" / "ragpipe"), "c1", stage).data_version == expected
+    assert out["bundle_id"] == read_stage_record(reference, "c1", "index_bundle").data_version
+    # each worker built only from what it downloaded: its home holds no registry of its own
+    assert all(not Workspace(home).registry.exists() for home in workers)
+    print("steps per worker:", Counter(ran.values()), ran)
