@@ -93,6 +93,7 @@ def hydrate_bundle(
     root: Path,
     material_digest: str | None = None,
     key: SealKey | None | Literal["configured"] = "configured",
+    defer_vector_table: bool = False,
 ) -> VerifiedBundle:
     """The bundle ``bundle_id`` as a verified local folder ``root/<hex>``, downloaded from
     ``store`` unless a local copy verifies. ``material_digest``: the exact material a release
@@ -103,7 +104,7 @@ def hydrate_bundle(
     where = f"{store.url}{manifest_key(hex_id)}"
     if final.exists():
         try:
-            return _expected(open_bundle(final, key=key), material_digest)
+            return _expected(open_bundle(final, key=key, defer_vector_table=defer_vector_table), material_digest)
         except BundleVerificationError as exc:
             log.warning("bundle %s: the local copy does not verify (%s); fetching it again", hex_id, exc)
             discard(final)
@@ -144,14 +145,30 @@ def _expected(bundle: VerifiedBundle, material_digest: str | None) -> VerifiedBu
 def open_bundle_here(
     path: Path, material_digest: str | None = None, defer_vector_table: bool = False
 ) -> VerifiedBundle:
-    """``open_bundle(path)`` for a bundle folder named by its ID (``<bundles>/<hex>``), first
-    downloading it from the configured store (``RAGPIPE_STORE``) when it is not here — a step, a
-    launcher or a server on a machine that did not build it. ``material_digest``: the material a
-    release bound. Every failure, the store's included, is a ``BundleVerificationError``."""
+    """``open_bundle(path)`` for a bundle folder named by its ID (``<bundles>/<hex>``). With a
+    store configured (``RAGPIPE_STORE``) the folder is a cache of the store's record: a missing or
+    damaged copy, or one of another material than ``material_digest`` (what a release bound), is
+    (re)fetched (``hydrate_bundle``). Every failure, the store's included, is a
+    ``BundleVerificationError``."""
     store = store_from_env()
-    if store is not None and not path.exists():
-        try:
-            hydrate_bundle(store, path.name, path.parent, material_digest)
-        except StorageError as exc:
-            raise BundleVerificationError(path, [str(exc)]) from None
-    return _expected(open_bundle(path, defer_vector_table=defer_vector_table), material_digest)
+    if store is None:
+        return _expected(open_bundle(path, defer_vector_table=defer_vector_table), material_digest)
+    try:
+        return hydrate_bundle(store, path.name, path.parent, material_digest, defer_vector_table=defer_vector_table)
+    except StorageError as exc:
+        raise BundleVerificationError(path, [str(exc)]) from None
+
+
+def adopt_stored(store: ObjectStore, bundle: VerifiedBundle) -> VerifiedBundle:
+    """After ``push_bundle`` found the ID published: the store's bundle, which every other machine
+    reads. A local build of other material (an index is not byte-reproducible) gives way to it."""
+    try:
+        _, manifest = _fetch_manifest(
+            store, bundle.bundle_id, f"{store.url}{manifest_key(bundle.manifest.bundle_id.hex)}"
+        )
+        if manifest.material_digest == bundle.manifest.material_digest:
+            return bundle
+        discard(bundle.path)
+        return hydrate_bundle(store, bundle.bundle_id, bundle.path.parent, manifest.material_digest)
+    except StorageError as exc:
+        raise BundleVerificationError(bundle.path, [str(exc)]) from None

@@ -31,6 +31,7 @@ from ragpipe.orchestration.progress import (
     RunQueued,
     RunStarted,
     StepFinished,
+    WorkerWait,
 )
 
 OK, FAILED = "[green]✓[/]", "[red]✗[/]"
@@ -84,6 +85,8 @@ class BuildView:
         elif isinstance(item, CheckFinished):
             verdict = "passed" if item.passed else f"failed: {item.description or '(no description)'}"
             self._line(f"{OK if item.passed else FAILED} check {escape(item.check)}  {escape(verdict)}")
+        elif isinstance(item, WorkerWait):
+            self._line(f"… {escape(item.message)}")
         elif isinstance(item, PoolWait):
             self._line(f"… {escape(item.step)} waits for a slot in pool {escape(item.pool)}")
         elif isinstance(item, RunQueued):

@@ -26,6 +26,7 @@ A revision key is a partition name, a file name here and a folder name under ``w
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -35,7 +36,7 @@ from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.records import unscoped_refusal
 from ragpipe.corpus.source import TreeSource
-from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.publish import discard, write_file_atomic
 from ragpipe.storage.blobs import LISTING, pull_folder, push_files, read_listing
 from ragpipe.storage.location import store_from_env
 from ragpipe.storage.objects import ObjectStore, StorageError
@@ -131,8 +132,14 @@ def register_revision(
     return record, created
 
 
+def _identity(record: RevisionRecord) -> tuple:
+    """What a revision is: its key, format, default scope and source bytes — not the path they
+    were read from (one corpus registered from two machines is one revision)."""
+    return record.revision, record.format, record.default_scope, record.source_digest
+
+
 def _refuse_other(existing: RevisionRecord, record: RevisionRecord) -> None:
-    if existing != record:
+    if _identity(existing) != _identity(record):
         raise RevisionError(
             f"revision {record.revision!r} is already registered with different content "
             f"(source {existing.source_path}, digest {existing.source_digest}, "
@@ -166,9 +173,12 @@ def _stored_record(store: ObjectStore, revision: str) -> RevisionRecord:
     if stored is None:
         raise RevisionError(f"revision {revision!r} is not registered (neither here nor in {store.url})")
     try:
-        return RevisionRecord.model_validate(json.loads(stored.data))
+        record = RevisionRecord.model_validate(json.loads(stored.data))
     except (ValueError, ValidationError) as exc:
         raise RevisionError(f"{store.url}{key}: not a valid revision record ({str(exc).splitlines()[0]})") from None
+    if record.revision != revision or not re.fullmatch(r"sha256:[0-9a-f]{64}", record.source_digest):
+        raise RevisionError(f"{store.url}{key}: not the record of revision {revision!r} (names {record.revision!r})")
+    return record
 
 
 def load_revision(registry: Path, revision: str) -> RevisionRecord:
@@ -200,6 +210,10 @@ def read_registered_corpus(record: RevisionRecord, sources_cache: Path | None = 
     store = store_from_env()
     if not source.exists() and store is not None and sources_cache is not None:
         source = _pulled_source(store, record, sources_cache)
+        if load_source(source, record.format).digest() != record.source_digest:
+            # a damaged local copy of the store's source: the store is the record, fetch it again
+            discard(sources_cache / record.source_digest.removeprefix("sha256:"))
+            source = _pulled_source(store, record, sources_cache)
     if not source.exists():
         raise RevisionError(f"revision {record.revision!r}: source {source} no longer exists")
     loaded = load_source(source, record.format)

@@ -8,6 +8,8 @@ location loads: every job, the UI's asset job and backfills use it.
   ``RAGPIPE_CELERY_BROKER`` and ``RAGPIPE_CELERY_BACKEND`` (Dagster ``env`` config, so no URL is
   part of a job's snapshot). Workers share no disk with each other or the launcher: steps meet in
   the object store (``RAGPIPE_STORE``), Postgres and Redis (docs/operations.md, "Celery workers").
+  A step no worker takes within ``RAGPIPE_CELERY_WAIT_REPORT_S`` seconds (default 30) is reported
+  on the run as waiting (``celery_wait``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,50 @@ from __future__ import annotations
 import os
 import warnings
 
-from dagster import ExecutorDefinition, in_process_executor
+from dagster import Executor, ExecutorDefinition, executor, in_process_executor, multiple_process_executor_requirements
 
+from ragpipe.defs.celery_wait import QueueWatch
 from ragpipe.stages.configuration import EXECUTOR_ENV
+
+WAIT_REPORT_ENV = "RAGPIPE_CELERY_WAIT_REPORT_S"
 
 
 def celery_configured() -> bool:
     return os.environ.get(EXECUTOR_ENV, "in_process") == "celery"
+
+
+class RunInterrupted(RuntimeError):
+    """The run was interrupted and nothing is left for the Celery loop to wait for."""
+
+
+class WatchedExecutor(Executor):
+    """Dagster's Celery executor with a ``QueueWatch`` beside its loop (``celery_wait``); every
+    other attribute (``app_args``, ``retries``) is the Celery executor's own."""
+
+    def __init__(self, inner: Executor, after_s: float):
+        self.inner, self.after_s = inner, after_s
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    @property
+    def retries(self):
+        return self.inner.retries
+
+    def execute(self, plan_context, execution_plan):
+        with QueueWatch(plan_context.instance, plan_context.dagster_run, self.after_s) as watch:
+            events, interrupted = self.inner.execute(plan_context, execution_plan), False
+            for event in events:
+                yield event
+                if event.is_step_success or event.is_step_failure:
+                    watch.finished(event.step_key)
+                interrupted = interrupted or (event.is_engine_event and "termination signal" in (event.message or ""))
+                if interrupted and watch.settled_after_interrupt():
+                    # the loop would wait for ever on revoked tasks no worker ever received
+                    events.close()
+                    raise RunInterrupted(
+                        f"interrupted while {', '.join(watch.untaken()) or 'no step'} waited for a Celery worker"
+                    )
 
 
 def executor_from_env() -> ExecutorDefinition:
@@ -34,7 +73,17 @@ def executor_from_env() -> ExecutorDefinition:
     # dagster-celery registers its one task, execute_plan, again for every run it launches from a
     # process; Celery warns that the second registration is ignored, which is what it intends.
     warnings.filterwarnings("ignore", category=DuplicateTaskNameWarning, message=r"Task name 'execute_plan'")
-    return celery_executor.configured(
+    after_s = float(os.environ.get(WAIT_REPORT_ENV, "30"))
+
+    @executor(
+        name="celery",
+        config_schema=celery_executor.config_schema,
+        requirements=multiple_process_executor_requirements(),
+    )
+    def watched_celery_executor(init_context):
+        return WatchedExecutor(celery_executor.executor_creation_fn(init_context), after_s)
+
+    return watched_celery_executor.configured(
         {"broker": {"env": "RAGPIPE_CELERY_BROKER"}, "backend": {"env": "RAGPIPE_CELERY_BACKEND"}},
         name="celery",
     )

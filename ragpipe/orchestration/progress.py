@@ -13,6 +13,7 @@ from datetime import datetime
 
 from dagster import DagsterEventType, EventLogEntry
 
+from ragpipe.defs.celery_wait import WAIT_MESSAGE
 from ragpipe.defs.metadata import ENCODED, NEW_TEXTS
 
 # Dagster's engine event for a step waiting on a pool carries the pool as structured metadata.
@@ -53,6 +54,14 @@ class PoolWait:
 
 
 @dataclass(frozen=True)
+class WorkerWait:
+    """A step no Celery worker has taken yet (``ragpipe.defs.celery_wait``)."""
+
+    step: str
+    message: str
+
+
+@dataclass(frozen=True)
 class EmbeddingProgress:
     done: int
     total: int
@@ -81,7 +90,7 @@ class LogLine:
     text: str
 
 
-Progress = RunQueued | RunStarted | PoolWait | EmbeddingProgress | StepFinished | CheckFinished | LogLine
+Progress = RunQueued | RunStarted | PoolWait | WorkerWait | EmbeddingProgress | StepFinished | CheckFinished | LogLine
 
 
 @dataclass
@@ -110,6 +119,8 @@ class Tracker:
             if step not in self._waiting:  # "blocked", then "still blocked" every poll: one line
                 self._waiting.add(step)
                 shown.append(PoolWait(step, str(_value(data.metadata[POOL]))))  # type: ignore[union-attr]
+        elif kind == DagsterEventType.ENGINE_EVENT and entry.message.startswith(WAIT_MESSAGE):
+            shown.append(WorkerWait(step, entry.message))
         elif kind == DagsterEventType.ASSET_OBSERVATION and step == "embeddings":
             metadata = data.asset_observation.metadata  # type: ignore[union-attr]
             if ENCODED in metadata and NEW_TEXTS in metadata:

@@ -120,7 +120,9 @@ def verified_release(
 
     try:
         # built on another machine, the store holds it: downloaded only as the release bound it
-        bundle = open_bundle_here(bundle_path(ws, manifest), defer_vector_table=defer_vector_table)
+        bundle = open_bundle_here(
+            bundle_path(ws, manifest), manifest.material_digest, defer_vector_table=defer_vector_table
+        )
     except BundleVerificationError as exc:
         return None, [f"bundle {manifest.bundle_id}: {p}" for p in exc.problems]
     problems = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ragpipe.bundle.build import BundleInputs, bundle_semantic, publish_bundle
 from ragpipe.bundle.manifest import BundleCounts
-from ragpipe.bundle.objects import open_bundle_here, push_bundle
+from ragpipe.bundle.objects import adopt_stored, open_bundle_here, push_bundle
 from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.embedding.compute import read_embeddings
@@ -15,7 +15,7 @@ from ragpipe.index.lexical import build_lexical_index
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.vector import build_vector_index
 from ragpipe.kernel.ids import content_id
-from ragpipe.kernel.publish import StepHook
+from ragpipe.kernel.publish import PublishOutcome, StepHook
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import Representation, read_representations
 from ragpipe.representations.evidence import GENERATIONS_FILE
@@ -157,6 +157,8 @@ def run_index_bundle(ws: Workspace, revision: str, spec: PipelineSpec, on_step: 
     bundle, outcome = publish_bundle(semantic, inputs, ws.bundles, on_step)
     store = store_from_env()
     pushed = push_bundle(store, bundle) if store is not None else None  # the store is the record others read
+    if store is not None and pushed is PublishOutcome.existing:
+        bundle = adopt_stored(store, bundle)
     m = bundle.manifest
     out = publish_stage(
         ws,

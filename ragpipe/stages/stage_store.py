@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from ragpipe.corpus.registry import RevisionError, check_revision_key
 from ragpipe.kernel.locks import file_lock
@@ -50,38 +50,18 @@ from ragpipe.kernel.publish import (
 )
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import PipelineSpec
-from ragpipe.storage.blobs import LISTING, pull_folder, push_folder
+from ragpipe.stages.stage_record import POINTER, STAGE_RECORD, StageError, StageRecord, version_name
+from ragpipe.stages.stage_replica import STORE_STEPS, pull_version, push_version, store_pointer
 from ragpipe.storage.location import store_from_env
-from ragpipe.storage.objects import Conflict, ObjectStore, StorageError
+from ragpipe.storage.objects import StorageError
 
-POINTER = "latest.json"
-STAGE_RECORD = "stage.json"
+__all__ = ["POINTER", "STAGE_RECORD", "STORE_STEPS", "StageError", "StageRecord", "version_name"]
+
 # Every point of a stage publication where a crash leaves a distinct state on disk, in order.
 STAGE_PUBLISH_STEPS = PUBLISH_STEPS + FILE_STEPS
-# ... and, with an object store configured, in the store after them.
-STORE_STEPS = ("store_folder_pushed", "store_latest_moved")
-_LATEST_ATTEMPTS = 50
-_VERSION = re.compile(r"^sha256:([0-9a-f]{64})$")
 VERSION_NAME = re.compile(r"^[0-9a-f]{64}$")
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class StageError(RuntimeError):
-    pass
-
-
-class StageRecord(BaseModel):
-    """One materialization of one stage for one revision."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    stage: str
-    revision: str
-    spec_id: str
-    data_version: str
-    inputs: dict[str, str] = {}  # upstream stage -> data version read
-    facts: dict[str, str | int | float | bool | None] = {}
 
 
 @dataclass(frozen=True)
@@ -101,14 +81,6 @@ def workspace_lock(ws: Workspace, *, exclusive: bool = False, blocking: bool = T
     return file_lock(ws.locks / "workspace.lock", exclusive=exclusive, blocking=blocking)
 
 
-def version_name(data_version: str) -> str:
-    """The folder name of a data version (``sha256:<hex>`` -> ``<hex>``)."""
-    match = _VERSION.match(data_version)
-    if match is None:
-        raise StageError(f"data version {data_version!r} is not a sha256 content ID")
-    return match.group(1)
-
-
 def _stage_dir(ws: Workspace, revision: str, stage: str) -> Path:
     try:
         check_revision_key(revision)  # a key is a path segment: one rule for every command
@@ -125,7 +97,7 @@ def pointer_path(ws: Workspace, revision: str, stage: str) -> Path:
     return _stage_dir(ws, revision, stage) / POINTER
 
 
-def parse_record(path: Path, data: bytes) -> StageRecord:
+def parse_record(path: Path | str, data: bytes) -> StageRecord:
     try:
         return StageRecord.model_validate(json.loads(data))
     except (ValueError, ValidationError) as exc:
@@ -157,13 +129,21 @@ def _require_identity(path: Path, own: StageRecord, stage: str, revision: str, d
         )
 
 
+def _local_pointer(ws: Workspace, revision: str, stage: str) -> tuple[Path | str, bytes | None]:
+    pointer = pointer_path(ws, revision, stage)
+    try:
+        return pointer, pointer.read_bytes()
+    except FileNotFoundError:
+        return pointer, None
+
+
 def read_output(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | None = None) -> StageOutput:
     """The latest output of ``stage`` for ``revision``; with ``spec``, refuse one built under another spec.
 
     The pointer is read once; everything after that reads only the immutable folder it names.
     """
     store = store_from_env()
-    pointer, data = _latest_bytes(ws, store, revision, stage)
+    pointer, data = _local_pointer(ws, revision, stage) if store is None else store_pointer(store, revision, stage)
     if data is None:
         raise StageError(f"{stage} has not been materialized for revision {revision!r}: materialize it first")
     record = parse_record(pointer, data)
@@ -175,7 +155,7 @@ def read_output(ws: Workspace, revision: str, stage: str, spec: PipelineSpec | N
             f"spec expects {spec.spec_ids[stage]}: re-materialize {stage} first"
         )
     folder = version_dir(ws, revision, stage, record.data_version)
-    _pull(store, revision, stage, record.data_version, folder)
+    pull_version(store, revision, stage, record.data_version, folder)
     _check_folder(folder, record)
     return StageOutput(record, folder)
 
@@ -187,7 +167,7 @@ def read_version(ws: Workspace, revision: str, stage: str, data_version: str, na
     was built from, even after a later materialization moved ``latest.json`` on.
     """
     folder = version_dir(ws, revision, stage, data_version)
-    _pull(store_from_env(), revision, stage, data_version, folder)
+    pull_version(store_from_env(), revision, stage, data_version, folder)
     path = folder / STAGE_RECORD
     try:
         data = path.read_bytes()
@@ -236,58 +216,11 @@ def publish_output(
     write_file_atomic(pointer_path(ws, record.revision, record.stage), _record_bytes(record), on_step=on_step)
     store = store_from_env()
     if store is not None:
-        _push(store, record, folder, on_step or (lambda _: None))
+        try:
+            push_version(store, record, folder, on_step or (lambda _: None))
+        except StorageError as exc:
+            raise StageError(str(exc)) from None
     return StageOutput(record, folder), outcome
-
-
-def _store_key(revision: str, stage: str, name: str) -> str:
-    return f"work/{revision}/{stage}/{name}"
-
-
-def _push(store: ObjectStore, record: StageRecord, folder: Path, step: StepHook) -> None:
-    """The version folder to the store (create-only), then the store's pointer to it."""
-    name = version_name(record.data_version)
-    push_folder(store, _store_key(record.revision, record.stage, f"{name}/{LISTING}"), folder)
-    step("store_folder_pushed")
-    key = _store_key(record.revision, record.stage, POINTER)
-    for _ in range(_LATEST_ATTEMPTS):  # bounded: each lost round means another writer moved it
-        current = store.get(key)
-        try:
-            store.put_if(key, _record_bytes(record), current.etag if current else None)
-            break
-        except Conflict:
-            continue
-    else:
-        raise StageError(f"{store.url}{key}: other writers kept moving it; materialize {record.stage} again")
-    step("store_latest_moved")
-
-
-def _latest_bytes(ws: Workspace, store: ObjectStore | None, revision: str, stage: str) -> tuple[Path, bytes | None]:
-    """Where the partition's pointer is (the store's, when one is configured) and its bytes (None:
-    never materialized)."""
-    if store is None:
-        pointer = pointer_path(ws, revision, stage)
-        try:
-            return pointer, pointer.read_bytes()
-        except FileNotFoundError:
-            return pointer, None
-    key = _store_key(check_revision_key(revision), stage, POINTER)
-    try:
-        stored = store.get(key)
-    except StorageError as exc:
-        raise StageError(str(exc)) from None
-    return Path(store.url + key), None if stored is None else stored.data
-
-
-def _pull(store: ObjectStore | None, revision: str, stage: str, data_version: str, folder: Path) -> None:
-    """Download a version folder from the store unless it is here (a cache miss); a version the
-    store does not hold is left to the caller's "missing" message."""
-    if store is None or folder.exists():
-        return
-    try:
-        pull_folder(store, _store_key(revision, stage, f"{version_name(data_version)}/{LISTING}"), folder)
-    except StorageError as exc:
-        raise StageError(str(exc)) from None
 
 
 def holding_workspace_lock(fn: Callable[P, R]) -> Callable[P, R]:

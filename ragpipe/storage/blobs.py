@@ -6,7 +6,10 @@ naming each file's relative path, size and digest (``push_folder``); the listing
 create-only, so whoever finds it finds every blob it names. ``pull_folder`` checks every blob
 against the listing as it downloads and publishes the folder atomically
 (``ragpipe.kernel.publish.publish_directory``), so a damaged, cut or missing blob never becomes a
-local file. Paths in a listing may not leave the folder.
+local file. Paths in a listing may not leave the folder, repeat, or name a file and a folder at
+once. With a bundle key configured (``ragpipe.kernel.seals``) every listing carries a seal over its
+content and a listing whose seal does not prove it is refused: blob digests detect damage, the
+seal is what a writer without the key cannot forge.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
+from ragpipe.kernel.seals import configured_key, sealed, unsealed
 from ragpipe.storage.objects import ObjectStore, StorageError
 
 LISTING = "listing.json"
+LISTING_DOMAIN = "ragpipe/folder-listing"
 
 
 class FileEntry(BaseModel):
@@ -72,23 +77,36 @@ def safe_relative_path(rel: str) -> bool:
     return not (rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")) or "\\" in rel or "\0" in rel)
 
 
+def listing_of(files: dict[str, bytes]) -> Listing:
+    return Listing(
+        files=tuple(FileEntry(path=rel, size=len(d), sha256=sha256_of(d)) for rel, d in sorted(files.items()))
+    )
+
+
 def push_files(store: ObjectStore, key: str, files: dict[str, bytes]) -> bool:
     """Publish ``files`` (relative path -> bytes) as blobs, then their listing object ``key``
-    (create-only); True if this call created the listing."""
-    entries = [FileEntry(path=rel, size=len(data), sha256=put_blob(store, data)) for rel, data in sorted(files.items())]
-    return store.put_new(key, (Listing(files=tuple(entries)).model_dump_json(indent=1) + "\n").encode())
+    (create-only, sealed when a key is configured); True if this call created the listing."""
+    for data in files.values():
+        put_blob(store, data)
+    document = sealed(listing_of(files).model_dump(mode="json"), LISTING_DOMAIN, configured_key())
+    return store.put_new(key, json.dumps(document, indent=1, sort_keys=True).encode() + b"\n")
 
 
-def push_folder(store: ObjectStore, key: str, folder: Path) -> bool:
-    """``push_files`` of every regular file under ``folder`` (links and special files are not
-    followed or sent)."""
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every regular file under ``folder`` by relative path (links and special files are not
+    followed or read)."""
     files = {}
     for dirpath, _, filenames in os.walk(folder):
         for name in filenames:
             full = Path(dirpath) / name
             if stat.S_ISREG(os.lstat(full).st_mode):
                 files[full.relative_to(folder).as_posix()] = full.read_bytes()
-    return push_files(store, key, files)
+    return files
+
+
+def push_folder(store: ObjectStore, key: str, folder: Path) -> bool:
+    """``push_files`` of ``folder_files(folder)``."""
+    return push_files(store, key, folder_files(folder))
 
 
 def read_listing(store: ObjectStore, key: str) -> Listing | None:
@@ -96,13 +114,24 @@ def read_listing(store: ObjectStore, key: str) -> Listing | None:
     stored = store.get(key)
     if stored is None:
         return None
+    where = f"{store.url}{key}"
     try:
-        listing = Listing.model_validate(json.loads(stored.data.decode("utf-8")))
+        document = json.loads(stored.data.decode("utf-8"))
+        content, problem = unsealed(document if isinstance(document, dict) else {}, LISTING_DOMAIN, configured_key())
+        listing = Listing.model_validate(content)
     except (ValueError, ValidationError) as exc:
-        raise StorageError(f"{store.url}{key}: not a valid folder listing: {str(exc).splitlines()[0]}") from None
-    bad = [e.path for e in listing.files if not safe_relative_path(e.path)]
-    if bad:
-        raise StorageError(f"{store.url}{key}: file path {bad[0]!r} leaves the folder")
+        raise StorageError(f"{where}: not a valid folder listing: {str(exc).splitlines()[0]}") from None
+    if problem is not None:
+        raise StorageError(f"{where}: {problem}")
+    paths = [e.path for e in listing.files]
+    for rel in paths:
+        if not safe_relative_path(rel) or any(len(p.encode()) > 255 for p in rel.split("/")):
+            raise StorageError(f"{where}: file path {rel!r} leaves the folder or is not a file name")
+    if len(set(paths)) != len(paths):
+        raise StorageError(f"{where}: a file path is listed twice")
+    folders = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    if clash := sorted(folders & set(paths)):
+        raise StorageError(f"{where}: {clash[0]!r} is listed as a file and holds other files")
     return listing
 
 
@@ -119,5 +148,8 @@ def pull_folder(store: ObjectStore, key: str, final: Path) -> PublishOutcome | N
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(get_blob(store, entry.sha256, entry.size, f"{key}: {entry.path}"))
 
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return publish_directory(final, write, lambda tmp: None)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return publish_directory(final, write, lambda tmp: None)
+    except OSError as exc:
+        raise StorageError(f"{store.url}{key}: cannot be written to {final}: {exc.strerror or exc}") from None

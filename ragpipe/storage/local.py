@@ -30,7 +30,7 @@ class LocalObjectStore:
 
     @property
     def url(self) -> str:
-        return self.root.as_uri() if self.root.is_absolute() else str(self.root)
+        return (self.root.as_uri() if self.root.is_absolute() else str(self.root)) + "/"
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)

@@ -35,6 +35,8 @@ def open_store(
     if not location:
         raise LocationError(f"{source}: empty; give a folder, file:///folder or s3://bucket/prefix")
     parts = urlsplit(location)
+    if "@" in parts.netloc:  # credentials come from boto3's chain, never from a string that gets logged
+        raise LocationError(f"{source}: a location may not carry credentials (user:secret@); use AWS_* variables")
     if parts.scheme == "s3":
         return _s3(location, parts.netloc, parts.path, endpoint_url, region, source)
     if parts.scheme == "file":
@@ -78,6 +80,8 @@ def _s3(location: str, bucket: str, path: str, endpoint: str | None, region: str
     except ValueError as exc:
         raise LocationError(f"{source}: {location!r}: the prefix: {exc}") from None
     endpoint = endpoint or os.environ.get(ENV_ENDPOINT) or None
+    if endpoint is not None and "@" in urlsplit(endpoint).netloc:
+        raise LocationError(f"{source}: the endpoint may not carry credentials (user:secret@); use AWS_* variables")
     if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
         raise LocationError(f"{source}: endpoint {endpoint!r}: must be an http:// or https:// URL")
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"

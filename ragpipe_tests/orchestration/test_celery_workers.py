@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter, RunsFilter
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.stages.steps import read_stage_record
+from ragpipe.storage.location import open_store
 from ragpipe_tests.conftest import REPO, SAMPLE
 from ragpipe_tests.orchestration.test_postgres_instance import start_postgres
 from ragpipe_tests.support.celery_workers import CeleryWorker
@@ -161,3 +166,46 @@ def test_a_build_runs_its_steps_on_workers_that_share_no_disk(stack: Stack):
     # each worker built only from what it downloaded: its home holds no registry of its own
     assert all(not Workspace(home).registry.exists() for home in workers)
     print("steps per worker:", Counter(ran.values()), ran)
+
+
+def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
+    """The broker's database 2 has no worker: the build says the run waits (one line, and one
+    engine event in the run's log) instead of hanging silently; interrupted, it publishes nothing."""
+    launcher = stack.root / "launcher"
+    env = {
+        **stack.env,
+        "RAGPIPE_HOME": str(stack.root / "launcher-2" / "ragpipe"),
+        "DAGSTER_HOME": str(launcher / "dagster"),
+        "RAGPIPE_CELERY_BROKER": stack.env["RAGPIPE_CELERY_BROKER"].rsplit("/", 1)[0] + "/2",
+        "RAGPIPE_CELERY_BACKEND": stack.env["RAGPIPE_CELERY_BACKEND"].rsplit("/", 1)[0] + "/3",
+        "RAGPIPE_CELERY_WAIT_REPORT_S": "2",
+    }
+    corpus = small_corpus(stack.root / "corpus" / "w1.jsonl", 10)
+    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", "w1", "--default-scope", "public"]
+    proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    seen, deadline = [], time.monotonic() + 180
+    while not any("no Celery worker has taken step source_snapshot" in line for line in seen):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(seen)
+        try:
+            seen.append(lines.get(timeout=5))
+        except queue.Empty:
+            continue
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) != 0
+    while not lines.empty():
+        seen.append(lines.get())
+    assert "interrupted while source_snapshot waited for a Celery worker\n" in seen and "Traceback" not in "".join(seen)
+    (run,) = stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "w1"}))
+    assert run.status == DagsterRunStatus.FAILURE
+    waits = [
+        r.event_log_entry
+        for r in stack.instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ENGINE_EVENT).records
+        if r.event_log_entry.message.startswith("no Celery worker has taken step")
+    ]
+    assert [(e.step_key, e.message.split(" in ")[0]) for e in waits] == [
+        ("source_snapshot", "no Celery worker has taken step source_snapshot from queue 'dagster'")
+    ]
+    store = open_store(stack.env["RAGPIPE_STORE"])
+    assert store.list("work/w1/") == []

@@ -1,6 +1,8 @@
 """A release whose bundle was built elsewhere: with ``RAGPIPE_STORE`` set and no local copy, the
 bundle is hydrated from the store — as the release bound it — before anything serves it; a store
-holding another material for the bundle ID, or none, refuses the activation and moves nothing."""
+without it refuses the activation and moves nothing; a damaged local copy is fetched again. (A
+store holding another material for the bundle ID is refused by ``hydrate_bundle``'s material
+check: ``ragpipe_tests/bundle/test_objects.py``.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import pytest
 
 from ragpipe.bundle.objects import manifest_key, push_bundle
 from ragpipe.bundle.verify import open_bundle
-from ragpipe.release.activation import activate
+from ragpipe.release.activation import activate, verify_release
+from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.storage.objects import ObjectStore
@@ -51,3 +54,12 @@ def test_a_store_without_the_bundle_refuses_the_activation(ws, bundle: Path, rem
     with pytest.raises(ReleaseError, match=f"bundle {bundle_id}: not published in the store"):
         activate(ws, rid, None, by="alice")
     assert read_pointer(ReleaseStore(ws), "staging") is None and not remote.exists()
+
+
+def test_a_damaged_local_copy_is_fetched_again_before_it_serves(ws, bundle: Path, remote: Path):
+    rid = publish(ws, bundle)
+    activate(ws, rid, None, by="alice")
+    (remote / "documents.parquet").write_bytes(b"damaged")
+    manifest = load_manifest(ReleaseStore(ws), rid)
+    assert verify_release(ws, manifest) == []
+    assert (remote / "documents.parquet").read_bytes() == (bundle / "documents.parquet").read_bytes()

@@ -37,6 +37,10 @@ def test_an_s3_url_names_bucket_prefix_and_the_configured_endpoint(monkeypatch: 
         ("s3://Bad_Bucket/p", "RAGPIPE_STORE: 's3://Bad_Bucket/p': 'Bad_Bucket' is not an S3 bucket name"),
         ("s3://bucket/a/../b", "RAGPIPE_STORE: 's3://bucket/a/../b': the prefix: object key 'a/../b': segment '..'"),
         ("file://host/x", "RAGPIPE_STORE: 'file://host/x': a file URL names a local folder (file:///folder)"),
+        (
+            "s3://AKIA:secret@bucket/p",
+            "RAGPIPE_STORE: a location may not carry credentials (user:secret@); use AWS_* variables",
+        ),
     ],
 )
 def test_a_location_that_names_no_store_is_one_line(location: str, message: str):
@@ -49,6 +53,13 @@ def test_a_non_http_endpoint_is_refused(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RAGPIPE_S3_ENDPOINT", "127.0.0.1:9000")
     with pytest.raises(LocationError, match="^store: endpoint '127.0.0.1:9000': must be an http:// or https:// URL$"):
         open_store("s3://bucket")
+
+
+def test_an_endpoint_with_credentials_is_refused_without_echoing_them(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAGPIPE_S3_ENDPOINT", "http://AKIA:supersecret@127.0.0.1:9")
+    with pytest.raises(LocationError) as info:
+        open_store("s3://bucket")
+    assert "supersecret" not in str(info.value) and "may not carry credentials" in str(info.value)
 
 
 def test_the_environment_names_the_store_or_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragpipe.storage.objects import Conflict, ObjectStore, check_key
+from ragpipe.storage.blobs import folder_files, pull_folder, push_folder, put_blob
+from ragpipe.storage.objects import Conflict, ObjectStore, StorageError, check_key
 
 WRITERS = 8
 
@@ -115,3 +116,39 @@ def test_every_well_formed_key_is_accepted_unchanged(segments: list[str]):
 def test_one_bad_segment_refuses_the_key(segments: list[str], bad: str):
     with pytest.raises(ValueError, match="object key"):
         check_key("/".join([*segments, bad, *segments]))
+
+
+@pytest.mark.parametrize(
+    ("paths", "rule"),
+    [
+        (["a", "a"], "a file path is listed twice"),
+        (["a", "a/b"], "'a' is listed as a file and holds other files"),
+        (["x" * 256], "leaves the folder or is not a file name"),
+        (["../x"], "leaves the folder or is not a file name"),
+    ],
+)
+def test_a_listing_that_cannot_be_a_folder_is_refused_before_anything_is_written(
+    store: ObjectStore, tmp_path, paths: list[str], rule: str
+):
+    import json
+
+    entry = {"size": 1, "sha256": put_blob(store, b"x")}
+    store.put_new(
+        "l/listing.json",
+        json.dumps({"format": "ragpipe.folder/v1", "files": [{"path": p, **entry} for p in paths]}).encode(),
+    )
+    with pytest.raises(StorageError) as info:
+        pull_folder(store, "l/listing.json", tmp_path / "out")
+    assert str(info.value).startswith(f"{store.url}l/listing.json: ") and rule in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pulled_folder_is_exactly_the_pushed_one(store: ObjectStore, tmp_path):
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    (tmp_path / "src" / "d" / "f.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "src" / "top.txt").write_text("top")
+    (tmp_path / "src" / "link").symlink_to(tmp_path / "src" / "top.txt")  # links are not sent
+    assert push_folder(store, "v/listing.json", tmp_path / "src") is True
+    assert push_folder(store, "v/listing.json", tmp_path / "src") is False
+    pull_folder(store, "v/listing.json", tmp_path / "out")
+    assert folder_files(tmp_path / "out") == {"d/f.bin": b"\x00\x01", "top.txt": b"top"}

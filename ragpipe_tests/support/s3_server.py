@@ -11,6 +11,7 @@ not a sleep — and ``bucket()`` creates a fresh bucket per test.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def main() -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request on the test's output
     app = serialized_writes(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
