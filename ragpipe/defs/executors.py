@@ -10,6 +10,7 @@ location loads: every job, the UI's asset job and backfills use it.
   the object store (``RAGPIPE_STORE``), Postgres and Redis (docs/operations.md, "Celery workers").
   A step no worker takes within ``RAGPIPE_CELERY_WAIT_REPORT_S`` seconds (default 30) is reported
   on the run as waiting (``celery_wait``).
+* ``k8s``: ``dagster_k8s.k8s_job_executor``, each step a Kubernetes Job (``k8s_executor``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,33 @@ class WatchedExecutor(Executor):
                     )
 
 
+# What a step pod needs from the launcher's environment (values copied at launch); credentials
+# (AWS_*, RAGPIPE_BUNDLE_KEY) come from the Kubernetes Secret K8S_SECRET, never from a job's config.
+K8S_ENV = ("RAGPIPE_STORE", "RAGPIPE_S3_ENDPOINT", "RAGPIPE_PIPELINE_SPEC", "RAGPIPE_EXECUTOR", "AWS_REGION")
+K8S_SECRET = "ragpipe-secrets"
+
+
+def k8s_executor() -> ExecutorDefinition:
+    """``dagster_k8s.k8s_job_executor``: each step a Kubernetes Job, image and namespace read at
+    launch from ``RAGPIPE_K8S_IMAGE`` / ``RAGPIPE_K8S_NAMESPACE``. Validated here, not run: this
+    machine has no cluster (docs/operations.md, "Kubernetes")."""
+    from dagster_k8s import k8s_job_executor
+
+    return k8s_job_executor.configured(
+        {
+            "job_image": {"env": "RAGPIPE_K8S_IMAGE"},
+            "job_namespace": {"env": "RAGPIPE_K8S_NAMESPACE"},
+            "env_vars": [*K8S_ENV, "HF_HUB_OFFLINE=1"],
+            "env_secrets": [K8S_SECRET],
+        },
+        name="k8s",
+    )
+
+
 def executor_from_env() -> ExecutorDefinition:
     """The executor ``RAGPIPE_EXECUTOR`` names (checked by ``check_configuration`` beforehand)."""
+    if os.environ.get(EXECUTOR_ENV) == "k8s":
+        return k8s_executor()
     if not celery_configured():
         return in_process_executor
     from celery.exceptions import DuplicateTaskNameWarning

@@ -11,8 +11,8 @@
 3. the release targets: ``$RAGPIPE_TARGETS``, else ``ragpipe/specs/targets.yaml``, and the gate
    policies each target accepts (relative to the targets file);
 4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
-   contacted; then ``$RAGPIPE_EXECUTOR`` (``in_process`` or ``celery``, which needs its broker,
-   backend and a store).
+   contacted; then ``$RAGPIPE_EXECUTOR`` (``in_process``; ``celery``, which needs its broker,
+   backend and a store; ``k8s``, which needs its image, namespace and a store).
 
 Contract: a problem raises ``ConfigurationError`` whose ``str`` is exactly one line (no line break,
 several problems of one file joined with ``; ``, the first first) naming the file, the field and
@@ -119,21 +119,23 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
 
 
 EXECUTOR_ENV = "RAGPIPE_EXECUTOR"
-EXECUTORS = ("in_process", "celery")
+EXECUTORS = ("in_process", "celery", "k8s")
+NEEDS = {
+    "celery": ("RAGPIPE_CELERY_BROKER", "RAGPIPE_CELERY_BACKEND", "RAGPIPE_STORE"),
+    "k8s": ("RAGPIPE_K8S_IMAGE", "RAGPIPE_K8S_NAMESPACE", "RAGPIPE_STORE"),
+}
 
 
 def _check_executor() -> None:
-    """``RAGPIPE_EXECUTOR`` names a known executor; Celery needs its broker, backend and a store
-    (its workers share no disk: without a store a step could not find what the previous one wrote)."""
+    """``RAGPIPE_EXECUTOR`` names a known executor; Celery needs its broker and backend, Kubernetes
+    its image and namespace, and both a store (their steps share no disk: without a store a step
+    could not find what the previous one wrote)."""
     name = os.environ.get(EXECUTOR_ENV, "in_process")
     if name not in EXECUTORS:
         raise ConfigurationError(f"{EXECUTOR_ENV}: {name!r}: must be one of {', '.join(EXECUTORS)}")
-    if name == "celery":
-        for needed in ("RAGPIPE_CELERY_BROKER", "RAGPIPE_CELERY_BACKEND", "RAGPIPE_STORE"):
-            if not os.environ.get(needed):
-                raise ConfigurationError(
-                    f'{EXECUTOR_ENV}: celery needs {needed} (docs/operations.md, "Celery workers")'
-                )
+    for needed in NEEDS.get(name, ()):
+        if not os.environ.get(needed):
+            raise ConfigurationError(f'{EXECUTOR_ENV}: {name} needs {needed} (docs/operations.md, "Scaling out")')
 
 
 def _check_chain(path: Path, spec: PipelineSpec) -> ChainPlan:

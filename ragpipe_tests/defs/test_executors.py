@@ -3,11 +3,18 @@ the UI's asset job and backfills); a value it cannot use stops loading with one 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from dagster import DagsterInvalidConfigError, validate_run_config
 
 from ragpipe.defs import build_definitions
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.configuration import ConfigurationError, check_configuration
+from ragpipe_tests.conftest import REPO
 
 CELERY = {
     "RAGPIPE_EXECUTOR": "celery",
@@ -28,14 +35,14 @@ def test_celery_runs_every_job_of_the_location(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     ("env", "line"),
     [
-        ({"RAGPIPE_EXECUTOR": "threads"}, "RAGPIPE_EXECUTOR: 'threads': must be one of in_process, celery"),
+        ({"RAGPIPE_EXECUTOR": "threads"}, "RAGPIPE_EXECUTOR: 'threads': must be one of in_process, celery, k8s"),
         (
             {**CELERY, "RAGPIPE_CELERY_BROKER": ""},
-            'RAGPIPE_EXECUTOR: celery needs RAGPIPE_CELERY_BROKER (docs/operations.md, "Celery workers")',
+            'RAGPIPE_EXECUTOR: celery needs RAGPIPE_CELERY_BROKER (docs/operations.md, "Scaling out")',
         ),
         (
             {**CELERY, "RAGPIPE_STORE": ""},
-            'RAGPIPE_EXECUTOR: celery needs RAGPIPE_STORE (docs/operations.md, "Celery workers")',
+            'RAGPIPE_EXECUTOR: celery needs RAGPIPE_STORE (docs/operations.md, "Scaling out")',
         ),
     ],
 )
@@ -45,3 +52,34 @@ def test_an_executor_it_cannot_use_is_one_line(monkeypatch: pytest.MonkeyPatch, 
     with pytest.raises(ConfigurationError) as info:
         check_configuration()
     assert str(info.value) == line
+
+
+K8S = {
+    "RAGPIPE_EXECUTOR": "k8s",
+    "RAGPIPE_K8S_IMAGE": "registry.example/ragpipe:0.1.0",
+    "RAGPIPE_K8S_NAMESPACE": "ragpipe",
+    "RAGPIPE_STORE": "s3://ragpipe-prod/team-a",
+}
+
+
+def test_the_kubernetes_variant_validates_without_a_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """``dagster definitions validate`` accepts the location with the k8s executor, and the
+    executor's configuration resolves against dagster-k8s's schema (validate does not check it)."""
+    env = {**os.environ, **K8S, "DAGSTER_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", str(REPO / "workspace.yaml")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name, value in K8S.items():
+        monkeypatch.setenv(name, value)
+    job = build_definitions(load_pipeline_spec()).resolve_job_def("build_revision")
+    assert job.executor_def.name == "k8s"
+    assert validate_run_config(job, {}) is not None
+    monkeypatch.delenv("RAGPIPE_K8S_IMAGE")
+    with pytest.raises(DagsterInvalidConfigError, match="RAGPIPE_K8S_IMAGE"):
+        validate_run_config(job, {})
