@@ -74,11 +74,11 @@ def one_round(store, bundle: Path, root: Path, env: dict[str, str], ws: Workspac
     cold_s, _ = timed(lambda: Retriever(got.path).query(QUERY, k=10))
     warm_s, _ = timed(lambda: Retriever(got.path).query(QUERY, k=10))
     # the stage hand-off: publish the revision's outputs to the store, then read them from an empty home
+    outputs = [read_output(ws, "r", stage) for stage in STAGES]  # the local build's, before a store is set
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        for stage in STAGES:
-            out = read_output(ws, "r", stage)
+        for out in outputs:
             push_version(store, out.record, out.path, lambda _: None)
         other = Workspace(root / "other")
         handoff_s, _ = timed(lambda: [read_output(other, "r", stage) for stage in STAGES])
