@@ -59,6 +59,8 @@ class WatchedExecutor(Executor):
                 if interrupted and watch.settled_after_interrupt():
                     # the loop would wait for ever on revoked tasks no worker ever received
                     events.close()
+                    # the steps never taken keep the pool slots they claimed: no step end will free them
+                    plan_context.instance.event_log_storage.free_concurrency_slots_for_run(plan_context.run_id)
                     raise RunInterrupted(
                         f"interrupted while {', '.join(watch.untaken()) or 'no step'} waited for a Celery worker"
                     )

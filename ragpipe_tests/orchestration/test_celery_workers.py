@@ -197,6 +197,8 @@ def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
     while not lines.empty():
         seen.append(lines.get())
     assert "interrupted while source_snapshot waited for a Celery worker\n" in seen and "Traceback" not in "".join(seen)
+    # the step never taken frees the pool slot it claimed: later runs are not blocked by it
+    assert stack.instance.event_log_storage.get_concurrency_info("ragpipe_stage_files").claimed_slots == []
     (run,) = stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "w1"}))
     assert run.status == DagsterRunStatus.FAILURE
     waits = [
@@ -209,3 +211,65 @@ def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
     ]
     store = open_store(stack.env["RAGPIPE_STORE"])
     assert store.list("work/w1/") == []
+
+
+def worker_running(stack: Stack, run_id: str, step: str, deadline_s: float = 300) -> CeleryWorker:
+    """The worker that has started executing ``step`` of the run (Dagster's own engine event),
+    waited for on the event log (bounded)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        run = stack.instance.get_run_by_id(run_id)
+        assert run is not None and not run.is_finished, f"the run ended before {step} started"
+        ran = where_steps_ran(stack.instance, run_id)
+        if step in ran:
+            return next(w for w in stack.workers if ran[step].startswith(f"{w.name}@"))
+        time.sleep(0.2)  # polling the event log, as ragpipe build's follower does
+    raise AssertionError(f"no worker started {step} within {deadline_s} s")
+
+
+def test_a_worker_process_killed_mid_step_hands_the_step_back_and_the_build_is_unchanged(stack: Stack):
+    """SIGKILL of the process executing the embedding step: Celery hands the step back to the
+    queue (late acknowledgement, reject on worker lost), a worker runs it again, and the build's
+    data versions and bundle ID still equal an in-process build's; every output the store names
+    can be read by an empty home (nothing half-written is visible)."""
+    import psutil
+
+    corpus = small_corpus(stack.root / "corpus" / "k1.jsonl", 60)
+    reference = in_process_reference(stack.root, "k1", small_corpus(stack.root / "reference-corpus" / "k1.jsonl", 60))
+    launcher = stack.root / "launcher"
+    env = {**stack.env, "RAGPIPE_HOME": str(launcher / "ragpipe"), "DAGSTER_HOME": str(launcher / "dagster")}
+    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", "k1", "--default-scope", "public"]
+    proc = subprocess.Popen(
+        [*args, "--json"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "k1"})):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    (run,) = stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "k1"}))
+    victim = worker_running(stack, run.run_id, "embeddings")
+    # the step runs in the worker's pool process: the leaf of its process tree
+    leaves = [p for p in psutil.Process(victim.process.pid).children(recursive=True) if not p.children()]
+    for leaf in leaves:
+        leaf.kill()
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    executions = [
+        r.event_log_entry
+        for r in stack.instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ENGINE_EVENT).records
+        if "Celery worker" in r.event_log_entry.dagster_event.event_specific_data.metadata
+        and r.event_log_entry.step_key == "embeddings"
+    ]
+    assert len(executions) == 2  # the killed attempt and the one that finished
+    for stage in STAGES:
+        got = read_stage_record(Workspace(launcher / "ragpipe"), "k1", stage).data_version
+        assert got == read_stage_record(reference, "k1", stage).data_version, stage
+    assert result["bundle_id"] == read_stage_record(reference, "k1", "index_bundle").data_version
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in stack.env.items():
+            mp.setenv(key, value)
+        empty = Workspace(stack.root / "empty-home")
+        assert [read_stage_record(empty, "k1", s).data_version for s in STAGES] == [
+            read_stage_record(reference, "k1", s).data_version for s in STAGES
+        ]
