@@ -40,6 +40,7 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.seals import SealKey, configured_key, sealed, unsealed
 from ragpipe.release.manifest import ReleaseManifest
+from ragpipe.release.replica import fetch_file, push_file
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -129,6 +130,7 @@ def publish_gate_evidence(store: ReleaseStore, decision: dict, comparison: dict 
         path = evidence_path(store, str(decision_id))
         if not write_file_atomic(path, data, replace=False) and path.read_bytes() != data:
             raise EvidenceError(f"{path}: holds other bytes (edited)")
+        push_file(store.ws, path)
     except (EvidenceError, ReleaseError, OSError) as exc:
         raise ReleaseError(f"gate decision {decision_id}: cannot keep it: {exc}") from None
     return path
@@ -138,6 +140,7 @@ def read_gate_evidence(store: ReleaseStore, decision_id: str) -> tuple[Decision,
     """The kept decision, comparison and policy of ``decision_id``; ``EvidenceError`` naming the file."""
     path = evidence_path(store, decision_id)
     try:
+        fetch_file(store.ws, path)
         data = path.read_bytes()
         obj = json.loads(data)
         content, problem = unsealed(obj, SEAL_DOMAIN, configured_key()) if isinstance(obj, dict) else (obj, None)

@@ -27,6 +27,7 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
+from ragpipe.release.replica import fetch_file, fetch_folder_files, push_file
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
 SHA = r"^sha256:[0-9a-f]{64}$"
@@ -97,6 +98,7 @@ def publish_manifest(store: ReleaseStore, manifest: ReleaseManifest) -> tuple[st
     published = write_file_atomic(path, manifest_file_bytes(manifest, configured_key()), replace=False)
     if not published:
         load_manifest(store, release_id)  # the name is the content ID: what is there must verify
+    push_file(store.ws, path)
     return release_id, published
 
 
@@ -130,6 +132,7 @@ def parse_manifest_file(path: Path, data: bytes) -> tuple[str, ReleaseManifest]:
 def load_manifest(store: ReleaseStore, release_id: str) -> ReleaseManifest:
     """The published manifest of exactly ``release_id``, verified; a missing one is a clear error."""
     path = store.manifest_path(check_release_id(release_id))
+    fetch_file(store.ws, path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -151,6 +154,7 @@ class ManifestListing:
 
 def list_manifests(store: ReleaseStore) -> ManifestListing:
     """Every published manifest, each verified on its own (``ManifestListing``)."""
+    fetch_folder_files(store.ws, store.manifests)
     if not store.manifests.is_dir():
         return ManifestListing([], [])
     found, invalid, published = [], [], {}

@@ -20,11 +20,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ragpipe.bundle.objects import open_bundle_here
 from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.evidence import run_dir
+from ragpipe.release.replica import push_run
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain
@@ -105,13 +108,14 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     t0 = time.perf_counter()
     chain = chain_plan(spec)
     bundle = read_output(ws, revision, "index_bundle", spec)
-    ev = chain.evaluation_spec(
-        ws.located(str(bundle.record.facts["bundle_path"])), str(bundle.record.facts["bundle_id"])
-    )
+    bundle_path = ws.located(str(bundle.record.facts["bundle_path"]))
+    open_bundle_here(bundle_path)  # on a machine that did not build it: fetched from the store, verified
+    ev = chain.evaluation_spec(bundle_path, str(bundle.record.facts["bundle_id"]))
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
     report = run_evaluation(ev, out, run_id=run_id).report
+    push_run(ws, out)  # before its record: the gate and activation may run on other machines
     skips = skipped_reasons(report["skipped"])
     facts = {
         "spec_id": ev.spec_id,
@@ -153,9 +157,9 @@ def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
     ledger, input or trace that does not verify, a run that is not completed, or a ledger head other
     than the one the stage record took from the run."""
     record = read_output(ws, revision, STAGE).record
-    path = ws.located(str(record.facts["run_path"]))
+    path = evaluations_dir(ws) / str(record.facts["run_id"])
     try:
-        state = verify_run(path)
+        state = verify_run(run_dir(ws, path.name))  # fetched when the run was made elsewhere
     except (ValueError, OSError) as exc:  # LedgerError, RunError, TraceError name the file and record
         return str(path), [str(exc)]
     problems = []

@@ -37,9 +37,10 @@ from ragpipe.experiment.decision import Decision
 from ragpipe.experiment.gating import gate_runs
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.evidence import evaluation_run_dir
+from ragpipe.release.evidence import evaluation_run_dir, run_dir
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.pointer import read_pointer
+from ragpipe.release.replica import push_run
 from ragpipe.release.status import resolve_active_run
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
@@ -82,6 +83,7 @@ def _incumbent_arm(
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     run_evaluation(chain.evaluation_spec(bundle, manifest.bundle_id, plan), out, run_id=run_id)
+    push_run(ws, out)  # activation makes the decision again from it, wherever it runs
     return load_arm(out), run_id
 
 
@@ -158,7 +160,7 @@ def run_gate_decision(
     t0 = time.perf_counter()
     chain = chain_plan(spec)
     ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
-    challenger = load_arm(ws.located(str(ev.record.facts["run_path"])))
+    challenger = load_arm(run_dir(ws, str(ev.record.facts["run_id"])))  # fetched if run elsewhere
     incumbent = _incumbent(ws, config or load_targets())
     comparison, facts = None, {"incumbent_release": None, "incumbent_run": None, "incumbent_reevaluated": None}
     arm = None
