@@ -168,10 +168,11 @@ def read_history(store: ReleaseStore, target: str) -> tuple[TargetHistory, tuple
     """The target's verified history without writing (a torn final line is ignored, not removed);
     an empty history when the target has none."""
     path = store.history_path(target)
-    if not path.is_file():
-        refuse_orphan_head(path)  # a removed history is not an empty one
-        return TargetHistory(), ()
-    read = read_ledger(path, HISTORY_DOMAIN, scope=target)
+    with store.current(target):  # with an object store: the store's history
+        if not path.is_file():
+            refuse_orphan_head(path)  # a removed history is not an empty one
+            return TargetHistory(), ()
+        read = read_ledger(path, HISTORY_DOMAIN, scope=target)
     return reduce_history(read.records, str(path)), read.records
 
 

@@ -97,11 +97,12 @@ def pointer_bytes(pointer: Pointer, key: SealKey | None) -> bytes:
 
 
 def read_pointer(store: ReleaseStore, target: str) -> Pointer | None:
-    """The target's pointer, or None when nothing was ever activated on it. Lock-free: the file
-    is only ever replaced by an atomic rename."""
+    """The target's pointer, or None when nothing was ever activated on it. Lock-free without an
+    object store: the file is only ever replaced by an atomic rename."""
     path = store.pointer_path(target)
     try:
-        data = path.read_bytes()
+        with store.current(target):  # with an object store: the store's pointer
+            data = path.read_bytes()
     except FileNotFoundError:
         return None
     return parse_pointer(path, data, target)

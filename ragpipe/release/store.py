@@ -8,11 +8,17 @@ releases/targets/<target>/history.jsonl      the target's hash-chained history l
 releases/targets/<target>/history.head       its head
 locks/release-<target>.lock                  serialises writers of one target (flock)
 ```
+
+With an object store configured (``RAGPIPE_STORE``), manifests and kept decisions are also put
+there (``ragpipe.release.replica``) and a target's folder is a working copy of the store's
+``releases/targets/<target>/target.json``, pulled and put back by ``target_lock``
+(``ragpipe.release.target_sync``).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,9 +26,13 @@ from pathlib import Path
 
 from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.target_sync import TARGET_OBJECT, TargetMoved, TargetSync, TargetSyncError
+from ragpipe.storage.location import store_from_env
+from ragpipe.storage.objects import StorageError
 
 RELEASE_ID = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 TARGET_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
+_held = threading.local()  # the (home, target) locks this thread holds: flock does not nest
 
 
 class ReleaseError(ValueError):
@@ -72,16 +82,64 @@ class ReleaseStore:
         return self.target_dir(target) / "history.jsonl"
 
     def known_targets(self) -> list[str]:
-        """Targets that have a folder (a pointer or a history) in this store."""
+        """Targets that have a folder (a pointer or a history) in this store (or an object in the
+        object store)."""
         folder = self.root / "targets"
-        return (
-            sorted(p.name for p in folder.iterdir() if p.is_dir() and TARGET_NAME.match(p.name))
-            if folder.is_dir()
-            else []
-        )
+        local = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+        remote = store_from_env()
+        if remote is not None:  # with an object store: the targets it holds, too
+            keys = _synced(lambda: remote.list("releases/targets/"))
+            local |= {key.split("/")[2] for key in keys if key.endswith(f"/{TARGET_OBJECT}")}
+        return sorted(name for name in local if TARGET_NAME.match(name))
 
     @contextmanager
     def target_lock(self, target: str) -> Iterator[None]:
-        """Hold the target's writer lock (blocking): one writer of pointer and history at a time."""
+        """Hold the target's writer lock (blocking): one writer of pointer and history at a time.
+        With an object store, the store's target object is pulled into the folder on entry and
+        what changed is put back on exit — also when the block raises, since a refusal it recorded
+        (a ``rejected`` record) is history too; ``ConflictError`` when another machine changed the
+        target first, nothing changed (``ragpipe.release.target_sync``)."""
         with file_lock(self.ws.locks / f"release-{check_target_name(target)}.lock", exclusive=True):
+            held = _holding()
+            held.add((self.ws.home, target))
+            try:
+                remote = store_from_env()
+                if remote is None:
+                    yield
+                    return
+                sync = TargetSync(remote, self.target_dir(target), target)
+                _synced(sync.pull)
+                try:
+                    yield
+                except BaseException:
+                    _synced(sync.push)
+                    raise
+                _synced(sync.push)
+            finally:
+                held.discard((self.ws.home, target))
+
+    @contextmanager
+    def current(self, target: str) -> Iterator[None]:
+        """For a reader of the target's files: with an object store, and unless this thread holds
+        the target's lock already, hold it (the folder is then the store's latest); without a
+        store, nothing (files are replaced atomically, and read lock-free)."""
+        if store_from_env() is None or (self.ws.home, target) in _holding():
             yield
+            return
+        with self.target_lock(target):
+            yield
+
+
+def _holding() -> set[tuple[Path, str]]:
+    if not hasattr(_held, "targets"):
+        _held.targets = set()
+    return _held.targets
+
+
+def _synced(operation):
+    try:
+        return operation()
+    except TargetMoved as exc:
+        raise ConflictError(str(exc)) from None
+    except (TargetSyncError, StorageError) as exc:
+        raise ReleaseError(str(exc)) from None

@@ -30,9 +30,12 @@ from ragpipe.kernel.leases import BundleLease
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.serving import ServedRelease, active_release
 from ragpipe.release.store import ReleaseError, ReleaseStore
+from ragpipe.release.target_sync import target_key
 from ragpipe.release.targets import load_targets
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import MODES, Retriever
+from ragpipe.storage.location import store_from_env
+from ragpipe.storage.objects import StorageError
 
 log = logging.getLogger("ragpipe.server")
 WARM_QUERY = "warm up the query path"
@@ -176,8 +179,15 @@ class ReleaseFollower:
 
     # -- following the pointer --------------------------------------------------------------
 
-    def _observed(self) -> tuple[bytes | None, tuple[int, int] | None]:
+    def _observed(self) -> tuple[bytes | str | None, tuple[int, int] | None]:
         store = ReleaseStore(self.ws)
+        remote = store_from_env()
+        if remote is not None:  # the store's target object is the record: its ETag changes with it
+            try:
+                held = remote.get(target_key(self.target))
+            except StorageError as exc:
+                return f"unreadable: {exc}", None
+            return (held.etag if held else None), None
         try:
             pointer = store.pointer_path(self.target).read_bytes()
         except FileNotFoundError:
