@@ -24,6 +24,7 @@ from dagster import (
     asset,
 )
 
+from ragpipe.defs.embedding_shards import build_sharded_embeddings, shard_count
 from ragpipe.defs.metadata import ENCODED, NEW_TEXTS, to_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.release_chain import build_chain_assets
@@ -90,7 +91,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         return to_materialize_result(steps.run_representations(ragpipe.workspace, context.partition_key, spec))
 
     @asset(deps=[representations], kinds={"pytorch", "parquet"}, **common("embeddings"))
-    def embeddings(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
+    def one_step_embeddings(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:
         """Vectors for representations through the persistent (embedder spec, text digest) cache."""
 
         def progress(done: int, total: int) -> None:  # an observation per slice: ragpipe build's bar
@@ -103,6 +104,12 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         return to_materialize_result(
             steps.run_embeddings(ragpipe.workspace, context.partition_key, spec, progress=progress)
         )
+
+    shards = shard_count()
+    if shards > 1:  # the same asset, its encoding fanned out into shard steps
+        embeddings = build_sharded_embeddings(spec, {**common("embeddings"), "kinds": {"pytorch", "parquet"}}, shards)
+    else:
+        embeddings = one_step_embeddings
 
     @asset(deps=[source_snapshot, representations], kinds={"tantivy"}, **common("lexical_index"))
     def lexical_index(context: AssetExecutionContext, ragpipe: RagpipeHome) -> MaterializeResult:

@@ -12,6 +12,11 @@ shard that fails any of this — a flipped byte, a cut file, a shard of another 
 written before entries carried digests — is reported (a warning naming the file and the rule),
 moved aside as ``<name>.refused`` and none of its entries is used: they are encoded again, so a
 bad shard never becomes a vector in a bundle.
+
+With an object store (``RAGPIPE_STORE``) the cache is shared by every machine: each new shard is
+also put there, create-only, as ``embedding-cache/<embedder spec hex>/<shard name>``, and a lookup
+first downloads the store's shards this folder lacks. A downloaded shard is verified like any other
+(a forged one is refused and set aside here; the store's copy is never read again by this folder).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -28,11 +34,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragpipe.kernel.ids import SpecId
-from ragpipe.kernel.publish import fsync_path
+from ragpipe.kernel.publish import fsync_path, write_file_atomic
+from ragpipe.storage.objects import ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 FORMAT = 2
 META_KEY = b"ragpipe.embedding_cache"
+SHARD_NAME = re.compile(r"shard-[0-9]+-[0-9a-f]{16}\.parquet")
 
 
 class ShardRefused(ValueError):
@@ -48,11 +56,34 @@ def entry_digest(spec_hex: str, text_digest: str, vector: np.ndarray) -> str:
 
 
 class EmbeddingCache:
-    def __init__(self, root: Path, embedder_spec_id: SpecId, dimensions: int):
+    def __init__(self, root: Path, embedder_spec_id: SpecId, dimensions: int, store: ObjectStore | None = None):
         self.spec_hex = embedder_spec_id.hex
         self.directory = root / embedder_spec_id.hex
         self.dimensions = dimensions
+        self.store = store
         self._read: set[str] = set()  # shards this object has read (or written): lookup_new skips them
+
+    @property
+    def store_prefix(self) -> str:
+        return f"embedding-cache/{self.spec_hex}/"
+
+    def _fetch(self) -> None:
+        """Download the store's shards this folder has neither as a shard nor set aside."""
+        if self.store is None:
+            return
+        try:
+            for key in self.store.list(self.store_prefix):
+                name = key[len(self.store_prefix) :]
+                if not SHARD_NAME.fullmatch(name):
+                    continue
+                local = self.directory / name
+                if local.exists() or local.with_name(name + ".refused").exists():
+                    continue
+                held = self.store.get(key)
+                if held is not None:
+                    write_file_atomic(local, held.data, replace=False, sync=False)  # verified on every load
+        except StorageError as exc:  # the store is a cache here too: what it cannot give is encoded again
+            log.warning("embedding cache: %s: %s; its entries are encoded again", self.store.url, exc)
 
     def _schema(self) -> pa.Schema:
         meta = {"format": FORMAT, "embedder_spec": self.spec_hex, "dimensions": self.dimensions}
@@ -77,7 +108,10 @@ class EmbeddingCache:
 
     def _lookup(self, digests: set[str], only_new: bool) -> dict[str, np.ndarray]:
         found: dict[str, np.ndarray] = {}
-        if not self.directory.is_dir() or not digests:
+        if not digests:
+            return found
+        self._fetch()
+        if not self.directory.is_dir():
             return found
         for shard in sorted(self.directory.glob("shard-*.parquet")):
             if only_new and shard.name in self._read:
@@ -150,4 +184,9 @@ class EmbeddingCache:
         os.rename(tmp, final)
         self._read.add(name)  # its own entries are in hand: never read back
         fsync_path(self.directory)
+        if self.store is not None:  # shared with every machine; the name is unique (pid, random)
+            try:
+                self.store.put_new(self.store_prefix + name, final.read_bytes())
+            except StorageError as exc:  # other machines encode these texts again
+                log.warning("embedding cache: %s: cannot share %s: %s", self.store.url, name, exc)
         return final

@@ -62,6 +62,7 @@ from ragpipe.spec import (
     pipeline_spec_path,
     validation_error_text,
 )
+from ragpipe.stages.embedding_shards import shard_count
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
 from ragpipe.storage.location import LocationError, store_from_env
 
@@ -115,6 +116,10 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
     except LocationError as exc:
         raise ConfigurationError(str(exc)) from None
     _check_executor()
+    try:
+        shard_count()
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
     return Configuration(path, spec, chain, where, config)
 
 

@@ -11,14 +11,12 @@ collection never runs in the middle of one.
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 from pathlib import Path
 
 from ragpipe.chunking.chunkers import chunk_documents, make_chunker, verify_chunks
 from ragpipe.chunking.models import chunk_set_digest, read_chunks, write_chunks
 from ragpipe.corpus.registry import load_revision, read_registered_corpus
 from ragpipe.corpus.snapshot import build_snapshot, read_snapshot, read_snapshot_documents, write_snapshot
-from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.compute import Progress, compute_embeddings, embeddings_digest, write_embeddings
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
@@ -32,6 +30,7 @@ from ragpipe.representations.derive import (
 from ragpipe.representations.evidence import GENERATIONS_FILE, write_generations
 from ragpipe.representations.generation_run import GenerationFailed, GenerationOutcome, generate_representations
 from ragpipe.spec import PipelineSpec
+from ragpipe.stages.embedding_shards import embedding_cache, spec_embedder
 from ragpipe.stages.generation_metadata import generation_metadata
 from ragpipe.stages.index_steps import check_bundle, run_index_bundle, run_lexical_index, run_vector_index
 from ragpipe.stages.results import StageResult, finish, table
@@ -216,13 +215,6 @@ def _generate(ws: Workspace, spec: PipelineSpec, documents, chunks) -> Generatio
         raise StageError(f"representations: {exc}") from None
 
 
-@lru_cache(maxsize=2)
-def _embedder(spec: PipelineSpec):
-    from ragpipe.embedding.embedder import SentenceTransformerEmbedder  # torch is heavy: load on demand
-
-    return SentenceTransformerEmbedder(spec.embedder, spec.execution.embed_batch_size, spec.execution.torch_threads)
-
-
 @holding_workspace_lock
 def run_embeddings(
     ws: Workspace,
@@ -250,8 +242,8 @@ def run_embeddings(
         return finish(out, t0, version_dir(ws, revision, "embeddings", out.data_version), 0, {"enabled": False})
     reps = read_representations(ins["representations"].path / "representations.parquet")
     embedder_id = spec.own_spec_ids["embeddings"]
-    cache = EmbeddingCache(ws.embedding_cache, embedder_id, spec.embedder.dimensions)
-    vectors, stats = compute_embeddings(reps, cache, lambda: _embedder(spec), progress=progress)
+    cache = embedding_cache(ws, spec)
+    vectors, stats = compute_embeddings(reps, cache, lambda: spec_embedder(spec), progress=progress)
     # The exact vectors: a run with another batch size may differ in the last bits and then
     # publishes its own version folder (the bundle ID does not depend on it).
     digest = embeddings_digest([str(r.representation_id) for r in reps], vectors)

@@ -266,20 +266,27 @@ def test_loading_the_location_in_process_raises_the_line_and_prints_nothing(cfg:
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{expected}\n", "")
 
 
-def test_a_store_location_that_names_no_store_stops_the_build_with_one_line(cfg: Path, tmp_path: Path):
-    proc = ragpipe(
-        "build",
-        str(CORPUS),
-        "--revision",
-        "r1",
-        "--default-scope",
-        "public",
-        home=tmp_path / "home",
-        RAGPIPE_STORE="s3://Bad_Bucket/x",
-        **broken_env(cfg),
-    )
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"RAGPIPE_STORE": "s3://Bad_Bucket/x"},
+            "RAGPIPE_STORE: 's3://Bad_Bucket/x': 'Bad_Bucket' is not an S3 bucket name (3-63 of a-z 0-9 . -)",
+        ),
+        *(
+            (
+                {"RAGPIPE_EMBEDDING_SHARDS": value},
+                f"RAGPIPE_EMBEDDING_SHARDS={value!r}: must be an integer from 1 to 64",
+            )
+            for value in ("0", "65", "three")
+        ),
+    ],
+)
+def test_an_operational_setting_out_of_its_rules_stops_the_build_with_one_line(
+    cfg: Path, tmp_path: Path, env: dict[str, str], line: str
+):
+    args = ["build", str(CORPUS), "--revision", "r1", "--default-scope", "public"]
+    proc = ragpipe(*args, home=tmp_path / "home", **env, **broken_env(cfg))
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr.splitlines() == [
-        "error: RAGPIPE_STORE: 's3://Bad_Bucket/x': 'Bad_Bucket' is not an S3 bucket name (3-63 of a-z 0-9 . -)"
-    ]
+    assert proc.stderr.splitlines() == [f"error: {line}"]
     assert list_revisions(Workspace(tmp_path / "home" / "ragpipe").registry) == []
