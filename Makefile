@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo serve-demo test lint ui ui-check bench query-bench clean dagster-home redis celery-worker
+.PHONY: install demo serve-demo test lint ui ui-check bench query-bench clean dagster-home redis celery-worker pools
 
 install: $(VENV)/.installed
 
@@ -97,6 +97,13 @@ WORKER ?= worker-1
 celery-worker: install
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dagster-celery worker start -A dagster_celery.app -y deploy/celery-worker.yaml \
 	  -n $(WORKER) -q dagster -- --concurrency=1
+
+# Each pool's limit set explicitly on the instance $DAGSTER_HOME names (run once per PostgreSQL
+# instance): Dagster's first-use initialisation of a default limit races between processes on
+# PostgreSQL (docs/operations.md, "Celery workers").
+POOLS = ragpipe_stage_files ragpipe_embedding_cache ragpipe_tantivy ragpipe_lancedb ragpipe_bundle_store ragpipe_evaluation ragpipe_release_store
+pools: install
+	for pool in $(POOLS); do $(BIN)/dagster instance concurrency set $$pool 1 || exit 1; done
 
 bench: install
 	$(BIN)/python -m benchmarks.build_bench

@@ -1,12 +1,13 @@
 """ragpipe's build on Dagster's Celery executor, with workers that share no disk.
 
 One module-scoped stack, every component real: PostgreSQL (the instance, ``deploy/dagster-celery
-.yaml``), Redis (the broker and result backend), moto's S3 server (``RAGPIPE_STORE``), and two
-Celery workers started with the documented ``dagster-celery worker start`` command, each in a
-temporary folder of its own that is its working directory, ``$RAGPIPE_HOME`` and
-``$DAGSTER_HOME``. The launcher is ``ragpipe build`` in a third folder; its corpus is deleted
-once registered, so the steps can only find it in the store. The build's stage data versions and
-bundle ID must equal those of an in-process build of the same corpus in a home of its own.
+.yaml``), Redis (the broker and result backend), moto's S3 server (``RAGPIPE_STORE``), two Celery
+workers started with the documented ``dagster-celery worker start`` command, each in a temporary
+folder of its own that is its working directory, ``$RAGPIPE_HOME`` and ``$DAGSTER_HOME``, and the
+launcher's ``dagster-daemon`` and ``dagster-webserver`` in a third folder. A UI-style asset
+backfill of four revisions, through the evaluation → gate → release chain, must give the data
+versions, bundle IDs, material digests, evaluation metrics and release manifests of in-process
+builds of the same revisions in a home of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +31,15 @@ import pytest
 import yaml
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter, RunsFilter
 
+from ragpipe.corpus.registry import register_revision
+from ragpipe.defs.assets import POOLS
+from ragpipe.defs.release_chain import CHAIN_POOLS
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.orchestration.failures import failure_messages
+from ragpipe.release.evidence import run_dir
+from ragpipe.release.gate_evidence import read_gate_evidence
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.storage.location import open_store
 from ragpipe_tests.conftest import REPO, SAMPLE
@@ -36,12 +47,25 @@ from ragpipe_tests.orchestration.test_postgres_instance import start_postgres
 from ragpipe_tests.support.celery_workers import CeleryWorker
 from ragpipe_tests.support.redis_server import RedisServer, RedisUnavailable
 from ragpipe_tests.support.s3_server import S3Server
-from ragpipe_tests.support.services import open_instance
+from ragpipe_tests.support.services import (
+    BACKFILL_DONE,
+    DagsterProcess,
+    launch_backfill,
+    open_instance,
+    start_daemon,
+    start_webserver,
+    wait_backfill,
+    wait_daemons,
+)
 
 pytestmark = pytest.mark.slow
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
-CHECKS = ["chunks_chunks_match_source", "index_bundle_bundle_verifies"]  # blocking asset checks: steps too
+CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
+# blocking asset checks: steps too
+CHECKS = ["chunks_chunks_match_source", "index_bundle_bundle_verifies", "evaluation_run_evaluation_ledger_verifies"]
+# four revisions of 40 to 55 abstracts (each has 17 to 22 suite cases whose judged documents it holds)
+BACKFILL = {"b1": ("rev-1.jsonl", 40), "b2": ("rev-1.jsonl", 55), "b3": ("rev-2.jsonl", 40), "b4": ("rev-2.jsonl", 55)}
 
 
 @dataclass
@@ -50,6 +74,15 @@ class Stack:
     env: dict[str, str]
     workers: list[CeleryWorker]
     instance: DagsterInstance
+    web: DagsterProcess
+
+
+def pools_of_the_makefile() -> list[str]:
+    """The pools ``make pools`` sets, which must be every pool the definitions name."""
+    (line,) = [x for x in (REPO / "Makefile").read_text().splitlines() if x.startswith("POOLS = ")]
+    pools = line.removeprefix("POOLS = ").split()
+    assert sorted(pools) == sorted(set(POOLS.values()) | set(CHAIN_POOLS.values()))
+    return pools
 
 
 def start_redis() -> RedisServer:
@@ -61,8 +94,8 @@ def start_redis() -> RedisServer:
         pytest.skip(f"no redis-server on this machine: {exc}")
 
 
-def small_corpus(path: Path, lines: int = 40) -> Path:
-    text = (SAMPLE / "rev-1.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
+def small_corpus(path: Path, lines: int = 40, sample: str = "rev-1.jsonl") -> Path:
+    text = (SAMPLE / sample).read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(text), encoding="utf-8")
     return path
@@ -72,15 +105,22 @@ def small_corpus(path: Path, lines: int = 40) -> Path:
 def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server):
     root = tmp_path_factory.mktemp("celery")
     pg, redis = start_postgres(), start_redis()
+    # The checked-in spec, its suite path made absolute; no target activates automatically, so
+    # every gate is a bootstrap in both builds and nothing changes behind the test's back.
     spec = yaml.safe_load((REPO / "ragpipe" / "specs" / "pipeline.yaml").read_text(encoding="utf-8"))
-    spec.pop("evaluation")  # the build group: the evaluation chain does not run on workers yet
+    spec["evaluation"]["suite"] = str(REPO / "data" / "scifact-sample" / "suite-stable.jsonl")
     (root / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    targets = yaml.safe_load((REPO / "ragpipe" / "specs" / "targets.yaml").read_text(encoding="utf-8"))
+    for target in targets["targets"].values():
+        target.update(auto_activate=False, waive_human_apply=False)
+    (root / "targets.yaml").write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("RAGPIPE_", "DAGSTER_"))},
         **s3_server.env(),
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
+        "RAGPIPE_TARGETS": str(root / "targets.yaml"),
         "RAGPIPE_STORE": f"s3://{s3_server.bucket()}/ragpipe",
         "RAGPIPE_EXECUTOR": "celery",
         "RAGPIPE_CELERY_BROKER": redis.url(0),
@@ -95,15 +135,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server):
     (launcher / "dagster").mkdir(parents=True)
     shutil.copyfile(REPO / "deploy" / "dagster-celery.yaml", launcher / "dagster" / "dagster.yaml")
     workers: list[CeleryWorker] = []
+    services: list[DagsterProcess] = []
+    home = {"RAGPIPE_HOME": str(launcher / "ragpipe")}
     try:
         with pytest.MonkeyPatch.context() as mp:
-            for key, value in env.items():
+            for key, value in {**env, **home, "DAGSTER_HOME": str(launcher / "dagster")}.items():
                 mp.setenv(key, value)
             instance = open_instance(launcher / "dagster")  # creates the tables before any worker races to
+            for pool in pools_of_the_makefile():  # as `make pools` sets them: no run initialises a default
+                instance.event_log_storage.set_concurrency_slots(pool, 1)
             workers += [CeleryWorker.start(name, env) for name in ("w1", "w2")]
-            yield Stack(root, env, workers, instance)
+            since = time.time()
+            services.append(start_daemon(launcher / "dagster", {**env, **home}))
+            wait_daemons(instance, timeout=120, since=since)
+            services.append(start_webserver(launcher / "dagster", {**env, **home}))
+            yield Stack(root, env, workers, instance, services[-1])
             instance.dispose()
     finally:
+        for service in reversed(services):
+            service.stop()
         for worker in workers:
             worker.stop()
             shutil.rmtree(worker.folder, ignore_errors=True)
@@ -111,22 +161,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server):
         pg.stop()
 
 
-def build(stack: Stack, revision: str, corpus: Path) -> dict:
-    launcher = stack.root / "launcher"
-    env = {**stack.env, "RAGPIPE_HOME": str(launcher / "ragpipe"), "DAGSTER_HOME": str(launcher / "dagster")}
-    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision]
-    proc = subprocess.run(
-        [*args, "--default-scope", "public", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr + "\n".join("".join(w.lines[-40:]) for w in stack.workers)
-    return json.loads(proc.stdout)
-
-
 def in_process_reference(root: Path, revision: str, corpus: Path) -> Workspace:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("RAGPIPE_", "DAGSTER_"))},
         "HF_HUB_OFFLINE": "1",
         "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
+        "RAGPIPE_TARGETS": str(root / "targets.yaml"),
         "RAGPIPE_HOME": str(root / "reference" / "ragpipe"),
         "DAGSTER_HOME": str(root / "reference" / "dagster"),
     }
@@ -150,22 +190,89 @@ def where_steps_ran(instance: DagsterInstance, run_id: str) -> dict[str, str]:
     return ran
 
 
-def test_a_build_runs_its_steps_on_workers_that_share_no_disk(stack: Stack):
-    corpus = small_corpus(stack.root / "corpus" / "c1.jsonl")
-    reference = in_process_reference(stack.root, "c1", small_corpus(stack.root / "reference-corpus" / "c1.jsonl"))
-    out = build(stack, "c1", corpus)
-    assert out["launched"] == "in_process"  # the run's orchestrator; its steps went to the workers
-    ran = where_steps_ran(stack.instance, out["run_id"])
-    assert sorted(ran) == sorted(STAGES + CHECKS)
-    assert set(ran.values()) <= {f"w1@{os.uname().nodename}", f"w2@{os.uname().nodename}"}, ran
-    workers = {w.home: w for w in stack.workers}
-    for stage in STAGES:
-        expected = read_stage_record(reference, "c1", stage).data_version
-        assert read_stage_record(Workspace(stack.root / "launcher" / "ragpipe"), "c1", stage).data_version == expected
-    assert out["bundle_id"] == read_stage_record(reference, "c1", "index_bundle").data_version
+@contextmanager
+def launcher_env(stack: Stack, home: Path | None = None) -> Iterator[Workspace]:
+    """This process as the launcher's machine (its store, its home): for reading what runs made."""
+    home = home or stack.root / "launcher" / "ragpipe"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {**stack.env, "RAGPIPE_HOME": str(home)}.items():
+            mp.setenv(key, value)
+        yield Workspace(home)
+
+
+def release_outcome(ws: Workspace, revision: str) -> dict:
+    """What a revision's chain produced, less what names one evaluation attempt: the release manifest
+    without its run ID, ledger head and decision ID (each run of an evaluation is a new attempt with
+    its own UUIDv7 and timestamped ledger, so no two builds — in-process ones neither — share those,
+    nor the release ID that binds them), the gate's checks, and the run's metrics and case counts."""
+    release_id = read_stage_record(ws, revision, "release_manifest").data_version
+    manifest = load_manifest(ReleaseStore(ws), release_id).body()
+    evaluation, gate = manifest.pop("evaluation"), manifest.pop("gate")
+    report = json.loads((run_dir(ws, evaluation["run_id"]) / "report.json").read_bytes())
+    decision = read_gate_evidence(ReleaseStore(ws), gate.pop("decision_id"))[0]
+    return {
+        "manifest": {**manifest, "evaluation_spec": evaluation["spec_id"], "gate": gate},
+        "checks": [c.model_dump(mode="json") for c in decision.checks],
+        "metrics": report["metrics"],
+        "cases": (report["cases"], report["evaluated"], len(report["skipped"]), report["cells"]["failed"]),
+    }
+
+
+def why_failed(stack: Stack, backfill: dict) -> str:
+    """The failure messages of the backfill's runs and the tails of the worker and daemon logs."""
+    messages = []
+    for run in backfill["runs"]:
+        entries = [r.event_log_entry for r in stack.instance.get_records_for_run(run["runId"]).records]
+        messages += failure_messages(e.dagster_event for e in entries if e.dagster_event is not None)
+        messages += [  # the run's own engine and failure events, which name what ended a run without a step error
+            f"{run['runId']}: {e.dagster_event_type}: {e.message}"
+            for e in entries
+            if e.dagster_event_type in (DagsterEventType.ENGINE_EVENT, DagsterEventType.RUN_FAILURE) and not e.step_key
+        ][-6:]
+    logs = ["".join(w.lines[-30:]) for w in stack.workers]
+    return "\n".join([str(backfill["status"]), *messages, *logs])
+
+
+def test_a_backfill_of_four_revisions_runs_on_both_workers_and_equals_in_process_builds(stack: Stack):
+    """Four revisions registered as the watched-folder sensor registers them (source and record on
+    the store; the corpus files then deleted), then an asset backfill of the whole graph launched
+    as from the UI: one run per revision, each step on a Celery worker (which one is recorded by
+    Dagster), and every output equal to an in-process build's."""
+    with launcher_env(stack) as ws:
+        for rev, (sample, lines) in BACKFILL.items():
+            corpus = small_corpus(stack.root / "corpus" / f"{rev}.jsonl", lines, sample)
+            register_revision(ws.registry, rev, corpus, "beir", "public")
+            corpus.unlink()  # the steps can only find it in the store
+    stack.instance.add_dynamic_partitions("corpus_revisions", list(BACKFILL))
+    t0 = time.monotonic()
+    backfill = wait_backfill(stack.web.url, launch_backfill(stack.web.url, list(BACKFILL), STAGES + CHAIN), 2400)
+    wall = time.monotonic() - t0
+    assert backfill["status"] in BACKFILL_DONE and backfill["status"] != "COMPLETED_FAILED", why_failed(stack, backfill)
+    assert sorted((r["jobName"], r["status"]) for r in backfill["runs"]) == [("__ASSET_JOB", "SUCCESS")] * 4
+    ran = {r["runId"]: where_steps_ran(stack.instance, r["runId"]) for r in backfill["runs"]}
+    for steps in ran.values():
+        assert sorted(steps) == sorted(STAGES + CHAIN + CHECKS)
+    per_worker = Counter(worker for steps in ran.values() for worker in steps.values())
+    assert set(per_worker) == {f"w1@{os.uname().nodename}", f"w2@{os.uname().nodename}"}, per_worker
+    print(f"backfill of {len(BACKFILL)} revisions on Celery: {wall:.1f} s; steps per worker: {dict(per_worker)}")
+
+    references = {}
+    for rev, (sample, lines) in BACKFILL.items():
+        corpus = small_corpus(stack.root / "reference-corpus" / f"{rev}.jsonl", lines, sample)
+        references[rev] = in_process_reference(stack.root, rev, corpus)
+    for rev in BACKFILL:
+        reference = references[rev]
+        expected = {stage: read_stage_record(reference, rev, stage).data_version for stage in STAGES}
+        want = release_outcome(reference, rev)
+        assert want["cases"][1] > 0  # the suite has cases each revision can answer
+        with launcher_env(stack) as ws:
+            assert {stage: read_stage_record(ws, rev, stage).data_version for stage in STAGES} == expected
+            assert release_outcome(ws, rev) == want, rev
+        # ... and so does a machine that took part in nothing
+        with launcher_env(stack, stack.root / "empty-home") as empty:
+            assert release_outcome(empty, rev) == want
     # each worker built only from what it downloaded: its home holds no registry of its own
-    assert all(not Workspace(home).registry.exists() for home in workers)
-    print("steps per worker:", Counter(ran.values()), ran)
+    assert all(not Workspace(w.home).registry.exists() for w in stack.workers)
 
 
 def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
@@ -182,6 +289,7 @@ def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
     }
     corpus = small_corpus(stack.root / "corpus" / "w1.jsonl", 10)
     args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", "w1", "--default-scope", "public"]
+    args += ["--launch", "in-process"]  # this environment's broker, not the daemon's
     proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
@@ -239,6 +347,7 @@ def test_a_worker_process_killed_mid_step_hands_the_step_back_and_the_build_is_u
     launcher = stack.root / "launcher"
     env = {**stack.env, "RAGPIPE_HOME": str(launcher / "ragpipe"), "DAGSTER_HOME": str(launcher / "dagster")}
     args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", "k1", "--default-scope", "public"]
+    args += ["--launch", "in-process"]
     proc = subprocess.Popen(
         [*args, "--json"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
