@@ -6,6 +6,7 @@ releases/decisions/<decision id hex>.json    the gate decision (and comparison) 
 releases/targets/<target>/pointer.json       the target's pointer (replaced atomically, CAS)
 releases/targets/<target>/history.jsonl      the target's hash-chained history ledger
 releases/targets/<target>/history.head       its head
+releases/targets/<target>/.synced.json       with a store: the history last agreed with it
 locks/release-<target>.lock                  serialises writers of one target (flock)
 ```
 
@@ -96,12 +97,13 @@ class ReleaseStore:
     def target_lock(self, target: str) -> Iterator[None]:
         """Hold the target's writer lock (blocking): one writer of pointer and history at a time.
         With an object store, the store's target object is pulled into the folder on entry and
-        what changed is put back on exit — also when the block raises, since a refusal it recorded
+        what changed is put back on exit — also when the block raises an ``Exception`` (which the
+        caller then sees, the push's failure as a note), since a refusal it recorded
         (a ``rejected`` record) is history too; ``ConflictError`` when another machine changed the
         target first, nothing changed (``ragpipe.release.target_sync``)."""
         with file_lock(self.ws.locks / f"release-{check_target_name(target)}.lock", exclusive=True):
-            held = _holding()
-            held.add((self.ws.home, target))
+            held, mine = _holding(), self._holder(target)
+            held.add(mine)
             try:
                 remote = store_from_env()
                 if remote is None:
@@ -111,19 +113,28 @@ class ReleaseStore:
                 _synced(sync.pull)
                 try:
                     yield
-                except BaseException:
-                    _synced(sync.push)
+                except Exception as exc:
+                    # The block's own error is what the caller must see; a push that fails too
+                    # is added to it as a note (the working copy is then reset at the next pull).
+                    try:
+                        _synced(sync.push)
+                    except (ConflictError, ReleaseError) as pushed:
+                        exc.add_note(f"and its record did not reach the store: {pushed}")
                     raise
                 _synced(sync.push)
             finally:
-                held.discard((self.ws.home, target))
+                held.discard(mine)
+
+    def _holder(self, target: str) -> tuple[Path, str]:
+        # Keyed on the resolved lock folder: two spellings of one home are one holder.
+        return (self.ws.locks.resolve(), target)
 
     @contextmanager
     def current(self, target: str) -> Iterator[None]:
         """For a reader of the target's files: with an object store, and unless this thread holds
         the target's lock already, hold it (the folder is then the store's latest); without a
         store, nothing (files are replaced atomically, and read lock-free)."""
-        if store_from_env() is None or (self.ws.home, target) in _holding():
+        if store_from_env() is None or self._holder(target) in _holding():
             yield
             return
         with self.target_lock(target):

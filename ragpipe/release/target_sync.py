@@ -18,6 +18,17 @@ store's, and the writer gets ``ConflictError`` with nothing changed. So an activ
 pointer swap and observed record reach the store as one object: no machine sees a pointer ahead of
 its history, and a writer killed at any step leaves the store as it was.
 
+Two rules keep the store from taking what a machine holds:
+
+* **Turning the store on uploads, never deletes.** When the store has no object for a target whose
+  folder holds files, and this machine has never synced that target, the folder is the record so
+  far: it is put create-only as the first object (a machine that loses that race pulls the
+  winner's).
+* **The history only grows.** After each pull and push the folder keeps ``.synced.json``: the length
+  and SHA-256 of the history text it then agreed with the store on. A later pull whose history does
+  not begin with exactly those bytes — an older object put back, the object erased, another store
+  configured — is refused with one line, and the working copy is left as it was.
+
 Nothing here is trusted for coming from the store: the pointer is parsed and (with a key) its seal
 checked, the history is a hash-chained ledger whose head (with a key) is sealed, exactly as the
 local files are (docs/trust.md).
@@ -25,6 +36,7 @@ local files are (docs/trust.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +46,11 @@ from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.storage.objects import Conflict, ObjectStore, StorageError
 
 SCHEMA = "ragpipe.release-target/v1"
-FILES = ("history.head", "history.jsonl", "pointer.json")
+# Writer order: the ledger, then its head, then the pointer (a kill in between leaves a pointer
+# that the history explains).
+FILES = ("history.jsonl", "history.head", "pointer.json")
 TARGET_OBJECT = "target.json"
+SYNCED = ".synced.json"
 
 Files = dict[str, str | None]
 
@@ -67,6 +82,30 @@ def _read_local(folder: Path) -> Files:
     return files
 
 
+def _local_differs(folder: Path, files: Files) -> bool:
+    """Whether the working copy is other than ``files``; a copy that cannot be read (torn inside a
+    multi-byte character by a killed writer) differs, so the pull replaces it."""
+    try:
+        return _read_local(folder) != files
+    except TargetSyncError:
+        return True
+
+
+def _history_mark(files: Files) -> dict[str, object]:
+    history = (files["history.jsonl"] or "").encode("utf-8")
+    return {"history_bytes": len(history), "history_sha256": hashlib.sha256(history).hexdigest()}
+
+
+def _extends(files: Files, mark: dict[str, object]) -> bool:
+    history = (files["history.jsonl"] or "").encode("utf-8")
+    size = mark.get("history_bytes")
+    return (
+        isinstance(size, int)
+        and len(history) >= size
+        and hashlib.sha256(history[:size]).hexdigest() == mark.get("history_sha256")
+    )
+
+
 def _document(files: Files) -> bytes:
     return canonical_bytes({"files": files, "schema": SCHEMA}) + b"\n"
 
@@ -85,7 +124,7 @@ def _parse(where: str, data: bytes) -> Files:
         or sorted(files) != sorted(FILES)
         or not all(v is None or isinstance(v, str) for v in files.values())
     ):
-        raise TargetSyncError(f"{where}: not a {SCHEMA} object (keys files and schema; files {', '.join(FILES)})")
+        raise TargetSyncError(f"{where}: not a {SCHEMA} object (keys files and schema; files {', '.join(sorted(FILES))})")
     return files
 
 
@@ -115,32 +154,92 @@ class TargetSync:
         return f"{self.store.url}{target_key(self.target)}"
 
     def pull(self) -> None:
-        """The store's object into the working copy (replacing a copy that differs)."""
-        try:
-            held = self.store.get(target_key(self.target))
-        except StorageError as exc:
-            raise TargetSyncError(str(exc)) from None
+        """The store's object into the working copy (replacing a copy that differs); on a store
+        without the object, the folder's files as its first version (module docstring)."""
+        held = self._get()
+        mark = self._mark()
+        if held is None and mark is None and _local_differs(self.folder, _empty()):
+            self._seed()
+            return
+        files = _empty() if held is None else _parse(self.where, held.data)
+        if mark is not None and not _extends(files, mark):
+            raise TargetSyncError(
+                f"{self.where}: target {self.target!r}'s history there does not begin with the "
+                f"{mark['history_bytes']} bytes this machine last synced (an older object put back, "
+                f"the object erased, or another store?); nothing was changed"
+            )
         self.etag = None if held is None else held.etag
-        self.pulled = {n: None for n in FILES} if held is None else _parse(self.where, held.data)
-        if _read_local(self.folder) != self.pulled:
+        self.pulled = files
+        if _local_differs(self.folder, files):
             try:
-                _write_local(self.folder, self.pulled)
+                _write_local(self.folder, files)
             except OSError as exc:
                 raise TargetSyncError(f"{self.folder}: cannot write the working copy: {exc.strerror or exc}") from None
+        if mark != _history_mark(files):
+            self._remember(files)
 
     def push(self) -> bool:
         """The working copy to the store if it changed, on the pulled ETag; True if it was put.
-        ``TargetMoved`` (the working copy reset) if another machine replaced the object first."""
+        ``TargetMoved`` (the working copy reset) if another machine replaced the object first. A
+        put whose response was lost and retried finds its own document there: that is success."""
         now = _read_local(self.folder)
         if now == self.pulled:
             return False
+        document = _document(now)
         try:
-            self.store.put_if(target_key(self.target), _document(now), self.etag)
+            self.etag = self.store.put_if(target_key(self.target), document, self.etag)
         except Conflict:
-            self.pull()
-            raise TargetMoved(
-                f"target {self.target!r}: another machine changed it first ({self.where}); nothing was changed"
-            ) from None
+            held = self._get()
+            if held is None or held.data != document:
+                self.pull()
+                raise TargetMoved(
+                    f"target {self.target!r}: another machine changed it first ({self.where}); nothing was changed"
+                ) from None
+            self.etag = held.etag
         except StorageError as exc:
             raise TargetSyncError(str(exc)) from None
+        self.pulled = now
+        self._remember(now)
         return True
+
+    def _seed(self) -> None:
+        """Put the folder's files create-only as the target's first object; if another machine
+        did so first, pull theirs (the mark is not set yet, so that is no replay)."""
+        files = _read_local(self.folder)
+        try:
+            self.etag = self.store.put_if(target_key(self.target), _document(files), None)
+        except Conflict:
+            self.pull()
+            return
+        except StorageError as exc:
+            raise TargetSyncError(str(exc)) from None
+        self.pulled = files
+        self._remember(files)
+
+    def _get(self):
+        try:
+            return self.store.get(target_key(self.target))
+        except StorageError as exc:
+            raise TargetSyncError(str(exc)) from None
+
+    def _mark(self) -> dict[str, object] | None:
+        path = self.folder / SYNCED
+        try:
+            mark = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            raise TargetSyncError(
+                f"{path}: not this machine's sync mark (damaged); delete it to trust the store's history"
+            ) from None
+        return mark if isinstance(mark, dict) else {}
+
+    def _remember(self, files: Files) -> None:
+        try:
+            write_file_atomic(self.folder / SYNCED, canonical_bytes(_history_mark(files)) + b"\n")
+        except OSError as exc:
+            raise TargetSyncError(f"{self.folder}: cannot write the sync mark: {exc.strerror or exc}") from None
+
+
+def _empty() -> Files:
+    return dict.fromkeys(FILES)
