@@ -1,7 +1,8 @@
 """What a release names travels through the object store (``ragpipe.release.replica``): a manifest,
 its kept gate evidence and its evaluation run, published in one home, are fetched and verified by
-another home that holds none of them — on both backends. What the store holds forged, with every
-digest the store checks recomputed, is refused by the readers' own verification."""
+another home that holds none of them — on both backends, listed in the publisher's order. What the
+store holds forged, with every digest the store checks recomputed, is refused by the readers' own
+verification; keys no home writes are never fetched."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ from ragpipe.bundle.objects import push_bundle
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import verify_release
+from ragpipe.release.evidence import evaluation_evidence
 from ragpipe.release.gate_evidence import evidence_path
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest, manifest_file_bytes
 from ragpipe.release.replica import push_run
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.storage.blobs import LISTING, push_files
-from ragpipe.storage.local import LocalObjectStore
 from ragpipe.storage.objects import ObjectStore
 from ragpipe_tests.support.release_fixtures import evaluation_of, publish
-from ragpipe_tests.support.storage_fixtures import store_env
+from ragpipe_tests.support.storage_fixtures import delete, overwrite, store_env
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 
@@ -37,21 +38,6 @@ def published(ws: Workspace, bundle: Path, store: ObjectStore, request, monkeypa
     push_bundle(store, open_bundle(ws.bundles / bundle.name))
     push_run(ws, ws.home / "evaluations" / evaluation_of(bundle).name)
     return publish(ws, bundle)
-
-
-def overwrite(store: ObjectStore, key: str, data: bytes) -> None:
-    """Replace an object behind the interface's back (its create-only writes cannot)."""
-    if isinstance(store, LocalObjectStore):
-        (store.root / key).write_bytes(data)
-    else:
-        store.client.put_object(Bucket=store.bucket, Key=store.prefix + key, Body=data)
-
-
-def delete(store: ObjectStore, key: str) -> None:
-    if isinstance(store, LocalObjectStore):
-        (store.root / key).unlink()
-    else:
-        store.client.delete_object(Bucket=store.bucket, Key=store.prefix + key)
 
 
 def test_another_home_fetches_and_verifies_what_the_release_names(published: str, bundle: Path, tmp_path: Path):
@@ -104,3 +90,35 @@ def test_a_run_id_the_store_holds_with_another_folder_is_refused(published: str,
     copy.rename(run)
     with pytest.raises(ReleaseError, match=f"the store holds another folder for evaluation run {run.name}"):
         push_run(ws, run)
+
+
+def test_another_home_lists_manifests_in_the_publisher_s_order(
+    published: str, ws: Workspace, bundle: Path, tmp_path: Path
+):
+    """The activation sensor takes the last listed as the newest: a home that fetched every
+    manifest at once lists them as they were published, not by name or fetch time."""
+    order = [published] + [publish(ws, bundle, f"r{i}") for i in range(2, 6)]
+    assert order != sorted(order)  # by name the order would differ: this test can tell
+    assert [rid for rid, _ in list_manifests(ReleaseStore(ws)).valid] == order
+    assert [rid for rid, _ in list_manifests(ReleaseStore(Workspace(tmp_path / "other"))).valid] == order
+
+
+def test_only_files_named_as_manifests_are_fetched_from_the_store(published: str, store: ObjectStore, tmp_path: Path):
+    """A key the store allows but no home would write (a space, another name) is not copied."""
+    for name in ("a b.json", "junk.json", f"{'0' * 64}.txt"):
+        overwrite(store, f"releases/manifests/{name}", b"{}")
+    other = ReleaseStore(Workspace(tmp_path / "other"))
+    listing = list_manifests(other)
+    assert ([rid for rid, _ in listing.valid], listing.invalid) == ([published], [])
+    assert sorted(p.name for p in other.manifests.iterdir()) == [published.split(":", 1)[1] + ".json"]
+
+
+def test_a_run_id_that_is_no_store_key_is_a_problem_not_a_crash(published: str, ws: Workspace):
+    manifest = load_manifest(ReleaseStore(ws), published)
+    bad = manifest.model_copy(update={"evaluation": manifest.evaluation.model_copy(update={"run_id": "run 1"})})
+    run, problems = evaluation_evidence(ws, bad)
+    assert run is None
+    assert problems == [
+        f"release {bad.release_id}: evaluation run run 1: cannot be fetched from the store: object key 'evaluations/run 1/listing.json': "
+        "segment 'run 1' is not [A-Za-z0-9._=+-]+ (nor empty, nor starting with '.')"
+    ]

@@ -40,3 +40,18 @@ def store_env(store: ObjectStore, request: pytest.FixtureRequest) -> dict[str, s
         return {"RAGPIPE_STORE": str(store.root)}
     server: S3Server = request.getfixturevalue("s3_server")
     return {"RAGPIPE_STORE": store.url, **server.env()}
+
+
+def overwrite(store: ObjectStore, key: str, data: bytes) -> None:
+    """Replace an object behind the interface's back (its create-only writes cannot)."""
+    if isinstance(store, LocalObjectStore):
+        (store.root / key).write_bytes(data)
+    else:
+        store.client.put_object(Bucket=store.bucket, Key=store.prefix + key, Body=data)
+
+
+def delete(store: ObjectStore, key: str) -> None:
+    if isinstance(store, LocalObjectStore):
+        (store.root / key).unlink()
+    else:
+        store.client.delete_object(Bucket=store.bucket, Key=store.prefix + key)
