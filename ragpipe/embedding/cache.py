@@ -15,13 +15,21 @@ bad shard never becomes a vector in a bundle.
 
 With an object store (``RAGPIPE_STORE``) the cache is shared by every machine: each new shard is
 also put there, create-only, as ``embedding-cache/<embedder spec hex>/<shard name>``, and a lookup
-first downloads the store's shards this folder lacks. A downloaded shard is verified like any other
-(a forged one is refused and set aside here; the store's copy is never read again by this folder).
+first downloads the store's shards this folder lacks into ``fetched/``. A downloaded shard is
+verified like any other (a damaged one is refused and set aside here; the store's copy is never
+read again by this folder), and the shards this machine encoded are read before the fetched ones,
+so a store entry never overrides a local one. The entry digests are plain hashes: anyone who can
+write the store can make a shard that verifies. So with a key configured (``RAGPIPE_BUNDLE_KEY``,
+``ragpipe.kernel.seals``) each shard put there has a ``<shard name>.seal`` beside it — an HMAC
+over the spec, the name and the shard's SHA-256 — and a shard without a valid seal is not
+downloaded (a warning); without a key, a store writer is trusted as a writer of every machine's
+cache (docs/trust.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -35,12 +43,15 @@ import pyarrow.parquet as pq
 
 from ragpipe.kernel.ids import SpecId
 from ragpipe.kernel.publish import fsync_path, write_file_atomic
+from ragpipe.kernel.seals import SealKey, mac
 from ragpipe.storage.objects import ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 FORMAT = 2
 META_KEY = b"ragpipe.embedding_cache"
 SHARD_NAME = re.compile(r"shard-[0-9]+-[0-9a-f]{16}\.parquet")
+FETCHED = "fetched"  # downloaded shards: read after this machine's own
+SEAL_DOMAIN = "embedding-shard"
 
 
 class ShardRefused(ValueError):
@@ -55,35 +66,63 @@ def entry_digest(spec_hex: str, text_digest: str, vector: np.ndarray) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def shard_seal(key: SealKey, spec_hex: str, name: str, data: bytes) -> bytes:
+    """The seal object of a shard shared on the store: binds the spec, the name and the bytes."""
+    payload = f"{spec_hex}\n{name}\nsha256:{hashlib.sha256(data).hexdigest()}".encode()
+    return mac(key, SEAL_DOMAIN, payload).encode()
+
+
 class EmbeddingCache:
-    def __init__(self, root: Path, embedder_spec_id: SpecId, dimensions: int, store: ObjectStore | None = None):
+    def __init__(
+        self,
+        root: Path,
+        embedder_spec_id: SpecId,
+        dimensions: int,
+        store: ObjectStore | None = None,
+        key: SealKey | None = None,
+    ):
         self.spec_hex = embedder_spec_id.hex
         self.directory = root / embedder_spec_id.hex
         self.dimensions = dimensions
         self.store = store
+        self.key = key
         self._read: set[str] = set()  # shards this object has read (or written): lookup_new skips them
+        self._unsealed: set[str] = set()  # store shards refused for their seal: not asked again
 
     @property
     def store_prefix(self) -> str:
         return f"embedding-cache/{self.spec_hex}/"
 
     def _fetch(self) -> None:
-        """Download the store's shards this folder has neither as a shard nor set aside."""
+        """Download the store's shards this folder has neither as a shard nor set aside (with a
+        key: only those whose seal checks)."""
         if self.store is None:
             return
         try:
             for key in self.store.list(self.store_prefix):
                 name = key[len(self.store_prefix) :]
-                if not SHARD_NAME.fullmatch(name):
+                if not SHARD_NAME.fullmatch(name) or name in self._unsealed:
                     continue
-                local = self.directory / name
-                if local.exists() or local.with_name(name + ".refused").exists():
+                local = self.directory / FETCHED / name
+                if (self.directory / name).exists() or local.exists() or local.with_name(name + ".refused").exists():
                     continue
                 held = self.store.get(key)
-                if held is not None:
+                if held is not None and self._sealed(key, name, held.data):
+                    local.parent.mkdir(parents=True, exist_ok=True)
                     write_file_atomic(local, held.data, replace=False, sync=False)  # verified on every load
         except StorageError as exc:  # the store is a cache here too: what it cannot give is encoded again
             log.warning("embedding cache: %s: %s; its entries are encoded again", self.store.url, exc)
+
+    def _sealed(self, key: str, name: str, data: bytes) -> bool:
+        if self.key is None:
+            return True
+        held = self.store.get(key + ".seal")
+        if held is not None and hmac.compare_digest(held.data, shard_seal(self.key, self.spec_hex, name, data)):
+            return True
+        self._unsealed.add(name)
+        log.warning("embedding cache: %s%s: %s with key %s; not used, its entries are encoded again", self.store.url,
+                    key, "no seal" if held is None else "a seal not made", self.key.key_id)  # fmt: skip
+        return False
 
     def _schema(self) -> pa.Schema:
         meta = {"format": FORMAT, "embedder_spec": self.spec_hex, "dimensions": self.dimensions}
@@ -113,7 +152,8 @@ class EmbeddingCache:
         self._fetch()
         if not self.directory.is_dir():
             return found
-        for shard in sorted(self.directory.glob("shard-*.parquet")):
+        own = sorted(self.directory.glob("shard-*.parquet"))
+        for shard in own + sorted((self.directory / FETCHED).glob("shard-*.parquet")):
             if only_new and shard.name in self._read:
                 continue
             try:
@@ -186,7 +226,12 @@ class EmbeddingCache:
         fsync_path(self.directory)
         if self.store is not None:  # shared with every machine; the name is unique (pid, random)
             try:
-                self.store.put_new(self.store_prefix + name, final.read_bytes())
+                data = final.read_bytes()
+                self.store.put_new(self.store_prefix + name, data)
+                if self.key is not None:
+                    self.store.put_new(
+                        self.store_prefix + name + ".seal", shard_seal(self.key, self.spec_hex, name, data)
+                    )
             except StorageError as exc:  # other machines encode these texts again
                 log.warning("embedding cache: %s: cannot share %s: %s", self.store.url, name, exc)
         return final

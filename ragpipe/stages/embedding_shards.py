@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.compute import compute_embeddings
+from ragpipe.kernel.seals import configured_key
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import read_representations
 from ragpipe.spec import PipelineSpec
@@ -51,7 +52,11 @@ def spec_embedder(spec: PipelineSpec):
 def embedding_cache(ws: Workspace, spec: PipelineSpec) -> EmbeddingCache:
     """The home's cache for the spec's embedder, shared through ``RAGPIPE_STORE`` when it is set."""
     return EmbeddingCache(
-        ws.embedding_cache, spec.own_spec_ids["embeddings"], spec.embedder.dimensions, store=store_from_env()
+        ws.embedding_cache,
+        spec.own_spec_ids["embeddings"],
+        spec.embedder.dimensions,
+        store=store_from_env(),
+        key=configured_key(),
     )
 
 
@@ -64,13 +69,15 @@ def shard_of(text_digest: str, shards: int) -> int:
 def run_embedding_shard(ws: Workspace, revision: str, spec: PipelineSpec, shard: int, shards: int) -> dict[str, int]:
     """Encode shard ``shard`` of ``shards`` of the revision's representations into the cache."""
     t0 = time.perf_counter()
+    figures = {"shard": shard, "shards": shards, "representations": 0, "unique_texts": 0, "cache_hits": 0}
+    if not spec.vector_index.enabled:  # a lexical-only pipeline: nothing to encode (run_embeddings)
+        return {**figures, "encoded": 0, "duration_ms": round((time.perf_counter() - t0) * 1000)}
     representations = read_output(ws, revision, "representations", spec)
     reps = read_representations(representations.path / "representations.parquet")
     mine = [r for r in reps if shard_of(str(r.digest), shards) == shard]
     _, stats = compute_embeddings(mine, embedding_cache(ws, spec), lambda: spec_embedder(spec))
     return {
-        "shard": shard,
-        "shards": shards,
+        **figures,
         "representations": len(mine),
         "unique_texts": stats.unique_texts,
         "cache_hits": stats.cache_hits,
