@@ -102,8 +102,11 @@ celery-worker: install
 # instance): Dagster's first-use initialisation of a default limit races between processes on
 # PostgreSQL (docs/operations.md, "Celery workers").
 POOLS = ragpipe_stage_files ragpipe_embedding_cache ragpipe_tantivy ragpipe_lancedb ragpipe_bundle_store ragpipe_evaluation ragpipe_release_store
+SHARD_POOL = ragpipe_embedding_shards
+SHARD_SLOTS ?= 2
 pools: install
 	for pool in $(POOLS); do $(BIN)/dagster instance concurrency set $$pool 1 || exit 1; done
+	$(BIN)/dagster instance concurrency set $(SHARD_POOL) $(SHARD_SLOTS)
 
 bench: install
 	$(BIN)/python -m benchmarks.build_bench

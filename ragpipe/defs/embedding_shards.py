@@ -36,11 +36,15 @@ from ragpipe.spec import PipelineSpec
 from ragpipe.stages import steps
 from ragpipe.stages.embedding_shards import run_embedding_shard, shard_count
 
-__all__ = ["build_sharded_embeddings", "shard_count"]
+__all__ = ["SHARD_POOL", "build_sharded_embeddings", "shard_count"]
+
+# The shard steps' own pool: each loads the model, so its limit bounds the models in memory at
+# once (``make pools`` gives it one slot per worker); the assembling step keeps the cache's pool.
+SHARD_POOL = "ragpipe_embedding_shards"
 
 
 def _shard_op(spec: PipelineSpec, shard: int, shards: int) -> OpDefinition:
-    @op(name=f"embed_shard_{shard:02d}", ins={"representations": In(Nothing)}, out=Out(Nothing))
+    @op(name=f"embed_shard_{shard:02d}", ins={"representations": In(Nothing)}, out=Out(Nothing), pool=SHARD_POOL)
     def embed_shard(context: OpExecutionContext, ragpipe: RagpipeHome) -> None:
         """One shard of the partition's texts into the shared embedding cache."""
         figures = run_embedding_shard(ragpipe.workspace, context.partition_key, spec, shard, shards)

@@ -33,6 +33,7 @@ from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import holding_workspace_lock, read_output
+from ragpipe.storage.location import store_from_env
 
 STAGE = "evaluation_run"
 SKIPPED_PREFIX = "skipped_"  # facts ``skipped_<reason code>``: skipped cases per reason
@@ -109,7 +110,8 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     chain = chain_plan(spec)
     bundle = read_output(ws, revision, "index_bundle", spec)
     bundle_path = ws.located(str(bundle.record.facts["bundle_path"]))
-    open_bundle_here(bundle_path)  # on a machine that did not build it: fetched from the store, verified
+    if store_from_env() is not None:  # a machine that did not build it fetches it (verified) first
+        open_bundle_here(bundle_path)
     ev = chain.evaluation_spec(bundle_path, str(bundle.record.facts["bundle_id"]))
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id

@@ -33,6 +33,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRe
 
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs.assets import POOLS
+from ragpipe.defs.embedding_shards import SHARD_POOL
 from ragpipe.defs.release_chain import CHAIN_POOLS
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.orchestration.failures import failure_messages
@@ -79,10 +80,12 @@ class Stack:
 
 def pools_of_the_makefile() -> list[str]:
     """The pools ``make pools`` sets, which must be every pool the definitions name."""
-    (line,) = [x for x in (REPO / "Makefile").read_text().splitlines() if x.startswith("POOLS = ")]
+    lines = (REPO / "Makefile").read_text().splitlines()
+    (line,) = [x for x in lines if x.startswith("POOLS = ")]
     pools = line.removeprefix("POOLS = ").split()
+    assert f"SHARD_POOL = {SHARD_POOL}" in lines
     assert sorted(pools) == sorted(set(POOLS.values()) | set(CHAIN_POOLS.values()))
-    return pools
+    return [*pools, SHARD_POOL]
 
 
 def start_redis() -> RedisServer:
