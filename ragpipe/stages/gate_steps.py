@@ -87,6 +87,18 @@ def _incumbent_arm(
     return load_arm(out), run_id
 
 
+def _check_bound(challenger: ArmRun, facts: dict) -> None:
+    """The run read (perhaps fetched from the store) must be the one the evaluation step recorded:
+    a self-consistent run put in its place is refused here, not gated."""
+    for name, got, want in (
+        ("run ID", challenger.run_id, facts["run_id"]),
+        ("spec ID", challenger.spec_id, facts["spec_id"]),
+        ("ledger head", challenger.ledger_head, facts["ledger_head"]),
+    ):
+        if got != want:
+            raise StageError(f"evaluation run {facts['run_id']}: {name} {got} is not the recorded {want}")
+
+
 def checks_table(decision: Decision) -> Table | None:
     cols = [
         ("phase", "string"),
@@ -161,6 +173,7 @@ def run_gate_decision(
     chain = chain_plan(spec)
     ev = read_chain_input(ws, revision, "evaluation_run", chain.evaluation_code_version, STAGE)
     challenger = load_arm(run_dir(ws, str(ev.record.facts["run_id"])))  # fetched if run elsewhere
+    _check_bound(challenger, ev.record.facts)
     incumbent = _incumbent(ws, config or load_targets())
     comparison, facts = None, {"incumbent_release": None, "incumbent_run": None, "incumbent_reevaluated": None}
     arm = None

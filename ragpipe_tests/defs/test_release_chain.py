@@ -405,6 +405,24 @@ def test_a_missing_or_tampered_incumbent_run_stops_the_gate(chain, tmp_path: Pat
             assert str(refused.value).endswith(f"{trace} does not match the digest in the ledger")
 
 
+def test_a_run_put_in_place_of_the_recorded_one_stops_the_gate(chain, tmp_path: Path):
+    """The challenger's run is read by ID (fetched from the store on another machine): a complete,
+    verifying run in its folder that is not the one the evaluation step recorded is refused."""
+    ws, _, spec, _, _, _ = chain
+    copy = Workspace(tmp_path / "ragpipe")
+    shutil.copytree(ws.home, copy.home)
+    recorded = read_stage_record(copy, "scifact-2", "evaluation_run").facts["run_id"]
+    latest = copy.stage_dir("scifact-2", "evaluation_run") / "latest.json"
+    kept = latest.read_bytes()
+    other = run_evaluation_run(copy, "scifact-2", spec).record.facts["run_id"]
+    latest.write_bytes(kept)  # the recorded run is the latest again, its folder now holds the other
+    shutil.rmtree(copy.home / "evaluations" / recorded)
+    shutil.copytree(copy.home / "evaluations" / other, copy.home / "evaluations" / recorded)
+    with pytest.raises(StageError) as refused:
+        run_gate_decision(copy, "scifact-2", spec)
+    assert str(refused.value) == f"evaluation run {recorded}: run ID {other} is not the recorded {recorded}"
+
+
 def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):
     ws, instance, spec, summaries, _, _ = chain
     again = materialize_revision("scifact-2", ws, instance=instance, spec=spec)
