@@ -124,7 +124,9 @@ def _parse(where: str, data: bytes) -> Files:
         or sorted(files) != sorted(FILES)
         or not all(v is None or isinstance(v, str) for v in files.values())
     ):
-        raise TargetSyncError(f"{where}: not a {SCHEMA} object (keys files and schema; files {', '.join(sorted(FILES))})")
+        raise TargetSyncError(
+            f"{where}: not a {SCHEMA} object (keys files and schema; files {', '.join(sorted(FILES))})"
+        )
     return files
 
 

@@ -103,6 +103,14 @@ raise SystemExit("the hook was never called with " + sys.argv[3])
 """
 
 
+def killed(script: str, *args: str) -> None:
+    """Run ``script`` in a process of its own, which must die by SIGKILL."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=os.environ
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
 @pytest.mark.parametrize("step", ACTIVATION_STEPS)
 def test_a_writer_killed_at_any_step_leaves_the_store_as_it_was(
     ws: Workspace, releases, tmp_path: Path, step: str, store: ObjectStore
@@ -110,15 +118,7 @@ def test_a_writer_killed_at_any_step_leaves_the_store_as_it_was(
     first, second = releases
     activate(ws, first, "staging")
     before = store.get(target_key("staging"))
-    proc = subprocess.run(
-        [sys.executable, "-c", CRASH, str(ws.home), second, step],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    killed(CRASH, str(ws.home), second, step)
     assert store.get(target_key("staging")) == before  # the same bytes and ETag
     other = Workspace(tmp_path / "other")
     assert resolve_active(other, "staging")[0].release_id == first
@@ -167,15 +167,7 @@ def test_a_writer_killed_right_after_its_put_has_activated_for_every_machine(
     first, second = releases
     activate(ws, first, "staging")
     before = store.get(target_key("staging"))
-    proc = subprocess.run(
-        [sys.executable, "-c", PUT_THEN_KILL, str(ws.home), second],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    killed(PUT_THEN_KILL, str(ws.home), second)
     assert store.get(target_key("staging")).etag != before.etag
     expected = [("intent", first), ("observed", first), ("intent", second), ("observed", second)]
     assert history_of(Workspace(tmp_path / "other")) == history_of(ws) == expected
