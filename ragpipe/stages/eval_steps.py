@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ragpipe.bundle.objects import open_bundle_here
+from ragpipe.evaluation.ledger import read_ledger
 from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.experiment.decision import skipped_cases_text
@@ -161,7 +162,9 @@ def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
     record = read_output(ws, revision, STAGE).record
     path = evaluations_dir(ws) / str(record.facts["run_id"])
     try:
-        state = verify_run(run_dir(ws, path.name))  # fetched when the run was made elsewhere
+        folder = run_dir(ws, path.name)  # fetched when the run was made elsewhere
+        state = verify_run(folder)
+        head = read_ledger(folder).records[-1].hash
     except (ValueError, OSError) as exc:  # LedgerError, RunError, TraceError name the file and record
         return str(path), [str(exc)]
     problems = []
@@ -171,4 +174,6 @@ def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
         )
     if state.run_id != record.facts["run_id"]:
         problems.append(f"{path}: run ID {state.run_id} is not the recorded {record.facts['run_id']}")
+    if head != record.facts["ledger_head"]:
+        problems.append(f"{path}: ledger head {head} is not the recorded {record.facts['ledger_head']}")
     return str(path), problems

@@ -21,6 +21,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 from ragpipe.api import retriever_for_release
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs import build_definitions
+from ragpipe.evaluation.ledger import read_ledger
 from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.experiment.decision import Decision
 from ragpipe.experiment.gate_policy import policy_document
@@ -37,7 +38,7 @@ from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import load_targets
 from ragpipe.spec import load_pipeline_spec
-from ragpipe.stages.eval_steps import attempt_version, run_evaluation_run
+from ragpipe.stages.eval_steps import attempt_version, check_evaluation_run, run_evaluation_run
 from ragpipe.stages.gate_steps import run_gate_decision
 from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_steps import run_release_manifest
@@ -421,6 +422,13 @@ def test_a_run_put_in_place_of_the_recorded_one_stops_the_gate(chain, tmp_path: 
     with pytest.raises(StageError) as refused:
         run_gate_decision(copy, "scifact-2", spec)
     assert str(refused.value) == f"evaluation run {recorded}: run ID {other} is not the recorded {recorded}"
+    where, problems = check_evaluation_run(copy, "scifact-2")  # the blocking check says so too
+    head = read_ledger(copy.home / "evaluations" / recorded).records[-1].hash
+    recorded_head = read_stage_record(copy, "scifact-2", "evaluation_run").facts["ledger_head"]
+    assert problems == [
+        f"{where}: run ID {other} is not the recorded {recorded}",
+        f"{where}: ledger head {head} is not the recorded {recorded_head}",
+    ]
 
 
 def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):
