@@ -168,7 +168,8 @@ class TargetSync:
             raise TargetSyncError(
                 f"{self.where}: target {self.target!r}'s history there does not begin with the "
                 f"{mark['history_bytes']} bytes this machine last synced (an older object put back, "
-                f"the object erased, or another store?); nothing was changed"
+                f"the object erased, or another store?); nothing was changed — to accept the store's, delete "
+                f"{self.folder / SYNCED}"
             )
         self.etag = None if held is None else held.etag
         self.pulled = files

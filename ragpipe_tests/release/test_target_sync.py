@@ -211,7 +211,7 @@ def test_an_older_target_object_put_back_is_refused_and_changes_nothing_here(
     assert str(err.value) == (
         f"{store.url}{target_key('staging')}: target 'staging''s history there does not begin with the "
         f"{marked} bytes this machine last synced (an older object put back, the object erased, or another "
-        "store?); nothing was changed"
+        f"store?); nothing was changed — to accept the store's, delete {folder / '.synced.json'}"
     )
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == held
 
