@@ -59,8 +59,8 @@ from ragpipe_tests.support.services import (
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "scifact-sample"
-ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
-CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
+ASSETS = list(POOLS)  # the build's assets, in graph order
+CHAIN = list(CHAIN_POOLS)  # evaluation → gate → release
 
 
 def revisions(out: Path, docs: int) -> dict[str, Path]:

@@ -61,8 +61,8 @@ from ragpipe_tests.support.services import (
 
 pytestmark = pytest.mark.slow
 
-STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
-CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
+STAGES = list(POOLS)  # the build's assets, in graph order
+CHAIN = list(CHAIN_POOLS)  # evaluation → gate → release
 # blocking asset checks: steps too
 CHECKS = ["chunks_chunks_match_source", "index_bundle_bundle_verifies", "evaluation_run_evaluation_ledger_verifies"]
 # four revisions of 40 to 55 abstracts (each has 17 to 22 suite cases whose judged documents it holds)
