@@ -184,10 +184,9 @@ class ReleaseFollower:
         remote = store_from_env()
         if remote is not None:  # the store's target object is the record: its ETag changes with it
             try:
-                held = remote.get(target_key(self.target))
+                return remote.version(target_key(self.target)), None  # a HEAD on S3: no body each poll
             except StorageError as exc:
                 return f"unreadable: {exc}", None
-            return (held.etag if held else None), None
         try:
             pointer = store.pointer_path(self.target).read_bytes()
         except FileNotFoundError:

@@ -47,6 +47,10 @@ class LocalObjectStore:
             data = fh.read()
         return Stored(data=data, etag=etag_of(data))
 
+    def version(self, key: str) -> str | None:
+        held = self.get(key)  # the token is the content's digest: reading it is the only way to know
+        return held.etag if held is not None else None
+
     def put_new(self, key: str, data: bytes) -> bool:
         try:
             return write_file_atomic(self._path(key), data, replace=False)

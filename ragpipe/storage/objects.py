@@ -78,6 +78,11 @@ class ObjectStore(Protocol):
         """The object at ``key``, or ``None`` if there is none."""
         ...
 
+    def version(self, key: str) -> str | None:
+        """The version token ``get`` would return with the object at ``key`` (``None`` if there is
+        none), without its bytes: for watching a mutable record for change."""
+        ...
+
     def put_new(self, key: str, data: bytes) -> bool:
         """Create ``key`` with ``data`` unless it exists; True if this call created it."""
         ...

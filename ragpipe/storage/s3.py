@@ -68,6 +68,14 @@ class S3ObjectStore:
             return None
         return Stored(data=data, etag=reply["ETag"])
 
+    def version(self, key: str) -> str | None:
+        name = self.prefix + check_key(key)
+        try:
+            reply = self._call(key, "read", lambda: self.client.head_object(Bucket=self.bucket, Key=name))
+        except ClientError:  # only a missing key gets here (_LOST)
+            return None
+        return reply["ETag"]
+
     def put_new(self, key: str, data: bytes) -> bool:
         name = self.prefix + check_key(key)
         for attempt in range(_RACE_RETRIES):

@@ -27,6 +27,7 @@ from ragpipe.release.rollback import rollback
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ConflictError, ReleaseError, ReleaseStore
 from ragpipe.release.target_sync import target_key
+from ragpipe.server.follower import ReleaseFollower
 from ragpipe.storage.local import LocalObjectStore
 from ragpipe.storage.objects import ObjectStore
 from ragpipe_tests.conftest import REPO
@@ -269,3 +270,25 @@ def test_an_error_in_the_block_is_what_the_caller_sees_when_the_push_conflicts_t
     (note,) = err.value.__notes__
     assert note.startswith("and its record did not reach the store: target 'staging': another machine changed it")
     assert read_pointer(ReleaseStore(ws), "staging").release_id == second
+
+
+def test_a_server_on_a_machine_that_built_nothing_follows_the_store_s_target(ws: Workspace, releases, tmp_path: Path):
+    """The follower watches the target object's version (a HEAD on S3): it serves what another
+    machine activates, follows a rollback, and loads nothing again while the version stays."""
+    first, second = releases
+    follower = ReleaseFollower(Workspace(tmp_path / "server"), "staging", 0.01)
+    try:
+        follower.poll()
+        assert follower.current_release_id is None
+        activate(ws, first, "staging", by="alice")
+        follower.poll()
+        assert follower.current_release_id == first
+        activate(ws, second, "staging", by="alice")
+        follower.poll()
+        follower.poll()  # the same version: nothing loads again
+        assert (follower.current_release_id, follower.swaps) == (second, 2)
+        rollback(ws, "staging", by="alice")
+        follower.poll()
+        assert (follower.current_release_id, follower.swaps) == (first, 3)
+    finally:
+        follower.stop()

@@ -41,6 +41,16 @@ def test_a_created_object_reads_back_and_is_never_replaced(store: ObjectStore):
     assert stored is not None and stored.data == b"first"
 
 
+def test_the_version_without_the_bytes_is_the_version_get_returns(store: ObjectStore):
+    assert store.version("targets/prod.json") is None
+    first = store.put_if("targets/prod.json", b"one", None)
+    assert store.version("targets/prod.json") == first == store.get("targets/prod.json").etag
+    second = store.put_if("targets/prod.json", b"two", first)
+    assert store.version("targets/prod.json") == second != first
+    with pytest.raises(ValueError):
+        store.version("../outside")
+
+
 def test_racing_creators_of_one_key_leave_one_complete_object(store: ObjectStore):
     bodies = [bytes([i]) * (256 * 1024 + i) for i in range(WRITERS)]
     won = race(WRITERS, lambda i: store.put_new("blobs/one", bodies[i]))
