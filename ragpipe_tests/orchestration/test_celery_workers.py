@@ -4,7 +4,9 @@ One module-scoped stack, every component real: PostgreSQL (the instance, ``deplo
 .yaml``), Redis (the broker and result backend), moto's S3 server (``RAGPIPE_STORE``), two Celery
 workers started with the documented ``dagster-celery worker start`` command, each in a temporary
 folder of its own that is its working directory, ``$RAGPIPE_HOME`` and ``$DAGSTER_HOME``, and the
-launcher's ``dagster-daemon`` and ``dagster-webserver`` in a third folder. A UI-style asset
+launcher's ``dagster-daemon`` and ``dagster-webserver`` in a third folder. Worker ``w2`` runs in a
+network namespace of its own, joined to this machine by a veth pair (``PrivateLink``): the services
+listen on the link's host end, so everything ``w2`` exchanges crosses that link and nothing else. A UI-style asset
 backfill of four revisions, through the evaluation → gate → release chain, must give the data
 versions, bundle IDs, material digests, evaluation metrics and release manifests of in-process
 builds of the same revisions in a home of their own.
@@ -12,9 +14,11 @@ builds of the same revisions in a home of their own.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +50,7 @@ from ragpipe.storage.location import open_store
 from ragpipe_tests.conftest import REPO, SAMPLE
 from ragpipe_tests.orchestration.test_postgres_instance import start_postgres
 from ragpipe_tests.support.celery_workers import CeleryWorker
+from ragpipe_tests.support.private_link import PrivateLink, private_link_here
 from ragpipe_tests.support.redis_server import RedisServer, RedisUnavailable
 from ragpipe_tests.support.s3_server import S3Server
 from ragpipe_tests.support.services import (
@@ -76,6 +81,8 @@ class Stack:
     workers: list[CeleryWorker]
     instance: DagsterInstance
     web: DagsterProcess
+    link: PrivateLink | None  # w2's own network; None only outside CI, where it cannot be made
+    no_link: str = ""  # why not
 
 
 def pools_of_the_makefile() -> list[str]:
@@ -88,9 +95,9 @@ def pools_of_the_makefile() -> list[str]:
     return [*pools, SHARD_POOL]
 
 
-def start_redis() -> RedisServer:
+def start_redis(host: str) -> RedisServer:
     try:
-        return RedisServer.start()
+        return RedisServer.start(host)
     except RedisUnavailable as exc:
         if os.environ.get("CI"):
             pytest.fail(f"CI must provide Redis (.ci/run installs redis-server): {exc}")
@@ -105,9 +112,8 @@ def small_corpus(path: Path, lines: int = 40, sample: str = "rev-1.jsonl") -> Pa
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server):
+def stack(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("celery")
-    pg, redis = start_postgres(), start_redis()
     # The checked-in spec, its suite path made absolute; no target activates automatically, so
     # every gate is a bootstrap in both builds and nothing changes behind the test's back.
     spec = yaml.safe_load((REPO / "ragpipe" / "specs" / "pipeline.yaml").read_text(encoding="utf-8"))
@@ -117,51 +123,56 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server):
     for target in targets["targets"].values():
         target.update(auto_activate=False, waive_human_apply=False)
     (root / "targets.yaml").write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("RAGPIPE_", "DAGSTER_"))},
-        **s3_server.env(),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
-        "RAGPIPE_TARGETS": str(root / "targets.yaml"),
-        "RAGPIPE_STORE": f"s3://{s3_server.bucket()}/ragpipe",
-        "RAGPIPE_EXECUTOR": "celery",
-        "RAGPIPE_CELERY_BROKER": redis.url(0),
-        "RAGPIPE_CELERY_BACKEND": redis.url(1),
-        "DAGSTER_PG_HOST": "127.0.0.1",
-        "DAGSTER_PG_PORT": str(pg.port),
-        "DAGSTER_PG_DB": pg.database,
-        "DAGSTER_PG_USERNAME": pg.user,
-        "DAGSTER_PG_PASSWORD": "",
-    }
     launcher = root / "launcher"
     (launcher / "dagster").mkdir(parents=True)
     shutil.copyfile(REPO / "deploy" / "dagster-celery.yaml", launcher / "dagster" / "dagster.yaml")
-    workers: list[CeleryWorker] = []
-    services: list[DagsterProcess] = []
     home = {"RAGPIPE_HOME": str(launcher / "ragpipe")}
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in {**env, **home, "DAGSTER_HOME": str(launcher / "dagster")}.items():
-                mp.setenv(key, value)
-            instance = open_instance(launcher / "dagster")  # creates the tables before any worker races to
-            for pool in pools_of_the_makefile():  # as `make pools` sets them: no run initialises a default
-                instance.event_log_storage.set_concurrency_slots(pool, 1)
-            workers += [CeleryWorker.start(name, env) for name in ("w1", "w2")]
-            since = time.time()
-            services.append(start_daemon(launcher / "dagster", {**env, **home}))
-            wait_daemons(instance, timeout=120, since=since)
-            services.append(start_webserver(launcher / "dagster", {**env, **home}))
-            yield Stack(root, env, workers, instance, services[-1])
-            instance.dispose()
-    finally:
-        for service in reversed(services):
-            service.stop()
-        for worker in workers:
-            worker.stop()
-            shutil.rmtree(worker.folder, ignore_errors=True)
-        redis.stop()
-        pg.stop()
+    with ExitStack() as running, pytest.MonkeyPatch.context() as mp:  # stopped in reverse order
+        link, no_link = private_link_here()
+        if link is not None:
+            running.callback(link.close)
+        host = link.host_ip if link else "127.0.0.1"  # every service on the link's host end
+        pg = start_postgres(host, link.network if link else None)
+        running.callback(pg.stop)
+        redis = start_redis(host)
+        running.callback(redis.stop)
+        s3_server = S3Server.start(host)
+        running.callback(s3_server.stop)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("RAGPIPE_", "DAGSTER_"))},
+            **s3_server.env(),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "RAGPIPE_PIPELINE_SPEC": str(root / "pipeline.yaml"),
+            "RAGPIPE_TARGETS": str(root / "targets.yaml"),
+            "RAGPIPE_STORE": f"s3://{s3_server.bucket()}/ragpipe",
+            "RAGPIPE_EXECUTOR": "celery",
+            "RAGPIPE_CELERY_BROKER": redis.url(0),
+            "RAGPIPE_CELERY_BACKEND": redis.url(1),
+            "DAGSTER_PG_HOST": host,
+            "DAGSTER_PG_PORT": str(pg.port),
+            "DAGSTER_PG_DB": pg.database,
+            "DAGSTER_PG_USERNAME": pg.user,
+            "DAGSTER_PG_PASSWORD": "",
+        }
+        for key, value in {**env, **home, "DAGSTER_HOME": str(launcher / "dagster")}.items():
+            mp.setenv(key, value)
+        instance = open_instance(launcher / "dagster")  # creates the tables before any worker races to
+        running.callback(instance.dispose)
+        for pool in pools_of_the_makefile():  # as `make pools` sets them: no run initialises a default
+            instance.event_log_storage.set_concurrency_slots(pool, 1)
+        workers = []
+        for name, prefix in (("w1", None), ("w2", link.exec_prefix() if link else None)):
+            workers.append(CeleryWorker.start(name, env, prefix))
+            running.callback(shutil.rmtree, workers[-1].folder, ignore_errors=True)
+            running.callback(workers[-1].stop)
+        since = time.time()
+        daemon = start_daemon(launcher / "dagster", {**env, **home})
+        running.callback(daemon.stop)
+        wait_daemons(instance, timeout=120, since=since)
+        web = start_webserver(launcher / "dagster", {**env, **home})
+        running.callback(web.stop)
+        yield Stack(root, env, workers, instance, web, link, no_link)
 
 
 def in_process_reference(root: Path, revision: str, corpus: Path) -> Workspace:
@@ -247,6 +258,7 @@ def test_a_backfill_of_four_revisions_runs_on_both_workers_and_equals_in_process
             register_revision(ws.registry, rev, corpus, "beir", "public")
             corpus.unlink()  # the steps can only find it in the store
     stack.instance.add_dynamic_partitions("corpus_revisions", list(BACKFILL))
+    carried = stack.link.bytes_carried() if stack.link else 0
     t0 = time.monotonic()
     backfill = wait_backfill(stack.web.url, launch_backfill(stack.web.url, list(BACKFILL), STAGES + CHAIN), 2400)
     wall = time.monotonic() - t0
@@ -257,7 +269,9 @@ def test_a_backfill_of_four_revisions_runs_on_both_workers_and_equals_in_process
         assert sorted(steps) == sorted(STAGES + CHAIN + CHECKS)
     per_worker = Counter(worker for steps in ran.values() for worker in steps.values())
     assert set(per_worker) == {f"w1@{os.uname().nodename}", f"w2@{os.uname().nodename}"}, per_worker
+    carried = stack.link.bytes_carried() - carried if stack.link else 0
     print(f"backfill of {len(BACKFILL)} revisions on Celery: {wall:.1f} s; steps per worker: {dict(per_worker)}")
+    print(f"w2's private link carried {carried:,} bytes during the backfill")
 
     references = {}
     for rev, (sample, lines) in BACKFILL.items():
@@ -276,6 +290,24 @@ def test_a_backfill_of_four_revisions_runs_on_both_workers_and_equals_in_process
             assert release_outcome(empty, rev) == want
     # each worker built only from what it downloaded: its home holds no registry of its own
     assert all(not Workspace(w.home).registry.exists() for w in stack.workers)
+
+
+def test_w2_reaches_the_services_only_over_its_private_link(stack: Stack):
+    """w2's network namespace holds its loopback and one end of a veth pair, routed to nothing but
+    the link's /30; every TCP connection open in it (the worker's broker and Postgres connections)
+    goes to the link's host end, where the services listen: whatever w2 runs (its steps in the
+    backfill above) reaches Postgres, Redis and the store over that link and nothing else."""
+    if stack.link is None:
+        pytest.skip(f"no network namespace on this machine (CI makes one): {stack.no_link}")
+    link = stack.link
+    assert link.interfaces() == sorted(["lo", link.peer_if])
+    routes = link.routes()
+    assert [r for r in routes if ":" not in r] == [link.network]
+    assert {r for r in routes if ":" in r} <= {"::1", "fe80::/64"}  # loopback and the link's own
+    peers = link.peers()
+    assert peers and set(peers) == {link.host_ip}, peers
+    # the worker is alive and Dagster's runs recorded it by name (it did take steps in the backfill)
+    assert stack.workers[1].process.poll() is None
 
 
 def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
@@ -324,16 +356,20 @@ def test_a_step_no_worker_takes_is_reported_as_waiting(stack: Stack):
     assert store.list("work/w1/") == []
 
 
-def worker_running(stack: Stack, run_id: str, step: str, deadline_s: float = 300) -> CeleryWorker:
-    """The worker that has started executing ``step`` of the run (Dagster's own engine event),
-    waited for on the event log (bounded)."""
+def worker_running(
+    stack: Stack, run_id: str, step: str, deadline_s: float = 300, among: list[CeleryWorker] | None = None
+) -> CeleryWorker:
+    """The worker (of ``among``, default the stack's) that has started executing ``step`` of the
+    run (Dagster's own engine event), waited for on the event log (bounded)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         run = stack.instance.get_run_by_id(run_id)
         assert run is not None and not run.is_finished, f"the run ended before {step} started"
         ran = where_steps_ran(stack.instance, run_id)
         if step in ran:
-            return next(w for w in stack.workers if ran[step].startswith(f"{w.name}@"))
+            found = [w for w in among or stack.workers if ran[step].startswith(f"{w.name}@")]
+            assert found, f"{step} ran on {ran[step]}, none of the workers expected"
+            return found[0]
         time.sleep(0.2)  # polling the event log, as ragpipe build's follower does
     raise AssertionError(f"no worker started {step} within {deadline_s} s")
 
@@ -385,3 +421,119 @@ def test_a_worker_process_killed_mid_step_hands_the_step_back_and_the_build_is_u
         assert [read_stage_record(empty, "k1", s).data_version for s in STAGES] == [
             read_stage_record(reference, "k1", s).data_version for s in STAGES
         ]
+
+
+# a test-sized visibility timeout, swept every 2 s (kombu's default sweep is every 100 s); it
+# must exceed every step these workers run, or a running step is handed out a second time
+VISIBILITY_S = 90
+SWEEP_S = 2
+
+
+def worker_config(root: Path, **transport: int) -> Path:
+    """``deploy/celery-worker.yaml`` with its broker transport options replaced."""
+    config = yaml.safe_load((REPO / "deploy" / "celery-worker.yaml").read_text(encoding="utf-8"))
+    config["execution"]["config"]["config_source"]["broker_transport_options"] = transport
+    path = root / "celery-worker-visibility.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def embedding_executions(stack: Stack, run_id: str) -> list[tuple[str, float]]:
+    """The workers that began the run's embedding step and when, in order (Dagster's engine events)."""
+    records = stack.instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records
+    return [
+        (entry.dagster_event.event_specific_data.metadata["Celery worker"].value, entry.timestamp)
+        for entry in (r.event_log_entry for r in records)
+        if entry.step_key == "embeddings" and "Celery worker" in entry.dagster_event.event_specific_data.metadata
+    ]
+
+
+def received_at(broker_url: str, step: str) -> float:
+    """When a worker received the task of ``step`` it has not acknowledged: kombu's Redis transport
+    keeps each unacknowledged delivery in the ``unacked`` hash (the message, its body base64) and
+    scores it by its time in the ``unacked_index`` sorted set."""
+    import redis
+
+    named = re.compile(rf"\b{re.escape(step)}\b(?![._])")  # the step's key, not a longer one
+    client = redis.Redis.from_url(broker_url)
+    try:
+        found = []
+        for tag, score in client.zrange("unacked_index", 0, -1, withscores=True):
+            message = json.loads(client.hget("unacked", tag) or b"[{}]")[0]
+            if named.search(base64.b64decode(message.get("body", "")).decode("utf-8", "replace")):
+                found.append(score)
+    finally:
+        client.close()
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_worker_machine_that_dies_mid_step_has_the_step_run_elsewhere_after_the_visibility_timeout(stack: Stack):
+    """Every process of a worker — the CLI, Celery's main process and the pool process running the
+    embedding step — killed at once, as when its machine dies: nothing rejects or acknowledges the
+    step, so it stays with the dead worker until the visibility timeout passes; then the surviving
+    worker's broker sweep hands it back to the queue, it runs there, and the build equals an
+    in-process build. Two workers of their own on broker databases 4 and 5, with the deployed
+    configuration but a visibility timeout of ``VISIBILITY_S``."""
+    broker = stack.env["RAGPIPE_CELERY_BROKER"].rsplit("/", 1)[0]
+    env = {**stack.env, "RAGPIPE_CELERY_BROKER": f"{broker}/4", "RAGPIPE_CELERY_BACKEND": f"{broker}/5"}
+    config = worker_config(
+        stack.root, visibility_timeout=VISIBILITY_S, unacked_restore_interval=SWEEP_S, unacked_restore_throttle=1
+    )
+    machines = [CeleryWorker.start(name, env, config=config) for name in ("m1", "m2")]
+    proc = None
+    try:
+        reference = in_process_reference(
+            stack.root, "d1", small_corpus(stack.root / "reference-corpus" / "d1.jsonl", 60)
+        )
+        launcher = stack.root / "launcher"
+        args = [sys.executable, "-m", "ragpipe.cli", "build", str(small_corpus(stack.root / "corpus" / "d1.jsonl", 60))]
+        args += ["--revision", "d1", "--default-scope", "public", "--launch", "in-process", "--json"]
+        proc = subprocess.Popen(
+            args,
+            env={**env, "RAGPIPE_HOME": str(launcher / "ragpipe"), "DAGSTER_HOME": str(launcher / "dagster")},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while not stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "d1"})):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        (run,) = stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "d1"}))
+        victim = worker_running(stack, run.run_id, "embeddings", among=machines)
+        victim.kill()  # SIGKILL to its whole process group: the machine is gone
+        received = received_at(f"{broker}/4", "embeddings")
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err
+        (survivor,) = [m for m in machines if m is not victim]
+        host = os.uname().nodename
+        (first, began), (second, again) = embedding_executions(stack, run.run_id)
+        assert (first, second) == (f"{victim.name}@{host}", f"{survivor.name}@{host}")
+        # handed back by the timeout, not by anything the dead machine did: the survivor began no
+        # sooner than the timeout after the victim received the step, and soon after it (a sweep,
+        # then a fresh pool process loading the code location)
+        assert received < began and received + VISIBILITY_S <= again <= received + VISIBILITY_S + SWEEP_S + 40, (
+            received,
+            began,
+            again,
+        )
+        print(
+            f"dead worker's step: began {began - received:.1f} s after it was received, again after {again - received:.1f} s"
+        )
+        result = json.loads(out)
+        ws = Workspace(launcher / "ragpipe")
+        for stage in STAGES:
+            assert (
+                read_stage_record(ws, "d1", stage).data_version
+                == read_stage_record(reference, "d1", stage).data_version
+            )
+        assert result["bundle_id"] == read_stage_record(reference, "d1", "index_bundle").data_version
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        for machine in machines:
+            machine.stop()
+            shutil.rmtree(machine.folder, ignore_errors=True)

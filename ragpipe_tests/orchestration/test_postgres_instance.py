@@ -67,9 +67,9 @@ class Stack:
     web: DagsterProcess
 
 
-def start_postgres() -> PostgresServer:
+def start_postgres(host: str = "127.0.0.1", clients: str | None = None) -> PostgresServer:
     try:
-        return PostgresServer.start()
+        return PostgresServer.start(host, clients)
     except PostgresUnavailable as exc:
         if os.environ.get("CI"):
             pytest.fail(f"CI must provide PostgreSQL (.ci/run installs postgresql-15): {exc}")

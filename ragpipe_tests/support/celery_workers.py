@@ -6,7 +6,8 @@ new temporary folder that is its working directory, ``$RAGPIPE_HOME`` and ``$DAG
 two workers and the launcher share no disk: state reaches a worker only through the object store,
 Postgres and Redis. ``start`` waits for Celery's own "ready." line (a condition, not a sleep).
 Each worker runs in its own session, so ``stop`` (or ``kill``) ends the CLI and the Celery
-processes it started, and nothing else.
+processes it started, and nothing else. A ``prefix`` (``PrivateLink.exec_prefix()``) starts the
+worker inside a network namespace of its own; a ``config`` replaces ``deploy/celery-worker.yaml``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class CeleryWorker:
         return self.folder / "ragpipe"
 
     @classmethod
-    def start(cls, name: str, env: dict[str, str]) -> CeleryWorker:
+    def start(
+        cls, name: str, env: dict[str, str], prefix: list[str] | None = None, config: Path | None = None
+    ) -> CeleryWorker:
         folder = Path(tempfile.mkdtemp(prefix=f"ragpipe-worker-{name}-"))
         bindir = Path(sys.executable).parent
         worker_env = {
@@ -47,8 +50,8 @@ class CeleryWorker:
             "PATH": f"{bindir}{os.pathsep}{env.get('PATH', os.environ.get('PATH', ''))}",
         }
         (folder / "dagster").mkdir()
-        command = [str(bindir / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app"]
-        command += ["-y", str(REPO / "deploy" / "celery-worker.yaml"), "-n", name, "-q", "dagster"]
+        command = [*(prefix or []), str(bindir / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app"]
+        command += ["-y", str(config or REPO / "deploy" / "celery-worker.yaml"), "-n", name, "-q", "dagster"]
         command += ["--", "--concurrency=1", "--loglevel=INFO"]
         process = subprocess.Popen(
             command,

@@ -1,9 +1,10 @@
 """A real, throw-away PostgreSQL server for tests: Debian's PostgreSQL binaries run into a temp folder.
 
 ``initdb`` refuses to run as root, so as root the server runs as the unprivileged ``postgres``
-user (``runuser``); otherwise as the current user. It listens on 127.0.0.1 on a free port with
-trust authentication for local connections only, and is stopped (fast shutdown) and deleted after
-use. `.ci/run` makes sure the binaries are installed.
+user (``runuser``); otherwise as the current user. It listens on 127.0.0.1 (or the ``host`` given,
+such as the host end of a private link) on a free port with trust authentication for local
+connections and the ``clients`` network named, and is stopped (fast shutdown) and deleted after use.
+`.ci/run` makes sure the binaries are installed.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ def postgres_bindir() -> Path:
 class PostgresServer:
     root: Path
     port: int
+    host: str = "127.0.0.1"
     user: str = "ragpipe"
     database: str = "dagster"
 
     @property
     def url(self) -> str:
-        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
 
     def _run(self, *args: str) -> None:
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -53,13 +55,14 @@ class PostgresServer:
             raise PostgresUnavailable(f"{' '.join(args[:2])} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
 
     @classmethod
-    def start(cls) -> PostgresServer:
+    def start(cls, host: str = "127.0.0.1", clients: str | None = None) -> PostgresServer:
+        """A running server on ``host``; ``clients`` (a CIDR network) may connect besides local ones."""
         bindir = postgres_bindir()
         root = Path(tempfile.mkdtemp(prefix="ragpipe-pg-"))
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chown(root, pw.pw_uid, pw.pw_gid)
-        server = cls(root=root, port=free_port())
+        server = cls(root=root, port=free_port(), host=host)
         data, sockets = root / "data", root / "sockets"
         try:
             server._run(
@@ -72,6 +75,8 @@ class PostgresServer:
                 "--encoding=UTF8",
                 "--no-sync",
             )
+            if clients is not None:
+                server._run("sh", "-c", f'echo "host all all {clients} trust" >> "{data}/pg_hba.conf"')
             server._run("mkdir", str(sockets))
             server._run(
                 str(bindir / "pg_ctl"),
@@ -83,11 +88,11 @@ class PostgresServer:
                 "-t",
                 "60",
                 "-o",
-                f"-p {server.port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off",
+                f"-p {server.port} -k {sockets} -c listen_addresses={host} -c fsync=off",
                 "start",
             )
             server._run(
-                str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", server.user, server.database
+                str(bindir / "createdb"), "-h", host, "-p", str(server.port), "-U", server.user, server.database
             )
         except BaseException:
             # Stop a server that did start (pg_ctl refuses quietly if none runs) and remove the folder.

@@ -1,6 +1,7 @@
-"""A real S3 protocol server for tests: moto in server mode on 127.0.0.1, in its own process.
+"""A real S3 protocol server for tests: moto in server mode on 127.0.0.1 (or the host given), in
+its own process.
 
-``python -m ragpipe_tests.support.s3_server`` starts moto's threaded server on a free port, prints
+``python -m ragpipe_tests.support.s3_server [HOST]`` starts moto's threaded server on a free port, prints
 ``ready <port>`` and serves until its standard input closes (the fixture's process ends it, so a
 killed test run leaves no server behind). S3 decides a conditional write (``If-None-Match``,
 ``If-Match``) atomically; moto checks the condition and then writes, unlocked, on a threaded
@@ -26,16 +27,17 @@ REGION = "us-east-1"
 class S3Server:
     process: subprocess.Popen
     port: int
+    host: str = "127.0.0.1"
     buckets: list[str] = field(default_factory=list)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @classmethod
-    def start(cls) -> S3Server:
+    def start(cls, host: str = "127.0.0.1") -> S3Server:
         process = subprocess.Popen(
-            [sys.executable, "-m", "ragpipe_tests.support.s3_server"],
+            [sys.executable, "-m", "ragpipe_tests.support.s3_server", host],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -44,7 +46,7 @@ class S3Server:
         if not line.startswith("ready "):
             process.kill()
             raise RuntimeError(f"moto server did not start: {line!r}")
-        return cls(process=process, port=int(line.split()[1]))
+        return cls(process=process, port=int(line.split()[1]), host=host)
 
     def env(self) -> dict[str, str]:
         """What a process needs to reach this server through ``RAGPIPE_S3_ENDPOINT`` and boto3."""
@@ -95,7 +97,8 @@ def main() -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request on the test's output
     app = serialized_writes(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    host = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"
+    server = make_server(host, 0, app, threaded=True, request_handler=MotoRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"ready {server.server_address[1]}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin or dies
