@@ -4,14 +4,17 @@ the UI's asset job and backfills); a value it cannot use stops loading with one 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInvalidConfigError, validate_run_config
 
 from ragpipe.defs import build_definitions
+from ragpipe.defs.executors import K8S_ENV, K8S_SECRET
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.configuration import ConfigurationError, check_configuration
 from ragpipe_tests.conftest import REPO
@@ -83,3 +86,31 @@ def test_the_kubernetes_variant_validates_without_a_cluster(monkeypatch: pytest.
     monkeypatch.delenv("RAGPIPE_K8S_IMAGE")
     with pytest.raises(DagsterInvalidConfigError, match="RAGPIPE_K8S_IMAGE"):
         validate_run_config(job, {})
+
+
+def test_the_kubernetes_instance_is_the_celery_one_plus_a_k8s_run_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """``deploy/dagster-k8s.yaml``: Dagster's instance schema accepts it, its run launcher block
+    resolves against dagster-k8s's schema with the variables set (and is refused without one), and
+    it hands step pods every variable the k8s executor copies and the Secret its credentials are in."""
+    from dagster._config import process_config
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster_k8s import K8sRunLauncher
+
+    instance = yaml.safe_load((REPO / "deploy" / "dagster-k8s.yaml").read_text(encoding="utf-8"))
+    launcher = instance.pop("run_launcher")
+    assert instance == yaml.safe_load((REPO / "deploy" / "dagster-celery.yaml").read_text(encoding="utf-8"))
+    assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    pg = {"DAGSTER_PG_HOST": "pg", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_DB": "dagster", "DAGSTER_PG_USERNAME": "u"}
+    for name, value in {**K8S, **pg, "DAGSTER_PG_PASSWORD": ""}.items():
+        monkeypatch.setenv(name, value)
+    shutil.copyfile(REPO / "deploy" / "dagster-k8s.yaml", tmp_path / "dagster.yaml")
+    dagster_instance_config(str(tmp_path))  # raises on a schema error
+    resolved = process_config(K8sRunLauncher.config_type(), launcher["config"])
+    assert resolved.success, resolved.errors
+    assert (resolved.value["job_image"], resolved.value["job_namespace"]) == (
+        K8S["RAGPIPE_K8S_IMAGE"],
+        K8S["RAGPIPE_K8S_NAMESPACE"],
+    )
+    assert set(K8S_ENV) <= set(launcher["config"]["env_vars"]) and launcher["config"]["env_secrets"] == [K8S_SECRET]
+    monkeypatch.delenv("RAGPIPE_K8S_IMAGE")
+    assert not process_config(K8sRunLauncher.config_type(), launcher["config"]).success

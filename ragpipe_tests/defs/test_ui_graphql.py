@@ -168,6 +168,7 @@ def test_the_top_level_instance_is_what_make_dagster_home_installs_and_make_ui_u
     assert sorted(p.name for p in (REPO / "deploy").iterdir()) == [
         "celery-worker.yaml",
         "dagster-celery.yaml",
+        "dagster-k8s.yaml",
         "dagster-postgres.yaml",
         "serve-local.yaml",
     ]
