@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter, RunsFilter
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter, RunsFilter
 
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs.assets import POOLS
@@ -438,13 +438,13 @@ def worker_config(root: Path, **transport: int) -> Path:
     return path
 
 
-def embedding_executions(stack: Stack, run_id: str) -> list[tuple[str, float]]:
-    """The workers that began the run's embedding step and when, in order (Dagster's engine events)."""
+def executions(stack: Stack, run_id: str, step: str) -> list[tuple[str, float]]:
+    """The workers that began ``step`` of the run and when, in order (Dagster's engine events)."""
     records = stack.instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records
     return [
         (entry.dagster_event.event_specific_data.metadata["Celery worker"].value, entry.timestamp)
         for entry in (r.event_log_entry for r in records)
-        if entry.step_key == "embeddings" and "Celery worker" in entry.dagster_event.event_specific_data.metadata
+        if entry.step_key == step and "Celery worker" in entry.dagster_event.event_specific_data.metadata
     ]
 
 
@@ -468,19 +468,25 @@ def received_at(broker_url: str, step: str) -> float:
     return found[0]
 
 
-def test_a_worker_machine_that_dies_mid_step_has_the_step_run_elsewhere_after_the_visibility_timeout(stack: Stack):
-    """Every process of a worker — the CLI, Celery's main process and the pool process running the
-    embedding step — killed at once, as when its machine dies: nothing rejects or acknowledges the
-    step, so it stays with the dead worker until the visibility timeout passes; then the surviving
-    worker's broker sweep hands it back to the queue, it runs there, and the build equals an
-    in-process build. Two workers of their own on broker databases 4 and 5, with the deployed
-    configuration but a visibility timeout of ``VISIBILITY_S``."""
+SHARDS = {"RAGPIPE_EMBEDDING_SHARDS": "2"}  # the embedding step as two shard steps and an assembly
+
+
+def test_a_worker_machine_that_dies_mid_shard_has_the_shard_run_elsewhere_after_the_visibility_timeout(stack: Stack):
+    """The embedding step in two shards, one on each worker; every process of the worker running
+    shard 0 — the CLI, Celery's main process and the pool process — killed at once, as when its
+    machine dies: nothing rejects or acknowledges the shard, so it stays with the dead worker until
+    the visibility timeout passes; then the surviving worker's broker sweep hands it back to the
+    queue and it runs there. Shard 1 is not run again (the build resumes per shard), the assembly
+    encodes nothing, and the bundle ID equals an in-process one-step build's. Two workers of their
+    own on broker databases 4 and 5, with the deployed configuration but a visibility timeout of
+    ``VISIBILITY_S``; the shards' pool has two slots, as ``make pools`` gives it by default."""
     broker = stack.env["RAGPIPE_CELERY_BROKER"].rsplit("/", 1)[0]
-    env = {**stack.env, "RAGPIPE_CELERY_BROKER": f"{broker}/4", "RAGPIPE_CELERY_BACKEND": f"{broker}/5"}
+    env = {**stack.env, **SHARDS, "RAGPIPE_CELERY_BROKER": f"{broker}/4", "RAGPIPE_CELERY_BACKEND": f"{broker}/5"}
     config = worker_config(
         stack.root, visibility_timeout=VISIBILITY_S, unacked_restore_interval=SWEEP_S, unacked_restore_throttle=1
     )
     machines = [CeleryWorker.start(name, env, config=config) for name in ("m1", "m2")]
+    stack.instance.event_log_storage.set_concurrency_slots(SHARD_POOL, 2)
     proc = None
     try:
         reference = in_process_reference(
@@ -502,17 +508,18 @@ def test_a_worker_machine_that_dies_mid_step_has_the_step_run_elsewhere_after_th
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.2)
         (run,) = stack.instance.get_runs(RunsFilter(tags={"dagster/partition": "d1"}))
-        victim = worker_running(stack, run.run_id, "embeddings", among=machines)
+        shard, other = "embeddings.embed_shard_00", "embeddings.embed_shard_01"
+        victim = worker_running(stack, run.run_id, shard, among=machines)
         victim.kill()  # SIGKILL to its whole process group: the machine is gone
-        received = received_at(f"{broker}/4", "embeddings")
+        received = received_at(f"{broker}/4", shard)
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err
         (survivor,) = [m for m in machines if m is not victim]
         host = os.uname().nodename
-        (first, began), (second, again) = embedding_executions(stack, run.run_id)
+        (first, began), (second, again) = executions(stack, run.run_id, shard)
         assert (first, second) == (f"{victim.name}@{host}", f"{survivor.name}@{host}")
         # handed back by the timeout, not by anything the dead machine did: the survivor began no
-        # sooner than the timeout after the victim received the step, and soon after it (a sweep,
+        # sooner than the timeout after the victim received the shard, and soon after it (a sweep,
         # then a fresh pool process loading the code location)
         assert received < began and received + VISIBILITY_S <= again <= received + VISIBILITY_S + SWEEP_S + 40, (
             received,
@@ -520,17 +527,26 @@ def test_a_worker_machine_that_dies_mid_step_has_the_step_run_elsewhere_after_th
             again,
         )
         print(
-            f"dead worker's step: began {began - received:.1f} s after it was received, again after {again - received:.1f} s"
+            f"dead worker's shard: began {began - received:.1f} s after it was received, again after {again - received:.1f} s"
         )
+        assert [w for w, _ in executions(stack, run.run_id, other)] == [f"{survivor.name}@{host}"]
+        assert len(executions(stack, run.run_id, "embeddings.assemble")) == 1
+        (materialization,) = stack.instance.fetch_materializations(AssetKey("embeddings"), limit=100).records[:1]
+        assert materialization.run_id == run.run_id
+        meta = materialization.asset_materialization.metadata
+        assert (meta["encoded"].value, meta["cache_hits"].value) == (0, meta["unique_texts"].value)
         result = json.loads(out)
+        assert result["bundle_id"] == read_stage_record(reference, "d1", "index_bundle").data_version
+        # the vectors of texts encoded in other batches are equal to float32 rounding, not to the bit
+        # (docs/operations.md, "The embedding step in shards"): the other stages are equal exactly
         ws = Workspace(launcher / "ragpipe")
-        for stage in STAGES:
+        for stage in ("source_snapshot", "chunks", "representations", "lexical_index"):
             assert (
                 read_stage_record(ws, "d1", stage).data_version
                 == read_stage_record(reference, "d1", stage).data_version
             )
-        assert result["bundle_id"] == read_stage_record(reference, "d1", "index_bundle").data_version
     finally:
+        stack.instance.event_log_storage.set_concurrency_slots(SHARD_POOL, 1)
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=60)
