@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter, RunsFilter
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs.assets import POOLS
@@ -193,10 +193,11 @@ def in_process_reference(root: Path, revision: str, corpus: Path) -> Workspace:
 def where_steps_ran(instance: DagsterInstance, run_id: str) -> dict[str, str]:
     """Step key -> the Celery worker that reported executing it (Dagster's own engine event)."""
     ran = {}
-    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ENGINE_EVENT), limit=10_000)
-    for record in records:
+    # the run's own events only: a test polls this while the step runs, on an instance that holds
+    # every earlier test's runs
+    for record in instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records:
         entry = record.event_log_entry
-        if entry.run_id != run_id or not entry.dagster_event:
+        if not entry.dagster_event:
             continue
         metadata = entry.dagster_event.event_specific_data.metadata
         if "Celery worker" in metadata:  # "[CeleryExecutor] Executing steps <key> in celery worker"
@@ -469,6 +470,7 @@ def received_at(broker_url: str, step: str) -> float:
 
 
 SHARDS = {"RAGPIPE_EMBEDDING_SHARDS": "2"}  # the embedding step as two shard steps and an assembly
+DEAD_WORKER_LINES = 150  # abstracts: each shard encodes for seconds, long enough to be killed mid-way
 
 
 def test_a_worker_machine_that_dies_mid_shard_has_the_shard_run_elsewhere_after_the_visibility_timeout(stack: Stack):
@@ -490,10 +492,16 @@ def test_a_worker_machine_that_dies_mid_shard_has_the_shard_run_elsewhere_after_
     proc = None
     try:
         reference = in_process_reference(
-            stack.root, "d1", small_corpus(stack.root / "reference-corpus" / "d1.jsonl", 60)
+            stack.root, "d1", small_corpus(stack.root / "reference-corpus" / "d1.jsonl", DEAD_WORKER_LINES)
         )
         launcher = stack.root / "launcher"
-        args = [sys.executable, "-m", "ragpipe.cli", "build", str(small_corpus(stack.root / "corpus" / "d1.jsonl", 60))]
+        args = [
+            sys.executable,
+            "-m",
+            "ragpipe.cli",
+            "build",
+            str(small_corpus(stack.root / "corpus" / "d1.jsonl", DEAD_WORKER_LINES)),
+        ]
         args += ["--revision", "d1", "--default-scope", "public", "--launch", "in-process", "--json"]
         proc = subprocess.Popen(
             args,
