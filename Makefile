@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo serve-demo test lint ui ui-check bench query-bench clean dagster-home redis celery-worker pools
+.PHONY: install demo serve-demo test test-lancedb-engine lint ui ui-check bench query-bench clean dagster-home redis celery-worker pools
 
 install: $(VENV)/.installed
 
@@ -70,8 +70,17 @@ serve-demo: install
 query-bench: install
 	$(BIN)/python -m benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
 
+# The whole suite, then the tests that touch the vector channel again with lancedb serving every
+# bundle (RAGPIPE_VECTOR_ENGINE=lancedb): the path of a host whose lance kernels the in-memory engine
+# does not reproduce (no AVX-512), so a host that has them proves that path too (docs/retrieval.md).
+LANCEDB_ENGINE_TESTS := ragpipe_tests/retrieval ragpipe_tests/bundle/test_forgery.py ragpipe_tests/cli/test_cli.py \
+	ragpipe_tests/cli/test_query.py ragpipe_tests/server/test_http.py ragpipe_tests/evaluation/test_runner.py
 test: install
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-lancedb-engine
+
+test-lancedb-engine: install
+	RAGPIPE_VECTOR_ENGINE=lancedb $(BIN)/python -m pytest -m "not slow" $(LANCEDB_ENGINE_TESTS)
 
 # The formatter and the linter (rule set in pyproject.toml); CI runs this before the tests.
 lint: install

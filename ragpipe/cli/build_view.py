@@ -145,6 +145,10 @@ def summary_table(summary: dict[str, object], *, note: bool = True) -> Renderabl
             if value is None:
                 continue
             value = generation_line(value)  # type: ignore[arg-type]
+        if key == "vector_engine":
+            if value is None:
+                continue
+            value = value["why"]  # type: ignore[index]  # "lancedb: …" / "in memory: …": it names the engine
         table.add_row(key, str(value))
     line = summary.get(NOTE) if note else None
     return table if not line else Group(Text(str(line), overflow="fold"), table)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ragpipe.cli.common import JsonOpt, emit_json, fail, out
@@ -36,12 +37,16 @@ def bundle_inspect(
     path: Annotated[Path, typer.Argument(help="Bundle directory.")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a verified bundle's manifest: ID, counts, specs and files."""
+    """Show a verified bundle's manifest: ID, counts, specs and files, and which engine serves its
+    vectors on this host, and why."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when it runs
+    from ragpipe.kernel.workspace import Workspace, default_home
+    from ragpipe.retrieval.vector_engine import bundle_vector_engine
 
     try:
         bundle = open_bundle(path)
-    except BundleVerificationError as exc:
+        engine = bundle_vector_engine(bundle, Workspace(default_home()).engine_calibrations)
+    except (BundleVerificationError, ValueError) as exc:  # ValueError: RAGPIPE_VECTOR_ENGINE's value
         fail(str(exc))
     m = bundle.manifest
     if as_json:
@@ -58,13 +63,16 @@ def bundle_inspect(
                 "specs": {k: v.model_dump() for k, v in m.semantic.specs.items()},
                 "files": [f.model_dump() for f in m.files],
                 "bytes": sum(f.size for f in m.files),
+                "vector_engine": engine.as_dict() if engine else None,
             }
         )
         return
     seal = f"{m.seal.kind}" + (f" (key {m.seal.key_id})" if m.seal.key_id else "")
     out.print(
         f"[bold]bundle[/]   {m.bundle_id}\nmaterial {m.material_digest}\nseal     {seal}\n"
-        f"path     {bundle.path}\ncorpus   {m.semantic.corpus_digest}"
+        f"path     {bundle.path}\ncorpus   {m.semantic.corpus_digest}\n"
+        f"vectors  {escape(engine.why) if engine else 'none (lexical only)'}",
+        soft_wrap=True,
     )
     counts = Table(title="counts")
     counts.add_column("what")

@@ -53,6 +53,7 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
 from ragpipe.retrieval.retriever import Retriever
+from ragpipe.retrieval.vector_engine import VectorEngine
 
 RetrieverFactory = Callable[[EvaluationSpec], Retriever]
 Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, cell just closed)
@@ -63,8 +64,13 @@ CELLS_PER_COMMIT = 32
 
 @dataclass(frozen=True)
 class EvaluationResult:
+    """``report``: rebuilt from the ledger; ``vector_engine``: which engine served the vector
+    channel in this process and why (``ragpipe.retrieval.vector_engine``; operational, not in the
+    ledger; None when no query ran here or the bundle has no vectors)."""
+
     report: dict[str, Any]
     out: Path
+    vector_engine: VectorEngine | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The ``eval --json`` object: the report plus where the run folder is."""
@@ -289,7 +295,7 @@ def _execute_cells(
     )
     report = build_report(run, ledger.records, ledger.state)
     write_reports(run, report)
-    return EvaluationResult(report, run)
+    return EvaluationResult(report, run, getattr(retriever, "vector_engine", None))
 
 
 def run_evaluation(

@@ -35,13 +35,13 @@ import json
 import logging
 import os
 import platform
-import stat
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import NotARegularFile, read_regular
 from ragpipe.kernel.ids import bytes_digest, content_id
 from ragpipe.kernel.publish import write_file_atomic
 
@@ -63,19 +63,28 @@ class Calibration:
 
 
 @cache
-def host_signature() -> str:
-    """Digest of this host's architecture and CPU instruction-set flags (what lance's run-time
-    kernel choice reads); the architecture alone where ``/proc/cpuinfo`` has no flags."""
-    flags = ""
+def cpu_flags() -> tuple[str, ...]:
+    """This host's CPU instruction-set flags, sorted (empty where ``/proc/cpuinfo`` has none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if line.startswith(("flags", "Features")):
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                    break
+                    return tuple(sorted(line.split(":", 1)[1].split()))
     except OSError:
         pass
-    return bytes_digest(f"{platform.machine()}\0{flags}".encode())
+    return ()
+
+
+def host_has_avx512() -> bool:
+    """Whether this CPU has AVX-512 Foundation (lance's widest float32 kernels need it)."""
+    return "avx512f" in cpu_flags()
+
+
+@cache
+def host_signature() -> str:
+    """Digest of this host's architecture and CPU instruction-set flags (what lance's run-time
+    kernel choice reads); the architecture alone where ``/proc/cpuinfo`` has no flags."""
+    return bytes_digest(f"{platform.machine()}\0{' '.join(cpu_flags())}".encode())
 
 
 def calibration_key(table_digest: str, metric: str, indexed: bool) -> dict[str, object]:
@@ -108,10 +117,15 @@ class CalibrationRecords:
     def get(self, key: dict[str, object]) -> Calibration | None:
         """The recorded outcome for ``key``; None when there is none or it was refused (and set aside)."""
         path = self.path(key)
+        data: bytes | None = None
         try:
-            data = _read_record(path)
+            data = read_regular(path, MAX_RECORD_BYTES)  # a FIFO, device or link is never waited on or followed
         except FileNotFoundError:
             return None
+        except NotARegularFile as exc:
+            if exc.link:  # a link is not set aside (it names another file): only not followed
+                log.warning("calibration record %s cannot be read (%s): calibrating again", path, exc)
+                return None
         except OSError as exc:
             log.warning("calibration record %s cannot be read (%s): calibrating again", path, exc.strerror or exc)
             return None
@@ -134,17 +148,6 @@ class CalibrationRecords:
             write_file_atomic(self.path(key), canonical_bytes(record) + b"\n")
         except OSError as exc:
             log.warning("calibration record %s not written (%s)", self.path(key), exc.strerror or exc)
-
-
-def _read_record(path: Path) -> bytes | None:
-    """The record's bytes; None when ``path`` is not a regular file or is larger than a record can be
-    (a FIFO, device or link is never waited on or followed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
-            return None
-        return fh.read(MAX_RECORD_BYTES + 1)
 
 
 def _problem(data: bytes, key: dict[str, object]) -> str | None:

@@ -118,6 +118,7 @@ class VectorSearcher:
     table and the read-only row maps shared)."""
 
     engine = "lancedb"  # which engine serves (``ragpipe.index.vector_memory``): operational, in no ID
+    why = "lancedb (opened directly)"  # ``open_vector_searcher`` says why it chose this engine
 
     def __init__(self, directory: Path, metric: str, rows: Sequence[tuple[str, str, str]]):
         self.rows = rows

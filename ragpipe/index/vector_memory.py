@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragpipe.embedding.compute import embeddings_digest as digest_of_vectors
-from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
+from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key, host_has_avx512
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import role_predicate, scope_predicate
@@ -139,6 +139,7 @@ class MemoryVectorSearcher:
         self.metric, self.indexed, self.rows = metric, indexed, rows
         self.dimension = vectors.shape[1]
         self.engine = "memory"
+        self.why = "in memory (opened directly)"  # open_vector_searcher says why it chose this engine
         operand = np.ascontiguousarray(vectors, dtype=np.float32)
         if metric == "cosine" and indexed:
             operand = _normalized(operand)
@@ -273,6 +274,9 @@ def verified_vectors(rows: Sequence[Row], vectors: np.ndarray, expected_digest: 
     return matrix
 
 
+ENGINES = ("auto", "memory", "lancedb")
+
+
 def open_vector_searcher(
     directory: Path,
     metric: str,
@@ -286,12 +290,18 @@ def open_vector_searcher(
     calibrations: CalibrationRecords | None = None,
     table_digest: str | None = None,
     before_lance: Callable[[], None] | None = None,
+    engine: str = "auto",
 ) -> MemoryVectorSearcher | VectorSearcher:
     """The vector searcher for one verified bundle: from memory when its vectors fit
     ``memory_limit_bytes`` (rows × dimensions × 4; 0 disables it), are verified against
     ``embeddings_digest`` (the manifest's ``material.embeddings_digest``) and reproduce lancedb's
     distances on calibration probes; lancedb's ``VectorSearcher`` otherwise. Either returns the
-    same hits (module docstring); ``engine`` says which serves.
+    same hits (module docstring); ``engine`` says which serves and ``why`` says why, in words.
+
+    ``engine`` (one of ``ENGINES``; operational, in no ID): ``auto`` chooses as above; ``lancedb``
+    never serves from memory; ``memory`` serves from memory wherever the vectors allow it without
+    comparing with lancedb (the in-memory arithmetic is the same on every host; only whether
+    lancedb computes the same distances depends on the CPU).
 
     ``vectors``: the matrix, if the caller holds it (the bundle's ``vectors.arrow``; verified all
     the same); otherwise it is read once from the lance table. ``calibrations`` and
@@ -300,40 +310,58 @@ def open_vector_searcher(
     found, lancedb is not even imported. ``before_lance``: called before the lance table is first
     opened (the bundle's deferred check of that table). ``VectorVerificationError`` when the
     vectors are not the manifest's."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown vector engine {engine!r} ({', '.join(ENGINES)})")
     opened: list[VectorSearcher] = []
 
-    def lance() -> VectorSearcher:
+    def lance(why: str | None = None) -> VectorSearcher:
         if not opened:
             if before_lance is not None:
                 before_lance()
             from ragpipe.index.vector import VectorSearcher  # lancedb: seconds of imports
 
             opened.append(VectorSearcher(directory, metric, rows))
+        if why is not None:
+            opened[0].why = why
         return opened[0]
 
+    def memory(matrix: np.ndarray, why: str) -> MemoryVectorSearcher:
+        searcher = MemoryVectorSearcher(metric, rows, row_scopes, matrix, indexed, row_roles)
+        searcher.why = why
+        return searcher
+
+    if engine == "lancedb":
+        return lance("lancedb, as the vector engine setting asks")
     dimension = vectors.shape[1] if vectors is not None and vectors.ndim == 2 else lance().dimension
-    if len(rows) * dimension * 4 > memory_limit_bytes:
-        return lance()
+    size = len(rows) * dimension * 4
+    if size > memory_limit_bytes:
+        return lance(
+            f"lancedb: {len(rows)} vectors of {dimension} dimensions, {_mib(size)}, exceed "
+            f"the in-memory limit of {_mib(memory_limit_bytes)}"
+        )
     if dimension <= LANES or dimension % LANES:
-        log.info("vector search of %s served by lancedb: %s dimensions", directory, dimension)
-        return lance()
+        why = f"lancedb: {dimension} dimensions (the in-memory engine takes multiples of {LANES} above {LANES})"
+        log.info("vector search of %s served by %s", directory, why)
+        return lance(why)
     matrix = verified_vectors(rows, lance().read_vectors() if vectors is None else vectors, embeddings_digest)
     problem = memory_problem(metric, matrix)
     if problem is not None:
         log.warning("vector search of %s served by lancedb, not from memory: %s", directory, problem)
-        return lance()
+        return lance(f"lancedb: {problem}")
     indexed = ivf_partitions(len(rows)) is not None  # the build rule; a table that breaks it fails below
+    if engine == "memory":
+        return memory(matrix, "in memory, as the vector engine setting asks (not compared with lancedb)")
     key = calibration_key(table_digest, metric, indexed) if calibrations is not None and table_digest else None
     recorded = calibrations.get(key) if calibrations is not None and key is not None else None
     if recorded is not None:
         if recorded.problem is None:
-            return MemoryVectorSearcher(metric, rows, row_scopes, matrix, indexed, row_roles)
+            return memory(matrix, "in memory: this host's recorded calibration found lancedb's distances reproduced")
         log.info("vector search of %s served by lancedb (recorded calibration): %s", directory, recorded.problem)
-        return lance()
+        return lance(f"lancedb: this host's recorded calibration: {_kernels_problem(recorded.problem)}")
     searcher = lance()
-    memory = MemoryVectorSearcher(metric, rows, row_scopes, matrix, indexed, row_roles)
+    candidate = memory(matrix, "in memory: it reproduced lancedb's distances on this host's calibration probes")
     problem = (
-        calibration_problem(memory, searcher, row_scopes)
+        calibration_problem(candidate, searcher, row_scopes)
         if searcher.indexed == indexed
         else f"the table {'lacks' if indexed else 'has'} the IVF_FLAT index the build rule gives {len(rows)} rows"
     )
@@ -341,11 +369,26 @@ def open_vector_searcher(
         calibrations.put(key, Calibration(problem=problem))
     if problem is None:
         searcher.close()
-        return memory
-    memory.close()
-    # unexpected for embeddings (another lance build or CPU, odd vectors): worth an operator's look
+        return candidate
+    candidate.close()
+    # another lance build or CPU, odd vectors: worth an operator's look (and said in the build
+    # summary, ``bundle inspect`` and ``/readyz``, through ``why``)
     log.warning("vector search of %s served by lancedb, not from memory: %s", directory, problem)
-    return searcher
+    return lance(f"lancedb: calibration on this host: {_kernels_problem(problem)}")
+
+
+def _mib(size: int) -> str:
+    """``7,680 bytes``; ``33,554,432 bytes (32.0 MiB)`` from a MiB up."""
+    return f"{size:,} bytes" + (f" ({size / 2**20:.1f} MiB)" if size >= 2**20 else "")
+
+
+def _kernels_problem(problem: str) -> str:
+    """``problem``, with what it means when the probes differed: lance picks its float32 kernels by
+    CPU and the in-memory engine reproduces those of AVX-512 hosts."""
+    if "differ from the in-memory kernels" not in problem:
+        return problem
+    cpu = "" if host_has_avx512() else "; this CPU has no AVX-512"
+    return f"{problem} — the in-memory engine reproduces lance's AVX-512 kernels{cpu}"
 
 
 def calibration_problem(

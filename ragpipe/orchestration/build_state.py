@@ -59,6 +59,10 @@ class BuildSummary:
     skipped_cases: int | None = None
     gate_reasons: tuple[str, ...] | None = None
     evaluation_note: str | None = None
+    # Which engine served the evaluation's vector channel, and why ({"engine", "why"}; None
+    # without an evaluation or vectors): lancedb where this host's lance kernels are not the
+    # in-memory engine's (ragpipe.retrieval.vector_engine).
+    vector_engine: dict[str, str] | None = None
     # The model calls of this build's generated representations (``GENERATION_FIELDS``: calls,
     # cache hits, tokens, micros, the cost as text); None when the spec generates no kind.
     generation: dict[str, object] | None = None
@@ -176,6 +180,11 @@ def _release_fields(built: BuiltRevision, revision: str, spec: PipelineSpec) -> 
         ),
         "evaluation_note": no_case_note(
             revision, spec.evaluation.suite, ev.facts, _is_sample_suite(spec.evaluation.suite)
+        ),
+        "vector_engine": (
+            {"engine": str(ev.facts["vector_engine"]), "why": str(ev.facts["vector_engine_why"])}
+            if "vector_engine" in ev.facts
+            else None
         ),
     }
 

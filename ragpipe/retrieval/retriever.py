@@ -26,7 +26,7 @@ from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.index.engine_calibration import CalibrationRecords
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
-from ragpipe.index.vector_memory import DEFAULT_MEMORY_LIMIT_BYTES, open_vector_searcher
+from ragpipe.index.vector_memory import DEFAULT_MEMORY_LIMIT_BYTES
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject
@@ -38,6 +38,7 @@ from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
 from ragpipe.retrieval.results import QueryError, QueryResult, Rankings
 from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
+from ragpipe.retrieval.vector_engine import VectorEngine, engine_of, open_bundle_vectors
 from ragpipe.spec import EmbedderSpec, own_spec_id
 
 T = TypeVar("T")
@@ -68,6 +69,7 @@ class Retriever:
         query_graph_dir: Path | None = None,
         vector_memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
         calibration_dir: Path | None = None,
+        vector_engine: str | None = None,
     ):
         """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
         lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
@@ -77,8 +79,9 @@ class Retriever:
         ``vector_memory_limit_bytes``: the largest vector matrix served from memory instead of
         lancedb (same results; ``ragpipe.index.vector_memory``; 0: always lancedb);
         ``calibration_dir``: where that engine's calibrations are recorded (default
-        ``$RAGPIPE_HOME/engine_calibrations``; ``ragpipe.index.engine_calibration``).
-        All operational, never part of an ID."""
+        ``$RAGPIPE_HOME/engine_calibrations``; ``ragpipe.index.engine_calibration``);
+        ``vector_engine``: ``auto``, ``memory`` or ``lancedb`` (default: ``RAGPIPE_VECTOR_ENGINE``,
+        else ``auto``; ``ragpipe.retrieval.vector_engine``). All operational, never part of an ID."""
         if channel_workers < 1:
             raise ValueError("channel_workers must be >= 1")
         home = Workspace(default_home())
@@ -120,24 +123,14 @@ class Retriever:
         # Rows per (scope group, source role): what a query filtered on roles may see.
         self._group_role_rows = Counter((tuple(sorted(set(r.access_scopes))), r.source_role) for r in index_rows)
         self.roles = {d.document_id: d.source_role for d in docs}
-        self.vector = (
-            open_vector_searcher(
-                root / "vector",
-                sem.specs["vector_index"].spec["metric"],
-                rows,
-                row_scopes=[r.access_scopes for r in index_rows],
-                row_roles=[r.source_role for r in index_rows],
-                embeddings_digest=self.bundle.manifest.material.embeddings_digest,
-                # parsed only for a matrix the memory engine may serve (lancedb serves larger ones)
-                vectors=self.bundle.tables.vectors if self._fits_memory(len(rows), vector_memory_limit_bytes) else None,
-                memory_limit_bytes=vector_memory_limit_bytes,
-                calibrations=calibrations,
-                table_digest=self.bundle.manifest.material_digest,
-                # a bundle opened with its lance table's checks deferred gets them before lancedb serves
-                before_lance=partial(check_vector_table, self.bundle),
-            )
-            if sem.has_vector_index
-            else None
+        self.vector = open_bundle_vectors(
+            self.bundle,
+            index_rows,
+            engine=vector_engine,
+            memory_limit_bytes=vector_memory_limit_bytes,
+            calibrations=calibrations,
+            # a bundle opened with its lance table's checks deferred gets them before lancedb serves
+            before_lance=partial(check_vector_table, self.bundle),
         )
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._lock = threading.Lock()  # guards the lazily built state below
@@ -156,9 +149,10 @@ class Retriever:
     def bundle_id(self) -> str:
         return self.bundle.bundle_id
 
-    def _fits_memory(self, rows: int, limit: int) -> bool:
-        dimensions = EmbedderSpec.model_validate(self.bundle.manifest.semantic.specs["embeddings"].spec).dimensions
-        return rows * dimensions * 4 <= limit
+    @property
+    def vector_engine(self) -> VectorEngine | None:
+        """Which engine serves the vectors and why (None: the bundle has no vector index)."""
+        return engine_of(self.vector)
 
     def _check_embedder(self, spec: EmbedderSpec) -> None:
         expected = self.bundle.manifest.semantic.specs["embeddings"].spec_id

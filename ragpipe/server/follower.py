@@ -78,6 +78,9 @@ class InService:
             "revision": s.manifest.revision,
             "bundle_id": s.bundle.bundle_id,
             "plan_id": s.plan.plan_id,
+            # which engine serves the vectors here and why ("lancedb: …" where this host's lance
+            # kernels are not the in-memory engine's): an operator sees it without the log
+            "vector_engine": engine.as_dict() if (engine := self.retriever.vector_engine) else None,
         }
 
     def close(self) -> None:

@@ -12,7 +12,8 @@
    policies each target accepts (relative to the targets file);
 4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
    contacted; then ``$RAGPIPE_EXECUTOR`` (``in_process``; ``celery``, which needs its broker,
-   backend and a store; ``k8s``, which needs its image, namespace and a store).
+   backend and a store; ``k8s``, which needs its image, namespace and a store); the embedding shard
+   count; ``$RAGPIPE_VECTOR_ENGINE`` (``ragpipe.retrieval.vector_engine``).
 
 Contract: a problem raises ``ConfigurationError`` whose ``str`` is exactly one line (no line break,
 several problems of one file joined with ``; ``, the first first) naming the file, the field and
@@ -54,6 +55,7 @@ from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, PolicyError
 from ragpipe.release.store import ReleaseError
 from ragpipe.release.targets import TargetsConfig, load_targets, targets_path
 from ragpipe.retrieval.plan import DEFAULT_PLAN_PATH, PlanError
+from ragpipe.retrieval.vector_engine import vector_engine_setting
 from ragpipe.spec import (
     EvaluationSection,
     PipelineSpec,
@@ -118,6 +120,7 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
     _check_executor()
     try:
         shard_count()
+        vector_engine_setting()  # the evaluation step's retriever reads it
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     return Configuration(path, spec, chain, where, config)

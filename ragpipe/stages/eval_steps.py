@@ -9,7 +9,9 @@ record names; the next attempt starts a new one.
 The record's facts count the suite's ``cases``, the ``evaluated`` and ``skipped`` ones, and the
 skipped cases per reason code as ``skipped_<code>`` (``skipped_missing_judged_targets``,
 ``skipped_no_positive_judgment``), so a build can say that no suite case applies to the revision,
-and why, without reading the run again (``ragpipe.orchestration.materialize``). When none applies,
+and why, without reading the run again (``ragpipe.orchestration.materialize``); and which vector
+engine served the run and why (``vector_engine``, ``vector_engine_why``: lancedb where this host's
+lance kernels are not the in-memory engine's). When none applies,
 the materialization's metadata says so too (``no_case_applies``), for the UI.
 """
 
@@ -29,6 +31,7 @@ from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.evidence import run_dir
 from ragpipe.release.replica import push_run
+from ragpipe.retrieval.vector_engine import VectorEngine
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain
@@ -86,6 +89,13 @@ def recorded_skip_reasons(facts: dict[str, Any]) -> dict[str, int]:
     return {k[len(SKIPPED_PREFIX) :]: int(v) for k, v in sorted(facts.items()) if k.startswith(SKIPPED_PREFIX)}
 
 
+def engine_facts(engine: VectorEngine | None) -> dict[str, str]:
+    """``vector_engine`` and ``vector_engine_why``: which engine served the run's vector channel on
+    the machine that ran it, and why (none for a bundle without vectors). Execution facts: in the
+    record's facts and the UI, never in a version or ID."""
+    return {} if engine is None else {"vector_engine": engine.engine, "vector_engine_why": engine.why}
+
+
 def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:
     cells = report["cells"]
     return {
@@ -117,7 +127,8 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = run_evaluation(ev, out, run_id=run_id).report
+    result = run_evaluation(ev, out, run_id=run_id)
+    report = result.report
     push_run(ws, out)  # before its record: the gate and activation may run on other machines
     skips = skipped_reasons(report["skipped"])
     facts = {
@@ -130,6 +141,7 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
         "skipped": len(report["skipped"]),
         "failed": report["cells"]["failed"],
         **{f"{SKIPPED_PREFIX}{code}": n for code, n in skips.items()},
+        **engine_facts(result.vector_engine),
     }
     record = publish_chain(
         ws,
@@ -140,7 +152,11 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
         {"index_bundle": bundle},
         facts,
     )
-    metadata = {**report_metadata(report, out), "duration_seconds": round(time.perf_counter() - t0, 3)}
+    metadata = {
+        **report_metadata(report, out),
+        **engine_facts(result.vector_engine),
+        "duration_seconds": round(time.perf_counter() - t0, 3),
+    }
     if not report["evaluated"] and not report["cells"]["failed"] and sum(skips.values()) == report["cases"]:
         # what the UI shows beside the counts (the build's summary says it too, with what to do next)
         metadata["no_case_applies"] = f"{skipped_cases_text(skips)} (suite {chain.section.suite})"

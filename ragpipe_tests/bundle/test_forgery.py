@@ -428,7 +428,12 @@ def test_lance_rows_escalated_are_refused_before_lancedb_serves(forgeable: Path,
     assert "access_scopes ('public',) differs from its representation's document (('secret',))" in str(info.value)
     for limit in (0, 2**25):  # lancedb serves; memory must calibrate against lancedb first
         with pytest.raises(BundleVerificationError, match=r"vector: row \d+ .*access_scopes \('public',\)"):
-            Retriever(deferred, calibration_dir=tmp_path / f"calibrations-{limit}", vector_memory_limit_bytes=limit)
+            Retriever(
+                deferred,
+                calibration_dir=tmp_path / f"calibrations-{limit}",
+                vector_memory_limit_bytes=limit,
+                vector_engine="auto",
+            )
 
 
 def test_a_forged_calibration_record_still_serves_only_verified_scopes(forgeable: Path, tmp_path: Path):
@@ -445,7 +450,7 @@ def test_a_forged_calibration_record_still_serves_only_verified_scopes(forgeable
     bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
     records = CalibrationRecords(tmp_path / "calibrations")
     records.put(calibration_key(bundle.manifest.material_digest, "cosine", False), Calibration(problem=None))
-    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations")
+    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations", vector_engine="auto")
     assert retriever.vector.engine == "memory"
     secret_rows = [i for i, r in enumerate(retriever.vector.rows) if r[2] == "sec-aspirin"]
     hits = retriever.vector.search(matrix[secret_rows[0]], 50, ("public",))
@@ -459,6 +464,6 @@ def test_a_bundle_without_vectors_arrow_is_checked_completely(forgeable: Path, t
     reseal(forgeable)
     bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
     assert bundle.vector_table_checked and bundle.tables.vectors is None
-    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations")
+    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations", vector_engine="memory")
     assert retriever.vector.engine == "memory"
     retriever.close()

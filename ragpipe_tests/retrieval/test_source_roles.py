@@ -16,7 +16,7 @@ RUNBOOK = "guide/ops.md"  # source_role: runbook, access_scopes: [staff]; every 
 @pytest.fixture(scope="module")
 def retrievers(built_workspace):
     bundle = bundle_of(built_workspace)
-    memory, lance = Retriever(bundle), Retriever(bundle, vector_memory_limit_bytes=0)
+    memory, lance = Retriever(bundle, vector_engine="memory"), Retriever(bundle, vector_engine="lancedb")
     assert (memory.vector.engine, lance.vector.engine) == ("memory", "lancedb")
     yield memory, lance
     memory.close()
@@ -62,7 +62,10 @@ def test_both_vector_engines_filter_alike(retrievers):
         for query in ("signing keys", "unicode text", "retrieval goals"):
             a = memory.query(query, STAFF, k=5, mode="vector", source_roles=roles)
             b = lance.query(query, STAFF, k=5, mode="vector", source_roles=roles)
-            assert a.hits == b.hits
+            # the same chunks in the same order; their scores' last bits are the kernel law's
+            # business (ragpipe_tests/index/test_vector_memory.py), as on a host without AVX-512
+            assert [h["chunk_id"] for h in a.hits] == [h["chunk_id"] for h in b.hits]
+            assert [h["score"] for h in a.hits] == pytest.approx([h["score"] for h in b.hits], rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -215,6 +215,25 @@ def test_release_route_and_metrics(active: Serving):
     assert 'ragpipe_request_duration_seconds_count{mode="lexical",route="/v1/query"} 1.0' in metrics
 
 
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("lancedb", "lancedb, as the vector engine setting asks"),
+        ("memory", "in memory, as the vector engine setting asks (not compared with lancedb)"),
+    ],
+)
+def test_readyz_says_which_vector_engine_serves_and_why(active: Serving, monkeypatch, setting, why):
+    """An operator sees in ``/readyz`` (and ``/v1/release``) whether the vectors are served from
+    memory or by lancedb, and why — as on a host whose lance kernels the in-memory engine does
+    not reproduce, where it says so — without reading the log."""
+    monkeypatch.setenv("RAGPIPE_VECTOR_ENGINE", setting)
+    with server(active) as base:
+        wait_for(lambda: release_of(base) == active.releases["a1"])
+        ready = httpx.get(f"{base}/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["release"]["vector_engine"] == {"engine": setting, "why": why}
+
+
 def test_openapi_document_names_every_route(active: Serving):
     with server(active) as base:
         doc = httpx.get(f"{base}/openapi.json").json()
