@@ -6,6 +6,7 @@
     ragpipe release approve RELEASE_ID --target T --by NAME [--note TEXT] [--json]
     ragpipe release activate RELEASE_ID [--target T] [--json]
     ragpipe release rollback [--target T] [--to RELEASE_ID] [--json]
+    ragpipe release accept-time --target T --record N --by NAME --reason TEXT [--key KEYFILE] [--json]
 
 Every expected error prints ``error: <message>`` on stderr and exits 1; ``--json`` prints exactly
 one JSON value on stdout. Targets come from ``ragpipe/specs/targets.yaml`` (or ``$RAGPIPE_TARGETS``);
@@ -265,5 +266,36 @@ def release_rollback(
     else:
         out.print(
             f"rolled back {result.target} to {result.release_id} (generation {result.generation}; previous {result.previous})",
+            soft_wrap=True,
+        )
+
+
+@release_app.command("accept-time")
+def release_accept_time(
+    target: Annotated[str, typer.Option("--target", "-t", help="The target whose history holds the record.")],
+    record: Annotated[int, typer.Option("--record", help="The history record dated before the record before it.")],
+    by: Annotated[
+        str, typer.Option("--by", help="Who accepts its time (an approver where the target requires approvals).")
+    ],
+    reason: Annotated[
+        str, typer.Option("--reason", help="What was wrong (e.g. the clock of the machine that wrote it).")
+    ],
+    key: Annotated[
+        Path | None, typer.Option("--key", help="The approver's private key file, where the target requires approvals.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Accept the time of a history record dated before its predecessor (a clock was behind), so the
+    target serves again; nothing is rewritten (docs/releases.md, Time order)."""
+    from ragpipe.release.time_order import accept_time
+
+    c = guarded(lambda: accept_time(_ws(), target, record, by=by, reason=reason, key_file=key))
+    data = {"target": target, "record": c.record.seq, "dated": c.record.at, "by": c.by, "at": c.at, "correction": c.seq}
+    if as_json:
+        emit_json(data)
+    else:
+        out.print(
+            f"accepted the time {c.record.at} of history record {c.record.seq} of {target} "
+            f"(by {escape(c.by)}; correction record {c.seq})",
             soft_wrap=True,
         )

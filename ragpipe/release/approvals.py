@@ -93,12 +93,20 @@ def approve(
             f"release {release_id} is not eligible for activation "
             f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase}); it cannot be approved"
         )
-    moment = datetime.now(UTC)
-    at, expires = _iso(moment), _iso(moment + timedelta(days=days))
-    signature = sign(key, approval_statement(release_id, name, by, at, expires))
-    payload = {"release_id": release_id, "by": by, "note": note, "at": at, "expires": expires, "signature": signature}
     with store.target_lock(name), History(store, name) as history:
         settle(store, history)
+        # dated and signed under the lock: no other writer appends between the time and the record
+        moment = datetime.now(UTC)
+        at, expires = _iso(moment), _iso(moment + timedelta(days=days))
+        signature = sign(key, approval_statement(release_id, name, by, at, expires))
+        payload = {
+            "release_id": release_id,
+            "by": by,
+            "note": note,
+            "at": at,
+            "expires": expires,
+            "signature": signature,
+        }
         record = history.append("approval", payload)
     return Approval(release_id, by, note, at, record.seq, expires, signature)
 
@@ -143,6 +151,8 @@ def _problem(a: Approval, target: str, approvers: dict[str, str], now: datetime)
         signed, expires = parse_time(a.at), parse_time(a.expires)
     except (TypeError, ValueError):
         return f"time {a.at!r} or expiry {a.expires!r} is not a time"
+    if expires - signed > timedelta(days=MAX_DAYS):  # the CLI's limit, whoever wrote the record
+        return f"valid from {a.at} to {a.expires}, longer than the {MAX_DAYS} days an approval may be"
     if now >= expires:
         return f"expired at {a.expires}"
     if now < signed:

@@ -37,6 +37,7 @@ from ragpipe.experiment.arms import ArmRun
 from ragpipe.experiment.decision import Decision, GateError, decide
 from ragpipe.experiment.gate_policy import PHASES, GatePolicy, PolicyError, parse_policy, policy_document
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.seals import SealKey, configured_key, sealed, unsealed
 from ragpipe.release.manifest import ReleaseManifest
@@ -46,6 +47,9 @@ from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 Model = TypeVar("Model", bound=BaseModel)
 SEAL_DOMAIN = "gate-evidence/v1"  # the kept file's seal, with a key configured (ragpipe.kernel.seals)
 RunLoader = Callable[[str], ArmRun]  # run ID -> the verified, completed run (raises ValueError otherwise)
+
+# A decision with its comparison: every paired cell's deltas (a 100k-cell comparison is ~30 MiB).
+MAX_EVIDENCE_BYTES = 256 * 2**20
 
 
 class EvidenceError(ValueError):
@@ -141,7 +145,7 @@ def read_gate_evidence(store: ReleaseStore, decision_id: str) -> tuple[Decision,
     path = evidence_path(store, decision_id)
     try:
         fetch_file(store.ws, path)
-        data = path.read_bytes()
+        data = read_regular(path, MAX_EVIDENCE_BYTES)  # never through a link, never waiting on a FIFO
         obj = json.loads(data)
         content, problem = unsealed(obj, SEAL_DOMAIN, configured_key()) if isinstance(obj, dict) else (obj, None)
         if problem is not None:

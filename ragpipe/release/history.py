@@ -13,13 +13,27 @@ Records (``ragpipe.kernel.ledger``, domain ``release-history-record`` v1), paylo
   happened to the intent of record ``intent`` (``active``: the pointer now names the release).
 - ``rejected``  {action, release_id, reason, by, at}: the release was refused before any intent
   (its bundle failed verification).
+- ``time_correction`` {record, by, reason, at, signature}: a person accepts the time of record
+  ``record``, which is dated before the record before it (a clock was behind when it was
+  written); ``signature``: an approver's signature of that (``ragpipe.release.time_order``),
+  required where the target requires approvals, else null.
+
+**Time order.** ``at`` is a clock's reading, so it can be wrong; but an approval's validity is
+judged at the time of the activation it allowed, so no record may be dated before the record
+before it. Readers and writers apply that one rule (``TargetHistory.backwards``): the reducer
+lists every record dated before its predecessor, the writer (``History.append``) refuses to write
+one — the command fails in one line, nothing is written, the clock is to be set right — and
+refuses to extend a history that already holds one until a ``time_correction`` accepts it
+(``ragpipe release accept-time``); a reader refuses to serve from such a history, naming the
+record and the command. Nothing ever rewrites a record.
 
 ``reduce_history`` folds records into ``TargetHistory`` and refuses an illegal sequence with the
 record number: an intent while another is unresolved, an intent that does not start from the
 current generation, a rollback to a release never active here, an observed record for another
-intent. Release states per target: ``activating`` (open intent), ``active``, ``superseded``
-(replaced by an activation), ``rolled_back`` (replaced by a rollback), ``failed``, ``cancelled``,
-``rejected``; a release with no record here is *awaiting activation*. ``at`` is operational only.
+intent, a time correction of a record that needs none. Release states per target: ``activating``
+(open intent), ``active``, ``superseded`` (replaced by an activation), ``rolled_back`` (replaced
+by a rollback), ``failed``, ``cancelled``, ``rejected``; a release with no record here is
+*awaiting activation*.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ KEYS = {
     "intent": {"action", "release_id", "from_generation", "generation", "previous", "by", "at"},
     "observed": {"intent", "outcome", "release_id", "generation", "reason", "at"},
     "rejected": {"action", "release_id", "reason", "by", "at"},
+    "time_correction": {"record", "by", "reason", "at", "signature"},
 }
 ACTIONS = ("activate", "rollback")
 OUTCOMES = ("active", "failed", "cancelled")
@@ -55,6 +70,26 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class BackwardsRecord:
+    """A record dated before the record before it (module docstring, Time order)."""
+
+    seq: int
+    hash: str
+    at: str
+    previous_at: str
+
+
+@dataclass(frozen=True)
+class TimeCorrection:
+    record: BackwardsRecord  # the record whose time it accepts
+    by: str
+    reason: str
+    at: str
+    seq: int
+    signature: str | None
+
+
+@dataclass(frozen=True)
 class TargetHistory:
     """The reduced state of one target's history (see module docstring)."""
 
@@ -67,6 +102,21 @@ class TargetHistory:
     states: dict[str, str] = field(default_factory=dict)
     approvals: dict[str, tuple[Approval, ...]] = field(default_factory=dict)
     activations: tuple[tuple[int, str, str], ...] = ()  # (generation, release_id, action) per swap
+    last_at: str = ""  # the time of the last record
+    backwards: tuple[BackwardsRecord, ...] = ()  # dated before their predecessors, not corrected
+    corrections: tuple[TimeCorrection, ...] = ()
+
+    def time_problem(self, target: str) -> str | None:
+        """Why this history breaks time order (None: it does not) — one line with the repair."""
+        if not self.backwards:
+            return None
+        b = self.backwards[0]
+        return (
+            f"target {target!r}: history record {b.seq} is dated {b.at}, before record {b.seq - 1} ({b.previous_at}): "
+            f"a clock was behind when it was written; set the clock right, then accept that record's time with "
+            f"ragpipe release accept-time --target {target} --record {b.seq} --by NAME --reason TEXT "
+            "(--key KEYFILE where the target requires approvals)"
+        )
 
 
 def now_iso() -> str:
@@ -141,9 +191,33 @@ def _observed(state: TargetHistory, record: Record, p: dict[str, Any]) -> Target
     )
 
 
+def _dated(state: TargetHistory, record: Record) -> TargetHistory:
+    """The time-order bookkeeping of ``record`` (module docstring, Time order)."""
+    at = str(record.payload["at"])
+    if at >= state.last_at:
+        return replace(state, last_at=at)
+    late = BackwardsRecord(record.seq, record.hash, at, state.last_at)
+    return replace(state, last_at=at, backwards=(*state.backwards, late))
+
+
+def _time_correction(state: TargetHistory, record: Record, p: dict[str, Any]) -> TargetHistory:
+    corrected = next((b for b in state.backwards if b.seq == p["record"]), None)
+    if corrected is None:
+        raise ValueError(f"time correction of record {p['record']!r}, which is not dated before its predecessor")
+    correction = TimeCorrection(corrected, p["by"], p["reason"], p["at"], record.seq, p["signature"])
+    return replace(
+        state,
+        backwards=tuple(b for b in state.backwards if b is not corrected),
+        corrections=(*state.corrections, correction),
+    )
+
+
 def step(state: TargetHistory, record: Record) -> TargetHistory:
     """One transition of the reducer (pure); raises ``ValueError`` on an illegal record."""
     p = _need(record)
+    state = _dated(state, record)
+    if record.kind == "time_correction":
+        return _time_correction(state, record, p)
     if record.kind == "approval":
         approval = Approval(
             p["release_id"], p["by"], p["note"], p["at"], record.seq, p.get("expires"), p.get("signature")
@@ -189,7 +263,19 @@ class History:
         self.state = reduce_history(self.ledger.records, self.where)
 
     def append(self, kind: str, payload: dict[str, Any]) -> Record:
+        """Append one record after checking it (nothing is written when it is refused): a legal
+        transition, dated no earlier than the record before it, onto a history whose times are
+        in order (or a ``time_correction`` that makes them so)."""
         record = HISTORY_DOMAIN.make_record(len(self.ledger.records) + 1, kind, payload, self.ledger.head)
+        wedged = self.state.time_problem(self.target)
+        if wedged is not None and kind != "time_correction":
+            raise LedgerError(f"{wedged}; nothing was written")
+        if str(payload.get("at", "")) < self.state.last_at:
+            raise LedgerError(
+                f"target {self.target!r}: this machine's clock says {payload.get('at')}, before the history's last "
+                f"record (record {record.seq - 1}, dated {self.state.last_at}): set the clock right and run the "
+                "command again; nothing was written"
+            )
         try:
             state = step(self.state, record)  # refuses before anything is written
         except ValueError as exc:

@@ -34,6 +34,7 @@ from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import Pointer, read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
+from ragpipe.release.time_order import correction_refusal
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,10 @@ def live_release(
     name, spec = config.get(target)
     pointer, state, records = _pointer_and_history(store, name)
     since, action = _agreement(name, pointer, state, records)
-    _times_in_order(name, records)
+    # the writers' rule: no record dated before its predecessor unless a (signed) correction accepts it
+    untimely = state.time_problem(name) or correction_refusal(config, name, state)
+    if untimely:
+        raise ReleaseError(untimely)
     manifest = load_manifest(store, pointer.release_id)
     # A rollback returns to a release an earlier activation made live: that activation must have
     # been one activation allows, or a forged activation could be laundered through a rollback.
@@ -104,19 +108,6 @@ def _activation_record(records: tuple[Record, ...], generation: int) -> tuple[st
         if record.kind == "intent" and record.payload["generation"] == generation:
             return str(record.payload["at"]), record.seq
     raise ReleaseError(f"the history has no intent for generation {generation}")
-
-
-def _times_in_order(target: str, records: tuple[Record, ...]) -> None:
-    """Refuse a history whose record times go backwards: an approval's validity is judged at the
-    time of the activation it allowed, so that time must not be written in the past after the fact."""
-    last = ""
-    for record in records:
-        at = str(record.payload.get("at", ""))
-        if at < last:
-            raise ReleaseError(
-                f"target {target!r}: history record {record.seq} is dated {at}, before record {record.seq - 1}"
-            )
-        last = at
 
 
 def _moment(since: str) -> datetime:

@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
@@ -32,6 +33,8 @@ from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
 SHA = r"^sha256:[0-9a-f]{64}$"
 RELEASE_SCHEMA = "ragpipe.release/v1"
+# A manifest is a few KiB of IDs; anything this large is not one (and is not read whole).
+MAX_MANIFEST_BYTES = 4 * 2**20
 SEAL_DOMAIN = "release-manifest/v1"  # the file's seal, with a key configured (ragpipe.kernel.seals)
 
 
@@ -134,9 +137,11 @@ def load_manifest(store: ReleaseStore, release_id: str) -> ReleaseManifest:
     path = store.manifest_path(check_release_id(release_id))
     fetch_file(store.ws, path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise ReleaseError(f"release {release_id} not found in {store.manifests}") from None
+    except OSError as exc:
+        raise ReleaseError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse_manifest_file(path, data)[1]
 
 
@@ -144,8 +149,8 @@ def load_manifest(store: ReleaseStore, release_id: str) -> ReleaseManifest:
 class ManifestListing:
     """The manifest folder read: ``valid`` as ``(release_id, manifest)``, oldest publication first
     (ties by ID; order is operational, from file times), and ``invalid`` as ``(path, reason)`` for
-    every other ``*.json`` file there — a damaged manifest or a stray file is reported, never a
-    reason to stop reading the others."""
+    every other ``*.json`` entry there — a damaged manifest, a stray file, a link (never followed),
+    a FIFO or device (never waited on) is reported, never a reason to stop reading the others."""
 
     valid: list[tuple[str, ReleaseManifest]]
     invalid: list[tuple[Path, str]]
@@ -159,9 +164,10 @@ def list_manifests(store: ReleaseStore) -> ManifestListing:
         return ManifestListing([], [])
     found, invalid, published = [], [], {}
     for path in sorted(p for p in store.manifests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")):
+        # read through one descriptor: a link is not followed, a FIFO or device not waited on
         try:
-            mtime = path.stat().st_mtime_ns
-            found.append((mtime, *parse_manifest_file(path, path.read_bytes())))
+            mtime = path.lstat().st_mtime_ns
+            found.append((mtime, *parse_manifest_file(path, read_regular(path, MAX_MANIFEST_BYTES))))
             published[found[-1][1]] = mtime
         except ReleaseError as exc:
             invalid.append((path, str(exc)))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.publish import StepHook, fsync_path, remove_stale_temps
 from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
 from ragpipe.release.store import RELEASE_ID, ConflictError, ReleaseError, ReleaseStore
@@ -32,6 +33,8 @@ POINTER_KEYS = ["generation", "ledger_head", "previous", "release_id", "schema",
 SEAL_DOMAIN = "release-pointer/v1"
 # The points of ``write_pointer`` where a crash leaves a distinct state on disk.
 POINTER_STEPS = ("pointer_temp_written", "pointer_temp_fsynced", "pointer_renamed", "pointer_dir_fsynced")
+
+MAX_POINTER_BYTES = 65536  # a pointer is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,11 @@ def read_pointer(store: ReleaseStore, target: str) -> Pointer | None:
     path = store.pointer_path(target)
     try:
         with store.current(target):  # with an object store: the store's pointer
-            data = path.read_bytes()
+            data = read_regular(path, MAX_POINTER_BYTES)  # never through a link, never waiting on a FIFO
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise ReleaseError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse_pointer(path, data, target)
 
 

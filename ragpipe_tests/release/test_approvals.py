@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe.kernel.ledger import Ledger
 from ragpipe.kernel.signatures import KeyFileError, load_key_file, new_key_file, sign
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
 from ragpipe.release.approvals import approval_refusal, approval_statement, approve, parse_time
-from ragpipe.release.history import History, now_iso, read_history
+from ragpipe.release.history import HISTORY_DOMAIN, now_iso, read_history
 from ragpipe.release.live import live_release
 from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
@@ -34,9 +35,10 @@ def refusal(ws: Workspace, rid: str, target: str = "production", now: datetime |
 
 
 def copy_record(ws: Workspace, payload: dict, target: str) -> None:
-    """Append ``payload`` as an approval record to ``target``'s history, the hash chain recomputed."""
+    """Append ``payload`` as an approval record to ``target``'s history, the hash chain recomputed
+    (past the project's writer, which would refuse a copy dated before the last record)."""
     store = ReleaseStore(ws)
-    with store.target_lock(target), History(store, target) as history:
+    with store.target_lock(target), forger_ledger(store, target) as history:
         history.append("approval", payload)
 
 
@@ -80,7 +82,7 @@ def test_replayed_forged_edited_and_unsigned_approvals_never_count(ws: Workspace
     )
     # unsigned: the form before approvals were signed, and a name the target does not list
     copy_record(ws, {"release_id": b, "by": APPROVER, "note": "", "at": at}, "production")
-    copy_record(ws, {**base, "release_id": b, "by": "mallory"}, "production")
+    copy_record(ws, {**base, "release_id": b, "by": "mallory", "at": at}, "production")  # in time order
     assert refusal(ws, b) == head + "; ".join(
         [
             "approval 6 by 'mallory': not an approver of target 'production'",
@@ -151,11 +153,17 @@ def test_a_live_release_stays_live_after_its_approval_expires_but_a_later_approv
     )
 
 
+def forger_ledger(store: ReleaseStore, target: str) -> Ledger:
+    """The target's history ledger opened directly, as a program other than ragpipe's writer would."""
+    return Ledger.open(store.history_path(target), HISTORY_DOMAIN, create=True, scope=target)
+
+
 def test_a_back_dated_activation_cannot_revive_an_expired_approval(ws: Workspace, bundle: Path):
     rid = publish(ws, bundle, "r1")
     approve_signed(ws, rid, "production", days=1)
     store = ReleaseStore(ws)
-    with store.target_lock("production"), History(store, "production") as history:
+    # written past the project's writer (which refuses a time before the last record's)
+    with store.target_lock("production"), forger_ledger(store, "production") as history:
         intent = history.append(
             "intent",
             {

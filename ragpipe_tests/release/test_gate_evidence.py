@@ -93,8 +93,12 @@ def test_edits_of_the_kept_file_are_refused(ws, bundle: Path):
     path.unlink()
     assert refusal(ws, rid) == f"{where}: {path} is missing"
     path.mkdir()
-    assert refusal(ws, rid) == f"{where}: {path}: [Errno 21] Is a directory: '{path}'"
+    assert refusal(ws, rid) == f"{where}: {path}: not a regular file (a folder)"
     path.rmdir()
+    path.symlink_to(ws.home / "elsewhere.json")  # never followed, whatever it names
+    (ws.home / "elsewhere.json").write_bytes(original)
+    assert refusal(ws, rid) == f"{where}: {path}: a symbolic link (never followed)"
+    path.unlink()
 
     kept = json.loads(original)
     kept["decision"]["eligible"] = False  # the ID is not recomputed

@@ -203,3 +203,38 @@ def test_targets_from_environment(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("RAGPIPE_TARGETS", str(tmp_path / "missing.yaml"))
     with pytest.raises(ReleaseError, match=r"missing\.yaml: cannot read targets config: \[Errno 2\]"):
         load_targets()
+
+
+def test_a_listing_never_follows_a_link_nor_waits_on_a_fifo(tmp_path: Path):
+    """Only regular files are read: a FIFO named like a manifest is one invalid row (opened without
+    blocking, so a listing — ``release list``, the activation sensor — never hangs on it), a link
+    to a valid manifest is one invalid row (never followed), a folder and an oversized file too;
+    the valid manifest is still listed. ``load_manifest`` refuses a link in a manifest's place."""
+    import os
+
+    from ragpipe.release.manifest import MAX_MANIFEST_BYTES
+
+    store = ReleaseStore(Workspace(tmp_path))
+    rid, _ = publish_manifest(store, ReleaseManifest.model_validate(body()))
+    path = store.manifest_path(rid)
+    fifo, link, folder, huge = (store.manifests / f"{c * 64}.json" for c in "cdef")
+    os.mkfifo(fifo)
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(path.read_bytes())
+    link.symlink_to(outside)
+    folder.mkdir()
+    with open(huge, "wb") as fh:
+        fh.truncate(MAX_MANIFEST_BYTES + 1)
+    listing = list_manifests(store)
+    assert listing.valid == [(rid, ReleaseManifest.model_validate(body()))]
+    assert listing.invalid == [
+        (fifo, f"{fifo}: cannot read: not a regular file (a FIFO)"),
+        (link, f"{link}: cannot read: a symbolic link (never followed)"),
+        (folder, f"{folder}: cannot read: not a regular file (a folder)"),
+        (huge, f"{huge}: cannot read: {MAX_MANIFEST_BYTES + 1} bytes, more than the {MAX_MANIFEST_BYTES} allowed"),
+    ]
+    path.unlink()
+    path.symlink_to(outside)
+    with pytest.raises(ReleaseError) as exc:
+        load_manifest(store, rid)
+    assert str(exc.value) == f"{path}: cannot read: a symbolic link (never followed)"
