@@ -4,10 +4,11 @@
     ragpipe release show RELEASE_ID [--json]
     ragpipe release current [--target T] [--json]
     ragpipe release approve RELEASE_ID --target T --by NAME [--note TEXT] [--json]
-    ragpipe release activate RELEASE_ID [--target T] [--json]
+    ragpipe release activate (RELEASE_ID | --revision KEY) [--target T] [--json]
     ragpipe release rollback [--target T] [--to RELEASE_ID] [--json]
     ragpipe release accept-time --target T --record N --by NAME --reason TEXT [--key KEYFILE] [--json]
 
+A RELEASE_ID is the full ID or a unique prefix of at least 12 hex digits (``sha256:`` optional).
 Every expected error prints ``error: <message>`` on stderr and exits 1; ``--json`` prints exactly
 one JSON value on stdout. Targets come from ``ragpipe/specs/targets.yaml`` (or ``$RAGPIPE_TARGETS``);
 without ``--target`` the configured default target is used.
@@ -33,7 +34,12 @@ T = TypeVar("T")
 TargetOpt = Annotated[
     str | None, typer.Option("--target", "-t", help="Target (default: the configured default target).")
 ]
-ReleaseArg = Annotated[str, typer.Argument(metavar="RELEASE_ID", help="Exact release ID (sha256:<64 hex>).")]
+ReleaseArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="RELEASE_ID", help="Release ID (sha256:<64 hex>) or a unique prefix of at least 12 hex digits."
+    ),
+]
 
 
 def guarded(action: Callable[[], T]) -> T:
@@ -54,6 +60,36 @@ def _ws():
     return Workspace(default_home())
 
 
+def short_ids(release_ids: list[str]) -> dict[str, str]:
+    """Each ID as ``sha256:`` + its shortest prefix of at least 16 hex digits unique among them:
+    what ``activate``, ``show``, ``approve`` and ``rollback --to`` take."""
+    width = 16
+    while len({rid[7 : 7 + width] for rid in release_ids}) < len(set(release_ids)):
+        width += 4
+    return {rid: rid[: 7 + width] for rid in release_ids}
+
+
+def full_id(ws, text: str) -> str:
+    """The release ID ``text`` names (the ID, or a unique prefix of at least 12 hex digits)."""
+    from ragpipe.release.manifest import resolve_release_id
+    from ragpipe.release.store import ReleaseStore
+
+    return resolve_release_id(ReleaseStore(ws), text)
+
+
+def revision_release(ws, revision: str) -> str:
+    """The release of ``revision``'s latest build (its ``release_manifest`` stage output)."""
+    from ragpipe.release.store import ReleaseError
+    from ragpipe.stages.stage_store import StageError, read_output
+
+    try:
+        return str(read_output(ws, revision, "release_manifest").record.facts["release_id"])
+    except StageError as exc:
+        raise ReleaseError(
+            f"revision {revision!r} has no release ({exc}): build it with ragpipe build under a spec with an evaluation: section"
+        ) from None
+
+
 @release_app.command("list")
 def release_list(as_json: JsonOpt = False) -> None:
     """Every published release with its gate outcome and the targets it is active on."""
@@ -71,10 +107,11 @@ def release_list(as_json: JsonOpt = False) -> None:
         return
     table = Table(title=f"{len(rows)} releases")
     for col in ("release", "revision", "eligible", "decisive phase", "active on"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "release")
+    shown = short_ids([str(r["release_id"]) for r in rows])
     for r in rows:
         table.add_row(
-            str(r["release_id"]),
+            shown[str(r["release_id"])],
             escape(str(r["revision"])),
             "yes" if r["eligible"] else "no",
             str(r["decisive_phase"] or "—"),
@@ -92,12 +129,13 @@ def release_show(release_id: ReleaseArg, as_json: JsonOpt = False) -> None:
 
     def run() -> dict[str, Any]:
         ws = _ws()
-        manifest = load_manifest(ReleaseStore(ws), release_id)
+        full = full_id(ws, release_id)
+        manifest = load_manifest(ReleaseStore(ws), full)
         targets = {}
         for name, state in target_states(ws).items():
-            approvals = [{"by": a.by, "at": a.at, "note": a.note} for a in state.approvals.get(release_id, ())]
-            targets[name] = {"state": state.states.get(release_id, "awaiting activation"), "approvals": approvals}
-        return {"release_id": release_id, "manifest": manifest.body(), "targets": targets}
+            approvals = [{"by": a.by, "at": a.at, "note": a.note} for a in state.approvals.get(full, ())]
+            targets[name] = {"state": state.states.get(full, "awaiting activation"), "approvals": approvals}
+        return {"release_id": full, "manifest": manifest.body(), "targets": targets}
 
     data = guarded(run)
     if as_json:
@@ -187,7 +225,8 @@ def release_approve(
     """Sign and record an approver's approval of a release for a target."""
     from ragpipe.release.approvals import approve
 
-    a = guarded(lambda: approve(_ws(), release_id, target, by=by, key_file=key, note=note, days=days))
+    ws = _ws()
+    a = guarded(lambda: approve(ws, full_id(ws, release_id), target, by=by, key_file=key, note=note, days=days))
     data = {
         "release_id": a.release_id,
         "target": target,
@@ -232,11 +271,31 @@ def release_approver_key(
 
 
 @release_app.command("activate")
-def release_activate(release_id: ReleaseArg, target: TargetOpt = None, as_json: JsonOpt = False) -> None:
+def release_activate(
+    release_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[RELEASE_ID]",
+            help="Release ID or a unique prefix of at least 12 hex digits (or give --revision).",
+        ),
+    ] = None,
+    target: TargetOpt = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", "-r", help="Activate the release of this revision's latest build.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Activate a release (refused unless eligible, verified, and approved where required)."""
     from ragpipe.release.activation import activate
+    from ragpipe.release.store import ReleaseError
 
-    result = guarded(lambda: activate(_ws(), release_id, target))
+    def chosen(ws) -> str:
+        if (release_id is None) == (revision is None):
+            raise ReleaseError("give a release ID or --revision KEY (one of them)")
+        return full_id(ws, release_id) if release_id is not None else revision_release(ws, revision)  # type: ignore[arg-type]
+
+    ws = _ws()
+    result = guarded(lambda: activate(ws, chosen(ws), target))
     if as_json:
         emit_json(result.as_dict())
     elif result.changed:
@@ -254,13 +313,17 @@ def release_activate(release_id: ReleaseArg, target: TargetOpt = None, as_json: 
 @release_app.command("rollback")
 def release_rollback(
     target: TargetOpt = None,
-    to: Annotated[str | None, typer.Option("--to", help="A previously active release to return to.")] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="A previously active release to return to (ID or unique prefix of 12+ hex digits)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Point a target back to a previously active, still-verifying release (no rebuild)."""
     from ragpipe.release.rollback import rollback
 
-    result = guarded(lambda: rollback(_ws(), target, to=to))
+    ws = _ws()
+    result = guarded(lambda: rollback(ws, target, to=None if to is None else full_id(ws, to)))
     if as_json:
         emit_json(result.as_dict())
     else:

@@ -24,6 +24,13 @@ write the store can make a shard that verifies. So with a key configured (``RAGP
 over the spec, the name and the shard's SHA-256 — and a shard without a valid seal is not
 downloaded (a warning); without a key, a store writer is trusted as a writer of every machine's
 cache (docs/trust.md).
+
+The same holds for this machine's own folder: with a key configured every shard is written with
+its ``<shard name>.seal`` beside it (a fetched one gets the store's seal, checked), and a lookup
+uses only shards whose seal verifies — a shard planted in the home's cache with every entry digest
+recomputed, or one written before the key was configured, is refused and set aside like a damaged
+one (its entries are encoded again), so the key that seals a bundle also vouches for every vector
+in it.
 """
 
 from __future__ import annotations
@@ -72,6 +79,10 @@ def shard_seal(key: SealKey, spec_hex: str, name: str, data: bytes) -> bytes:
     return mac(key, SEAL_DOMAIN, payload).encode()
 
 
+def _seal_path(shard: Path) -> Path:
+    return shard.with_name(shard.name + ".seal")
+
+
 class EmbeddingCache:
     def __init__(
         self,
@@ -109,6 +120,9 @@ class EmbeddingCache:
                 held = self.store.get(key)
                 if held is not None and self._sealed(key, name, held.data):
                     local.parent.mkdir(parents=True, exist_ok=True)
+                    if self.key is not None:  # the seal first: a shard is never found without it
+                        seal = shard_seal(self.key, self.spec_hex, name, held.data)
+                        write_file_atomic(_seal_path(local), seal, replace=True, sync=False)
                     write_file_atomic(local, held.data, replace=False, sync=False)  # verified on every load
         except StorageError as exc:  # the store is a cache here too: what it cannot give is encoded again
             log.warning("embedding cache: %s: %s; its entries are encoded again", self.store.url, exc)
@@ -173,9 +187,21 @@ class EmbeddingCache:
             self.add([k for k, _ in entries], np.stack([v for _, v in entries]))
 
     def _read_shard(self, shard: Path) -> tuple[list[str], np.ndarray]:
-        """The shard's keys and vectors, each entry verified; ``ShardRefused`` naming the rule."""
+        """The shard's keys and vectors, each entry verified (and, with a key, the shard's seal);
+        ``ShardRefused`` naming the rule."""
         try:
-            table = pq.read_table(shard)
+            data = shard.read_bytes()
+        except OSError as exc:
+            raise ShardRefused(f"cannot be read: {exc.strerror or exc}") from None
+        if self.key is not None:
+            try:
+                seal = _seal_path(shard).read_bytes()
+            except OSError:
+                seal = None
+            if seal is None or not hmac.compare_digest(seal, shard_seal(self.key, self.spec_hex, shard.name, data)):
+                raise ShardRefused(f"{'no seal' if seal is None else 'a seal not made'} with key {self.key.key_id}")
+        try:
+            table = pq.read_table(pa.BufferReader(data))
         except (OSError, pa.ArrowException) as exc:
             raise ShardRefused(f"cannot be read as Parquet: {exc}") from None
         expected = self._schema()
@@ -194,7 +220,7 @@ class EmbeddingCache:
                 raise ShardRefused(f"row {row} (text {key}): its vector does not match its entry digest")
         return keys, matrix
 
-    def _refuse(self, shard: Path, rule: str) -> None:
+    def _refuse(self, shard: Path, rule: str) -> None:  # the seal stays: it names a shard no longer there
         log.warning("embedding cache: %s: %s; set aside as %s.refused, its entries are encoded again", shard, rule,
                     shard.name)  # fmt: skip
         try:
@@ -221,17 +247,18 @@ class EmbeddingCache:
         pq.write_table(table, tmp)
         fsync_path(tmp)
         final = self.directory / name
+        data = tmp.read_bytes()
+        seal = shard_seal(self.key, self.spec_hex, name, data) if self.key is not None else None
+        if seal is not None:  # the seal first: a shard is never found without its seal
+            write_file_atomic(_seal_path(final), seal, replace=True)
         os.rename(tmp, final)
         self._read.add(name)  # its own entries are in hand: never read back
         fsync_path(self.directory)
         if self.store is not None:  # shared with every machine; the name is unique (pid, random)
             try:
-                data = final.read_bytes()
                 self.store.put_new(self.store_prefix + name, data)
-                if self.key is not None:
-                    self.store.put_new(
-                        self.store_prefix + name + ".seal", shard_seal(self.key, self.spec_hex, name, data)
-                    )
+                if seal is not None:
+                    self.store.put_new(self.store_prefix + name + ".seal", seal)
             except StorageError as exc:  # other machines encode these texts again
                 log.warning("embedding cache: %s: cannot share %s: %s", self.store.url, name, exc)
         return final

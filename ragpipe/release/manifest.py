@@ -17,6 +17,7 @@ hold.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -175,3 +176,41 @@ def list_manifests(store: ReleaseStore) -> ManifestListing:
         except OSError as exc:
             invalid.append((path, f"{path}: cannot read: {exc.strerror or exc}"))
     return ManifestListing([(rid, m) for _, rid, m in sorted(found, key=lambda t: (t[0], t[1]))], invalid, published)
+
+
+_MANIFEST_NAME = re.compile(r"^[0-9a-f]{64}\.json\Z")
+MIN_PREFIX_HEX = 12  # 48 bits: unique among any store's releases, short enough to type
+_HEX_ID = re.compile(r"^(?:sha256:)?([0-9a-fA-F]+)\Z")
+
+
+def resolve_release_id(store: ReleaseStore, text: str) -> str:
+    """The full release ID ``text`` names: the ID itself, or a unique prefix of at least
+    ``MIN_PREFIX_HEX`` hex digits with or without ``sha256:`` (case-insensitive), matched against
+    the manifests published here (and on the object store, if one is configured). ``ReleaseError``
+    in one line when it is malformed, too short, matches nothing, or matches several (listed)."""
+    match = _HEX_ID.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ReleaseError(
+            f"release ID {text!r} is not sha256:<64 hex digits> or a prefix of at least {MIN_PREFIX_HEX} of them"
+        )
+    digits = match.group(1).lower()
+    if len(digits) > 64:
+        raise ReleaseError(f"release ID {text!r} has more than 64 hex digits")
+    if len(digits) == 64:
+        return f"sha256:{digits}"
+    if len(digits) < MIN_PREFIX_HEX:
+        raise ReleaseError(
+            f"release ID prefix {text!r} is too short: give at least {MIN_PREFIX_HEX} hex digits (ragpipe release list)"
+        )
+    fetch_folder_files(store.ws, store.manifests)
+    names = (
+        sorted(p.stem for p in store.manifests.iterdir() if _MANIFEST_NAME.match(p.name))
+        if store.manifests.is_dir()
+        else []
+    )
+    found = [f"sha256:{n}" for n in names if n.startswith(digits)]
+    if not found:
+        raise ReleaseError(f"no release ID starts with {digits} in {store.manifests} (ragpipe release list)")
+    if len(found) > 1:
+        raise ReleaseError(f"release ID prefix {digits} is ambiguous: {', '.join(found)} (give more digits)")
+    return found[0]

@@ -313,6 +313,18 @@ def test_the_vector_engine_is_said_in_words_by_the_build_and_bundle_inspect(cli_
     assert (query.returncode, " ".join(query.stderr.split())) == (1, f"error: {rule}")
 
 
+def test_release_activate_by_revision_names_that_revisions_release(cli_build):
+    """``release activate --revision KEY`` activates the release of the revision's latest build:
+    here refused for what it is (the handbook's build gates ineligible), naming that release."""
+    home, _, first = cli_build
+    release_id = json.loads(first.stdout)["release_id"]
+    out = ragpipe("release", "activate", "--revision", "hb-1", "--target", "staging", home=home)
+    assert out.returncode == 1
+    assert " ".join(out.stderr.split()).startswith(f"error: release {release_id} is not eligible for activation")
+    unknown = ragpipe("release", "activate", "--revision", "hb-404", home=home)
+    assert unknown.returncode == 1 and "revision 'hb-404' has no release" in " ".join(unknown.stderr.split())
+
+
 def test_configured_bundle_key_refuses_an_unkeyed_bundle(cli_build, tmp_path: Path):
     _, _, first = cli_build
     bundle = json.loads(first.stdout)["bundle_path"]

@@ -64,7 +64,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
     bad_decision = load_manifest(ReleaseStore(ws), bad).gate.decision_id
     bundle_id = bundle_ids(bundle)[0]
 
-    assert ok("activate", a, "--json", home=home) == {
+    assert ok("activate", a[:19].upper().replace("SHA256", "sha256"), "--json", home=home) == {  # a 12-digit prefix
         "target": "staging",
         "release_id": a,
         "generation": 1,
@@ -134,7 +134,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
     }
     assert ok("activate", a, "--target", "production", "--json", home=home)["generation"] == 1
 
-    shown = ok("show", a, "--json", home=home)
+    shown = ok("show", a[7:23], "--json", home=home)  # a prefix without sha256:
     assert (
         shown["release_id"] == a
         and shown["manifest"]["revision"] == "r1"
@@ -155,7 +155,7 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         refused("rollback", home=home)
         == f"error: target 'staging' has no earlier release to roll back to (only {a} was active)\n"
     )
-    assert ok("rollback", "--to", b, home=home) == f"rolled back staging to {b} (generation 4; previous {a})\n"
+    assert ok("rollback", "--to", b[7:19], home=home) == f"rolled back staging to {b} (generation 4; previous {a})\n"
     assert refused("rollback", "--target", "production", home=home) == (
         f"error: target 'production' has no earlier release to roll back to (only {a} was active)\n"
     )
@@ -164,7 +164,17 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("show", "nope"), "release ID 'nope' is not of the form sha256:<64 hex digits>"),
+        (("show", "nope"), "release ID 'nope' is not sha256:<64 hex digits> or a prefix of at least 12 of them"),
+        (
+            ("show", "sha256:abc"),
+            "release ID prefix 'sha256:abc' is too short: give at least 12 hex digits (ragpipe release list)",
+        ),
+        (
+            ("activate", "0123456789ab"),
+            "no release ID starts with 0123456789ab in {home}/releases/manifests (ragpipe release list)",
+        ),
+        (("activate",), "give a release ID or --revision KEY (one of them)"),
+        (("activate", H, "--revision", "r1"), "give a release ID or --revision KEY (one of them)"),
         (("activate", H), "release {H} not found in {home}/releases/manifests"),
         (("current", "--target", "qa"), "unknown target 'qa': declared targets are production, staging"),
         (("rollback",), "target 'staging' has no active release; there is nothing to roll back"),
@@ -228,3 +238,24 @@ def test_gc_keeps_released_bundles_and_stops_on_a_damaged_history(built_workspac
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == f"error: {history}: record 1: hash does not match the record's content\n"
     assert orphan.is_dir()
+
+
+def test_a_release_id_prefix_must_be_unique(tmp_path: Path):
+    """Two manifests whose IDs share the first 12 hex digits: that prefix is refused listing both,
+    one digit more names one (prefixes are matched against the manifest file names)."""
+    from ragpipe.kernel.workspace import Workspace
+    from ragpipe.release.manifest import resolve_release_id
+    from ragpipe.release.store import ReleaseError
+
+    store = ReleaseStore(Workspace(tmp_path))
+    store.manifests.mkdir(parents=True)
+    one, two = "0123456789ab" + "c" * 52, "0123456789ab" + "d" * 52
+    for name in (one, two):
+        (store.manifests / f"{name}.json").write_text("{}")
+    with pytest.raises(ReleaseError) as err:
+        resolve_release_id(store, "sha256:0123456789AB")
+    assert str(err.value) == (
+        f"release ID prefix 0123456789ab is ambiguous: sha256:{one}, sha256:{two} (give more digits)"
+    )
+    assert resolve_release_id(store, "0123456789abd") == f"sha256:{two}"
+    assert resolve_release_id(store, f"sha256:{'e' * 64}") == f"sha256:{'e' * 64}"  # a full ID is taken as given

@@ -134,3 +134,60 @@ def test_a_damaged_shard_never_reaches_a_bundle(tmp_path: Path):
     assert (warm_bundle / "vectors.arrow").read_bytes() == (cold_bundle / "vectors.arrow").read_bytes()
     assert warm_bundle.name == cold_bundle.name
     assert list((tmp_path / "warm" / "embedding_cache").rglob("*.refused"))
+
+
+def plant(shard: Path, reps) -> np.ndarray:
+    """Rewrite ``shard`` with other vectors and every entry digest recomputed (no seal)."""
+    table = pq.read_table(shard)
+    matrix = -np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.float32)
+    keys = table.column("text_digest").to_pylist()
+    planted = pa.table(
+        {
+            "text_digest": pa.array(keys, pa.string()),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), 384),
+            "entry_digest": pa.array([entry_digest(SPEC.hex, k, v) for k, v in zip(keys, matrix)]),
+        },
+        schema=table.schema,
+    )
+    pq.write_table(planted, shard)
+    return matrix
+
+
+def test_with_a_key_only_shards_sealed_with_it_are_used(tmp_path: Path, embedder, caplog):
+    """With a key configured every shard is written with its seal: a later process uses it without
+    the model; a shard planted with every entry digest recomputed, one whose seal was made with
+    another key, and one written before the key was configured are refused and encoded again."""
+    from ragpipe.kernel.seals import SealKey
+
+    key, other = SealKey(b"k" * 32), SealKey(b"o" * 32)
+    reps = [rep(t, i) for i, t in enumerate(TEXTS)]
+
+    def keyed(k=key) -> EmbeddingCache:
+        return EmbeddingCache(tmp_path, SPEC, 384, key=k)
+
+    cold, _ = compute_embeddings(reps, keyed(), lambda: embedder)
+    (shard,) = (tmp_path / SPEC.hex).glob("shard-*.parquet")
+    assert shard.with_name(shard.name + ".seal").is_file()
+    vectors, stats = compute_embeddings(reps, keyed(), lambda: pytest.fail("model loaded"))
+    assert stats.encoded == 0 and np.array_equal(vectors, cold)
+
+    plant(shard, reps)  # the seal no longer matches the bytes
+    with caplog.at_level(logging.WARNING, logger="ragpipe.embedding.cache"):
+        vectors, stats = compute_embeddings(reps, keyed(), lambda: embedder)
+    assert stats.encoded == 3 and np.array_equal(vectors, cold) and refused(shard)
+    assert f"{shard}: a seal not made with key {key.key_id}" in caplog.text
+
+    (fresh,) = (tmp_path / SPEC.hex).glob("shard-*.parquet")  # the shard that encoding wrote
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ragpipe.embedding.cache"):
+        vectors, stats = compute_embeddings(reps, keyed(other), lambda: embedder)
+    assert stats.encoded == 3 and np.array_equal(vectors, cold) and refused(fresh)
+    assert f"{fresh}: a seal not made with key {other.key_id}" in caplog.text
+
+    unkeyed = tmp_path / "unkeyed"
+    compute_embeddings(reps, EmbeddingCache(unkeyed, SPEC, 384), lambda: embedder)  # before a key existed
+    (old,) = (unkeyed / SPEC.hex).glob("shard-*.parquet")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ragpipe.embedding.cache"):
+        _, stats = compute_embeddings(reps, EmbeddingCache(unkeyed, SPEC, 384, key=key), lambda: embedder)
+    assert stats.encoded == 3 and refused(old) and f"{old}: no seal with key {key.key_id}" in caplog.text
