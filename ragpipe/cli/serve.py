@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from ragpipe.cli.common import JsonOpt, emit_json, fail, out
+from ragpipe.cli.common import JsonOpt, emit_json, err, fail, out
 from ragpipe.kernel.workspace import default_home
 
 
@@ -56,6 +56,15 @@ def serve(
     _log_lines()
     limits = settings.limits
     out.print(f"serving target {app.service.follower.target!r} on http://{host}:{port} (ready at /readyz)")
+    if not settings.keys and not settings.anonymous:  # every query and answer would be a 401
+        err.print(
+            "warning: no caller can be authorised: the config has no keys and anonymous: false, so every query and "
+            "answer is refused with 401; add a key (ragpipe serve-key ID --subject NAME --scope SCOPE) or set "
+            f"anonymous: true in {config or 'a serve.yaml given with --config'}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
     server = uvicorn.Server(
         uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="on", limit_concurrency=limits.max_connections

@@ -68,3 +68,60 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path):
     for args, message in cases.items():
         result = ragpipe(*args, home=tmp_path)
         assert (result.returncode, result.stdout, result.stderr) == (1, "", message + "\n"), args
+
+
+def started_serve(tmp_path: Path, config: Path | None) -> tuple[str, str]:
+    """Start ``ragpipe serve`` on a free loopback port, wait (bounded) until it answers /healthz,
+    stop it; its (stdout, stderr)."""
+    import os
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = [sys.executable, "-m", "ragpipe.cli", "serve", "--port", str(port)]
+    env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        args + (["--config", str(config)] if config else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        for _ in range(600):  # a bounded wait for the start, not a timing assertion
+            if proc.poll() is not None:
+                break
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        unauthorised = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"query": "x"}, timeout=10)
+        assert unauthorised.status_code in (401, 503)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    return stdout, stderr
+
+
+def test_serve_starts_and_warns_when_no_caller_can_be_authorised(tmp_path: Path):
+    """A successful start through the CLI: it says where it serves; with no keys and anonymous
+    access off (the defaults) it also says, once, that every query would be refused and what to do."""
+    stdout, stderr = started_serve(tmp_path, None)
+    assert "serving target 'staging' on http://127.0.0.1:" in stdout
+    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: no caller can be authorised: the config has no keys and anonymous: false, so every query and "
+        "answer is refused with 401; add a key (ragpipe serve-key ID --subject NAME --scope SCOPE) or set "
+        "anonymous: true in a serve.yaml given with --config"
+    ]
+    (tmp_path / "serve.yaml").write_text("anonymous: true\n", encoding="utf-8")
+    _, stderr = started_serve(tmp_path, tmp_path / "serve.yaml")
+    assert "warning:" not in stderr
