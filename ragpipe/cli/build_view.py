@@ -145,6 +145,12 @@ def summary_table(summary: dict[str, object], *, note: bool = True) -> Renderabl
             if value is None:
                 continue
             value = generation_line(value)  # type: ignore[arg-type]
+        if key == "metrics":
+            if value is None:
+                continue
+            value = metrics_line(value)  # type: ignore[arg-type]
+        if key in ("evaluation_run", "next") and value is None:
+            continue
         if key == "vector_engine":
             if value is None:
                 continue
@@ -152,6 +158,31 @@ def summary_table(summary: dict[str, object], *, note: bool = True) -> Renderabl
         table.add_row(key, str(value))
     line = summary.get(NOTE) if note else None
     return table if not line else Group(Text(str(line), overflow="fold"), table)
+
+
+def sig4(value: float) -> str:
+    """A figure for a person: 4 significant digits (the raw value stays in the JSON and the run)."""
+    return f"{value:.4g}"
+
+
+def metrics_line(metrics: dict[str, dict]) -> str:
+    """``ndcg@10 0.7123 (Δ +0.0012, 95% interval -0.003 … 0.0051); recall@100 0.9 (no incumbent)``."""
+    parts = []
+    for name, m in metrics.items():
+        value = "no value" if m["value"] is None else sig4(m["value"])
+        if not m.get("paired"):
+            parts.append(f"{name} {value} (no incumbent)")
+            continue
+        if m["delta"] is None:
+            parts.append(f"{name} {value} (Δ none: no scored case)")
+            continue
+        interval = (
+            f", interval {sig4(m['ci_low'])} … {sig4(m['ci_high'])}"
+            if m["ci_low"] is not None and m["ci_high"] is not None
+            else ""
+        )
+        parts.append(f"{name} {value} (Δ {m['delta']:+.4g}{interval})")
+    return "; ".join(parts)
 
 
 def generation_line(g: dict[str, object]) -> str:

@@ -17,6 +17,7 @@ the snapshot, chunks, representations and embeddings the bundle record names as 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +25,15 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 
 from ragpipe.bundle.objects import open_bundle_here
 from ragpipe.bundle.verify import BundleVerificationError
+from ragpipe.evaluation.report import REPORT_JSON
+from ragpipe.experiment.comparison import ALL
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.evidence import run_dir
+from ragpipe.release.status import what_happens_next
 from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpec, PipelineSpecError, load_pipeline_spec
 from ragpipe.stages.eval_steps import recorded_skip_reasons
-from ragpipe.stages.gate_steps import read_decision
+from ragpipe.stages.gate_steps import read_comparison, read_decision
 from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.stage_store import StageError, StageOutput, read_version
 
@@ -63,6 +68,13 @@ class BuildSummary:
     # without an evaluation or vectors): lancedb where this host's lance kernels are not the
     # in-memory engine's (ragpipe.retrieval.vector_engine).
     vector_engine: dict[str, str] | None = None
+    # The evaluation run's folder (home-relative); the gate policy's primary metrics — the target
+    # metric, then the bootstrap floors' — as {value, paired, delta, ci_low, ci_high} (delta and
+    # interval against the incumbent when the gate paired, else None); and one line on what becomes of the
+    # release on each target (release.status.what_happens_next).
+    evaluation_run: str | None = None
+    metrics: dict[str, dict[str, object]] | None = None
+    next: str | None = None
     # The model calls of this build's generated representations (``GENERATION_FIELDS``: calls,
     # cache hits, tokens, micros, the cost as text); None when the spec generates no kind.
     generation: dict[str, object] | None = None
@@ -162,22 +174,50 @@ def _is_sample_suite(suite: Path) -> bool:
     return default is not None and default.suite == suite
 
 
-def _release_fields(built: BuiltRevision, revision: str, spec: PipelineSpec) -> dict[str, object]:
+def primary_metrics(ws: Workspace, spec: PipelineSpec, run_path: str, gate_folder: Path) -> dict[str, dict]:
+    """``{metric: {value, paired, delta, ci_low, ci_high}}`` for the gate policy's target metric and its
+    bootstrap floors' metrics: the value from the run's report, the delta and interval from the
+    gate's comparison (None when the gate had no incumbent)."""
+    policy = chain_plan(spec).policy
+    names = list(dict.fromkeys([policy.target.metric, *sorted(policy.bootstrap_floors)]))
+    report = json.loads((run_dir(ws, Path(run_path).name) / REPORT_JSON).read_bytes())  # fetched if made elsewhere
+    compared = (
+        read_comparison(gate_folder)["slices"][ALL]["metrics"] if (gate_folder / "comparison.json").is_file() else {}
+    )
+    out: dict[str, dict] = {}
+    for name in names:
+        stats = compared.get(name, {}).get("stats", {})
+        value = report["metrics"].get(name, {}).get("value")
+        out[name] = {
+            "value": value,
+            "paired": bool(compared),
+            "delta": stats.get("mean"),
+            "ci_low": stats.get("ci_low"),
+            "ci_high": stats.get("ci_high"),
+        }
+    return out
+
+
+def _release_fields(ws: Workspace, built: BuiltRevision, revision: str, spec: PipelineSpec) -> dict[str, object]:
     """The release of the revision's chain, and the evaluation and gate decision it binds."""
     if built.release is None or built.gate is None or built.evaluation is None or spec.evaluation is None:
         return {}
     facts, decision, ev = built.release.record.facts, read_decision(built.gate.path), built.evaluation.record
+    reasons = tuple(
+        str(c["reason"])
+        for c in decision["checks"]
+        if c["phase"] == decision["decisive_phase"] and c["verdict"] == "fail"
+    )
     return {
+        "evaluation_run": str(ev.facts["run_path"]),
+        "metrics": primary_metrics(ws, spec, str(ev.facts["run_path"]), built.gate.path),
+        "next": what_happens_next(ws, str(facts["release_id"]), reasons),
         "release_id": str(facts["release_id"]),
         "eligible": bool(facts["eligible"]),
         "decisive_phase": facts["decisive_phase"],
         "evaluated_cases": ev.facts["evaluated"],
         "skipped_cases": ev.facts["skipped"],
-        "gate_reasons": tuple(
-            str(c["reason"])
-            for c in decision["checks"]
-            if c["phase"] == decision["decisive_phase"] and c["verdict"] == "fail"
-        ),
+        "gate_reasons": reasons,
         "evaluation_note": no_case_note(
             revision, spec.evaluation.suite, ev.facts, _is_sample_suite(spec.evaluation.suite)
         ),
@@ -256,6 +296,6 @@ def build_summary(
         up_to_date=up_to_date,
         run_id=run_id,
         launched=launched,
-        **_release_fields(built, revision, spec),  # type: ignore[arg-type]
+        **_release_fields(ws, built, revision, spec),  # type: ignore[arg-type]
         generation=_generation(instance, run_id, spec),
     )

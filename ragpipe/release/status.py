@@ -17,6 +17,8 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
   release that ever had an activation attempt on the target is never ``ready`` again, so an old
   release is never re-activated automatically (rollback is a person's decision), and the sensor
   never activates a release older than a manifest file that does not verify.
+- ``what_happens_next(ws, release_id)`` → the line ``ragpipe build`` prints about a new release:
+  on each target, activated by the sensor, awaiting approval, waiting for a person, live, or why not.
 - ``release_summaries(ws)`` → the ``release list`` rows, then one ``{"file", "invalid"}`` row per
   manifest file that does not verify (the sensor's list has it as status ``invalid manifest``, a
   skip with its reason): one bad file never hides the others.
@@ -28,14 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.kernel.ledger import LedgerError
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import bundle_path, unaccepted_policy
 from ragpipe.release.approvals import approval_refusal
 from ragpipe.release.automatic import automatic_refusal
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.live import live_release
-from ragpipe.release.manifest import ReleaseManifest, list_manifests
-from ragpipe.release.store import ReleaseStore
+from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
+from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 
 
@@ -137,3 +140,42 @@ def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> lis
             }
         )
     return rows + [{"file": str(path), "invalid": reason} for path, reason in listing.invalid]
+
+
+def what_happens_next(
+    ws: Workspace, release_id: str, reasons: tuple[str, ...] = (), *, config: TargetsConfig | None = None
+) -> str:
+    """One line saying what becomes of a freshly built release on each target: activated by the
+    sensor, awaiting an approval, waiting for a person, already live, or why not — with the
+    command that acts on it (``ragpipe build`` prints it). ``reasons``: the gate's failing reasons."""
+    store = ReleaseStore(ws)
+    config = config or load_targets()
+    manifest = load_manifest(store, release_id)
+    short = release_id[:23]  # a unique prefix in any real store (16 hex digits)
+    if not manifest.gate.eligible:
+        why = reasons[0] if reasons else f"decisive phase {manifest.gate.decisive_phase}"
+        return f"not eligible, so it goes live on no target: {why}"
+    parts = []
+    for name in sorted(config.targets):
+        try:
+            state = read_history(store, name)[0]
+            c = _candidate(ws, release_id, manifest, name, config, config.accepted_policies(name), state)
+        except (ReleaseError, LedgerError, ValueError) as exc:
+            parts.append(f"{name}: {exc}")
+            continue
+        if c.status == "ready":
+            parts.append(
+                f"{name}: the activation sensor activates it while the Dagster daemon runs "
+                f"(now: ragpipe release activate {short} --target {name})"
+            )
+        elif c.status == "approval missing":
+            parts.append(
+                f"{name}: awaiting approval (ragpipe release approve {short} --target {name} --by NAME --key KEYFILE)"
+            )
+        elif c.status == "needs a person":
+            parts.append(f"{name}: a person activates it (ragpipe release activate {short} --target {name})")
+        elif c.status == "active":
+            parts.append(f"{name}: live")
+        else:
+            parts.append(f"{name}: {c.reason}")
+    return "; ".join(parts)

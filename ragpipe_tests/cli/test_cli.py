@@ -77,6 +77,18 @@ def test_build_json_is_exactly_one_object(cli_build):
         "cache_hits": 0,
     }
     assert out["bundle_id"].startswith("sha256:") and Path(out["bundle_path"]).name == out["bundle_id"][7:]
+    # the evaluation's folder (home-relative), its primary metrics (nothing measured: no suite case
+    # judges the handbook, and no incumbent to compare with), and what becomes of the release
+    assert re.fullmatch(
+        r"evaluations/[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", out["evaluation_run"]
+    )
+    assert (home / "ragpipe" / out["evaluation_run"] / "ledger.jsonl").is_file()
+    nothing = {"value": None, "paired": False, "delta": None, "ci_low": None, "ci_high": None}
+    assert out["metrics"] == {"ndcg@10": nothing, "recall@100": nothing}
+    assert out["next"] == (
+        "not eligible, so it goes live on no target: hard max unauthorized_disclosures: no evaluable case: "
+        "all 99 suite cases judge documents this revision lacks"
+    )
 
 
 def test_rebuild_same_revision_reports_same_bundle(cli_build):
@@ -153,6 +165,26 @@ def test_build_verbose_shows_dagsters_event_stream(cli_build):
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["revision"] == "hb-verbose"  # stdout still holds only the object
     assert "STEP_SUCCESS" in out.stderr and 'Finished execution of step "index_bundle"' in out.stderr
+
+
+def test_the_summarys_metrics_line_rounds_for_a_person():
+    from ragpipe.cli.build_view import metrics_line
+
+    metrics = {
+        "ndcg@10": {
+            "value": 0.9217678885599524,
+            "paired": True,
+            "delta": 0.00123456,
+            "ci_low": -0.0030001,
+            "ci_high": 0.0051,
+        },
+        "recall@100": {"value": 0.9, "paired": True, "delta": None, "ci_low": None, "ci_high": None},
+        "mrr@10": {"value": None, "paired": False, "delta": None, "ci_low": None, "ci_high": None},
+    }
+    assert metrics_line(metrics) == (
+        "ndcg@10 0.9218 (Δ +0.001235, interval -0.003 … 0.0051); recall@100 0.9 (Δ none: no scored case); "
+        "mrr@10 no value (no incumbent)"
+    )
 
 
 def test_embedding_progress_bar_shows_count_and_speed():
