@@ -1,0 +1,42 @@
+"""What the gate step shows an operator in the Dagster UI: a narrow checks table with units."""
+
+from __future__ import annotations
+
+from ragpipe.experiment.decision import check
+from ragpipe.stages.gate_steps import checks_table, figure
+
+
+class Checks:  # the one attribute checks_table reads
+    def __init__(self, checks):
+        self.checks = tuple(checks)
+
+
+def test_the_checks_table_has_five_narrow_columns_with_units_and_rounded_figures():
+    decision = Checks(
+        [
+            check("target", "improvement", 0.0012345678, ">=", 0.002, metric="ndcg@10"),
+            check("regression", "max_loss", -0.00049, ">=", -0.01, metric="recall@100", slice="tag:x"),
+            check("coverage", "failed_rate", None, "<=", 0.0, arm="challenger"),
+            check("cost", "p95_latency_relative", 38.915123, "<=", 25.5, advisory=True),
+            check("cost", "bundle_bytes_relative", 3_500_000.0, "<=", 7_340_032.0),
+        ]
+    )
+    t = checks_table(decision)
+    assert [name for name, _ in t.columns] == ["phase", "check", "value", "rule", "verdict"]
+    assert [list(r.values()) for r in t.rows] == [
+        ["target", "improvement ndcg@10", "0.001235", ">= 0.002", "fail"],
+        ["regression", "max_loss recall@100 on tag:x", "-0.00049", ">= -0.01", "pass"],
+        ["coverage", "failed_rate (challenger)", "—", "<= 0", "fail"],
+        ["cost", "p95_latency_relative", "38.92 ms", "<= 25.5 ms", "advisory"],
+        ["cost", "bundle_bytes_relative", "3.338 MiB", "<= 7 MiB", "pass"],
+    ]
+    assert figure(512.0, "bytes") == "512 bytes" and figure(3 * 2**30, "bytes") == "3 GiB"
+
+
+def test_every_float_in_dagster_metadata_has_four_significant_digits():
+    from ragpipe.defs.metadata import rounded, table_value
+    from ragpipe.stages.results import table
+
+    t = table([("metric", "string"), ("value", "float"), ("n", "int")], [["ndcg@10", 0.9217678885599524, 99]])
+    assert [r.data for r in table_value(t).value.records] == [{"metric": "ndcg@10", "value": 0.9218, "n": 99}]
+    assert (rounded(1234.5678), rounded(7), rounded("x"), rounded(None)) == (1235.0, 7, "x", None)
