@@ -76,7 +76,7 @@ query-bench: install
 LANCEDB_ENGINE_TESTS := ragpipe_tests/retrieval ragpipe_tests/bundle/test_forgery.py ragpipe_tests/cli/test_cli.py \
 	ragpipe_tests/cli/test_query.py ragpipe_tests/server/test_http.py ragpipe_tests/evaluation/test_runner.py
 test: install
-	$(BIN)/python -m pytest
+	env -u RAGPIPE_VECTOR_ENGINE $(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-lancedb-engine
 
 test-lancedb-engine: install

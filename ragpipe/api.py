@@ -50,20 +50,19 @@ def retriever_for_release(
     target: str | None = None, *, release_id: str | None = None, home: Path | None = None, **options
 ) -> Retriever:
     """A retriever over a release: the active release of ``target`` (the configured default
-        target when None), or ``release_id`` (the ID or a unique prefix of at least 12 hex digits:
+    target when None), or ``release_id`` (the ID or a unique prefix of at least 12 hex digits:
     ``ragpipe.release.manifest.resolve_release_id``); its bundle fully verified against the
-        release manifest and its query plan the one the release was gated with
-        (``ragpipe.release.serving``), verified once and handed over opened; ``release_id`` set on
-        the retriever. ``home`` defaults to
-        ``$RAGPIPE_HOME``; ``options`` are the constructor's operational options (``query_graph_dir`` and
-        ``calibration_dir`` default to that home's caches).
+    release manifest and its query plan the one the release was gated with
+    (``ragpipe.release.serving``), verified once and handed over opened; ``release_id`` set on
+    the retriever. ``home`` defaults to ``$RAGPIPE_HOME``; ``options`` are the constructor's
+    operational options (``query_graph_dir`` and ``calibration_dir`` default to that home's caches).
 
-        When the bundle's query graph is cached, it is loaded (every check of
-        ``ragpipe.embedding.query_graph.load_entry``) on a worker thread *while* the release is
-        verified, and handed to the retriever if the verified bundle and plan call for exactly that
-        embedder with the onnxruntime runtime; a refused entry then raises here (``QueryGraphError``).
-        Raises ``ragpipe.release.store.ReleaseError`` when nothing is active or the release does not
-        verify."""
+    When the bundle's query graph is cached, it is loaded (every check of
+    ``ragpipe.embedding.query_graph.load_entry``) on a worker thread *while* the release is
+    verified, and handed to the retriever if the verified bundle and plan call for exactly that
+    embedder with the onnxruntime runtime; a refused entry then raises here (``QueryGraphError``).
+    Raises ``ragpipe.release.store.ReleaseError`` when nothing is active or the release does not
+    verify."""
     ws = Workspace(Path(home) if home else default_home())
     if release_id is not None:  # a unique prefix of 12+ hex digits names the release too
         release_id = resolve_release_id(ReleaseStore(ws), release_id)

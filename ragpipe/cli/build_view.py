@@ -166,9 +166,13 @@ def sig4(value: float) -> str:
 
 
 def metrics_line(metrics: dict[str, dict]) -> str:
-    """``ndcg@10 0.7123 (Δ +0.0012, 95% interval -0.003 … 0.0051); recall@100 0.9 (no incumbent)``."""
+    """``ndcg@10 0.7123 (Δ +0.0012, interval -0.003 … 0.0051); recall@100 0.9 (no incumbent)``: the
+    paired interval is the gate's (at its policy's confidence level)."""
     parts = []
     for name, m in metrics.items():
+        if "reason" in m:  # the run's report could not be read
+            parts.append(f"{name}: {m['reason']}")
+            continue
         value = "no value" if m["value"] is None else sig4(m["value"])
         if not m.get("paired"):
             parts.append(f"{name} {value} (no incumbent)")

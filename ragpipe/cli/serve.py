@@ -42,10 +42,13 @@ def serve(
 
     try:
         settings = load_serve_config(config)
+        from ragpipe.retrieval.vector_engine import vector_engine_setting
+
+        vector_engine_setting()  # a typo is one line now, not a 503 for every release later
         from ragpipe.server.app import app_from
 
         app = app_from(default_home(), settings, target)
-    except (ServeConfigError, ReleaseError) as exc:
+    except (ServeConfigError, ReleaseError, ValueError) as exc:  # ValueError: RAGPIPE_VECTOR_ENGINE
         fail(str(exc))
     import uvicorn
 

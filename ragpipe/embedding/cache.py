@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import SpecId
 from ragpipe.kernel.publish import fsync_path, write_file_atomic
 from ragpipe.kernel.seals import SealKey, mac
@@ -59,6 +60,7 @@ META_KEY = b"ragpipe.embedding_cache"
 SHARD_NAME = re.compile(r"shard-[0-9]+-[0-9a-f]{16}\.parquet")
 FETCHED = "fetched"  # downloaded shards: read after this machine's own
 SEAL_DOMAIN = "embedding-shard"
+MAX_SHARD_BYTES = 2**31  # a run's new texts; a bound, so nothing unbounded is read
 
 
 class ShardRefused(ValueError):
@@ -189,13 +191,13 @@ class EmbeddingCache:
     def _read_shard(self, shard: Path) -> tuple[list[str], np.ndarray]:
         """The shard's keys and vectors, each entry verified (and, with a key, the shard's seal);
         ``ShardRefused`` naming the rule."""
-        try:
-            data = shard.read_bytes()
+        try:  # never through a link, never waiting on a FIFO
+            data = read_regular(shard, MAX_SHARD_BYTES)
         except OSError as exc:
             raise ShardRefused(f"cannot be read: {exc.strerror or exc}") from None
         if self.key is not None:
             try:
-                seal = _seal_path(shard).read_bytes()
+                seal = read_regular(_seal_path(shard), 4096)
             except OSError:
                 seal = None
             if seal is None or not hmac.compare_digest(seal, shard_seal(self.key, self.spec_hex, shard.name, data)):

@@ -330,6 +330,12 @@ def open_vector_searcher(
         searcher.why = why
         return searcher
 
+    def served_from_memory(matrix: np.ndarray, why: str) -> MemoryVectorSearcher:
+        """The memory searcher, closing the lance table if it was opened (to read the vectors)."""
+        if opened:
+            opened[0].close()
+        return memory(matrix, why)
+
     if engine == "lancedb":
         return lance("lancedb, as the vector engine setting asks")
     dimension = vectors.shape[1] if vectors is not None and vectors.ndim == 2 else lance().dimension
@@ -350,12 +356,14 @@ def open_vector_searcher(
         return lance(f"lancedb: {problem}")
     indexed = ivf_partitions(len(rows)) is not None  # the build rule; a table that breaks it fails below
     if engine == "memory":
-        return memory(matrix, "in memory, as the vector engine setting asks (not compared with lancedb)")
+        return served_from_memory(matrix, "in memory, as the vector engine setting asks (not compared with lancedb)")
     key = calibration_key(table_digest, metric, indexed) if calibrations is not None and table_digest else None
     recorded = calibrations.get(key) if calibrations is not None and key is not None else None
     if recorded is not None:
         if recorded.problem is None:
-            return memory(matrix, "in memory: this host's recorded calibration found lancedb's distances reproduced")
+            return served_from_memory(
+                matrix, "in memory: this host's recorded calibration found lancedb's distances reproduced"
+            )
         log.info("vector search of %s served by lancedb (recorded calibration): %s", directory, recorded.problem)
         return lance(f"lancedb: this host's recorded calibration: {_kernels_problem(recorded.problem)}")
     searcher = lance()

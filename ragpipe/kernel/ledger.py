@@ -43,11 +43,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import fsync_path
 from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
 
 RECORD_KEYS = ("hash", "kind", "payload", "prev", "seq")
+MAX_HEAD_BYTES = 65536  # a head is {hash, seq} and perhaps a seal
+MAX_LEDGER_BYTES = 4 * 2**30  # far beyond any run or history; a bound, so nothing unbounded is read
 S = TypeVar("S")
 KeyChoice = SealKey | None | Literal["configured"]  # "configured": the environment's key, if any
 
@@ -165,10 +168,14 @@ def parse_ledger(data: bytes, domain: Domain, where: str) -> LedgerRead:
 
 def _head_document(path: Path) -> dict[str, Any] | None:
     head = head_path(path)
-    if not head.exists():
+    try:  # never through a link, never waiting on a FIFO
+        data = read_regular(head, MAX_HEAD_BYTES)
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise LedgerError(f"{head}: record ?: head file cannot be read: {exc.strerror or exc}") from None
     try:
-        obj = json.loads(head.read_bytes())
+        obj = json.loads(data)
         if not isinstance(obj, dict) or not {"hash", "seq"} <= set(obj) <= {"hash", "seq", SEAL}:
             raise ValueError
         if type(obj["seq"]) is not int or obj["seq"] < 0 or not isinstance(obj["hash"], str):
@@ -232,16 +239,20 @@ def read_ledger(
 ) -> LedgerRead:
     """Read and verify the ledger at ``path`` against its chain and head (and, with a key, the
     head's seal in ``scope``), changing nothing; uncommitted records are left out of the result."""
-    if not path.is_file():
+    try:  # never through a link, never waiting on a FIFO
+        data = read_regular(path, MAX_LEDGER_BYTES)
+    except FileNotFoundError:
         refuse_orphan_head(path)
-        raise LedgerError(f"{path}: record 1: {missing}")
-    read = parse_ledger(path.read_bytes(), domain, str(path))
+        raise LedgerError(f"{path}: record 1: {missing}") from None
+    except OSError as exc:
+        raise LedgerError(f"{path}: record 1: cannot be read: {exc.strerror or exc}") from None
+    read = parse_ledger(data, domain, str(path))
     return check_head(path, read, domain, key, scope)
 
 
 def refuse_orphan_head(path: Path) -> None:
     """A head without its ledger means the ledger was removed (a crash never removes one)."""
-    if head_path(path).exists():
+    if os.path.lexists(head_path(path)):
         raise LedgerError(
             f"{path}: record 1: the ledger is missing, but {head_path(path).name} exists (ledger removed)"
         )
@@ -280,7 +291,8 @@ class Ledger:
         self.scope = scope
         self.records = list(records)
         self.on_append = on_append
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # never appended through a link (read_ledger refused one already: this closes the race)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
 
     @classmethod
     def create(cls, path: Path, domain: Domain, key: KeyChoice = "configured", scope: str = "") -> Ledger:

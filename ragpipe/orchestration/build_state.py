@@ -208,10 +208,18 @@ def _release_fields(ws: Workspace, built: BuiltRevision, revision: str, spec: Pi
         for c in decision["checks"]
         if c["phase"] == decision["decisive_phase"] and c["verdict"] == "fail"
     )
+    try:  # reports, not the build: a run folder or manifest that cannot be read says so here
+        metrics = primary_metrics(ws, spec, str(ev.facts["run_path"]), built.gate.path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        metrics = {"unreadable": {"reason": f"{type(exc).__name__}: {exc}"}}
+    try:
+        upcoming = what_happens_next(ws, str(facts["release_id"]), reasons)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        upcoming = f"unknown: {exc}"
     return {
         "evaluation_run": str(ev.facts["run_path"]),
-        "metrics": primary_metrics(ws, spec, str(ev.facts["run_path"]), built.gate.path),
-        "next": what_happens_next(ws, str(facts["release_id"]), reasons),
+        "metrics": metrics,
+        "next": upcoming,
         "release_id": str(facts["release_id"]),
         "eligible": bool(facts["eligible"]),
         "decisive_phase": facts["decisive_phase"],

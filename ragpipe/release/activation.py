@@ -32,6 +32,7 @@ from ragpipe.release.pointer import Pointer, check_generation, current_generatio
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
+from ragpipe.release.time_order import refuse_untimely
 
 if TYPE_CHECKING:
     from ragpipe.bundle.verify import VerifiedBundle
@@ -255,6 +256,7 @@ def activate(
     problems = verify_release(ws, manifest, child_checks)  # slow: outside the lock
     step("verified")
     with store.target_lock(name), History(store, name) as history:
+        refuse_untimely(config, name, history.state)
         settle(store, history)
         if problems:
             history.append(

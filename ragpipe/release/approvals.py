@@ -30,6 +30,7 @@ from ragpipe.release.manifest import load_manifest
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import APPROVER_NAME, TargetsConfig, load_targets
+from ragpipe.release.time_order import refuse_untimely
 
 MAX_NOTE_CHARS = 500
 MAX_DAYS = 90
@@ -74,7 +75,8 @@ def approve(
     if not 1 <= days <= MAX_DAYS:
         raise ReleaseError(f"an approval is valid for 1 to {MAX_DAYS} days, not {days}")
     store = ReleaseStore(ws)
-    name, spec = (config or load_targets()).get(target)
+    targets = config or load_targets()
+    name, spec = targets.get(target)
     declared = spec.approvers.get(by)
     if declared is None:
         listed = ", ".join(sorted(spec.approvers)) or "none"
@@ -94,6 +96,7 @@ def approve(
             f"(gate decision {manifest.gate.decision_id}: decisive phase {manifest.gate.decisive_phase}); it cannot be approved"
         )
     with store.target_lock(name), History(store, name) as history:
+        refuse_untimely(targets, name, history.state)
         settle(store, history)
         # dated and signed under the lock: no other writer appends between the time and the record
         moment = datetime.now(UTC)

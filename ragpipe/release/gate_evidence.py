@@ -132,7 +132,7 @@ def publish_gate_evidence(store: ReleaseStore, decision: dict, comparison: dict 
     try:
         data = evidence_bytes(decision, comparison, policy, configured_key())
         path = evidence_path(store, str(decision_id))
-        if not write_file_atomic(path, data, replace=False) and path.read_bytes() != data:
+        if not write_file_atomic(path, data, replace=False) and read_regular(path, MAX_EVIDENCE_BYTES) != data:
             raise EvidenceError(f"{path}: holds other bytes (edited)")
         push_file(store.ws, path)
     except (EvidenceError, ReleaseError, OSError) as exc:

@@ -19,9 +19,9 @@ Records (``ragpipe.kernel.ledger``, domain ``release-history-record`` v1), paylo
   required where the target requires approvals, else null.
 
 **Time order.** ``at`` is a clock's reading, so it can be wrong; but an approval's validity is
-judged at the time of the activation it allowed, so no record may be dated before the record
+judged at the time of the activation it allowed, so no record may be dated before any record
 before it. Readers and writers apply that one rule (``TargetHistory.backwards``): the reducer
-lists every record dated before its predecessor, the writer (``History.append``) refuses to write
+lists every record dated before the latest time before it, the writer (``History.append``) refuses to write
 one — the command fails in one line, nothing is written, the clock is to be set right — and
 refuses to extend a history that already holds one until a ``time_correction`` accepts it
 (``ragpipe release accept-time``); a reader refuses to serve from such a history, naming the
@@ -76,7 +76,8 @@ class BackwardsRecord:
     seq: int
     hash: str
     at: str
-    previous_at: str
+    previous_at: str  # the latest time before it
+    previous_seq: int  # the record that has that time
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,19 @@ class TargetHistory:
     states: dict[str, str] = field(default_factory=dict)
     approvals: dict[str, tuple[Approval, ...]] = field(default_factory=dict)
     activations: tuple[tuple[int, str, str], ...] = ()  # (generation, release_id, action) per swap
-    last_at: str = ""  # the time of the last record
+    last_at: str = ""  # the latest time of any record so far
+    last_seq: int = 0  # the record that has it
     backwards: tuple[BackwardsRecord, ...] = ()  # dated before their predecessors, not corrected
     corrections: tuple[TimeCorrection, ...] = ()
+
+    def judged_time(self, seq: int, at: str) -> str:
+        """The time to judge record ``seq`` (dated ``at``) at: for a back-dated record whose time a
+        correction accepted, the latest time before it — so accepting a time never makes an
+        approval that had expired by then count."""
+        for c in self.corrections:
+            if c.record.seq == seq:
+                return c.record.previous_at
+        return at
 
     def time_problem(self, target: str) -> str | None:
         """Why this history breaks time order (None: it does not) — one line with the repair."""
@@ -112,7 +123,7 @@ class TargetHistory:
             return None
         b = self.backwards[0]
         return (
-            f"target {target!r}: history record {b.seq} is dated {b.at}, before record {b.seq - 1} ({b.previous_at}): "
+            f"target {target!r}: history record {b.seq} is dated {b.at}, before record {b.previous_seq} ({b.previous_at}): "
             f"a clock was behind when it was written; set the clock right, then accept that record's time with "
             f"ragpipe release accept-time --target {target} --record {b.seq} --by NAME --reason TEXT "
             "(--key KEYFILE where the target requires approvals)"
@@ -192,12 +203,14 @@ def _observed(state: TargetHistory, record: Record, p: dict[str, Any]) -> Target
 
 
 def _dated(state: TargetHistory, record: Record) -> TargetHistory:
-    """The time-order bookkeeping of ``record`` (module docstring, Time order)."""
+    """The time-order bookkeeping of ``record`` (module docstring, Time order): a record dated
+    before the latest time of any record before it is back-dated (compared with the latest, not
+    only the previous, so one accepted record never lets a second one through)."""
     at = str(record.payload["at"])
     if at >= state.last_at:
-        return replace(state, last_at=at)
-    late = BackwardsRecord(record.seq, record.hash, at, state.last_at)
-    return replace(state, last_at=at, backwards=(*state.backwards, late))
+        return replace(state, last_at=at, last_seq=record.seq)
+    late = BackwardsRecord(record.seq, record.hash, at, state.last_at, state.last_seq)
+    return replace(state, backwards=(*state.backwards, late))
 
 
 def _time_correction(state: TargetHistory, record: Record, p: dict[str, Any]) -> TargetHistory:
@@ -272,8 +285,8 @@ class History:
             raise LedgerError(f"{wedged}; nothing was written")
         if str(payload.get("at", "")) < self.state.last_at:
             raise LedgerError(
-                f"target {self.target!r}: this machine's clock says {payload.get('at')}, before the history's last "
-                f"record (record {record.seq - 1}, dated {self.state.last_at}): set the clock right and run the "
+                f"target {self.target!r}: this machine's clock says {payload.get('at')}, before the history's latest "
+                f"record (record {self.state.last_seq}, dated {self.state.last_at}): set the clock right and run the "
                 "command again; nothing was written"
             )
         try:

@@ -34,7 +34,7 @@ from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import Pointer, read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.release.time_order import correction_refusal
+from ragpipe.release.time_order import time_refusal
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def live_release(
     pointer, state, records = _pointer_and_history(store, name)
     since, action = _agreement(name, pointer, state, records)
     # the writers' rule: no record dated before its predecessor unless a (signed) correction accepts it
-    untimely = state.time_problem(name) or correction_refusal(config, name, state)
+    untimely = time_refusal(config, name, state)
     if untimely:
         raise ReleaseError(untimely)
     manifest = load_manifest(store, pointer.release_id)
@@ -79,7 +79,10 @@ def live_release(
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
     if spec.approval_required:
         at, intent_seq = _activation_record(records, first)
-        unapproved = approval_refusal(config, name, state, pointer.release_id, _moment(at), before_seq=intent_seq)
+        moment = _moment(
+            state.judged_time(intent_seq, at)
+        )  # an accepted back-dated time: judged at the latest before it
+        unapproved = approval_refusal(config, name, state, pointer.release_id, moment, before_seq=intent_seq)
         if unapproved:
             raise ReleaseError(unapproved)
     verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)

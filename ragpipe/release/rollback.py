@@ -22,6 +22,7 @@ from ragpipe.release.pointer import check_generation
 from ragpipe.release.recovery import recover_target, settle
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 from ragpipe.release.targets import TargetsConfig, load_targets
+from ragpipe.release.time_order import refuse_untimely
 
 
 def _noop(_: str) -> None:
@@ -62,13 +63,15 @@ def rollback(
     intent → CAS swap → observed sequence and crash points as ``activate``."""
     step = on_step or _noop
     store = ReleaseStore(ws)
-    name, _ = (config or load_targets()).get(target)
+    config = config or load_targets()
+    name, _ = config.get(target)
     recover_target(ws, name)  # an interrupted swap must be settled before choosing from the history
     state, _records = read_history(store, name)
     release_id = rollback_choice(state, name, to)
     problems = verify_release(ws, load_manifest(store, release_id), child_checks)
     step("verified")
     with store.target_lock(name), History(store, name) as history:
+        refuse_untimely(config, name, history.state)
         settle(store, history)
         if problems:
             history.append(

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.storage.objects import Conflict, ObjectStore, StorageError
 
@@ -53,6 +54,8 @@ TARGET_OBJECT = "target.json"
 SYNCED = ".synced.json"
 
 Files = dict[str, str | None]
+
+MAX_FILE_BYTES = 2**30  # a target's history, pointer or sync mark; a bound on what is read
 
 
 class TargetSyncError(ValueError):
@@ -72,7 +75,7 @@ def _read_local(folder: Path) -> Files:
     for name in FILES:
         path = folder / name
         try:
-            files[name] = path.read_bytes().decode("utf-8")
+            files[name] = read_regular(path, MAX_FILE_BYTES).decode("utf-8")  # no link, no FIFO
         except FileNotFoundError:
             files[name] = None
         except UnicodeDecodeError:
@@ -228,7 +231,7 @@ class TargetSync:
     def _mark(self) -> dict[str, object] | None:
         path = self.folder / SYNCED
         try:
-            mark = json.loads(path.read_bytes())
+            mark = json.loads(read_regular(path, MAX_FILE_BYTES))
         except FileNotFoundError:
             return None
         except (OSError, ValueError):

@@ -10,7 +10,7 @@ record naming the record, who accepts its time and why. It rewrites nothing: the
 time, the chain grows by one record, and readers serve again.
 
 Where the target requires approvals, the correction is an approver's act: it carries the
-approver's Ed25519 signature over (target, record number, record hash, approver, time), made with
+approver's Ed25519 signature over (target, record number, record hash, approver, reason, time), made with
 the key the targets config lists, and readers verify it (``correction_refusal``) — a correction
 copied from another record or target, edited, or by someone the target does not list is refused.
 Elsewhere (a target anyone may activate) ``by`` names the person, as an intent does.
@@ -19,6 +19,7 @@ Elsewhere (a target anyone may activate) ``by`` names the person, as an intent d
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import UTC, datetime
 
 from ragpipe.kernel.canonical import canonical_bytes
@@ -33,8 +34,9 @@ MAX_REASON_CHARS = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def correction_statement(target: str, record: int, record_hash: str, by: str, at: str) -> bytes:
-    """The bytes an approver signs to accept record ``record``'s time (RFC 8785 JSON)."""
+def correction_statement(target: str, record: int, record_hash: str, by: str, reason: str, at: str) -> bytes:
+    """The bytes an approver signs to accept record ``record``'s time (RFC 8785 JSON; the reason
+    is signed too, NFC-normalised as canonical JSON requires)."""
     return canonical_bytes(
         {
             "domain": "ragpipe.history-time-correction",
@@ -43,9 +45,25 @@ def correction_statement(target: str, record: int, record_hash: str, by: str, at
             "record": record,
             "record_hash": record_hash,
             "by": by,
+            "reason": unicodedata.normalize("NFC", reason),
             "at": at,
         }
     )
+
+
+def refuse_untimely(config: TargetsConfig, target: str, state: TargetHistory) -> None:
+    """For a writer, under the target's lock before it writes: ``ReleaseError`` unless ``time_refusal``
+    says the history holds its time order (the readers' rule, so no writer moves a target no
+    reader would serve)."""
+    refused = time_refusal(config, target, state)
+    if refused:
+        raise ReleaseError(f"{refused}; nothing was written")
+
+
+def time_refusal(config: TargetsConfig, target: str, state: TargetHistory) -> str | None:
+    """The one time-order rule readers and writers of ``target``'s history apply (None: it holds):
+    no back-dated record without a correction, and every correction one that counts."""
+    return state.time_problem(target) or correction_refusal(config, target, state)
 
 
 def accept_time(
@@ -94,7 +112,9 @@ def accept_time(
                 f"target {name!r}: history record {record} is not dated before the record before it; nothing to accept"
             )
         at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        signature = sign(key, correction_statement(name, record, late.hash, by, at)) if key is not None else None
+        signature = (
+            sign(key, correction_statement(name, record, late.hash, by, reason, at)) if key is not None else None
+        )
         history.append(
             "time_correction", {"record": record, "by": by, "reason": reason, "at": at, "signature": signature}
         )
@@ -113,7 +133,7 @@ def correction_refusal(config: TargetsConfig, target: str, state: TargetHistory)
         key = spec.approvers.get(c.by)
         if key is None:
             return f"target {target!r}: the time correction of record {c.record.seq} (record {c.seq}) is by {c.by!r}, not an approver of the target"
-        statement = correction_statement(target, c.record.seq, c.record.hash, c.by, c.at)
+        statement = correction_statement(target, c.record.seq, c.record.hash, c.by, c.reason, c.at)
         if c.signature is None or not verify(key, statement, c.signature):
             return f"target {target!r}: the time correction of record {c.record.seq} (record {c.seq}) is not signed by approver {c.by!r}"
     return None

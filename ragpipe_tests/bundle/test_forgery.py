@@ -412,7 +412,7 @@ def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table
     assert not deferred.vector_table_checked
     # with no calibration record, memory calibrates against lancedb, so the table's checks run first
     with pytest.raises(BundleVerificationError, match=r"vector: embeddings digest sha256:\S+ of the stored vectors"):
-        Retriever(deferred, calibration_dir=tmp_path / "calibrations")
+        Retriever(deferred, calibration_dir=tmp_path / "calibrations", vector_engine="auto")
 
 
 def test_lance_rows_escalated_are_refused_before_lancedb_serves(forgeable: Path, tmp_path: Path):

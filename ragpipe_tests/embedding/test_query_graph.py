@@ -277,7 +277,7 @@ def test_retriever_defaults_to_the_workspace_cache(scoped_bundles, monkeypatch, 
     from ragpipe.retrieval.retriever import Retriever
 
     monkeypatch.setenv("RAGPIPE_HOME", str(tmp_path / "home"))
-    retriever = Retriever(scoped_bundles[0])
+    retriever = Retriever(scoped_bundles[0], vector_engine="auto")  # auto calibrates, and records it
     assert retriever.query_graph_dir == Workspace((tmp_path / "home").resolve()).query_graphs
     assert Retriever(scoped_bundles[0], query_graph_dir=tmp_path / "qg").query_graph_dir == tmp_path / "qg"
     # nothing is created before a vector query needs it, but the vector engine's calibration record

@@ -449,3 +449,41 @@ def test_fused_dot_rounds_every_step_once(values, near_cancel):
         right[16:] = -right[:16]
         left[16:] = np.nextafter(left[:16], np.float32(np.inf))
     assert vector_memory._fused_dot(left[None, :], right)[0].tobytes() == fused_reference(left, right).tobytes()
+
+
+@pytest.mark.parametrize("agrees", [True, False])
+def test_auto_follows_the_calibrations_verdict_on_any_host(tmp_path, monkeypatch, agrees):
+    """Both outcomes of a calibration, whatever this host's kernels: the probes' verdict decides
+    the engine, is recorded, and is what ``why`` says (the probes themselves are the laws above)."""
+    from ragpipe.index.engine_calibration import CalibrationRecords, host_has_avx512
+
+    rng = np.random.default_rng(9)
+    rows, vectors = make_rows(rng, 40), make_vectors(rng, 40, 32, "normal", 40)
+    build_vector_index(tmp_path / "v", rows, vectors, "cosine")
+    verdict = (
+        None if agrees else "probe 1: lance's distances differ from the in-memory kernels (another lance build or CPU)"
+    )
+    monkeypatch.setattr(vector_memory, "calibration_problem", lambda *args: verdict)
+    records = CalibrationRecords(tmp_path / "calibrations")
+    options = {"row_scopes": [r.access_scopes for r in rows], "embeddings_digest": digest(rows, vectors)}
+    first = open_vector_searcher(
+        tmp_path / "v", "cosine", ids(rows), calibrations=records, table_digest="sha256:" + "1" * 64, **options
+    )
+    again = open_vector_searcher(
+        tmp_path / "v", "cosine", ids(rows), calibrations=records, table_digest="sha256:" + "1" * 64,
+        vectors=vectors, **options,
+    )  # fmt: skip
+    cpu = "" if host_has_avx512() else "; this CPU has no AVX-512"
+    if agrees:
+        assert (first.engine, first.why) == (
+            "memory", "in memory: it reproduced lancedb's distances on this host's calibration probes"
+        )  # fmt: skip
+        assert (again.engine, again.why) == (
+            "memory", "in memory: this host's recorded calibration found lancedb's distances reproduced"
+        )  # fmt: skip
+    else:
+        hint = f" — the in-memory engine reproduces lance's AVX-512 kernels{cpu}"
+        assert (first.engine, first.why) == ("lancedb", f"lancedb: calibration on this host: {verdict}{hint}")
+        assert (again.engine, again.why) == ("lancedb", f"lancedb: this host's recorded calibration: {verdict}{hint}")
+    first.close()
+    again.close()

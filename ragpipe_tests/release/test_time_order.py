@@ -67,7 +67,7 @@ def test_a_writer_whose_clock_is_behind_the_history_writes_nothing(ws: Workspace
         message = str(err.value)
         assert "\n" not in message and message.startswith("target 'staging': this machine's clock says ")
         assert message.endswith(
-            f", before the history's last record (record 5, dated {ahead}): set the clock right and run the "
+            f", before the history's latest record (record 5, dated {ahead}): set the clock right and run the "
             "command again; nothing was written"
         )
     with pytest.raises(LedgerError, match="this machine's clock says"):
@@ -113,7 +113,7 @@ def test_a_back_dated_record_stops_readers_and_writers_until_its_time_is_accepte
         live_release(ws, "staging")
     assert str(err.value) == line
     for act in (lambda: activate(ws, b, "staging"), lambda: rollback(ws, "staging", to=b)):
-        with pytest.raises(LedgerError) as err:
+        with pytest.raises(ReleaseError) as err:
             act()
         assert str(err.value) == f"{line}; nothing was written"
     with pytest.raises(ReleaseError, match="history record 4 is not dated before the record before it"):
@@ -123,6 +123,9 @@ def test_a_back_dated_record_stops_readers_and_writers_until_its_time_is_accepte
     kept = (store.history_path("staging").read_bytes(), files(ws, "staging"))
     correction = accept_time(ws, "staging", 5, by="ops", reason="the NTP step on host b")
     assert (correction.record.seq, correction.record.at, correction.by, correction.seq) == (5, past, "ops", 7)
+    with pytest.raises(ReleaseError, match="history record 6 is dated"):  # the observed record was back-dated too
+        live_release(ws, "staging")
+    assert accept_time(ws, "staging", 6, by="ops", reason="the NTP step on host b").seq == 8
     assert store.history_path("staging").read_bytes().startswith(kept[0])  # appended to, never rewritten
     assert live_release(ws, "staging").release_id == a
     assert activate(ws, b, "staging").generation == 4
@@ -154,19 +157,67 @@ def test_on_a_target_that_requires_approvals_only_an_approvers_signed_correction
     assert str(err.value) == (
         "target 'production': the time correction of record 4 (record 5) is not signed by approver 'alice'"
     )
-    # one signed with the approver's key over another record's hash does not either
-    store = ReleaseStore(ws)
-    _, records = read_history(store, "production")
+
+
+def test_a_correction_signed_over_another_record_does_not_count(ws: Workspace, bundle: Path):
+    """The approver's own key, a valid signature — over another record's hash: refused, naming it."""
     from ragpipe.kernel.signatures import sign
 
-    at = iso(datetime.now(UTC))
-    wrong = sign(load_key_file(key_file()), correction_statement("production", 4, records[0].hash, APPROVER, at))
+    rid = publish(ws, bundle, "r1")
+    approve_signed(ws, rid, "production")
+    activate(ws, rid, "production")
+    past = iso(datetime.now(UTC) - timedelta(hours=2))
     foreign_append(
         ws, "production", "rejected", {"action": "activate", "release_id": rid, "reason": "x", "by": "m2", "at": past}
     )
-    foreign_append(ws, "production", "time_correction", {**forged, "record": 6, "at": at, "signature": wrong})
-    with pytest.raises(ReleaseError, match="record 4 \\(record 5\\) is not signed"):
+    _, records = read_history(ReleaseStore(ws), "production")
+    at = iso(datetime.now(UTC))
+    statement = correction_statement("production", 4, records[0].hash, APPROVER, "clock", at)
+    wrong = sign(load_key_file(key_file()), statement)
+    foreign_append(
+        ws,
+        "production",
+        "time_correction",
+        {"record": 4, "by": APPROVER, "reason": "clock", "at": at, "signature": wrong},
+    )
+    with pytest.raises(ReleaseError) as err:
         live_release(ws, "production")
+    assert str(err.value) == (
+        "target 'production': the time correction of record 4 (record 5) is not signed by approver 'alice'"
+    )
+    before = files(ws, "production")
+    with pytest.raises(ReleaseError) as err:  # and no writer moves a target no reader would serve
+        approve_signed(ws, rid, "production")
+    assert str(err.value) == (
+        "target 'production': the time correction of record 4 (record 5) is not signed by approver 'alice'; "
+        "nothing was written"
+    )
+    assert files(ws, "production") == before
+
+
+def test_each_back_dated_record_needs_its_own_correction_and_is_judged_at_the_latest_time_before_it():
+    """12:00, then 10:00, then 11:00: both later records are back-dated (the latest time before
+    each is 12:00); accepting one leaves the other; an accepted time is judged at 12:00."""
+    from ragpipe.kernel.ledger import Record
+    from ragpipe.release.history import reduce_history
+
+    def rec(seq: int, at: str, kind: str = "rejected", payload: dict | None = None) -> Record:
+        rejected = {"action": "activate", "release_id": "sha256:" + "a" * 64, "reason": "x", "by": "m", "at": at}
+        return Record(seq, kind, payload or rejected, None, f"h{seq}")
+
+    day = "2026-12-06T"
+    records = [rec(1, day + "12:00:00.000000Z"), rec(2, day + "10:00:00.000000Z"), rec(3, day + "11:00:00.000000Z")]
+    state = reduce_history(records, "t")
+    assert [(b.seq, b.previous_seq, b.previous_at) for b in state.backwards] == [
+        (2, 1, day + "12:00:00.000000Z"),
+        (3, 1, day + "12:00:00.000000Z"),
+    ]
+    fix = {"record": 2, "by": "ops", "reason": "clock", "at": day + "13:00:00.000000Z", "signature": None}
+    state = reduce_history([*records, rec(4, fix["at"], "time_correction", fix)], "t")
+    assert [b.seq for b in state.backwards] == [3]
+    assert state.time_problem("staging").startswith("target 'staging': history record 3 is dated")
+    assert state.judged_time(2, day + "10:00:00.000000Z") == day + "12:00:00.000000Z"
+    assert state.judged_time(3, day + "11:00:00.000000Z") == day + "11:00:00.000000Z"
 
 
 def test_a_signed_correction_by_an_approver_restores_a_target_that_requires_approvals(ws: Workspace, bundle: Path):
