@@ -78,3 +78,20 @@ HOST_ENGINE_WARNING = re.compile(
 def without_host_engine_warning(stderr: str) -> list[str]:
     """The lines of ``stderr`` but the host engine warning."""
     return [line for line in stderr.splitlines() if not HOST_ENGINE_WARNING.fullmatch(line)]
+
+
+def main() -> int:
+    """``python -m ragpipe_tests.support.lance_kernels``: exit 0 when the in-memory engine serves
+    the project's cosine bundles on this host (so ``make test`` must run the vector tests again
+    with lancedb forced, to prove that path here too), 3 when lancedb serves them already (the
+    suite's first pass took that path); one line on stdout says which."""
+    problem = lance_kernel_problem("cosine", indexed=False)
+    if problem is None:
+        print("this host's lance kernels are the in-memory engine's: the vector tests run again with lancedb forced")
+        return 0
+    print(f"lancedb already served the suite's vectors on this host (its lance kernels differ: {problem})")
+    return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
