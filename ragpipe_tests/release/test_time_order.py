@@ -50,6 +50,19 @@ def key_file() -> Path:
     return Path(os.environ["RAGPIPE_TARGETS"]).parent / f"{APPROVER}.pem"
 
 
+def live_production_with_a_back_dated_record(ws: Workspace, bundle: Path) -> str:
+    """A release approved and live on production, then record 4 written two hours in the past
+    (past the project's writer); the release's ID."""
+    rid = publish(ws, bundle, "r1")
+    approve_signed(ws, rid, "production")
+    activate(ws, rid, "production")
+    past = iso(datetime.now(UTC) - timedelta(hours=2))
+    foreign_append(
+        ws, "production", "rejected", {"action": "activate", "release_id": rid, "reason": "x", "by": "m2", "at": past}
+    )
+    return rid
+
+
 def test_a_writer_whose_clock_is_behind_the_history_writes_nothing(ws: Workspace, bundle: Path):
     """The history's last record is an hour ahead of this machine's clock: rollback, activation and
     approval each fail in one line naming both times, and pointer and history are unchanged."""
@@ -134,13 +147,7 @@ def test_a_back_dated_record_stops_readers_and_writers_until_its_time_is_accepte
 def test_on_a_target_that_requires_approvals_only_an_approvers_signed_correction_counts(
     ws: Workspace, bundle: Path, tmp_path: Path
 ):
-    rid = publish(ws, bundle, "r1")
-    approve_signed(ws, rid, "production")
-    activate(ws, rid, "production")
-    past = iso(datetime.now(UTC) - timedelta(hours=2))
-    foreign_append(
-        ws, "production", "rejected", {"action": "activate", "release_id": rid, "reason": "x", "by": "m2", "at": past}
-    )
+    live_production_with_a_back_dated_record(ws, bundle)
     with pytest.raises(ReleaseError, match="not an approver of target 'production'|is not one"):
         accept_time(ws, "production", 4, by="ops", reason="clock", key_file=key_file())
     with pytest.raises(ReleaseError, match="sign the correction with --key KEYFILE"):
@@ -163,13 +170,7 @@ def test_a_correction_signed_over_another_record_does_not_count(ws: Workspace, b
     """The approver's own key, a valid signature — over another record's hash: refused, naming it."""
     from ragpipe.kernel.signatures import sign
 
-    rid = publish(ws, bundle, "r1")
-    approve_signed(ws, rid, "production")
-    activate(ws, rid, "production")
-    past = iso(datetime.now(UTC) - timedelta(hours=2))
-    foreign_append(
-        ws, "production", "rejected", {"action": "activate", "release_id": rid, "reason": "x", "by": "m2", "at": past}
-    )
+    rid = live_production_with_a_back_dated_record(ws, bundle)
     _, records = read_history(ReleaseStore(ws), "production")
     at = iso(datetime.now(UTC))
     statement = correction_statement("production", 4, records[0].hash, APPROVER, "clock", at)
@@ -221,13 +222,7 @@ def test_each_back_dated_record_needs_its_own_correction_and_is_judged_at_the_la
 
 
 def test_a_signed_correction_by_an_approver_restores_a_target_that_requires_approvals(ws: Workspace, bundle: Path):
-    rid = publish(ws, bundle, "r1")
-    approve_signed(ws, rid, "production")
-    activate(ws, rid, "production")
-    past = iso(datetime.now(UTC) - timedelta(hours=2))
-    foreign_append(
-        ws, "production", "rejected", {"action": "activate", "release_id": rid, "reason": "x", "by": "m2", "at": past}
-    )
+    rid = live_production_with_a_back_dated_record(ws, bundle)
     with pytest.raises(ReleaseError, match="history record 4 is dated"):
         live_release(ws, "production")
     correction = accept_time(ws, "production", 4, by=APPROVER, reason="host clock", key_file=key_file())
