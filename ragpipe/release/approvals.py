@@ -23,13 +23,13 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from ragpipe.kernel.canonical import canonical_bytes
-from ragpipe.kernel.signatures import KeyFileError, load_key_file, public_key_text, sign, verify
+from ragpipe.kernel.signatures import sign, verify
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.history import Approval, History, TargetHistory
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe.release.targets import APPROVER_NAME, TargetsConfig, load_targets
+from ragpipe.release.targets import APPROVER_NAME, TargetsConfig, approver_key, load_targets
 from ragpipe.release.time_order import refuse_untimely
 
 MAX_NOTE_CHARS = 500
@@ -77,18 +77,7 @@ def approve(
     store = ReleaseStore(ws)
     targets = config or load_targets()
     name, spec = targets.get(target)
-    declared = spec.approvers.get(by)
-    if declared is None:
-        listed = ", ".join(sorted(spec.approvers)) or "none"
-        raise ReleaseError(f"{by!r} is not an approver of target {name!r} (approvers: {listed})")
-    try:
-        key = load_key_file(key_file)
-    except KeyFileError as exc:
-        raise ReleaseError(str(exc)) from None
-    if public_key_text(key) != declared:
-        raise ReleaseError(
-            f"{key_file}: not the key of approver {by!r} of target {name!r} (the targets config lists another)"
-        )
+    key = approver_key(spec, name, by, key_file)
     manifest = load_manifest(store, release_id)
     if not manifest.gate.eligible:
         raise ReleaseError(

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from ragpipe.experiment.gate_policy import PolicyError, load_policy
-from ragpipe.kernel.signatures import PUBLIC_KEY
+from ragpipe.kernel.signatures import PUBLIC_KEY, KeyFileError, load_key_file, public_key_text
 from ragpipe.release.store import TARGET_NAME, ReleaseError
 from ragpipe.spec import read_error_text, yaml_error_text
 
@@ -131,3 +131,22 @@ def load_targets(path: Path | None = None) -> TargetsConfig:
         raise ReleaseError(f"{path}: invalid targets config: {problems}") from None
     config._source = path
     return config
+
+
+def approver_key(spec: TargetSpec, target: str, by: str, key_file: Path):
+    """The private key in ``key_file`` of ``target``'s approver ``by`` (what approvals and time
+    corrections sign with); ``ReleaseError`` when ``by`` is not an approver the target lists, the
+    file cannot be read as a key, or it holds another key than the one listed."""
+    declared = spec.approvers.get(by)
+    if declared is None:
+        listed = ", ".join(sorted(spec.approvers)) or "none"
+        raise ReleaseError(f"{by!r} is not an approver of target {target!r} (approvers: {listed})")
+    try:
+        key = load_key_file(key_file)
+    except KeyFileError as exc:
+        raise ReleaseError(str(exc)) from None
+    if public_key_text(key) != declared:
+        raise ReleaseError(
+            f"{key_file}: not the key of approver {by!r} of target {target!r} (the targets config lists another)"
+        )
+    return key

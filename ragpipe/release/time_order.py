@@ -23,12 +23,12 @@ import unicodedata
 from datetime import UTC, datetime
 
 from ragpipe.kernel.canonical import canonical_bytes
-from ragpipe.kernel.signatures import KeyFileError, load_key_file, public_key_text, sign, verify
+from ragpipe.kernel.signatures import sign, verify
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.history import History, TargetHistory, TimeCorrection
 from ragpipe.release.recovery import settle
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe.release.targets import APPROVER_NAME, TargetsConfig, load_targets
+from ragpipe.release.targets import APPROVER_NAME, TargetsConfig, approver_key, load_targets
 
 MAX_REASON_CHARS = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -90,21 +90,9 @@ def accept_time(
     name, spec = (config or load_targets()).get(target)
     key = None
     if spec.approval_required:
-        declared = spec.approvers.get(by)
-        if declared is None:
-            listed = ", ".join(sorted(spec.approvers)) or "none"
-            raise ReleaseError(
-                f"target {name!r} requires approvals: an approver accepts a record's time, and {by!r} is not one "
-                f"(approvers: {listed})"
-            )
         if key_file is None:
             raise ReleaseError(f"target {name!r} requires approvals: sign the correction with --key KEYFILE")
-        try:
-            key = load_key_file(key_file)
-        except KeyFileError as exc:
-            raise ReleaseError(str(exc)) from None
-        if public_key_text(key) != declared:
-            raise ReleaseError(f"{key_file}: not the key of approver {by!r} of target {name!r}")
+        key = approver_key(spec, name, by, key_file)
     with store.target_lock(name), History(store, name) as history:
         late = next((b for b in history.state.backwards if b.seq == record), None)
         if late is None:

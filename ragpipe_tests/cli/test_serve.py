@@ -84,12 +84,12 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path):
 
 
 def started_serve(tmp_path: Path, config: Path | None) -> tuple[str, str]:
-    """Start ``ragpipe serve`` on a free loopback port, wait (bounded) until it answers /healthz,
-    stop it; its (stdout, stderr)."""
+    """Start ``ragpipe serve`` on a free loopback port, wait until it says it serves (it has bound
+    its socket by then: a request waits in the backlog until uvicorn takes it), ask it once, stop
+    it; its (stdout, stderr)."""
     import os
     import signal
     import socket
-    import time
 
     import httpx
 
@@ -97,7 +97,7 @@ def started_serve(tmp_path: Path, config: Path | None) -> tuple[str, str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     args = [sys.executable, "-m", "ragpipe.cli", "serve", "--port", str(port)]
-    env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "RAGPIPE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         args + (["--config", str(config)] if config else []),
         stdout=subprocess.PIPE,
@@ -107,21 +107,15 @@ def started_serve(tmp_path: Path, config: Path | None) -> tuple[str, str]:
         env=env,
     )
     try:
-        for _ in range(600):  # a bounded wait for the start, not a timing assertion
-            if proc.poll() is not None:
-                break
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        unauthorised = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"query": "x"}, timeout=10)
+        first = proc.stdout.readline() if proc.stdout else ""  # a condition, not a clock: the line, or EOF
+        assert first.startswith("serving target"), (first, proc.poll())
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=60).status_code == 200
+        unauthorised = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"query": "x"}, timeout=60)
         assert unauthorised.status_code in (401, 503)
     finally:
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
-    return stdout, stderr
+    return first + stdout, stderr
 
 
 def test_serve_starts_and_warns_when_no_caller_can_be_authorised(tmp_path: Path):
