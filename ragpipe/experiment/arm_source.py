@@ -109,6 +109,9 @@ def load_arm(run: Path) -> ArmRun:
             _cell(case, repeat, dict(state.terminal[(case, repeat, arm)])) for case, repeat, arm in state.expected
         ),
         skipped={s["case_id"]: s["reason"] for s in state.created.get("skipped", ())},
+        missing={
+            s["case_id"]: tuple(s.get("missing", ())) for s in state.created.get("skipped", ()) if s.get("missing")
+        },
         tags={case: tuple(tags) for case, tags in state.created.get("tags", {}).items()},
         build=_build(state.inputs.get(BUNDLE_INPUT)),
     )

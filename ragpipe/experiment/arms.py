@@ -8,7 +8,8 @@
   (suite digest, evaluator, mode, subject scopes, depth, metric declarations, repeats, answers);
 * ``variant``: what is allowed to differ (bundle, query plan, arm label);
 * ``expected``: the cells ``(case, repeat)`` the run declared, ``cells``: its terminal cells,
-  ``skipped``: the cases it skipped with their reasons, ``tags``: each case's tags;
+  ``skipped``: the cases it skipped with their reasons (``missing``: the judged targets the
+  bundle lacks, per skipped case), ``tags``: each case's tags;
 * each cell's outcome (success, abstained, failure, cancelled), failure class, metric values
   and query latency (execution data: read by the cost phase, never part of an identity);
 * ``build``: the build-cost figures of the evaluated bundle (``BuildCost``), when the run
@@ -136,8 +137,13 @@ class ArmRun(FrozenModel):
     expected: tuple[CellKey, ...]
     cells: tuple[CellOutcome, ...]
     skipped: dict[str, str] = Field(default_factory=dict)
+    missing: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # skipped case -> judged targets it lacks
     tags: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     build: BuildCost | None = None
+
+    def cases(self) -> set[str]:
+        """The cases the run evaluates (those with an expected cell)."""
+        return {case for case, _ in self.expected}
 
     def ref(self) -> ArmRef:
         return ArmRef(run_id=self.run_id, spec_id=self.spec_id, ledger_head=self.ledger_head)

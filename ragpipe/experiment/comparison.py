@@ -10,7 +10,9 @@ ranking metric). ``scored + failed + unmeasured`` always equals the expected pai
 A case's delta is the mean of its scored pairs' deltas (its repeats).
 
 The comparison also carries each arm's summary (aggregates, failures by class, p95 latency),
-so a gate reads the comparison file alone. Its ID is ``content_id("comparison", 1, body)``;
+and — when the suite grew with the corpus — ``new_coverage``, the summary of the challenger's
+cells on the cases only it can evaluate (``pairing.coverage_changes``), so a gate reads the
+comparison file alone. Its ID is ``content_id("comparison", 1, body)``;
 ``load_comparison`` recomputes it and refuses a file whose content does not match.
 """
 
@@ -21,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_serializer
 
 from ragpipe.experiment.arms import ArmSummary, Coordinates, MetricDecl, summarize
 from ragpipe.experiment.pairing import Pair, Pairing, PairingCertificate
@@ -61,6 +63,15 @@ class Comparison(FrozenModel):
     incumbent: ArmSummary
     challenger: ArmSummary
     slices: dict[str, SliceComparison]
+    new_coverage: ArmSummary | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_coverage(self, handler):
+        """No new coverage is left out of the dump: older comparisons keep their IDs."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("new_coverage", 0) is None:
+            del data["new_coverage"]
+        return data
 
     def body(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
@@ -132,7 +143,23 @@ def compare(pairing: Pairing, spec: ComparisonSpec | None = None) -> Comparison:
         incumbent=summarize(pairing.incumbent),
         challenger=summarize(pairing.challenger),
         slices=slices,
+        new_coverage=new_coverage_summary(pairing),
     )
+
+
+def new_coverage_summary(pairing: Pairing) -> ArmSummary | None:
+    """The challenger's summary over its new-coverage cases only (None: there are none)."""
+    new = {case for case, _ in pairing.certificate.new_coverage}
+    if not new:
+        return None
+    arm = pairing.challenger
+    only = arm.model_copy(
+        update={
+            "expected": tuple(k for k in arm.expected if k[0] in new),
+            "cells": tuple(c for c in arm.cells if c.case_id in new),
+        }
+    )
+    return summarize(only)
 
 
 def comparison_bytes(comparison: Comparison) -> bytes:

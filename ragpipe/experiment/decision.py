@@ -44,11 +44,12 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer, model_validator
 
 from ragpipe.evaluation.suite import MISSING_TARGETS, NO_POSITIVE_JUDGMENT
 from ragpipe.experiment.arms import ArmRef, ArmRun, ArmSummary, Coordinates, summarize
 from ragpipe.experiment.catalog import known_metric
+from ragpipe.experiment.change import Change
 from ragpipe.experiment.comparison import ALL, Comparison
 from ragpipe.experiment.gate_policy import PHASES, GatePolicy
 from ragpipe.experiment.pairing import check_arm
@@ -88,8 +89,14 @@ class Check(FrozenModel):
     reason: str | None = None
 
 
+SCHEMA_V1, SCHEMA = "ragpipe.gate_decision/v1", "ragpipe.gate_decision/v2"
+
+
 class Decision(FrozenModel):
-    schema_: Literal["ragpipe.gate_decision/v1"] = Field("ragpipe.gate_decision/v1", alias="schema")
+    """A gate decision. Schema v2 records the ``change`` (kind and the incumbent release it was made
+    against); v1 decisions (made before) have none and are read as they were written."""
+
+    schema_: Literal["ragpipe.gate_decision/v1", "ragpipe.gate_decision/v2"] = Field(SCHEMA_V1, alias="schema")
     mode: Literal["paired", "bootstrap"]
     eligible: bool
     decisive_phase: Literal["hard", "coverage", "target", "regression", "cost"] | None
@@ -100,6 +107,23 @@ class Decision(FrozenModel):
     incumbent: ArmRef | None
     challenger: ArmRef
     human_apply_required: bool
+    change: Change | None = None
+
+    @model_validator(mode="after")
+    def _schema_matches_change(self) -> Decision:
+        if (self.schema_ == SCHEMA) != (self.change is not None):
+            raise ValueError(f"a {SCHEMA} decision records its change, a {SCHEMA_V1} one does not")
+        if self.change is not None and (self.change.kind == "bootstrap") != (self.mode == "bootstrap"):
+            raise ValueError(f"a {self.mode} decision cannot be a {self.change.kind}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _v1_without_change(self, handler):
+        """A v1 decision dumps as it always did (no ``change`` member): its ID is unchanged."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("change", 0) is None:
+            del data["change"]
+        return data
 
     @property
     def decision_id(self) -> str:
@@ -246,9 +270,84 @@ def _floor_op(metric: str) -> Op:
     return ">=" if known_metric(metric).direction == "higher" else "<="  # type: ignore[union-attr]
 
 
-def _paired(policy: GatePolicy, c: Comparison, gap: str | None = None) -> list[Check]:
+def _lost_coverage(policy: GatePolicy, c: Comparison) -> Check:
+    """Cases only the incumbent could evaluate over paired cases <= ``max_lost_rate``; the reason
+    names the cases and the judged documents the challenger lacks."""
+    lost = c.certificate.lost_coverage
+    paired = len({case for case, _ in c.certificate.cells})
+    got = check(
+        "coverage",
+        "lost_coverage",
+        len(lost) / paired if paired else None,
+        "<=",
+        policy.coverage.max_lost_rate,
+        missing="no paired case",
+    )
+    if got.verdict != "fail" or not lost:
+        return got
+    removed = sorted({doc for _, docs in lost for doc in docs})
+    shown = ", ".join(removed[:10]) + (f" and {len(removed) - 10} more" if len(removed) > 10 else "")
+    why = f"{len(lost)} of {paired} paired cases lost: their judged documents {shown} are not in the challenger"
+    return got.model_copy(update={"reason": f"{got.reason} ({why})"})
+
+
+def _target(policy: GatePolicy, c: Comparison, change: Change | None, gap: str | None) -> list[Check]:
+    """An experiment (or a v1 decision) must improve; a refresh must not be worse; new coverage
+    must reach its absolute floors."""
+    t = policy.target
+    stats = c.slices[ALL].metrics[t.metric].stats
+    few = gap or "fewer than 2 scored cases"
+    if change is not None and change.kind == "refresh":
+        checks = [
+            check(
+                "target",
+                "non_inferiority",
+                stats.ci_low,
+                ">=",
+                -policy.refresh.margin,
+                metric=t.metric,
+                missing=few,
+            )
+        ]
+    else:
+        checks = [
+            check(
+                "target",
+                "improvement",
+                stats.mean,
+                ">=",
+                t.min_improvement,
+                metric=t.metric,
+                missing=gap or "no scored case",
+            )
+        ]
+        if t.evidence == "ci_lower":
+            checks.append(check("target", "ci_lower", stats.ci_low, ">", 0.0, metric=t.metric, missing=few))
+        else:
+            checks.append(check("target", "p_value", stats.p_value, "<", t.alpha, metric=t.metric, missing=few))
+    if c.new_coverage is not None:
+        checks += _floors(
+            "new_coverage_floor", c.new_coverage, policy.floors_of_new_coverage, "no new-coverage case carries it"
+        )
+    return checks
+
+
+def _floors(name: str, summary: ArmSummary, floors: dict[str, float], missing: str) -> list[Check]:
+    """One target check per floor (direction-aware: a ceiling for lower-is-better metrics)."""
+    return [
+        check("target", name, summary.aggregates[m].value, _floor_op(m), floor, metric=m, missing=missing)
+        for m, floor in sorted(floors.items())
+    ]
+
+
+def _paired(policy: GatePolicy, c: Comparison, gap: str | None = None, change: Change | None = None) -> list[Check]:
     checks = _hard(policy, c.challenger, c.coordinates, gap)
-    checks.append(check("coverage", "paired_cells", float(len(c.certificate.cells)), "==", float(c.challenger.cells)))
+    new_cells = c.new_coverage.cells if c.new_coverage is not None else 0
+    checks.append(
+        check("coverage", "paired_cells", float(len(c.certificate.cells)), "==", float(c.challenger.cells - new_cells))
+    )
+    if change is not None:
+        checks.append(_lost_coverage(policy, c))
     checks += _failed_rates(policy, {"incumbent": c.incumbent, "challenger": c.challenger}, gap)
     target = c.slices[ALL].metrics[policy.target.metric].stats
     checks.append(
@@ -261,23 +360,7 @@ def _paired(policy: GatePolicy, c: Comparison, gap: str | None = None) -> list[C
             metric=policy.target.metric,
         )
     )
-    t = policy.target
-    checks.append(
-        check(
-            "target",
-            "improvement",
-            target.mean,
-            ">=",
-            t.min_improvement,
-            metric=t.metric,
-            missing=gap or "no scored case",
-        )
-    )
-    few = gap or "fewer than 2 scored cases"
-    if t.evidence == "ci_lower":
-        checks.append(check("target", "ci_lower", target.ci_low, ">", 0.0, metric=t.metric, missing=few))
-    else:
-        checks.append(check("target", "p_value", target.p_value, "<", t.alpha, metric=t.metric, missing=few))
+    checks += _target(policy, c, change, gap)
     limits = [(ALL, policy.regression.overall)] + [
         (f"tag:{tag}", lim) for tag, lim in sorted(policy.regression.tags.items())
     ]
@@ -423,18 +506,7 @@ def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
     checks.append(
         check("coverage", "evaluated_cases", float(summary.evaluated_cases), ">=", float(policy.coverage.min_cases))
     )
-    for metric, floor in sorted(policy.bootstrap_floors.items()):
-        checks.append(
-            check(
-                "target",
-                "floor",
-                summary.aggregates[metric].value,
-                _floor_op(metric),
-                floor,
-                metric=metric,
-                missing=gap or "no evaluated case carries it",
-            )
-        )
+    checks += _floors("floor", summary, policy.bootstrap_floors, gap or "no evaluated case carries it")
     return checks + _cost(policy, summary, None, gap)
 
 
@@ -460,8 +532,29 @@ def _check_fit(policy: GatePolicy, coords: Coordinates, comparison: Comparison |
             )
 
 
-def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun | None = None) -> Decision:
-    """The decision of ``policy`` on a comparison (paired) or on ``challenger`` alone (bootstrap)."""
+def _check_change(change: Change | None, comparison: Comparison | None) -> None:
+    if change is None:
+        return
+    if comparison is None and change.kind != "bootstrap":
+        raise GateError(f"a {change.kind} needs a comparison with its incumbent")
+    if comparison is not None and change.kind == "bootstrap":
+        raise GateError("a bootstrap decision has no comparison")
+    if comparison is None or change.incumbent_release is not None:
+        return
+    raise GateError(f"a {change.kind} names the incumbent release it was made against")
+
+
+def decide(
+    policy: GatePolicy,
+    comparison: Comparison | None,
+    challenger: ArmRun | None = None,
+    change: Change | None = None,
+) -> Decision:
+    """The decision of ``policy`` on a comparison (paired) or on ``challenger`` alone (bootstrap).
+    ``change``: the challenger's change kind (``ragpipe.experiment.change``), recorded in a v2
+    decision; a refresh is judged by non-inferiority, an experiment by improvement. None makes a
+    v1 decision (as decisions were made before kinds existed): improvement, no coverage change."""
+    _check_change(change, comparison)
     if comparison is None:
         if challenger is None:
             raise GateError("a bootstrap decision (no comparison) needs the challenger run")
@@ -475,7 +568,7 @@ def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun
             )
         _check_fit(policy, comparison.coordinates, comparison)
         checks, incumbent, challenger_ref = (
-            _paired(policy, comparison, None if challenger is None else no_evaluable_case(challenger)),
+            _paired(policy, comparison, None if challenger is None else no_evaluable_case(challenger), change),
             comparison.certificate.incumbent,
             comparison.certificate.challenger,
         )
@@ -493,4 +586,6 @@ def decide(policy: GatePolicy, comparison: Comparison | None, challenger: ArmRun
         incumbent=incumbent,
         challenger=challenger_ref,
         human_apply_required=policy.human_apply_required,
+        change=change,
+        **({"schema": SCHEMA} if change is not None else {}),
     )

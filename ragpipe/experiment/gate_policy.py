@@ -5,7 +5,10 @@ aggregates: safety and contract floors), ``coverage`` (failed-cell rate per arm,
 ``target`` (metric, minimum improvement, and the evidence rule: CI lower bound > 0 or p < alpha),
 ``regression`` (maximum allowed loss per metric, overall and per protected tag slice), ``cost``
 (p95 latency and build-cost limits, read only as a tie-break after quality). ``bootstrap_floors``
-are the absolute bounds that replace the relative target when there is no incumbent.
+are the absolute bounds that replace the relative target when there is no incumbent. ``refresh``
+(optional) holds the non-inferiority ``margin`` that replaces the target's improvement checks for
+a refresh (``ragpipe.experiment.change``); ``coverage`` may bound lost coverage
+(``max_lost_rate``) and set the floors of new coverage (``new_coverage_floors``).
 
 Refused at load, with ``<file>:<line>: <key path>: <rule>``: YAML errors, duplicate keys,
 unknown phases or keys, missing phases, phases out of order, unknown metrics, non-numbers
@@ -13,8 +16,9 @@ unknown phases or keys, missing phases, phases out of order, unknown metrics, no
 outside the metric's range, an unreachable improvement, no bootstrap floor for the target, a
 build-cost ratio below 1). The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds
 are stored as floats so ``0`` and ``0.0`` give one ID, and mapping order never changes it. A
-build-cost bound that is left out or ``null`` is not in the ID at all, so a policy written before
-those bounds existed keeps its ID.
+build-cost bound that is left out or ``null`` is not in the ID at all, nor are ``refresh``,
+``max_lost_rate`` and ``new_coverage_floors`` at their defaults, so a policy written before those
+fields existed keeps its ID.
 """
 
 from __future__ import annotations
@@ -47,9 +51,37 @@ class HardBound(FrozenModel):
     if_measured: bool = False  # True: a run that does not measure the metric skips the check
 
 
+DEFAULT_MAX_LOST_RATE = 0.1
+DEFAULT_MARGIN = 0.01
+
+
 class CoveragePolicy(FrozenModel):
+    """``max_lost_rate``: cases only the incumbent could evaluate (their judged documents left the
+    corpus) over paired cases; ``new_coverage_floors``: the absolute floors on the cases only the
+    challenger can evaluate (None: the bootstrap floors). Both at their defaults are left out of
+    the dump (hence the ID): a policy written before they existed keeps its ID."""
+
     max_failed_rate: float
     min_cases: int
+    max_lost_rate: float = DEFAULT_MAX_LOST_RATE
+    new_coverage_floors: dict[str, float] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_defaults(self, handler):
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("max_lost_rate") == DEFAULT_MAX_LOST_RATE:
+                del data["max_lost_rate"]
+            if data.get("new_coverage_floors", 0) is None:
+                del data["new_coverage_floors"]
+        return data
+
+
+class RefreshPolicy(FrozenModel):
+    """A refresh (only the corpus differs from the incumbent) passes the target phase when the
+    lower bound of the paired interval of the target metric's delta is >= -``margin``."""
+
+    margin: float = DEFAULT_MARGIN
 
 
 class TargetPolicy(FrozenModel):
@@ -107,8 +139,24 @@ class GatePolicy(FrozenModel):
     coverage: CoveragePolicy
     target: TargetPolicy
     regression: RegressionPolicy
+    refresh: RefreshPolicy = RefreshPolicy()
     cost: CostPolicy
     bootstrap_floors: dict[str, float]
+
+    @model_serializer(mode="wrap")
+    def _without_default_refresh(self, handler):
+        """A ``refresh`` section equal to the defaults is left out (a policy written before
+        refreshes were told apart keeps its ID; spelling the defaults out changes nothing)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("refresh") == {"margin": DEFAULT_MARGIN}:
+            del data["refresh"]
+        return data
+
+    @property
+    def floors_of_new_coverage(self) -> dict[str, float]:
+        """The absolute floors the challenger's new-coverage cases must reach."""
+        floors = self.coverage.new_coverage_floors
+        return dict(self.bootstrap_floors if floors is None else floors)
 
     @property
     def policy_id(self) -> str:
@@ -117,6 +165,7 @@ class GatePolicy(FrozenModel):
     def metrics(self) -> set[str]:
         """Every metric the policy names."""
         names = set(self.hard) | {self.target.metric} | set(self.regression.overall) | set(self.bootstrap_floors)
+        names |= set(self.coverage.new_coverage_floors or {})
         return names | {m for limits in self.regression.tags.values() for m in limits}
 
 
@@ -204,14 +253,33 @@ def _hard(r: _Reader, raw: Any) -> dict[str, HardBound]:
     return out
 
 
+COVERAGE_KEYS = ("max_failed_rate", "min_cases", "max_lost_rate", "new_coverage_floors")
+
+
 def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
-    spec = r.mapping(raw, "coverage", ("max_failed_rate", "min_cases"), ("max_failed_rate", "min_cases"))
+    spec = r.mapping(raw, "coverage", COVERAGE_KEYS, ("max_failed_rate", "min_cases"))
     cases = spec["min_cases"]
     if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
         raise r.fail("coverage.min_cases", f"must be an integer >= 1, got {cases!r}")
+    floors = spec.get("new_coverage_floors")
     return CoveragePolicy(
-        max_failed_rate=r.number(spec["max_failed_rate"], "coverage.max_failed_rate", 0.0, 1.0), min_cases=cases
+        max_failed_rate=r.number(spec["max_failed_rate"], "coverage.max_failed_rate", 0.0, 1.0),
+        min_cases=cases,
+        max_lost_rate=r.number(spec.get("max_lost_rate", DEFAULT_MAX_LOST_RATE), "coverage.max_lost_rate", 0.0, 1.0),
+        new_coverage_floors=None
+        if floors is None
+        else {
+            name: r.in_range(name, value, f"coverage.new_coverage_floors.{name}")
+            for name, value in r.mapping(floors, "coverage.new_coverage_floors").items()
+        },
     )
+
+
+def _refresh(r: _Reader, raw: Any) -> RefreshPolicy:
+    if raw is None:
+        return RefreshPolicy()
+    spec = r.mapping(raw, "refresh", ("margin",), ("margin",))
+    return RefreshPolicy(margin=r.number(spec["margin"], "refresh.margin", 0.0))
 
 
 def _target(r: _Reader, raw: Any) -> TargetPolicy:
@@ -288,12 +356,12 @@ def _cost(r: _Reader, raw: Any) -> CostPolicy:
 
 
 def _check_phase_order(r: _Reader, doc: dict[str, Any]) -> None:
-    allowed = ("schema", "human_apply_required", *PHASES, "bootstrap_floors")
+    allowed = ("schema", "human_apply_required", *PHASES, "refresh", "bootstrap_floors")
     for key in doc:
         if key not in allowed:
             raise r.fail(
                 key,
-                f"unknown phase (phases, in order: {', '.join(PHASES)}; other keys: schema, human_apply_required, bootstrap_floors)",
+                f"unknown phase (phases, in order: {', '.join(PHASES)}; other keys: schema, human_apply_required, refresh, bootstrap_floors)",
             )
     missing = [p for p in PHASES if p not in doc]
     if missing:
@@ -332,6 +400,7 @@ def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> G
         coverage=_coverage(r, doc["coverage"]),
         target=target,
         regression=_regression(r, doc["regression"]),
+        refresh=_refresh(r, doc.get("refresh")),
         cost=_cost(r, doc["cost"]),
         bootstrap_floors=floors,
     )

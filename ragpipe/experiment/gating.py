@@ -1,8 +1,9 @@
 """The chain's gate as one function of its inputs, so a decision can be made and re-made alike.
 
-``gate_runs(policy, challenger, incumbent, spec)`` is what ``gate_decision`` computes — a
-bootstrap decision without an incumbent; otherwise exact pairing, the comparison under ``spec``
-and the policy's decision on it, or the ineligible ``not_pairable`` decision when pairing refuses.
+``gate_runs(policy, challenger, incumbent, spec, change)`` is what ``gate_decision`` computes — a
+bootstrap decision without an incumbent; otherwise pairing (accepting new and lost coverage when
+the decision records its ``change``), the comparison under ``spec`` and the policy's decision on
+it, or the ineligible ``not_pairable`` decision when pairing refuses.
 Everything it reads is content-bound (verified runs, a policy and a comparison spec with content
 IDs) and everything it computes is seeded, so activation can recompute a release's decision from
 the runs it names and compare IDs (``ragpipe.release.gate_evidence``).
@@ -11,14 +12,17 @@ the runs it names and compare IDs (``ragpipe.release.gate_evidence``).
 from __future__ import annotations
 
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.change import Change
 from ragpipe.experiment.comparison import Comparison, compare
-from ragpipe.experiment.decision import Decision, check, decide
+from ragpipe.experiment.decision import SCHEMA, Decision, check, decide
 from ragpipe.experiment.gate_policy import GatePolicy
 from ragpipe.experiment.pairing import PairingError, pair
 from ragpipe.experiment.statistics import ComparisonSpec
 
 
-def not_pairable(policy: GatePolicy, incumbent: ArmRun, challenger: ArmRun, error: PairingError) -> Decision:
+def not_pairable(
+    policy: GatePolicy, incumbent: ArmRun, challenger: ArmRun, error: PairingError, change: Change | None = None
+) -> Decision:
     """The ineligible decision recorded when the runs cannot be paired exactly: decisive phase
     ``coverage``, one failing check ``coverage pairing`` whose reason is the pairing error."""
     failed = check("coverage", "pairing", None, "==", 1.0, missing=str(error))
@@ -33,17 +37,25 @@ def not_pairable(policy: GatePolicy, incumbent: ArmRun, challenger: ArmRun, erro
         incumbent=incumbent.ref(),
         challenger=challenger.ref(),
         human_apply_required=policy.human_apply_required,
+        change=change,
+        **({"schema": SCHEMA} if change is not None else {}),
     )
 
 
 def gate_runs(
-    policy: GatePolicy, challenger: ArmRun, incumbent: ArmRun | None, spec: ComparisonSpec | None
+    policy: GatePolicy,
+    challenger: ArmRun,
+    incumbent: ArmRun | None,
+    spec: ComparisonSpec | None,
+    change: Change | None = None,
 ) -> tuple[Decision, Comparison | None]:
-    """The decision (and, when the runs pair, the comparison) of ``policy`` on these runs."""
+    """The decision (and, when the runs pair, the comparison) of ``policy`` on these runs;
+    ``change`` None makes a v1 decision (exact pairing, improvement), as kept releases made
+    before change kinds existed are made again."""
     if incumbent is None:
-        return decide(policy, None, challenger), None
+        return decide(policy, None, challenger, change), None
     try:
-        comparison = compare(pair(incumbent, challenger), spec)
+        comparison = compare(pair(incumbent, challenger, coverage_change=change is not None), spec)
     except PairingError as exc:
-        return not_pairable(policy, incumbent, challenger, exc), None
-    return decide(policy, comparison, challenger), comparison
+        return not_pairable(policy, incumbent, challenger, exc, change), None
+    return decide(policy, comparison, challenger, change), comparison

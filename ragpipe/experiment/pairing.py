@@ -7,6 +7,13 @@ coordinates (first differing field, in declaration order); an arm whose cells ar
 its expected cells (a duplicate, a missing or an unexpected cell, a cell of a skipped case);
 differing skipped cases; differing expected cells; differing tags of a case.
 
+With ``coverage_change=True`` (decisions that know their change kind) a suite that grows and
+shrinks with the corpus pairs too: a case the incumbent skipped because it lacks a judged
+document and the challenger evaluates is *new coverage*; a case the incumbent evaluated and the
+challenger skipped because the challenger lacks a judged document is *lost coverage* (the missing
+documents are listed). Neither is paired; both are listed in the certificate by case ID; a case
+skipped for any other difference, or cells that differ otherwise, are still refused.
+
 Failed and cancelled cells stay paired: a pair records both outcomes, and the certificate counts
 failures by arm and class. The certificate lists the ordered coordinates (sorted by case ID,
 then repeat) and both runs' IDs and ledger heads under their roles, so swapping the arguments
@@ -18,6 +25,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from pydantic import model_serializer
+
+from ragpipe.evaluation.suite import MISSING_TARGETS
 from ragpipe.experiment.arms import ArmRef, ArmRun, CellKey, CellOutcome, Coordinates
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
@@ -97,12 +107,30 @@ def _skip_state(reason: str | None) -> str:
     return "not skipped" if reason is None else f"skipped ({reason})"
 
 
-def _check_same_cases(incumbent: ArmRun, challenger: ArmRun) -> None:
-    case = _first_difference(incumbent.skipped, challenger.skipped)
+def coverage_changes(incumbent: ArmRun, challenger: ArmRun) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """``(new, lost)``: the cases only the challenger evaluates (case -> the incumbent's skip
+    reason) and those only the incumbent evaluates (case -> the judged documents the challenger
+    lacks). Only a skip for lacking judged documents on one side counts (module docstring)."""
+    new, lost = {}, {}
+    for case in sorted(set(incumbent.skipped) ^ set(challenger.skipped)):
+        if incumbent.skipped.get(case) == MISSING_TARGETS and case in challenger.cases():
+            new[case] = MISSING_TARGETS
+        elif challenger.skipped.get(case) == MISSING_TARGETS and case in incumbent.cases():
+            lost[case] = tuple(sorted(challenger.missing.get(case, ())))
+    return new, lost
+
+
+def _check_same_cases(incumbent: ArmRun, challenger: ArmRun, new=(), lost=()) -> None:
+    """Refuse differing skipped cases, expected cells or tags — leaving out the cases of ``new``
+    and ``lost`` coverage, which the caller accepts."""
+    inc_skipped = {c: r for c, r in incumbent.skipped.items() if c not in new}
+    ch_skipped = {c: r for c, r in challenger.skipped.items() if c not in lost}
+    case = _first_difference(inc_skipped, ch_skipped)
     if case is not None:
         inc, ch = _skip_state(incumbent.skipped.get(case)), _skip_state(challenger.skipped.get(case))
         raise PairingError(f"case {case!r} differs: {inc} by the incumbent, {ch} by the challenger")
-    inc_keys, ch_keys = set(incumbent.expected), set(challenger.expected)
+    inc_keys = {k for k in incumbent.expected if k[0] not in lost}
+    ch_keys = {k for k in challenger.expected if k[0] not in new}
     if inc_keys != ch_keys:
         key = min(inc_keys ^ ch_keys)
         has, lacks = ("incumbent", "challenger") if key in inc_keys else ("challenger", "incumbent")
@@ -135,6 +163,19 @@ class PairingCertificate(FrozenModel):
     skipped: tuple[tuple[str, str], ...]
     failures: tuple[FailureCount, ...]
     both_completed: int
+    new_coverage: tuple[tuple[str, str], ...] = ()  # (case, the incumbent's skip reason)
+    lost_coverage: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (case, judged documents the challenger lacks)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_coverage(self, handler):
+        """No coverage change is left out of the dump: a comparison made before suites could grow
+        keeps its ID."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("new_coverage", "lost_coverage"):
+                if not data.get(key, 1):
+                    del data[key]
+        return data
 
 
 @dataclass(frozen=True)
@@ -163,14 +204,16 @@ def coordinates_id(coordinates: Coordinates) -> str:
     return content_id("comparison-coordinates", 1, coordinates.model_dump(mode="json"))
 
 
-def pair(incumbent: ArmRun, challenger: ArmRun) -> Pairing:
-    """Pair two runs exactly (module docstring) or raise ``PairingError``."""
+def pair(incumbent: ArmRun, challenger: ArmRun, *, coverage_change: bool = False) -> Pairing:
+    """Pair two runs exactly (module docstring) or raise ``PairingError``; ``coverage_change``:
+    accept new and lost coverage, listed in the certificate."""
     _check_roles(incumbent, challenger)
     _check_coordinates(incumbent.coordinates, challenger.coordinates)
     check_arm(incumbent, "incumbent")
     check_arm(challenger, "challenger")
-    _check_same_cases(incumbent, challenger)
-    by_inc = {c.key: c for c in incumbent.cells}
+    new, lost = coverage_changes(incumbent, challenger) if coverage_change else ({}, {})
+    _check_same_cases(incumbent, challenger, new, lost)
+    by_inc = {c.key: c for c in incumbent.cells if c.case_id not in lost}
     by_ch = {c.key: c for c in challenger.cells}
     keys = tuple(sorted(by_inc))
     pairs = tuple(Pair(k, by_inc[k], by_ch[k]) for k in keys)
@@ -185,11 +228,13 @@ def pair(incumbent: ArmRun, challenger: ArmRun) -> Pairing:
         challenger=challenger.ref(),
         coordinates_id=coordinates_id(incumbent.coordinates),
         cells=keys,
-        skipped=tuple(sorted(incumbent.skipped.items())),
+        skipped=tuple(sorted((c, r) for c, r in incumbent.skipped.items() if c not in new)),
         failures=tuple(
             FailureCount(side=s, failure_class=c, cells=n)
             for (s, c), n in sorted(failures.items(), key=lambda kv: (ROLES.index(kv[0][0]), kv[0][1]))
         ),
         both_completed=sum(1 for p in pairs if p.incumbent.completed and p.challenger.completed),
+        new_coverage=tuple(sorted(new.items())),
+        lost_coverage=tuple(sorted(lost.items())),
     )
     return Pairing(incumbent, challenger, pairs, certificate)

@@ -81,7 +81,7 @@ MALFORMED = [
     (
         "unknown phase",
         BASE + "speed:\n  max: 1\n",
-        "24: speed: unknown phase (phases, in order: hard, coverage, target, regression, cost; other keys: schema, human_apply_required, bootstrap_floors)",
+        "24: speed: unknown phase (phases, in order: hard, coverage, target, regression, cost; other keys: schema, human_apply_required, refresh, bootstrap_floors)",
     ),
     (
         "missing phase",
