@@ -24,8 +24,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, manifest_bytes
+from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, BundleSemantic, bundle_id_of, manifest_bytes
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, open_bundle
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.publish import PublishOutcome, StepHook, discard, publish_directory
 from ragpipe.kernel.seals import SealKey
 from ragpipe.storage.blobs import get_blob, put_blob, safe_relative_path, sha256_of
@@ -173,3 +174,37 @@ def adopt_stored(store: ObjectStore, bundle: VerifiedBundle) -> VerifiedBundle:
         return hydrate_bundle(store, bundle.bundle_id, bundle.path.parent, manifest.material_digest)
     except StorageError as exc:
         raise BundleVerificationError(bundle.path, [str(exc)]) from None
+
+
+MAX_BUNDLE_MANIFEST_BYTES = 64 * 2**20  # a manifest lists every file of a bundle: a few MiB at most
+
+
+def bundle_semantic_here(path: Path, bundle_id: str) -> BundleSemantic:
+    """The semantic section of bundle ``bundle_id`` whose folder is ``path`` (``<bundles>/<hex>``):
+    read from its ``manifest.json`` (from the store when the local copy is missing and one is
+    configured) and bound by recomputing the bundle ID from it — the specs it names are the
+    bundle's, whatever the state of its other files. ``BundleVerificationError`` otherwise."""
+    where = path / MANIFEST_NAME
+    try:
+        data = read_regular(where, MAX_BUNDLE_MANIFEST_BYTES)
+    except FileNotFoundError:
+        store = store_from_env()
+        if store is None:
+            raise BundleVerificationError(path, [f"{MANIFEST_NAME} is missing"]) from None
+        try:
+            data = _fetch_manifest(store, bundle_id, f"{store.url}{manifest_key(path.name)}")[0]
+        except StorageError as exc:
+            raise BundleVerificationError(path, [str(exc)]) from None
+    except OSError as exc:
+        raise BundleVerificationError(path, [f"{MANIFEST_NAME}: cannot read: {exc}"]) from None
+    try:
+        manifest = BundleManifest.model_validate(json.loads(data.decode("utf-8")))
+    except (ValueError, ValidationError, RecursionError) as exc:
+        first = str(exc).splitlines()[0]
+        raise BundleVerificationError(path, [f"{MANIFEST_NAME}: not a valid manifest: {first}"]) from None
+    recomputed = bundle_id_of(manifest.semantic)
+    if recomputed != bundle_id:
+        raise BundleVerificationError(
+            path, [f"{MANIFEST_NAME}: its semantic section is bundle {recomputed}, not {bundle_id}"]
+        )
+    return manifest.semantic

@@ -170,6 +170,28 @@ def gate_refusal(config: TargetsConfig, target: str, manifest: ReleaseManifest) 
     return unaccepted_policy(config.accepted_policies(target), target, manifest)
 
 
+def incumbent_refusal(target: str, manifest: ReleaseManifest, live: str | None) -> str | None:
+    """Why ``manifest``'s gate decision does not vouch for it against ``live``, the release
+    ``target`` serves (None: it does). A decision answers "is it good enough compared with the
+    release it was made against" (or, bootstrap, "on its own"), so it holds only where that
+    release is the one live — a bootstrap decision only where nothing is. A decision made before
+    decisions bound their incumbent activates nowhere new (rollback to it still works)."""
+    gate = manifest.gate
+    if gate.change is None:
+        return (
+            "was gated before decisions recorded the release they were made against, so it cannot be "
+            f"activated anew: build its revision again (ragpipe build) to gate it against what {target!r} serves"
+        )
+    if gate.incumbent == live:
+        return None
+    against = "without an incumbent (bootstrap)" if gate.incumbent is None else f"against release {gate.incumbent}"
+    serves = "serves nothing" if live is None else f"serves release {live}"
+    return (
+        f"was gated {against}, but target {target!r} {serves}: its decision says nothing about replacing that "
+        "(build the revision again to gate it against what is live)"
+    )
+
+
 def refusal(release_id: str, problems: list[str]) -> str:
     return f"release {release_id} failed verification; not activated:\n  " + "\n  ".join(problems)
 
@@ -273,6 +295,9 @@ def activate(
         if history.state.active == release_id:
             pointer = read_pointer(store, name)
             return SwapResult(name, release_id, history.state.generation, pointer.previous if pointer else None, False)
+        stale = incumbent_refusal(name, manifest, history.state.active)
+        if stale:
+            raise ReleaseError(f"release {release_id} {stale}")
         unapproved = spec.approval_required and approval_refusal(config, name, history.state, release_id)
         if unapproved:
             raise ReleaseError(

@@ -15,8 +15,11 @@ rename, fsync dir) and never replaced; with a key configured it carries a ``seal
 (``ragpipe.kernel.seals``) and an unsealed or wrongly sealed file is refused. ``gate_problems`` (run by activation, rollback and serving)
 parses the three documents strictly (each must be exactly the canonical form of what it parses
 to; the policy passes the policy file's rules), recomputes their IDs, requires the manifest's
-links to hold (decision ID, eligibility, decisive phase, policy, comparison, challenger run) and
-then **makes the decision again**: ``gating.gate_runs`` on the evaluation runs it names — the
+links to hold (decision ID, eligibility, decisive phase, policy, comparison, challenger run, and —
+schema v2 — change kind and incumbent release), computes a v2 decision's change again from the
+releases it names (``ragpipe.release.change_basis``: the challenger's basis from this release, the
+incumbent's from the release it was made against, whose evaluation run — or re-evaluation — must
+be of that release's bundle and plan), and then **makes the decision again**: ``gating.gate_runs`` on the evaluation runs it names — the
 challenger's (already verified by ``evidence``) and, for a paired decision, the incumbent's
 ``evaluations/<run id>/`` (never collected) — under the kept policy and the comparison's own
 spec. The recomputed comparison and decision must have the kept IDs, so neither an edited
@@ -34,13 +37,15 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.change import change_text
 from ragpipe.experiment.decision import Decision, GateError, decide
 from ragpipe.experiment.gate_policy import PHASES, GatePolicy, PolicyError, parse_policy, policy_document
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.seals import SealKey, configured_key, sealed, unsealed
-from ragpipe.release.manifest import ReleaseManifest
+from ragpipe.release.change_basis import change_against, release_basis
+from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.replica import fetch_file, push_file
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 
@@ -69,7 +74,10 @@ def _strict(obj: object, model: type[Model], id_key: str, what: str) -> tuple[st
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:
-        raise EvidenceError(f"not a {what}: {exc.error_count()} problems, first: {exc.errors()[0]['msg']}") from None
+        n = exc.error_count()
+        raise EvidenceError(
+            f"not a {what}: {n} problem{'s' if n != 1 else ''}, first: {exc.errors()[0]['msg']}"
+        ) from None
     recomputed = getattr(parsed, id_key)
     if obj.get(id_key) != recomputed:
         raise EvidenceError(f"{id_key} {obj.get(id_key)} is not its content ID {recomputed}")
@@ -177,8 +185,40 @@ def _differs(made: Any, kept: Any, path: str = "") -> str | None:
     return None if type(made) is type(kept) and made == kept else path
 
 
+def _change_problems(
+    store: ReleaseStore, manifest: ReleaseManifest, decision: Decision, incumbent: ArmRun | None
+) -> list[str]:
+    """A v2 decision's change made again from the releases it names: the challenger's basis from
+    ``manifest``, the incumbent's from the release the decision was made against; and the
+    incumbent run must be of that release's bundle and query plan."""
+    change = decision.change
+    if change is None:
+        return []
+    try:
+        again = change_against(store.ws, release_basis(store.ws, manifest), change.incumbent_release)
+        inc_manifest = None if change.incumbent_release is None else load_manifest(store, change.incumbent_release)
+    except (ReleaseError, ValueError) as exc:
+        return [f"its change cannot be computed again: {exc}"]
+    if again != change:
+        return [f"it records the change {change_text(change)}, but the releases it names give {change_text(again)}"]
+    if inc_manifest is not None and incumbent is not None:
+        want = (inc_manifest.bundle_id, inc_manifest.query_plan_id)
+        if (incumbent.variant.bundle_id, incumbent.variant.plan_id) != want:
+            return [
+                f"its incumbent run {incumbent.run_id} evaluated bundle {incumbent.variant.bundle_id} under plan "
+                f"{incumbent.variant.plan_id}, not the incumbent release's bundle {want[0]} under plan {want[1]}"
+            ]
+    return []
+
+
 def _remade(
-    decision: Decision, comparison: Any, policy: GatePolicy, challenger: ArmRun, load_run: RunLoader
+    store: ReleaseStore,
+    manifest: ReleaseManifest,
+    decision: Decision,
+    comparison: Any,
+    policy: GatePolicy,
+    challenger: ArmRun,
+    load_run: RunLoader,
 ) -> list[str]:
     """Problems found by making the decision again from the runs it names (module docstring)."""
     from ragpipe.experiment.gating import gate_runs
@@ -201,8 +241,11 @@ def _remade(
                 f"its incumbent run {decision.incumbent.run_id}: the folder holds run {incumbent.run_id} "
                 f"with ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"
             ]
+    changed = _change_problems(store, manifest, decision, incumbent)
+    if changed:
+        return changed
     try:
-        again, compared = gate_runs(policy, challenger, incumbent, ComparisonSpec())
+        again, compared = gate_runs(policy, challenger, incumbent, ComparisonSpec(), decision.change)
         if comparison is not None:
             if compared is None:
                 return [
@@ -213,7 +256,9 @@ def _remade(
                 return [
                     f"the comparison of its runs differs from the kept {comparison.comparison_id} at {where} (statistics differ)"
                 ]
-            again = decide(policy, comparison, challenger)  # the kept comparison: exact, whatever scipy computes
+            again = decide(
+                policy, comparison, challenger, decision.change
+            )  # the kept comparison: exact, whatever scipy computes
     except (GateError, ValueError, ArithmeticError) as exc:
         return [f"it cannot be made again from its runs: {exc}"]
     if again.decision_id != decision.decision_id:
@@ -241,6 +286,8 @@ def gate_problems(
         "eligibility": (decision.eligible, manifest.gate.eligible),
         "decisive phase": (decision.decisive_phase, manifest.gate.decisive_phase),
         "gate policy": (decision.policy_id, manifest.gate_policy_id),
+        "change": (decision.change.kind if decision.change else None, manifest.gate.change),
+        "incumbent release": (decision.change.incumbent_release if decision.change else None, manifest.gate.incumbent),
         "comparison": (decision.comparison_id, manifest.comparison_id),
         "challenger run": (
             (decision.challenger.run_id, decision.challenger.spec_id, decision.challenger.ledger_head),
@@ -252,4 +299,4 @@ def gate_problems(
     ]
     if problems or challenger is None:
         return problems
-    return [f"{where}: {p}" for p in _remade(decision, comparison, policy, challenger, load_run)]
+    return [f"{where}: {p}" for p in _remade(store, manifest, decision, comparison, policy, challenger, load_run)]

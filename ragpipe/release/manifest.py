@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.files import read_regular
@@ -50,9 +50,24 @@ class EvaluationRef(_Model):
 
 
 class GateRef(_Model):
+    """The gate decision a release binds, with its change kind and the incumbent release it was
+    made against (``change`` None: a decision made before kinds were recorded; those two members
+    are then left out of the body, so such a manifest keeps its release ID)."""
+
     decision_id: str = Field(pattern=SHA)
     eligible: bool
     decisive_phase: str | None = Field(default=None, min_length=1, max_length=100)
+    change: Literal["bootstrap", "refresh", "experiment"] | None = None
+    incumbent: str | None = Field(default=None, pattern=SHA)
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_change(self, handler):
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("change", "incumbent"):
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data
 
 
 class ReleaseManifest(_Model):

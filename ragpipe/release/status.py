@@ -8,8 +8,9 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
   ``resolve_active_run`` adds the evaluation run as that verification read it, for the gate.
 - ``eligible_releases(ws, target)`` → one ``EligibleRelease`` per published release whose gate decision
   is eligible, and one per manifest file that does not verify (status ``invalid manifest``), all in
-  publication order, with ``status``: ``ready`` (request activation), ``approval
-  missing``, ``needs a person`` (``ragpipe.release.automatic``: the target does not activate
+  publication order, with ``status``: ``ready`` (request activation), ``gated against another
+  release`` (its decision was made against a release the target does not serve —
+  ``activation.incumbent_refusal``), ``approval missing``, ``needs a person`` (``ragpipe.release.automatic``: the target does not activate
   automatically, or its decision says human_apply_required and the target does not waive it), or
   its state in the target's history (``active``, ``superseded``, ``rolled_back``,
   ``failed``, ``cancelled``, ``rejected``, ``activating``). The sensor requests
@@ -27,14 +28,16 @@ Contracts the Dagster layer and ``query``/``answer`` build on:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.ledger import LedgerError
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import bundle_path, unaccepted_policy
+from ragpipe.release.activation import bundle_path, incumbent_refusal, unaccepted_policy
 from ragpipe.release.approvals import approval_refusal
 from ragpipe.release.automatic import automatic_refusal
+from ragpipe.release.gate_evidence import EvidenceError, read_gate_evidence
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
@@ -89,6 +92,9 @@ def _candidate(
     policy_refusal = unaccepted_policy(accepted, target, manifest)
     if policy_refusal:
         return EligibleRelease(release_id, manifest.revision, "policy not accepted", policy_refusal)
+    stale = incumbent_refusal(target, manifest, state.active)
+    if stale:
+        return EligibleRelease(release_id, manifest.revision, "gated against another release", stale)
     unapproved = config.targets[target].approval_required and approval_refusal(config, target, state, release_id)
     if unapproved:
         return EligibleRelease(release_id, manifest.revision, "approval missing", unapproved)
@@ -122,6 +128,36 @@ def target_states(ws: Workspace, config: TargetsConfig | None = None) -> dict[st
     return {name: read_history(store, name)[0] for name in names}
 
 
+def published_at(mtime_ns: int | None) -> str | None:
+    """A manifest file's publication time (its modification time, operational) in UTC ISO 8601."""
+    if mtime_ns is None:
+        return None
+    return datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def gate_figures(store: ReleaseStore, manifest: ReleaseManifest) -> dict[str, object]:
+    """From the kept gate decision: the target metric (``{name, value, paired, delta}``: the
+    challenger's value, and the mean paired delta against the incumbent when paired) and the first reason the
+    decision gives (None when eligible); ``{"evidence": why}`` when the kept file cannot be read."""
+    try:
+        decision, comparison, policy = read_gate_evidence(store, manifest.gate.decision_id)
+    except EvidenceError as exc:
+        return {"metric": None, "first_reason": None, "evidence": str(exc)}
+    name = policy.target.metric
+    if comparison is not None:
+        from ragpipe.experiment.comparison import ALL  # scipy: only where a comparison was read
+
+        value = comparison.challenger.aggregates[name].value
+        delta = comparison.slices[ALL].metrics[name].stats.mean
+    else:
+        floor = next((c for c in decision.checks if c.name == "floor" and c.metric == name), None)
+        value, delta = (floor.value if floor else None), None
+    return {
+        "metric": {"name": name, "value": value, "paired": comparison is not None, "delta": delta},
+        "first_reason": decision.reasons[0] if decision.reasons else None,
+    }
+
+
 def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> list[dict[str, object]]:
     """One row per published release (publication order): the ``release list --json`` objects."""
     states = target_states(ws, config)
@@ -131,10 +167,14 @@ def release_summaries(ws: Workspace, config: TargetsConfig | None = None) -> lis
         rows.append(
             {
                 "release_id": rid,
+                "published": published_at(listing.published.get(rid)),
                 "revision": m.revision,
                 "bundle_id": m.bundle_id,
+                "change": m.gate.change,
+                "incumbent": m.gate.incumbent,
                 "eligible": m.gate.eligible,
                 "decisive_phase": m.gate.decisive_phase,
+                **gate_figures(ReleaseStore(ws), m),
                 "active_targets": [t for t, s in states.items() if s.active == rid],
                 "states": {t: s.states[rid] for t, s in states.items() if rid in s.states},
             }
@@ -176,6 +216,10 @@ def what_happens_next(
             parts.append(f"{name}: a person activates it (ragpipe release activate {short} --target {name})")
         elif c.status == "active":
             parts.append(f"{name}: live")
+        elif c.status == "gated against another release":
+            against = manifest.gate.incumbent[:23] + "…" if manifest.gate.incumbent else "no release (bootstrap)"
+            serves = state.active[:23] + "…" if state.active else "nothing"
+            parts.append(f"{name}: not here: it was gated against {against} and {name} serves {serves}")
         else:
             parts.append(f"{name}: {c.reason}")
     return "; ".join(parts)

@@ -201,10 +201,13 @@ def test_approval_required_by_production(ws, bundle: Path):
 
 
 def test_sensor_candidates_never_re_offer_a_previous_release(ws, bundle: Path):
-    first, second = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    first = publish(ws, bundle, "r1")
+    second = publish(ws, bundle, "r2", against=first)
     publish(ws, bundle, "r3", eligible=False, phase="coverage")
-    assert [c.status for c in eligible_releases(ws, "staging")] == ["ready", "ready"]
+    # changed ("ready" for both before): second is gated against first, which is not live yet
+    assert [c.status for c in eligible_releases(ws, "staging")] == ["ready", "gated against another release"]
     activate(ws, first, "staging")
+    assert [c.status for c in eligible_releases(ws, "staging")] == ["active", "ready"]
     activate(ws, second, "staging")
     assert eligible_releases(ws, "staging") == [
         EligibleRelease(first, "r1", "superseded", "release is superseded on target 'staging'"),
@@ -230,7 +233,8 @@ def test_a_target_activates_only_releases_gated_under_a_policy_it_accepts(ws, bu
     list, is refused before anything is verified; the sensor skips it with the same reason;
     rollback to a release that was active under an earlier configuration still works."""
     store = ReleaseStore(ws)
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     lenient = fixture_policy(None).policy_id
     default = load_policy().policy_id
     checked_in = load_targets(DEFAULT_TARGETS_PATH)

@@ -90,7 +90,8 @@ pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 @pytest.mark.parametrize("step", ACTIVATION_STEPS)
 def test_sigkill_during_activation(bundle: Path, tmp_path: Path, step: str):
     ws = fresh_ws(tmp_path, bundle)
-    old, new = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    old = publish(ws, bundle, "r1")
+    new = publish(ws, bundle, "r2", against=old)
     activate(ws, old, "staging")
     before = read_history(ReleaseStore(ws), "staging")[1]
     crash(ws, "activate", new, step)
@@ -104,7 +105,8 @@ def test_sigkill_during_activation(bundle: Path, tmp_path: Path, step: str):
 @pytest.mark.parametrize("step", ACTIVATION_STEPS)
 def test_sigkill_during_rollback(bundle: Path, tmp_path: Path, step: str):
     ws = fresh_ws(tmp_path, bundle)
-    first, second = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    first = publish(ws, bundle, "r1")
+    second = publish(ws, bundle, "r2", against=first)
     activate(ws, first, "staging")
     activate(ws, second, "staging")
     before = read_history(ReleaseStore(ws), "staging")[1]

@@ -157,9 +157,9 @@ def test_an_ineligible_decision_flipped_to_eligible_is_made_again_and_refused(ws
     )
     keep(ws, forged, policy)
     base = manifest_for(bundle, eligible=False, phase="coverage")
-    manifest = base.model_copy(
-        update={"gate": GateRef(decision_id=forged["decision_id"], eligible=True, decisive_phase=None)}
-    )
+    # the forger keeps the manifest's change and incumbent (bootstrap, none): only eligibility is forged
+    gate = base.gate.model_copy(update={"decision_id": forged["decision_id"], "eligible": True, "decisive_phase": None})
+    manifest = base.model_copy(update={"gate": gate})
     rid = publish_manifest(store, manifest)[0]
     assert refusal(ws, rid) == (
         f"gate decision {forged['decision_id']}: made again from its runs and policy it is {real.decision_id} "
@@ -262,16 +262,16 @@ def test_a_manifest_that_misstates_its_decision_is_refused(ws, bundle: Path):
     def release(**update) -> str:
         return publish_manifest(store, base.model_copy(update=update))[0]
 
-    claims_eligible = release(gate=GateRef(decision_id=decision, eligible=True, decisive_phase=None))
+    # each claim keeps the decision's change and incumbent (bootstrap, none): only what it names differs
+    eligible_claim = base.gate.model_copy(update={"eligible": True, "decisive_phase": None})
+    claims_eligible = release(gate=eligible_claim)
     assert refusal(ws, claims_eligible) == (
         f"{where}: eligibility False is not the release's True\n"
         f"  {where}: decisive phase target is not the release's None"
     )
     # A policy the target does not accept is refused before anything is verified; the kept
     # decision's own link to the policy is checked as well.
-    other_policy = base.model_copy(
-        update={"gate_policy_id": H, "gate": GateRef(decision_id=decision, eligible=True, decisive_phase=None)}
-    )
+    other_policy = base.model_copy(update={"gate_policy_id": H, "gate": eligible_claim})
     rid = publish_manifest(store, other_policy)[0]
     with pytest.raises(ReleaseError) as exc:
         activate(ws, rid, "staging")
@@ -298,7 +298,17 @@ def test_publication_refuses_what_does_not_verify(ws, bundle: Path):
         str(exc.value)
         == f"gate decision {did}: cannot keep it: the kept policy is {fixture_policy('coverage').policy_id}, the decision's {policy.policy_id}"
     )
+    # A v2 decision's mode and change kind agree: a paired decision keeping the bootstrap change is no decision.
     paired = redo_id({**doc, "mode": "paired", "comparison_id": H}, "decision_id", "gate-decision")
+    with pytest.raises(ReleaseError) as exc:
+        publish_gate_evidence(store, paired, None, policy)
+    assert str(exc.value) == (
+        f"gate decision {paired['decision_id']}: cannot keep it: not a gate decision: 1 problem, first: "
+        "Value error, a paired decision cannot be a bootstrap"
+    )
+    # a paired decision recording a refresh (as paired v2 decisions do) names a comparison the file lacks
+    refresh = {"kind": "refresh", "incumbent_release": H, "differs": []}
+    paired = redo_id({**doc, "mode": "paired", "comparison_id": H, "change": refresh}, "decision_id", "gate-decision")
     with pytest.raises(ReleaseError) as exc:
         publish_gate_evidence(store, paired, None, policy)
     assert (

@@ -23,7 +23,7 @@ from ragpipe.release.gate_evidence import evidence_path, publish_gate_evidence
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import publish_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.support.release_fixtures import fixture_policy, manifest_of, new_evaluation_run
+from ragpipe_tests.support.release_fixtures import BOOTSTRAP, fixture_policy, manifest_of, new_evaluation_run
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 SECRET = "a release key of at least 32 bytes!"
@@ -43,7 +43,7 @@ def sealed_home(tmp_path: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch) -
     run_id = new_evaluation_run(copy, ws.home / "evaluations")
     arm = load_arm(ws.home / "evaluations" / run_id)
     policy = fixture_policy(None)
-    decision = decide(policy, None, arm)
+    decision = decide(policy, None, arm, BOOTSTRAP)  # a v2 decision: a v1 one activates nowhere new
     store = ReleaseStore(ws)
     publish_gate_evidence(store, decision.as_json(), None, policy)
     manifest = manifest_of(copy, arm, policy, decision)

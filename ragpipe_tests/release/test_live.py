@@ -49,7 +49,8 @@ def refused_everywhere(ws: Workspace, target: str, reason: str) -> None:
 
 
 def test_the_live_release_is_what_activation_made_active(ws: Workspace, bundle: Path):
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     activate(ws, b, "staging")
     live = live_release(ws, "staging")
@@ -84,7 +85,8 @@ def test_a_pointer_naming_an_ineligible_release_nobody_activated_is_refused(ws: 
 
 
 def test_a_pointer_naming_the_rolled_back_release_is_refused(ws: Workspace, bundle: Path):
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     activate(ws, b, "staging")
     rollback(ws, "staging")
@@ -204,7 +206,8 @@ def test_a_deleted_pointer_with_an_active_history_is_refused_not_empty(ws: Works
 
 
 def test_a_pointer_whose_previous_differs_from_its_intent_is_refused(ws: Workspace, bundle: Path):
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     activate(ws, b, "staging")
     store = ReleaseStore(ws)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +12,7 @@ from ragpipe.release.history import read_history
 from ragpipe.release.pointer import Pointer, check_generation, parse_pointer, pointer_bytes, read_pointer, write_pointer
 from ragpipe.release.recovery import recover_target
 from ragpipe.release.store import ConflictError, ReleaseError, ReleaseStore
-from ragpipe_tests.conftest import REPO
-from ragpipe_tests.support.release_fixtures import bundle_of, fresh_ws, publish
+from ragpipe_tests.support.release_fixtures import bundle_of, fresh_ws, publish, race
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
@@ -90,17 +86,19 @@ RACER = """
 import json, sys, time
 from pathlib import Path
 from ragpipe.release.activation import activate
-from ragpipe.release.pointer import current_generation
-from ragpipe.release.store import ConflictError, ReleaseStore
+from ragpipe.release.manifest import load_manifest
+from ragpipe.release.pointer import current_generation, read_pointer
+from ragpipe.release.store import ConflictError, ReleaseError, ReleaseStore
 from ragpipe.kernel.workspace import Workspace
 
 ws, rid, ready, go = Workspace(Path(sys.argv[1])), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 store = ReleaseStore(ws)
+incumbent = load_manifest(store, rid).gate.incumbent
 generation = current_generation(store, "staging")  # every racer decides at generation 0
 ready.touch()
 while not go.exists():  # a start line: wait on the condition, not a fixed sleep
     time.sleep(0.002)
-conflicts = []
+conflicts, refusals = [], []
 while True:
     try:
         result = activate(ws, rid, "staging", expected_generation=generation, by=ready.name)
@@ -108,7 +106,11 @@ while True:
     except ConflictError as exc:
         conflicts.append([generation, str(exc)])
         generation = current_generation(store, "staging")
-print(json.dumps({"release_id": rid, "generation": result.generation, "previous": result.previous, "conflicts": conflicts}))
+    except ReleaseError as exc:  # gated against a release not live yet: wait for it, still deciding at the same generation
+        refusals.append(str(exc))
+        while (pointer := read_pointer(store, "staging")) is None or pointer.release_id != incumbent:
+            time.sleep(0.002)
+print(json.dumps({"release_id": rid, "generation": result.generation, "previous": result.previous, "conflicts": conflicts, "refusals": refusals}))
 """
 CONFLICT = re.compile(
     r"^target 'staging': pointer is at generation (\d+), expected (\d+) \(another activation or rollback changed it first\); nothing was changed$"
@@ -119,27 +121,13 @@ def test_racing_activations_one_generation_per_swap(built_workspace, tmp_path: P
     n = 8
     bundle = bundle_of(built_workspace)
     ws = fresh_ws(tmp_path, bundle)
-    releases = [publish(ws, bundle, revision=f"r{i}") for i in range(n)]
-    procs = []
-    for i, rid in enumerate(releases):
-        args = [str(ws.home), rid, str(tmp_path / f"ready-{i}"), str(tmp_path / "go")]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RACER, *args],
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    while not all((tmp_path / f"ready-{i}").exists() for i in range(n)):
-        assert all(p.poll() is None for p in procs), [p.stderr.read() for p in procs if p.poll() is not None]
-    (tmp_path / "go").touch()
-    results = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        assert p.returncode == 0, stderr
-        results.append(json.loads(stdout))
+    # Each release is gated against the one before it (the first: bootstrap), so each activates only
+    # where its predecessor is live: the racers contend for the lock at once, and a racer whose
+    # predecessor is not live yet is refused and waits for it, still deciding at generation 0.
+    releases = [publish(ws, bundle, revision="r0")]
+    for i in range(1, n):
+        releases.append(publish(ws, bundle, revision=f"r{i}", against=releases[-1]))
+    results = race(RACER, tmp_path, [[str(ws.home), rid] for rid in releases])
     # exactly one generation per swap: 1..n, one winner each
     assert sorted(r["generation"] for r in results) == list(range(1, n + 1))
     by_generation = {r["generation"]: r for r in results}
@@ -153,6 +141,12 @@ def test_racing_activations_one_generation_per_swap(built_workspace, tmp_path: P
             found, said = map(int, CONFLICT.match(message).groups())
             assert said == expected and found > expected
     assert sum(len(r["conflicts"]) for r in results) >= n - 1
+    for r in results:  # the only other refusal: its predecessor was not live yet
+        previous = releases[releases.index(r["release_id"]) - 1]
+        for message in r["refusals"]:
+            assert message.startswith(
+                f"release {r['release_id']} was gated against release {previous}, but target 'staging' "
+            )
     # history complete: one intent and one observed record per swap, no lost update
     state, records = read_history(ReleaseStore(ws), "staging")
     assert [r.kind for r in records] == ["intent", "observed"] * n

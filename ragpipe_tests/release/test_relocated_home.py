@@ -60,7 +60,8 @@ def unfinished_run(ws: Workspace, bundle: Path) -> Path:
 
 def test_a_copied_home_whose_original_is_deleted_works_for_every_command(tmp_path: Path, bundle: Path):
     ws = fresh_ws(tmp_path / "a", bundle)
-    first, second = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    first = publish(ws, bundle, "r1")
+    second = publish(ws, bundle, "r2", against=first)
     activate(ws, first, "staging")
     activate(ws, second, "staging")
     unfinished = unfinished_run(ws, ws.bundles / bundle.name)

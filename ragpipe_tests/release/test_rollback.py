@@ -21,7 +21,9 @@ pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 
 
 def test_rollback_chain_walks_back_through_activations(ws, bundle: Path):
-    a, b, c = (publish(ws, bundle, f"r{i}") for i in range(3))
+    a = publish(ws, bundle, "r0")
+    b = publish(ws, bundle, "r1", against=a)
+    c = publish(ws, bundle, "r2", against=b)
     for rid in (a, b, c):
         activate(ws, rid, "staging")
     first = rollback(ws, "staging")
@@ -52,7 +54,8 @@ def test_rollback_refusals(ws, bundle: Path):
     with pytest.raises(ReleaseError) as exc:
         rollback(ws, "staging")
     assert str(exc.value) == "target 'staging' has no active release; there is nothing to roll back"
-    a, b, never = publish(ws, bundle, "r1"), publish(ws, bundle, "r2"), publish(ws, bundle, "r3")
+    a, never = publish(ws, bundle, "r1"), publish(ws, bundle, "r3")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     with pytest.raises(ReleaseError) as exc:
         rollback(ws, "staging")
@@ -78,7 +81,8 @@ def test_rollback_refusals(ws, bundle: Path):
 
 def test_rollback_to_a_release_that_no_longer_verifies_is_refused(ws, bundle: Path, tmp_path: Path):
     """The bundle of the release to return to is damaged after that release was superseded."""
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     activate(ws, b, "staging")
     victim = ws.bundles / bundle.name / "chunks.parquet"
@@ -99,7 +103,8 @@ def test_rollback_to_a_release_that_no_longer_verifies_is_refused(ws, bundle: Pa
 
 
 def test_releases_are_gc_roots(ws, bundle: Path, built_workspace):
-    a, b, unused = publish(ws, bundle, "r1"), publish(ws, bundle, "r2"), publish(ws, bundle, "r3")
+    a, unused = publish(ws, bundle, "r1"), publish(ws, bundle, "r3")
+    b = publish(ws, bundle, "r2", against=a)
     assert release_roots(ws) == frozenset()
     activate(ws, a, "staging")
     activate(ws, b, "staging")

@@ -39,12 +39,16 @@ pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 
 @pytest.fixture
 def releases(ws: Workspace, bundle: Path, store: ObjectStore, request, monkeypatch) -> tuple[str, str]:
-    """Two releases (revisions r1, r2) published from ``ws`` with the store configured."""
+    """Two releases published from ``ws`` with the store configured: r1 (bootstrap) and r2, gated
+    against r1 (on the bundle's second run, pushed as well)."""
     for name, value in store_env(store, request).items():
         monkeypatch.setenv(name, value)
     push_bundle(store, open_bundle(ws.bundles / bundle.name))
     push_run(ws, ws.home / "evaluations" / evaluation_of(bundle).name)
-    return publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    first = publish(ws, bundle, "r1")
+    second = publish(ws, bundle, "r2", against=first)
+    push_run(ws, ws.home / "evaluations" / evaluation_of(bundle, second=True).name)
+    return first, second
 
 
 def history_of(ws: Workspace) -> list[tuple[str, str]]:
@@ -72,22 +76,32 @@ def test_what_one_machine_activates_every_other_machine_reads(ws: Workspace, rel
     assert ReleaseStore(Workspace(tmp_path / "third")).known_targets() == ["staging"]
 
 
-def test_two_machines_racing_on_one_target_give_one_swap(ws: Workspace, releases, tmp_path: Path):
+def test_two_machines_racing_on_one_target_give_one_swap(ws: Workspace, bundle: Path, releases, tmp_path: Path):
     """Machine A has appended its intent when machine B activates the other release from start to
     end: A's put loses the compare-and-swap, A changes nothing and says so; its working copy is
-    the store's again."""
-    first, second = releases
+    the store's again. Both releases are gated against what is live when the race starts (nothing):
+    ``first`` and ``rival``, another bootstrap release of the same run."""
+    first, _ = releases
+    rival = publish(ws, bundle, "r1-rival")
+    after_rival = publish(ws, bundle, "r3", against=rival)
     other = Workspace(tmp_path / "other")
 
     def meanwhile(step: str) -> None:
         if step == "intent_appended":
-            activate(other, second, "staging", by="bob")
+            activate(other, rival, "staging", by="bob")
 
     with pytest.raises(ConflictError, match="target 'staging': another machine changed it first"):
         activate(ws, first, "staging", by="alice", on_step=meanwhile)
-    assert read_pointer(ReleaseStore(ws), "staging").release_id == second
-    assert history_of(ws) == history_of(other) == [("intent", second), ("observed", second)]
-    assert activate(ws, first, "staging", by="alice").generation == 2  # after the conflict, a fresh try
+    assert read_pointer(ReleaseStore(ws), "staging").release_id == rival
+    assert history_of(ws) == history_of(other) == [("intent", rival), ("observed", rival)]
+    with pytest.raises(ReleaseError) as refused:  # its bootstrap decision says nothing about replacing rival
+        activate(ws, first, "staging", by="alice")
+    assert str(refused.value) == (
+        f"release {first} was gated without an incumbent (bootstrap), but target 'staging' serves release {rival}: "
+        "its decision says nothing about replacing that (build the revision again to gate it against what is live)"
+    )
+    # after the conflict, a fresh try (of a release gated against what machine B made live)
+    assert activate(ws, after_rival, "staging", by="alice").generation == 2
 
 
 CRASH = """

@@ -66,15 +66,19 @@ def live_production_with_a_back_dated_record(ws: Workspace, bundle: Path) -> str
 def test_a_writer_whose_clock_is_behind_the_history_writes_nothing(ws: Workspace, bundle: Path):
     """The history's last record is an hour ahead of this machine's clock: rollback, activation and
     approval each fail in one line naming both times, and pointer and history are unchanged."""
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     activate(ws, b, "staging")
     ahead = iso(datetime.now(UTC) + timedelta(hours=1))
     foreign_append(
         ws, "staging", "rejected", {"action": "activate", "release_id": b, "reason": "x", "by": "m2", "at": ahead}
     )
+    # activation is checked with a release gated against b, the live one: a release gated against
+    # another is refused before anything would be written, whatever the clock
+    c = publish(ws, bundle, "r3", against=b)
     before = files(ws, "staging")
-    for act in (lambda: rollback(ws, "staging"), lambda: activate(ws, a, "staging")):
+    for act in (lambda: rollback(ws, "staging"), lambda: activate(ws, c, "staging")):
         with pytest.raises(LedgerError) as err:
             act()
         message = str(err.value)
@@ -101,7 +105,8 @@ def test_a_back_dated_record_stops_readers_and_writers_until_its_time_is_accepte
     program): readers refuse naming the record and the repair, every writer refuses with the same
     line; ``accept_time`` appends one correction and the target serves and moves again; the
     back-dated record is still there, byte for byte."""
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)
     activate(ws, a, "staging")
     activate(ws, b, "staging")
     store = ReleaseStore(ws)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from ragpipe.experiment.gate_policy import parse_policy, policy_document
 from ragpipe.release.activation import activate
 from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import History, now_iso
@@ -18,7 +19,7 @@ from ragpipe.server import follower as follower_module
 from ragpipe.server.follower import ReleaseFollower
 from ragpipe_tests.server.conftest import Serving
 from ragpipe_tests.server.test_follow import forge_activation
-from ragpipe_tests.support.release_fixtures import bundle_of, gate_of, manifest_for
+from ragpipe_tests.support.release_fixtures import bundle_of, fixture_policy, gate_of, manifest_for, publish
 
 
 @pytest.fixture
@@ -38,6 +39,24 @@ def following(serving: Serving):
 def served(f: ReleaseFollower) -> str | None:
     release = f.status()["release"]
     return release["release_id"] if release else None
+
+
+def b1_after_a1(serving: Serving, second_bundle) -> str:
+    """Bundle B's release (revision r2, as ``b1``) gated against a1 — the refresh that may replace a1
+    where a1 is live (``b1`` is a bootstrap: it activates only where nothing is). B's run is worse
+    than A's on the two fixture cases, so the refresh is gated under a policy that tolerates any
+    loss, which staging is made to accept."""
+    doc = policy_document(fixture_policy(None))
+    doc["refresh"] = {"margin": 1.0}
+    doc["regression"]["overall"] = {metric: 1.0 for metric in doc["regression"]["overall"]}
+    lenient = parse_policy(doc, "lenient refresh policy")
+    (serving.targets.parent / "policy-lenient-refresh.yaml").write_text(
+        yaml.safe_dump(policy_document(lenient), sort_keys=False), encoding="utf-8"
+    )
+    targets = yaml.safe_load(serving.targets.read_text(encoding="utf-8"))
+    targets["targets"]["staging"]["gate_policies"].append("policy-lenient-refresh.yaml")
+    serving.targets.write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
+    return publish(serving.ws, second_bundle, "r2", against=serving.releases["a1"], policy=lenient)
 
 
 def test_a_forged_gate_decision_is_made_again_and_refused(serving: Serving, following, built_workspace):
@@ -60,7 +79,13 @@ def test_a_forged_gate_decision_is_made_again_and_refused(serving: Serving, foll
         **{
             **base.model_dump(by_alias=True),
             "gate_policy_id": policy.policy_id,
-            "gate": {"decision_id": forged.decision_id, "eligible": True, "decisive_phase": None},
+            # the forger keeps the real gate's change (bootstrap, no incumbent): only eligibility is forged
+            "gate": {
+                **base.gate.model_dump(),
+                "decision_id": forged.decision_id,
+                "eligible": True,
+                "decisive_phase": None,
+            },
         }
     )
     release_id = publish_manifest(store, manifest)[0]
@@ -100,9 +125,11 @@ def test_production_needs_the_approval_activation_needs(serving: Serving, follow
     assert f.status()["refusal"]["reason"] == f"target 'production' requires an approval, and release {a1} has none"
 
 
-def test_a_rollback_is_followed_even_after_the_target_stopped_accepting_the_policy(serving: Serving, following):
+def test_a_rollback_is_followed_even_after_the_target_stopped_accepting_the_policy(
+    serving: Serving, following, second_bundle
+):
     """``rollback`` does not re-gate a release that was active before; neither does the follower."""
-    a1, b1 = serving.releases["a1"], serving.releases["b1"]
+    a1, b1 = serving.releases["a1"], b1_after_a1(serving, second_bundle)
     activate(serving.ws, a1, "staging")
     activate(serving.ws, b1, "staging")
     f = following()
@@ -116,8 +143,8 @@ def test_a_rollback_is_followed_even_after_the_target_stopped_accepting_the_poli
     assert served(f) == a1 and f.status()["refusal"] is None
 
 
-def test_a_failed_load_is_retried_without_any_file_changing(serving: Serving, following, monkeypatch):
-    a1, b1 = serving.releases["a1"], serving.releases["b1"]
+def test_a_failed_load_is_retried_without_any_file_changing(serving: Serving, following, monkeypatch, second_bundle):
+    a1, b1 = serving.releases["a1"], b1_after_a1(serving, second_bundle)
     activate(serving.ws, a1, "staging")
     f = following()
     f.poll()
@@ -139,8 +166,8 @@ def test_a_failed_load_is_retried_without_any_file_changing(serving: Serving, fo
     assert served(f) == b1 and f.status()["refusal"] is None and len(calls) == 2
 
 
-def test_a_replaced_release_closes_only_after_its_requests_are_done(serving: Serving, following):
-    a1, b1 = serving.releases["a1"], serving.releases["b1"]
+def test_a_replaced_release_closes_only_after_its_requests_are_done(serving: Serving, following, second_bundle):
+    a1, b1 = serving.releases["a1"], b1_after_a1(serving, second_bundle)
     activate(serving.ws, a1, "staging")
     f = following()
     f.poll()

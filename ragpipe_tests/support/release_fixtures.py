@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.evaluation.suite import Case, Suite
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.change import Change
 from ragpipe.experiment.decision import Decision, decide
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy, parse_policy, policy_document
 from ragpipe.kernel.signatures import load_key_file, new_key_file, public_key_text
@@ -30,6 +32,7 @@ from ragpipe.release.store import ReleaseStore
 from ragpipe_tests.conftest import REPO
 
 H = "sha256:" + "1" * 64
+BOOTSTRAP = Change(kind="bootstrap", incumbent_release=None)
 
 
 def bundle_of(built_workspace) -> Path:
@@ -38,14 +41,15 @@ def bundle_of(built_workspace) -> Path:
     return src
 
 
-def evaluation_of(bundle: Path, plan=None) -> Path:
+def evaluation_of(bundle: Path, plan=None, *, second: bool = False) -> Path:
     """A completed evaluation run of ``bundle`` (two cases: ``new_evaluation_run``, under ``plan`` —
     default: the default plan — when it is made), made once beside the bundle's workspace; its
-    folder name is its run ID."""
-    root = bundle.parents[2] / "release-evaluation"
+    folder name is its run ID. ``second``: another run of the same bundle and cases (a paired
+    decision needs two runs)."""
+    root = bundle.parents[2] / ("release-evaluation-2" if second else "release-evaluation")
     if not root.is_dir():
-        new_evaluation_run(bundle, root.with_name("release-evaluation.tmp"), plan)
-        root.with_name("release-evaluation.tmp").rename(root)
+        new_evaluation_run(bundle, root.with_name(root.name + ".tmp"), plan)
+        root.with_name(root.name + ".tmp").rename(root)
     (run,) = root.iterdir()
     return run
 
@@ -164,7 +168,7 @@ def gate_of(bundle: Path, phase: str | None) -> tuple[GatePolicy, Decision]:
     """The real bootstrap decision on ``bundle``'s evaluation run that is eligible (``phase``
     None) or ineligible with decisive phase ``phase``, and its policy."""
     policy = fixture_policy(phase)
-    decision = decide(policy, None, evaluation_arm(bundle))
+    decision = decide(policy, None, evaluation_arm(bundle), BOOTSTRAP)
     assert (decision.eligible, decision.decisive_phase) == (phase is None, phase), decision.reasons
     return policy, decision
 
@@ -208,6 +212,8 @@ def manifest_of(
             "decision_id": decision.decision_id,
             "eligible": decision.eligible,
             "decisive_phase": decision.decisive_phase,
+            "change": decision.change.kind if decision.change else None,
+            "incumbent": decision.change.incumbent_release if decision.change else None,
         },
     )
 
@@ -218,11 +224,52 @@ def keep_decision(ws: Workspace, bundle: Path, phase: str | None = None) -> Path
     return publish_gate_evidence(ReleaseStore(ws), decision.as_json(), None, policy)
 
 
-def publish(ws: Workspace, bundle: Path, revision: str = "r1", **kw) -> str:
-    """Publish a manifest as ``release_manifest`` does: its decision first, then the manifest."""
+def publish(ws: Workspace, bundle: Path, revision: str = "r1", *, against: str | None = None, **kw) -> str:
+    """Publish a manifest as ``release_manifest`` does: its decision first, then the manifest.
+    ``against``: a release published in ``ws`` the decision is made against (a refresh on the
+    same bundle, paired with the other of ``bundle``'s two runs) instead of a bootstrap."""
+    if against is not None:
+        return publish_against(ws, bundle, against, revision, **kw)
     manifest = manifest_for(bundle, revision, **kw)
     keep_decision(ws, bundle, manifest.gate.decisive_phase)
     return publish_manifest(ReleaseStore(ws), manifest)[0]
+
+
+def publish_against(
+    ws: Workspace,
+    bundle: Path,
+    incumbent: str,
+    revision: str = "r2",
+    *,
+    eligible: bool = True,
+    phase: str | None = None,
+    policy: GatePolicy | None = None,
+) -> str:
+    """A release of ``bundle`` gated as a refresh against the published release ``incumbent`` —
+    the real paired decision on the incumbent's run and the other run of the bundle (copied into
+    ``ws``), kept with its comparison — eligible, or ineligible on ``phase`` (not ``target``:
+    two runs of one bundle never differ enough). ``policy``: the gate policy (default:
+    ``fixture_policy(phase)``), for a bundle other than the incumbent's whose run is worse."""
+    from ragpipe.experiment.gating import gate_runs
+    from ragpipe.experiment.statistics import ComparisonSpec
+    from ragpipe.release.manifest import load_manifest
+
+    assert eligible == (phase is None) and phase != "target"
+    store = ReleaseStore(ws)
+    inc_run = load_manifest(store, incumbent).evaluation.run_id
+    runs = [evaluation_of(bundle), evaluation_of(bundle, second=True)]
+    run = next(r for r in runs if r.name != inc_run)
+    if not (ws.home / "evaluations" / run.name).exists():
+        shutil.copytree(run, ws.home / "evaluations" / run.name)
+    policy, arm = policy or fixture_policy(phase), load_arm(run)
+    change = Change(kind="refresh", incumbent_release=incumbent)
+    decision, comparison = gate_runs(policy, arm, load_arm(ws.home / "evaluations" / inc_run), ComparisonSpec(), change)
+    assert (decision.eligible, decision.decisive_phase) == (phase is None, phase), decision.reasons
+    manifest = manifest_of(bundle, arm, policy, decision, revision).model_copy(
+        update={"comparison_id": comparison.comparison_id}
+    )
+    publish_gate_evidence(store, decision.as_json(), comparison.as_json(), policy)
+    return publish_manifest(store, manifest)[0]
 
 
 def approve_signed(ws: Workspace, release_id: str, target: str, **kw):
@@ -269,3 +316,29 @@ def forge_activation(ws: Workspace, release_id: str, target: str = "staging", ac
                 "at": now_iso(),
             },
         )
+
+
+def race(script: str, tmp_path: Path, args: list[list[str]]) -> list[dict]:
+    """Start one ``python -c script`` per argument list (each gets ``… READY GO`` appended), let
+    them all go at once when every one is ready, and return each one's stdout as JSON, in order
+    (each must exit 0)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *a, str(tmp_path / f"ready-{i}"), str(tmp_path / "go")],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, a in enumerate(args)
+    ]
+    while not all((tmp_path / f"ready-{i}").exists() for i in range(len(args))):
+        assert all(p.poll() is None for p in procs), [p.stderr.read() for p in procs if p.poll() is not None]
+        time.sleep(0.005)
+    (tmp_path / "go").touch()
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr
+        results.append(json.loads(stdout))
+    return results
