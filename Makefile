@@ -28,19 +28,23 @@ dagster-home:
 
 # The demo walks the whole chain: revision 1 is built, evaluated and gated without an incumbent
 # (bootstrap) and activated on staging; revision 2, which repairs 24 abstracts revision 1 holds
-# truncated, is gated against it and activated only if the gate says it is eligible; then staging is
-# rolled back to revision 1 (as after an incident: no rebuild), the release table and the pointer are
-# shown, and queries are served by the active release. `release_of` reads a revision's release ID
-# from its (up-to-date, so instant) build.
+# truncated, is gated against it as a refresh (only the corpus changed: it must not be worse) and
+# activated if eligible; revision 3 only adds documents, and the suite grows with it (2 cases judge
+# documents only revision 3 has: new coverage), so it is gated as a refresh against revision 2 and
+# goes live; then staging is rolled back to revision 2 (as after an incident: no rebuild), the
+# release table and the pointer are shown, and queries are served by the active release.
+# `release_of` reads a revision's release ID from its (up-to-date, so instant) build.
 release_of = $$($(BIN)/ragpipe build data/scifact-sample/rev-$(1).jsonl --revision scifact-$(1) --default-scope public --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["release_id"])')
 
 demo: install dagster-home
 	$(BIN)/ragpipe build data/scifact-sample/rev-1.jsonl --revision scifact-1 --default-scope public
-	$(BIN)/ragpipe release activate $(call release_of,1) --target staging
+	$(BIN)/ragpipe release activate --revision scifact-1 --target staging
 	$(BIN)/ragpipe build data/scifact-sample/rev-2.jsonl --revision scifact-2 --default-scope public
 	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-1 --out var/demo-eval/scifact-1-$$(date +%s)
 	$(BIN)/ragpipe eval --suite data/scifact-sample/suite-stable.jsonl --revision scifact-2 --out var/demo-eval/scifact-2-$$(date +%s)
-	$(BIN)/ragpipe release activate $(call release_of,2) --target staging || echo "revision 2 was not activated: the error above names the gate's decisive phase"
+	$(BIN)/ragpipe release activate --revision scifact-2 --target staging || echo "revision 2 was not activated: the error above names the gate's decisive phase"
+	$(BIN)/ragpipe build data/scifact-sample/rev-3.jsonl --revision scifact-3 --default-scope public
+	$(BIN)/ragpipe release activate --revision scifact-3 --target staging || echo "revision 3 was not activated: the error above says why"
 	$(BIN)/ragpipe release rollback --target staging || echo "nothing was rolled back: see the error above"
 	$(BIN)/ragpipe release list
 	$(BIN)/ragpipe release current --target staging
@@ -50,22 +54,23 @@ demo: install dagster-home
 	$(BIN)/ragpipe answer "Does aspirin reduce the risk of cardiovascular events?"
 	$(MAKE) --no-print-directory serve-demo
 
-# The HTTP service on the active release of staging: query it with curl, then activate revision 2
-# and roll back while it runs, showing /v1/release follow each step; the server stops at the end.
+# The HTTP service on the active release of staging (revision 2 after the demo's rollback): query
+# it with curl, then activate revision 3 and roll back while it runs, showing /v1/release follow
+# each step; the server stops at the end.
 DEMO_PORT ?= 8089
 serving = until curl -sf localhost:$(DEMO_PORT)/v1/release | grep -q "$(1)"; do sleep 0.2; done; curl -s localhost:$(DEMO_PORT)/v1/release; echo
 serve-demo: install
 	@set -e; mkdir -p var; \
 	$(BIN)/ragpipe serve --port $(DEMO_PORT) --config deploy/serve-local.yaml 2> var/serve-demo.log & pid=$$!; \
 	trap "kill $$pid" EXIT; \
-	rel1=$(call release_of,1); rel2=$(call release_of,2); \
-	$(call serving,$$rel1); \
+	rel2=$(call release_of,2); rel3=$(call release_of,3); \
+	$(call serving,$$rel2); \
 	curl -s localhost:$(DEMO_PORT)/v1/query -d '{"query": "Aspirin reduces the risk of cardiovascular events", "k": 2}' \
 	  | $(BIN)/python -c 'import json,sys; d=json.load(sys.stdin); print(d["release_id"], [(h["rank"], h["document_id"], h["title"][:60]) for h in d["hits"]])'; \
-	$(BIN)/ragpipe release activate $$rel2 --target staging || echo "revision 2 was not activated"; \
-	$(call serving,$$rel2); \
+	$(BIN)/ragpipe release activate $$rel3 --target staging || echo "revision 3 was not activated"; \
+	$(call serving,$$rel3); \
 	$(BIN)/ragpipe release rollback --target staging; \
-	$(call serving,$$rel1)
+	$(call serving,$$rel2)
 
 query-bench: install
 	$(BIN)/python -m benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"

@@ -6,7 +6,10 @@ removed), so each revision skips some cases and a gate pairing revision 2 with r
 refuse (skipped cases must be identical on both sides). The stable suite keeps exactly the cases
 whose judged documents are all present in rev-1.jsonl *and* rev-2.jsonl, in the canonical suite
 encoding (``ragpipe.evaluation.suite.write_suite``), so the pipeline spec's ``evaluation:``
-section can gate revision 2 against revision 1 on identical cases. Deterministic:
+section can gate revision 2 against revision 1 on identical cases. Then it appends the cases of
+``suite-additions.jsonl`` (``make_scifact_rev3.py``: claims judging documents revision 3 adds),
+so the suite grows with the corpus: revisions 1 and 2 skip those cases, revision 3 evaluates
+them, and the gate lists them as new coverage. Deterministic:
 
     .venv/bin/python data/make_stable_suite.py
 """
@@ -35,9 +38,13 @@ def stable_suite(suite: Suite, *revisions: set[str]) -> Suite:
 def main() -> None:
     suite = load_suite(HERE / "suite.jsonl")
     stable = stable_suite(suite, document_ids(HERE / "rev-1.jsonl"), document_ids(HERE / "rev-2.jsonl"))
-    write_suite(stable, HERE / "suite-stable.jsonl")
+    additions = load_suite(HERE / "suite-additions.jsonl").cases
+    write_suite(Suite.of([*stable.cases, *additions], "suite-stable.jsonl"), HERE / "suite-stable.jsonl")
     dropped = sorted({c.id for c in suite.cases} - {c.id for c in stable.cases}, key=int)
-    print(f"{len(stable.cases)} of {len(suite.cases)} cases kept; dropped {', '.join(dropped)}")
+    print(
+        f"{len(stable.cases)} of {len(suite.cases)} cases kept; dropped {', '.join(dropped)}; "
+        f"added {', '.join(c.id for c in additions)} (revision 3)"
+    )
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def summary_table(summary: dict[str, object], *, note: bool = True) -> Renderabl
             if value is None:
                 continue
             value = metrics_line(value)  # type: ignore[arg-type]
-        if key in ("evaluation_run", "next") and value is None:
+        if key in ("evaluation_run", "change", "next") and value is None:
             continue
         if key == "vector_engine":
             if value is None:

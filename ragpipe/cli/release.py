@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -60,10 +61,9 @@ def _ws():
     return Workspace(default_home())
 
 
-def short_ids(release_ids: list[str]) -> dict[str, str]:
-    """Each ID as ``sha256:`` + its shortest prefix of at least 16 hex digits unique among them:
-    what ``activate``, ``show``, ``approve`` and ``rollback --to`` take."""
-    width = 16
+def short_ids(release_ids: list[str], width: int = 16) -> dict[str, str]:
+    """Each ID as ``sha256:`` + its shortest prefix of at least ``width`` hex digits unique among
+    them: what ``activate``, ``show``, ``approve`` and ``rollback --to`` take (12 at least)."""
     while len({rid[7 : 7 + width] for rid in release_ids}) < len(set(release_ids)):
         width += 4
     return {rid: rid[: 7 + width] for rid in release_ids}
@@ -105,19 +105,44 @@ def release_list(as_json: JsonOpt = False) -> None:
     if not rows:
         out.print("no releases")
         return
-    table = Table(title=f"{len(rows)} releases")
-    for col in ("release", "revision", "eligible", "decisive phase", "active on"):
-        table.add_column(col, no_wrap=col == "release")
-    shown = short_ids([str(r["release_id"]) for r in rows])
+    names = {(r.get("metric") or {}).get("name") for r in rows}
+    one_metric = next(iter(names)) if len(names) == 1 and None not in names else None
+    table = Table(title=f"{len(rows)} releases", box=box.SIMPLE_HEAD)
+    for col in ("release", "published", "revision", "change", f"{one_metric} (Δ)" if one_metric else "metric"):
+        table.add_column(col, no_wrap=col in ("release", "published", "change"), overflow="fold", min_width=9)
+    table.add_column("eligible", overflow="fold", ratio=2)
+    table.add_column("live on", overflow="fold", min_width=7)
+    shown = short_ids([str(r["release_id"]) for r in rows], width=12)
     for r in rows:
         table.add_row(
-            shown[str(r["release_id"])],
+            shown[str(r["release_id"])].removeprefix("sha256:"),  # what activate takes, without the prefix
+            published_cell(r["published"]),
             escape(str(r["revision"])),
-            "yes" if r["eligible"] else "no",
-            str(r["decisive_phase"] or "—"),
+            str(r["change"] or "unknown"),
+            metric_cell(r, named=one_metric is None),
+            "yes" if r["eligible"] else escape(f"no: {r['first_reason'] or r['decisive_phase']}"),
             ", ".join(r["active_targets"]) or "—",
         )  # type: ignore[arg-type]
     out.print(table, soft_wrap=True)
+
+
+def published_cell(published: object) -> str:
+    """``12-07 00:52`` (UTC, to the minute; the JSON has the date and seconds); ``—`` when unknown."""
+    return "—" if not published else str(published)[5:16].replace("T", " ")
+
+
+def metric_cell(row: dict[str, Any], *, named: bool = True) -> str:
+    """``0.7123 +0.0012`` (value, then the paired delta), ``0.7 —`` without an incumbent,
+    prefixed by the metric's name when ``named``; or why the figures are unknown."""
+    m = row.get("metric")
+    if not m:
+        return escape(f"unknown: {row.get('evidence')}")
+    value = "no value" if m["value"] is None else f"{m['value']:.4g}"
+    if not m["paired"]:
+        delta = "—"
+    else:
+        delta = "(no scored case)" if m["delta"] is None else f"{m['delta']:+.3g}"
+    return f"{m['name']} {value} {delta}" if named else f"{value} {delta}"
 
 
 @release_app.command("show")

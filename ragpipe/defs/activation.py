@@ -3,7 +3,10 @@
 ``activate_release`` is an op job configured with a release ID and a target; its op calls
 ``ragpipe.release.activation.activate`` (manifest and full bundle verification, eligibility,
 approval where the target requires it, compare-and-swap of the target's pointer). A refusal fails
-the run with the refusal's message; nothing is activated.
+the run with the refusal's message; nothing is activated. An activation that moved the pointer
+records ``AssetObservation``s on ``release_manifest`` (``live_observations``): the activated
+release's revision is ``live_on`` the target ``since`` now, the one it replaced
+``no_longer_live_on`` it — so the asset's page says where each release is live.
 
 ``activation_sensor`` reads the release store on every tick (``eligible_releases``) for each
 target whose config says ``auto_activate: true`` and requests ``activate_release`` for the newest
@@ -18,6 +21,7 @@ stopped; ``production`` is off.
 import json
 
 from dagster import (
+    AssetObservation,
     Config,
     DagsterInstance,
     DefaultSensorStatus,
@@ -34,9 +38,13 @@ from dagster import (
     sensor,
 )
 
+from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.release.activation import activate
+from ragpipe.release.history import now_iso
+from ragpipe.release.manifest import load_manifest
 from ragpipe.release.status import EligibleRelease, eligible_releases
+from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 
 JOB = "activate_release"
@@ -59,13 +67,36 @@ class ActivateConfig(Config):
 def activate_op(context: OpExecutionContext, config: ActivateConfig, ragpipe: RagpipeHome) -> None:
     # A run the sensor requested is automatic: no person asked for it (a run launched by hand is).
     automatic = SENSOR_NAME_TAG in context.run.tags
-    result = activate(
-        ragpipe.workspace, config.release_id, config.target, by=f"dagster run {context.run_id}", automatic=automatic
-    )
+    ws = ragpipe.workspace
+    result = activate(ws, config.release_id, config.target, by=f"dagster run {context.run_id}", automatic=automatic)
     context.log.info(
         f"target {result.target!r}: release {result.release_id} active at generation {result.generation}"
         + ("" if result.changed else " (it already was)")
     )
+    if result.changed:
+        for event in live_observations(context.instance, ws, result):
+            context.log_event(event)
+
+
+def live_observations(instance: DagsterInstance, ws, result) -> list[AssetObservation]:
+    """What the ``release_manifest`` asset shows after an activation: an observation on the
+    activated release's revision (``live_on``: the target, ``since``: now, the generation) and one
+    on the release it replaced (``no_longer_live_on``). Only for revisions that are partitions of
+    this instance (a release built elsewhere has no partition here)."""
+    store = ReleaseStore(ws)
+    known = set(instance.get_dynamic_partitions(corpus_revisions.name))
+    since = now_iso()
+    out = []
+    for release_id, live in ((result.release_id, True), (result.previous, False)):
+        if release_id is None:
+            continue
+        revision = load_manifest(store, release_id).revision
+        if revision not in known:
+            continue
+        key = "live_on" if live else "no_longer_live_on"
+        metadata = {key: result.target, "release_id": release_id, "since": since, "generation": result.generation}
+        out.append(AssetObservation(asset_key="release_manifest", partition=revision, metadata=metadata))
+    return out
 
 
 @job(
@@ -153,6 +184,9 @@ def evaluate(context: SensorEvaluationContext, ragpipe: RagpipeHome) -> SensorRe
         if chosen is not None:
             requests.append(activation_request(target, chosen))
             requested.setdefault(target, []).append(chosen)
+    if requests:  # Dagster refuses a skip reason beside run requests: the tick's own log shows them
+        for reason in reasons:
+            context.log.info(f"activation_sensor: not requested: {reason}")
     skip = None if requests else SkipReason("; ".join(reasons))
     return SensorResult(run_requests=requests, cursor=dump_cursor(requested), skip_reason=skip)
 

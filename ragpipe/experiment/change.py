@@ -66,13 +66,14 @@ def classify(challenger: ChangeBasis, incumbent: ChangeBasis | None, incumbent_r
     return Change(kind="experiment" if differs else "refresh", incumbent_release=incumbent_release, differs=differs)
 
 
-def change_text(change: Change | None) -> str:
+def change_text(change: Change | None, *, short: bool = False) -> str:
     """One line for a person: ``refresh against sha256:…``, ``experiment (stage_specs.chunks
     differs) against …``, ``bootstrap (no incumbent)``; ``unknown (…)`` for a decision made before
-    decisions recorded it."""
+    decisions recorded it. ``short``: the release ID cut to 12 hex digits (a unique prefix)."""
     if change is None:
         return "unknown (the decision predates change kinds)"
     if change.kind == "bootstrap":
         return "bootstrap (no incumbent)"
     what = f" ({', '.join(change.differs)} differ{'s' if len(change.differs) == 1 else ''})" if change.differs else ""
-    return f"{change.kind}{what} against {change.incumbent_release}"
+    against = str(change.incumbent_release)
+    return f"{change.kind}{what} against {against[:19] + '…' if short else against}"

@@ -26,6 +26,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 from ragpipe.bundle.objects import open_bundle_here
 from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.evaluation.report import REPORT_JSON
+from ragpipe.experiment.change import Change, change_text
 from ragpipe.experiment.comparison import ALL
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.workspace import Workspace
@@ -73,6 +74,9 @@ class BuildSummary:
     # interval against the incumbent when the gate paired, else None); and one line on what becomes of the
     # release on each target (release.status.what_happens_next).
     evaluation_run: str | None = None
+    # The change the gate judged (change_line: refresh / experiment / bootstrap, against which
+    # release, with the suite's new and lost coverage); None without an evaluation.
+    change: str | None = None
     metrics: dict[str, dict[str, object]] | None = None
     next: str | None = None
     # The model calls of this build's generated representations (``GENERATION_FIELDS``: calls,
@@ -198,6 +202,24 @@ def primary_metrics(ws: Workspace, spec: PipelineSpec, run_path: str, gate_folde
     return out
 
 
+def _cases(n: int) -> str:
+    return "none" if n == 0 else f"{n} case{'s' if n != 1 else ''}"
+
+
+def change_line(decision: dict, gate_folder: Path) -> str:
+    """``refresh against sha256:0123456789ab… (new coverage: 1 case; lost coverage: none)``,
+    ``experiment (stage_specs.chunks differs) against …``, ``bootstrap (no incumbent)``, or
+    ``unknown (…)`` for a decision made before kinds were recorded."""
+    raw = decision.get("change")
+    change = None if raw is None else Change.model_validate(raw)
+    line = change_text(change, short=True)
+    if change is not None and change.kind != "bootstrap" and (gate_folder / "comparison.json").is_file():
+        cert = read_comparison(gate_folder)["certificate"]
+        new, lost = len(cert.get("new_coverage", [])), len(cert.get("lost_coverage", []))
+        line += f" (new coverage: {_cases(new)}; lost coverage: {_cases(lost)})"
+    return line
+
+
 def _release_fields(ws: Workspace, built: BuiltRevision, revision: str, spec: PipelineSpec) -> dict[str, object]:
     """The release of the revision's chain, and the evaluation and gate decision it binds."""
     if built.release is None or built.gate is None or built.evaluation is None or spec.evaluation is None:
@@ -218,6 +240,7 @@ def _release_fields(ws: Workspace, built: BuiltRevision, revision: str, spec: Pi
         upcoming = f"unknown: {exc}"
     return {
         "evaluation_run": str(ev.facts["run_path"]),
+        "change": change_line(decision, built.gate.path),
         "metrics": metrics,
         "next": upcoming,
         "release_id": str(facts["release_id"]),

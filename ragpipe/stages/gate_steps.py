@@ -14,6 +14,12 @@
   (``incumbent_run`` in the record); that run is the incumbent arm. The same happens when the
   incumbent's run records no build figures (made before runs bound them) and the policy bounds
   build cost relative to the incumbent.
+- **Change kind**: the challenger's basis (its bundle's stage specs and default scope, the chain's
+  query plan, answer plan and authorization policy) against the incumbent release's
+  (``ragpipe.release.change_basis``): a *refresh* (only the corpus differs) is gated by
+  non-inferiority, an *experiment* by improvement, and suites that grow or shrink with the
+  corpus pair with new and lost coverage listed (``ragpipe.experiment.pairing``). The decision
+  records the kind and the incumbent release it was made against.
 - **Not pairable**: when exact pairing refuses (e.g. a case skipped by one side only), the decision
   is *ineligible* with decisive phase ``coverage`` and one failing check ``coverage pairing``
   whose reason is the pairing error; no comparison is made.
@@ -29,14 +35,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragpipe.bundle.objects import bundle_semantic_here
+from ragpipe.bundle.verify import BundleVerificationError
 from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.arms import ArmRun
+from ragpipe.experiment.change import change_text, classify
 from ragpipe.experiment.comparison import Comparison, comparison_bytes
 from ragpipe.experiment.decision import Decision
 from ragpipe.experiment.gating import gate_runs
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.release.change_basis import basis_of, release_basis
 from ragpipe.release.evidence import evaluation_run_dir, run_dir
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.pointer import read_pointer
@@ -133,14 +143,17 @@ def check_label(c) -> str:
 
 
 def checks_table(decision: Decision) -> Table | None:
-    """Every check in order, five narrow columns (readable at 1,600 px in the UI): phase, what is
-    checked, its value and the rule with units, and the verdict. The reasons are the ``reasons``
-    entry beside it, the raw figures the decision file."""
-    cols = [("phase", "string"), ("check", "string"), ("value", "string"), ("rule", "string"), ("verdict", "string")]
+    """Every check in order, in three narrow columns (the UI's metadata panel is about 550 px wide
+    at a 1,600 px window): the verdict, what is checked (``phase: name metric …``) and the figure
+    against its rule with units (``38.92 ms <= 25.5 ms``). The reasons are the ``reasons`` entry
+    beside it, the raw figures the decision file."""
+    cols = [("verdict", "string"), ("check", "string"), ("value and rule", "string")]
     rows = []
     for c in decision.checks:
         unit = CHECK_UNITS.get(c.name)
-        rows.append([c.phase, check_label(c), figure(c.value, unit), f"{c.op} {figure(c.threshold, unit)}", c.verdict])
+        rows.append(
+            [c.verdict, f"{c.phase}: {check_label(c)}", f"{figure(c.value, unit)} {c.op} {figure(c.threshold, unit)}"]
+        )
     return table(cols, rows, limit=500)
 
 
@@ -210,8 +223,21 @@ def run_gate_decision(
             "incumbent_run": arm.run_id,
             "incumbent_reevaluated": reevaluated,
         }
-    decision, comparison = gate_runs(chain.policy, challenger, arm, chain.comparison)
+    hex_id = challenger.variant.bundle_id.split(":", 1)[1]
+    try:
+        semantic = bundle_semantic_here(ws.bundles / hex_id, challenger.variant.bundle_id)
+    except BundleVerificationError as exc:
+        raise StageError(f"evaluation run {challenger.run_id}: its bundle: {'; '.join(exc.problems)}") from None
+    basis = basis_of(semantic, chain.query_plan_id, chain.answer_plan_id, chain.authorization_policy_id)
+    change = (
+        classify(basis, None, None)
+        if incumbent is None
+        else classify(basis, release_basis(ws, incumbent[0]), incumbent[0].release_id)
+    )
+    decision, comparison = gate_runs(chain.policy, challenger, arm, chain.comparison, change)
     facts |= {
+        "change": change.kind,
+        "changed": ", ".join(change.differs) or None,
         "decision_id": decision.decision_id,
         "eligible": decision.eligible,
         "decisive_phase": decision.decisive_phase,
@@ -219,6 +245,8 @@ def run_gate_decision(
         "comparison_id": comparison.comparison_id if comparison else None,
         "policy_id": decision.policy_id,
         "challenger_run": challenger.run_id,
+        "new_coverage_cases": len(comparison.certificate.new_coverage) if comparison else None,
+        "lost_coverage_cases": len(comparison.certificate.lost_coverage) if comparison else None,
     }
     record = publish_chain(
         ws,
@@ -231,6 +259,7 @@ def run_gate_decision(
         _write(decision, comparison),
     )
     metadata: dict[str, Any] = {k: v for k, v in facts.items() if v is not None}
+    metadata["change"] = change_text(change, short=True)  # the full ID: incumbent_release
     metadata["decisive_phase"] = decision.decisive_phase or "none"
     metadata["reasons"] = "; ".join(decision.reasons) or "none"
     metadata["duration_seconds"] = round(time.perf_counter() - t0, 3)

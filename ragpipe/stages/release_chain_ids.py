@@ -112,8 +112,19 @@ class ChainPlan:
         }
 
 
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    """What tells an edited file from the one read before: modification time and size."""
+    try:
+        info = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return None if info is None else (info.st_mtime_ns, info.st_size)
+
+
 @lru_cache(maxsize=4)
-def _load(section: EvaluationSection) -> ChainPlan:
+def _load(section: EvaluationSection, stamps: tuple) -> ChainPlan:
+    """The chain's inputs, read once per version of their files (``stamps``): a suite that grows
+    with the corpus is read again in a process that outlives one edit of it."""
     return ChainPlan(
         section,
         load_suite(section.suite, split=section.split),
@@ -129,4 +140,5 @@ def chain_plan(spec: PipelineSpec) -> ChainPlan:
         raise ValueError(
             "the pipeline spec has no evaluation: section, so there is no evaluation → gate → release chain"
         )
-    return _load(spec.evaluation)
+    section = spec.evaluation
+    return _load(section, tuple(_stamp(p) for p in (section.suite, section.query_plan, section.gate_policy)))

@@ -79,6 +79,8 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
             decision_id=decision["decision_id"],
             eligible=decision["eligible"],
             decisive_phase=decision["decisive_phase"],
+            change=(decision.get("change") or {}).get("kind"),
+            incumbent=(decision.get("change") or {}).get("incumbent_release"),
         ),
     )
     store = ReleaseStore(ws)
@@ -95,6 +97,8 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
         "eligible": manifest.gate.eligible,
         "decisive_phase": manifest.gate.decisive_phase,
         "bundle_id": manifest.bundle_id,
+        "change": manifest.gate.change,
+        "incumbent_release": manifest.gate.incumbent,
     }
     record = publish_chain(
         ws,
@@ -109,6 +113,8 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
         "release_id": release_id,
         "eligible": manifest.gate.eligible,
         "decisive_phase": manifest.gate.decisive_phase or "none",
+        "change": manifest.gate.change or "unknown",
+        "incumbent_release": manifest.gate.incumbent or "none",
         "bundle_id": manifest.bundle_id,
         "material_digest": manifest.material_digest,
         "decision_id": manifest.gate.decision_id,

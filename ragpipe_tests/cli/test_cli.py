@@ -87,7 +87,7 @@ def test_build_json_is_exactly_one_object(cli_build):
     assert out["metrics"] == {"ndcg@10": nothing, "recall@100": nothing}
     assert out["next"] == (
         "not eligible, so it goes live on no target: hard max unauthorized_disclosures: no evaluable case: "
-        "all 99 suite cases judge documents this revision lacks"
+        "all 101 suite cases judge documents this revision lacks"
     )
 
 
@@ -137,7 +137,7 @@ def test_build_prints_one_line_per_step_and_the_summary_last(cli_build):
         # the checked-in spec's evaluation section: the SciFact sample suite judges no handbook
         # document, so every case is skipped; with nothing measured the bootstrap gate fails
         # closed in its first phase (a check without a value fails)
-        ("evaluation_run", "0 evaluated, 99 skipped, 0 failed"),
+        ("evaluation_run", "0 evaluated, 101 skipped, 0 failed"),
         "evaluation_ledger_verifies",
         ("gate_decision", "not eligible, decisive phase hard"),
         ("release_manifest", release),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -259,3 +260,99 @@ def test_no_evaluable_case_names_the_missing_evidence_and_keeps_the_outcome():
     # a run that evaluated a case keeps the reasons it had
     d = decide(policy(cost=ceiling), None, arm("run-2", {"a": 0.5}, skipped={"b": "no_positive_judgment"}))
     assert d.reasons == ("coverage evaluated_cases: 1 is not >= 10",)
+
+
+PASSPORT = "---\ntitle: Travel\n---\n# Passport\n\nThe passport expires in March 2031; renew it at the town hall three months before.\n"
+PASSPORT_CASE = {
+    "id": "passport-renewal",
+    "query": "when does the passport expire?",
+    "target_level": "document",
+    "judgments": {"travel/passport.md": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def three_revisions(first_build, second_build):
+    """notes-1 (the two cases) live, then three revisions each built and activated as a user would:
+    notes-2 adds a note and a case for it, notes-3 edits a note, notes-4 deletes one."""
+    _, notes, project, _, env, _ = first_build
+    steps = {}
+    live = ragpipe("release", "activate", "--revision", "notes-1", env=env)
+    assert live.returncode == 0, live.stderr
+
+    def build_and_activate(revision: str) -> None:
+        built = ragpipe("build", str(notes), "--revision", revision, "--default-scope", "public", "--json", env=env)
+        assert built.returncode == 0, built.stderr
+        activated = ragpipe("release", "activate", "--revision", revision, env=env)
+        steps[revision] = (json.loads(built.stdout), activated)
+
+    (notes / "travel").mkdir()
+    (notes / "travel" / "passport.md").write_text(PASSPORT)
+    (project / "suite.jsonl").write_text("".join(json.dumps(c) + "\n" for c in [*CASES, PASSPORT_CASE]))
+    build_and_activate("notes-2")
+    (notes / "bike.md").write_text(NOTES["bike.md"].replace("300 kilometres", "500 kilometres"))
+    build_and_activate("notes-3")
+    (notes / "cat.md").unlink()
+    build_and_activate("notes-4")
+    listing = ragpipe("release", "list", "--json", env=env)
+    return steps, json.loads(listing.stdout), ragpipe("release", "list", env=env), env
+
+
+def test_three_revisions_add_edit_delete_each_go_live_as_a_refresh(three_revisions):
+    steps, listing, _, env = three_revisions
+    previous = next(r["release_id"] for r in listing if r["revision"] == "notes-1" and r["eligible"])
+    for revision, documents, embedded, coverage in (
+        ("notes-2", 7, 2, "new coverage: 1 case; lost coverage: none"),
+        ("notes-3", 7, 2, "new coverage: none; lost coverage: none"),
+        ("notes-4", 6, 0, "new coverage: none; lost coverage: none"),
+    ):
+        summary, activated = steps[revision]
+        assert (summary["documents"], summary["embedded"], summary["eligible"]) == (documents, embedded, True)
+        assert summary["change"] == f"refresh against {previous[:19]}… ({coverage})", revision
+        assert summary["next"] == (
+            f"production: not here: it was gated against {previous[:23]}… and production serves nothing; "
+            "staging: the activation sensor activates it while the Dagster daemon runs "
+            f"(now: ragpipe release activate {summary['release_id'][:23]} --target staging)"
+        )
+        assert activated.returncode == 0, activated.stderr
+        assert activated.stdout.startswith(f"activated {summary['release_id']} on staging"), activated.stdout
+        target = {
+            c["name"]: c for c in json.loads(read_decision_file(env, summary))["checks"] if c["phase"] == "target"
+        }
+        assert target["non_inferiority"]["verdict"] == "pass"
+        previous = summary["release_id"]
+    served = ragpipe("query", "when does the passport expire?", "--k", "1", "--json", env=env)
+    assert json.loads(served.stdout)["hits"][0]["document_id"] == "travel/passport.md"
+    assert json.loads(served.stdout)["release_id"] == previous
+
+
+def read_decision_file(env: dict[str, str], summary: dict) -> str:
+    from ragpipe.kernel.workspace import Workspace
+    from ragpipe.release.gate_evidence import evidence_path
+    from ragpipe.release.manifest import load_manifest
+    from ragpipe.release.store import ReleaseStore
+
+    store = ReleaseStore(Workspace(Path(env["RAGPIPE_HOME"])))
+    manifest = load_manifest(store, summary["release_id"])
+    return json.dumps(json.loads(evidence_path(store, manifest.gate.decision_id).read_bytes())["decision"])
+
+
+def test_release_list_shows_time_change_metric_eligibility_and_where_live(three_revisions):
+    steps, listing, table, _ = three_revisions
+    rows = {r["release_id"]: r for r in listing}
+    live = steps["notes-4"][0]["release_id"]
+    assert rows[live]["active_targets"] == ["staging"]
+    assert (rows[live]["change"], rows[live]["eligible"], rows[live]["first_reason"]) == ("refresh", True, None)
+    assert rows[live]["metric"]["name"] == "ndcg@10" and rows[live]["metric"]["paired"] is True
+    assert rows[live]["published"].endswith("Z")
+    placeholder = next(r for r in listing if r["revision"] == "notes-1" and not r["eligible"])
+    assert placeholder["first_reason"].startswith("hard max unauthorized_disclosures: no evaluable case")
+    assert table.returncode == 0, table.stderr
+    header = next(line for line in table.stdout.splitlines() if "release" in line and "published" in line)
+    assert re.split(r"\s{2,}", header.strip()) == [
+        "release", "published", "revision", "change", "ndcg@10 (Δ)", "eligible", "live on"
+    ]  # fmt: skip
+    live_line = next(line for line in table.stdout.splitlines() if "notes-4" in line)
+    cells = re.split(r"\s{2,}", live_line.strip())
+    assert cells[0] == live[7:19] and cells[2:4] == ["notes-4", "refresh"]
+    assert re.fullmatch(r"\d(\.\d+)? \+0", cells[4]) and cells[5:] == ["yes", "staging"], cells

@@ -11,7 +11,7 @@ class Checks:  # the one attribute checks_table reads
         self.checks = tuple(checks)
 
 
-def test_the_checks_table_has_five_narrow_columns_with_units_and_rounded_figures():
+def test_the_checks_table_has_three_narrow_columns_with_units_and_rounded_figures():
     decision = Checks(
         [
             check("target", "improvement", 0.0012345678, ">=", 0.002, metric="ndcg@10"),
@@ -22,13 +22,13 @@ def test_the_checks_table_has_five_narrow_columns_with_units_and_rounded_figures
         ]
     )
     t = checks_table(decision)
-    assert [name for name, _ in t.columns] == ["phase", "check", "value", "rule", "verdict"]
+    assert [name for name, _ in t.columns] == ["verdict", "check", "value and rule"]
     assert [list(r.values()) for r in t.rows] == [
-        ["target", "improvement ndcg@10", "0.001235", ">= 0.002", "fail"],
-        ["regression", "max_loss recall@100 on tag:x", "-0.00049", ">= -0.01", "pass"],
-        ["coverage", "failed_rate (challenger)", "—", "<= 0", "fail"],
-        ["cost", "p95_latency_relative", "38.92 ms", "<= 25.5 ms", "advisory"],
-        ["cost", "bundle_bytes_relative", "3.338 MiB", "<= 7 MiB", "pass"],
+        ["fail", "target: improvement ndcg@10", "0.001235 >= 0.002"],
+        ["pass", "regression: max_loss recall@100 on tag:x", "-0.00049 >= -0.01"],
+        ["fail", "coverage: failed_rate (challenger)", "— <= 0"],
+        ["advisory", "cost: p95_latency_relative", "38.92 ms <= 25.5 ms"],
+        ["pass", "cost: bundle_bytes_relative", "3.338 MiB <= 7 MiB"],
     ]
     assert figure(512.0, "bytes") == "512 bytes" and figure(3 * 2**30, "bytes") == "3 GiB"
 
