@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -107,23 +106,33 @@ def release_list(as_json: JsonOpt = False) -> None:
         return
     names = {(r.get("metric") or {}).get("name") for r in rows}
     one_metric = next(iter(names)) if len(names) == 1 and None not in names else None
-    table = Table(title=f"{len(rows)} releases", box=box.SIMPLE_HEAD)
-    for col in ("release", "published", "revision", "change", f"{one_metric} (Δ)" if one_metric else "metric"):
-        table.add_column(col, no_wrap=col in ("release", "published", "change"), overflow="fold", min_width=9)
-    table.add_column("eligible", overflow="fold", ratio=2)
+    # 80 columns hold it: collapsed padding, and the reasons of ineligible releases under the table
+    table = Table(title=f"{len(rows)} releases", box=None, collapse_padding=True, pad_edge=False, header_style="bold")
+    for col, width in (("release", 12), ("published", 11), ("revision", 9), ("change", 10)):
+        table.add_column(col, no_wrap=col != "revision", overflow="fold", min_width=width)
+    table.add_column(f"{one_metric} (Δ)" if one_metric else "metric", overflow="fold", min_width=14)
+    table.add_column("eligible", no_wrap=True)
     table.add_column("live on", overflow="fold", min_width=7)
     shown = short_ids([str(r["release_id"]) for r in rows], width=12)
+    notes: list[str] = []  # why each ineligible release is not eligible, one line each under the table
     for r in rows:
+        short = shown[str(r["release_id"])].removeprefix("sha256:")  # what activate takes, without the prefix
+        if not r["eligible"]:
+            notes.append(
+                f"({len(notes) + 1}) {short}: {r['first_reason'] or 'decisive phase ' + str(r['decisive_phase'])}"
+            )
         table.add_row(
-            shown[str(r["release_id"])].removeprefix("sha256:"),  # what activate takes, without the prefix
+            short,
             published_cell(r["published"]),
             escape(str(r["revision"])),
             str(r["change"] or "unknown"),
             metric_cell(r, named=one_metric is None),
-            "yes" if r["eligible"] else escape(f"no: {r['first_reason'] or r['decisive_phase']}"),
+            "yes" if r["eligible"] else f"no ({len(notes)})",
             ", ".join(r["active_targets"]) or "—",
         )  # type: ignore[arg-type]
     out.print(table, soft_wrap=True)
+    for note in notes:
+        out.print(escape(note), soft_wrap=True)
 
 
 def published_cell(published: object) -> str:

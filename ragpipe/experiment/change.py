@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from ragpipe.kernel.models import FrozenModel
 
 ChangeKind = Literal["bootstrap", "refresh", "experiment"]
@@ -40,6 +42,18 @@ class Change(FrozenModel):
     kind: ChangeKind
     incumbent_release: str | None
     differs: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Change:
+        if self.kind == "bootstrap" and (self.incumbent_release is not None or self.differs):
+            raise ValueError("a bootstrap has no incumbent release and nothing that differs")
+        if self.kind != "bootstrap" and self.incumbent_release is None:
+            raise ValueError(f"a {self.kind} names the incumbent release it was made against")
+        if self.kind == "refresh" and self.differs:
+            raise ValueError("a refresh differs from its incumbent in nothing but the corpus")
+        if self.kind == "experiment" and not self.differs:
+            raise ValueError("an experiment names what differs from its incumbent")
+        return self
 
 
 def basis_differences(challenger: ChangeBasis, incumbent: ChangeBasis) -> tuple[str, ...]:

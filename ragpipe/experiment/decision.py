@@ -275,19 +275,14 @@ def _lost_coverage(policy: GatePolicy, c: Comparison) -> Check:
     names the cases and the judged documents the challenger lacks."""
     lost = c.certificate.lost_coverage
     paired = len({case for case, _ in c.certificate.cells})
-    got = check(
-        "coverage",
-        "lost_coverage",
-        len(lost) / paired if paired else None,
-        "<=",
-        policy.coverage.max_lost_rate,
-        missing="no paired case",
-    )
+    rate = len(lost) / paired if paired else (0.0 if not lost else None)
+    got = check("coverage", "lost_coverage", rate, "<=", policy.coverage.max_lost_rate, missing="no paired case")
     if got.verdict != "fail" or not lost:
         return got
     removed = sorted({doc for _, docs in lost for doc in docs})
     shown = ", ".join(removed[:10]) + (f" and {len(removed) - 10} more" if len(removed) > 10 else "")
-    why = f"{len(lost)} of {paired} paired cases lost: their judged documents {shown} are not in the challenger"
+    documents = f"their judged documents {shown}" if removed else "their judged documents"
+    why = f"{len(lost)} of {paired} paired cases lost: {documents} are not in the challenger"
     return got.model_copy(update={"reason": f"{got.reason} ({why})"})
 
 
@@ -539,9 +534,6 @@ def _check_change(change: Change | None, comparison: Comparison | None) -> None:
         raise GateError(f"a {change.kind} needs a comparison with its incumbent")
     if comparison is not None and change.kind == "bootstrap":
         raise GateError("a bootstrap decision has no comparison")
-    if comparison is None or change.incumbent_release is not None:
-        return
-    raise GateError(f"a {change.kind} names the incumbent release it was made against")
 
 
 def decide(

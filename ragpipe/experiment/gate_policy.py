@@ -275,11 +275,12 @@ def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
     )
 
 
-def _refresh(r: _Reader, raw: Any) -> RefreshPolicy:
+def _refresh(r: _Reader, raw: Any, metric: str) -> RefreshPolicy:
+    """The refresh section; its margin is a loss of the target ``metric`` (within its range)."""
     if raw is None:
         return RefreshPolicy()
     spec = r.mapping(raw, "refresh", ("margin",), ("margin",))
-    return RefreshPolicy(margin=r.number(spec["margin"], "refresh.margin", 0.0))
+    return RefreshPolicy(margin=r.loss(metric, spec["margin"], "refresh.margin"))
 
 
 def _target(r: _Reader, raw: Any) -> TargetPolicy:
@@ -400,7 +401,7 @@ def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> G
         coverage=_coverage(r, doc["coverage"]),
         target=target,
         regression=_regression(r, doc["regression"]),
-        refresh=_refresh(r, doc.get("refresh")),
+        refresh=_refresh(r, doc.get("refresh"), target.metric),
         cost=_cost(r, doc["cost"]),
         bootstrap_floors=floors,
     )

@@ -20,6 +20,18 @@ from ragpipe.experiment.pairing import PairingError, pair
 from ragpipe.experiment.statistics import ComparisonSpec
 
 
+def needs_reevaluation(policy: GatePolicy, bound: ArmRun, challenger: ArmRun) -> bool:
+    """Whether the incumbent's own run (``bound``, the one its release binds) cannot be paired with
+    ``challenger`` as it is, so the incumbent's bundle is evaluated again under the challenger's
+    coordinates: they differ (another suite, mode, depth, metrics …), or the policy bounds build
+    cost relative to the incumbent and ``bound`` recorded no build figures (made before runs did).
+    Otherwise the bound run *is* the incumbent arm — the gate and its verification use this one
+    rule, so no other run of the incumbent's bundle can stand in for it."""
+    cost = policy.cost
+    needs_build = cost.max_build_vectors_ratio is not None or cost.max_bundle_bytes_ratio is not None
+    return bound.coordinates != challenger.coordinates or (bound.build is None and needs_build)
+
+
 def not_pairable(
     policy: GatePolicy, incumbent: ArmRun, challenger: ArmRun, error: PairingError, change: Change | None = None
 ) -> Decision:

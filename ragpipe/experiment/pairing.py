@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pydantic import model_serializer
 
-from ragpipe.evaluation.suite import MISSING_TARGETS
+from ragpipe.evaluation.suite import MISSING_TARGETS, NO_POSITIVE_JUDGMENT
 from ragpipe.experiment.arms import ArmRef, ArmRun, CellKey, CellOutcome, Coordinates
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
@@ -98,11 +98,6 @@ def _check_coordinates(incumbent: Coordinates, challenger: Coordinates) -> None:
             )
 
 
-def _first_difference(a: dict, b: dict) -> str | None:
-    keys = sorted(set(a) | set(b))
-    return next((k for k in keys if a.get(k) != b.get(k)), None)
-
-
 def _skip_state(reason: str | None) -> str:
     return "not skipped" if reason is None else f"skipped ({reason})"
 
@@ -120,12 +115,29 @@ def coverage_changes(incumbent: ArmRun, challenger: ArmRun) -> tuple[dict[str, s
     return new, lost
 
 
-def _check_same_cases(incumbent: ArmRun, challenger: ArmRun, new=(), lost=()) -> None:
+# A case can be skipped by both arms for two reasons that depend on which documents each holds: a
+# case judging only a grade-0 document the challenger adds lacks that document in the incumbent
+# (missing) and has no relevant judgment in the challenger. Skipped by both, it is not compared.
+BOTH_SKIPPED = frozenset({MISSING_TARGETS, NO_POSITIVE_JUDGMENT})
+
+
+def _same_skip(a: str | None, b: str | None, coverage_change: bool) -> bool:
+    return a == b or (coverage_change and a in BOTH_SKIPPED and b in BOTH_SKIPPED)
+
+
+def _check_same_cases(incumbent: ArmRun, challenger: ArmRun, new=(), lost=(), coverage_change: bool = False) -> None:
     """Refuse differing skipped cases, expected cells or tags — leaving out the cases of ``new``
     and ``lost`` coverage, which the caller accepts."""
     inc_skipped = {c: r for c, r in incumbent.skipped.items() if c not in new}
     ch_skipped = {c: r for c, r in challenger.skipped.items() if c not in lost}
-    case = _first_difference(inc_skipped, ch_skipped)
+    case = next(
+        (
+            c
+            for c in sorted(set(inc_skipped) | set(ch_skipped))
+            if not _same_skip(inc_skipped.get(c), ch_skipped.get(c), coverage_change)
+        ),
+        None,
+    )
     if case is not None:
         inc, ch = _skip_state(incumbent.skipped.get(case)), _skip_state(challenger.skipped.get(case))
         raise PairingError(f"case {case!r} differs: {inc} by the incumbent, {ch} by the challenger")
@@ -212,7 +224,7 @@ def pair(incumbent: ArmRun, challenger: ArmRun, *, coverage_change: bool = False
     check_arm(incumbent, "incumbent")
     check_arm(challenger, "challenger")
     new, lost = coverage_changes(incumbent, challenger) if coverage_change else ({}, {})
-    _check_same_cases(incumbent, challenger, new, lost)
+    _check_same_cases(incumbent, challenger, new, lost, coverage_change)
     by_inc = {c.key: c for c in incumbent.cells if c.case_id not in lost}
     by_ch = {c.key: c for c in challenger.cells}
     keys = tuple(sorted(by_inc))

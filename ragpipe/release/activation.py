@@ -170,12 +170,16 @@ def gate_refusal(config: TargetsConfig, target: str, manifest: ReleaseManifest) 
     return unaccepted_policy(config.accepted_policies(target), target, manifest)
 
 
-def incumbent_refusal(target: str, manifest: ReleaseManifest, live: str | None) -> str | None:
+def incumbent_refusal(
+    target: str, manifest: ReleaseManifest, live: str | None, default_target: str | None = None
+) -> str | None:
     """Why ``manifest``'s gate decision does not vouch for it against ``live``, the release
     ``target`` serves (None: it does). A decision answers "is it good enough compared with the
     release it was made against" (or, bootstrap, "on its own"), so it holds only where that
     release is the one live — a bootstrap decision only where nothing is. A decision made before
-    decisions bound their incumbent activates nowhere new (rollback to it still works)."""
+    decisions bound their incumbent activates nowhere new (rollback to it still works). The remedy
+    named depends on whether ``target`` is ``default_target``, the one the chain's gate compares
+    against."""
     gate = manifest.gate
     if gate.change is None:
         return (
@@ -186,10 +190,12 @@ def incumbent_refusal(target: str, manifest: ReleaseManifest, live: str | None) 
         return None
     against = "without an incumbent (bootstrap)" if gate.incumbent is None else f"against release {gate.incumbent}"
     serves = "serves nothing" if live is None else f"serves release {live}"
-    return (
-        f"was gated {against}, but target {target!r} {serves}: its decision says nothing about replacing that "
-        "(build the revision again to gate it against what is live)"
-    )
+    if default_target is None or target == default_target:
+        remedy = "build the revision again to gate it against what is live"
+    else:  # the chain gates against the default target's release, not this one's
+        first = f"activate release {gate.incumbent} on {target!r} first, or " if gate.incumbent else ""
+        remedy = f"{first}build the revision again while {default_target!r} serves what {target!r} serves"
+    return f"was gated {against}, but target {target!r} {serves}: its decision says nothing about replacing that ({remedy})"
 
 
 def refusal(release_id: str, problems: list[str]) -> str:
@@ -295,7 +301,7 @@ def activate(
         if history.state.active == release_id:
             pointer = read_pointer(store, name)
             return SwapResult(name, release_id, history.state.generation, pointer.previous if pointer else None, False)
-        stale = incumbent_refusal(name, manifest, history.state.active)
+        stale = incumbent_refusal(name, manifest, history.state.active, config.get(None)[0])
         if stale:
             raise ReleaseError(f"release {release_id} {stale}")
         unapproved = spec.approval_required and approval_refusal(config, name, history.state, release_id)

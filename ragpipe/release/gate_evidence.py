@@ -168,10 +168,16 @@ def read_gate_evidence(store: ReleaseStore, decision_id: str) -> tuple[Decision,
     return decision, comparison, policy
 
 
+# Figures compared to 1e-9 (relative): a bootstrap interval or a randomization p-value may move in
+# its last bits between scipy or numpy releases with the same seed, and a latency percentile is
+# wall-clock data that decides nothing (advisory); every other figure is compared exactly.
+RESAMPLED = ("ci_low", "ci_high", "p_value", "latency_p95_ms")
+
+
 def _differs(made: Any, kept: Any, path: str = "") -> str | None:
-    """The first path where a recomputed comparison differs from the kept one; floats agree to
-    1e-9 (relative): a bootstrap interval may move in its last bits between scipy releases with
-    the same seed, and verification must not fail every paired release after an upgrade."""
+    """The first path where a recomputed comparison differs from the kept one. Only the figures of
+    ``RESAMPLED`` may differ, by 1e-9 relative: verification must not fail every paired release
+    after an upgrade, and a mean or count nudged onto a threshold must not pass."""
     if isinstance(made, dict) and isinstance(kept, dict):
         if sorted(made) != sorted(kept):
             return path or "(top)"
@@ -181,16 +187,29 @@ def _differs(made: Any, kept: Any, path: str = "") -> str | None:
             return path
         return next((d for i, (a, b) in enumerate(zip(made, kept)) if (d := _differs(a, b, f"{path}[{i}]"))), None)
     if isinstance(made, float) and isinstance(kept, float | int) and not isinstance(kept, bool):
-        return None if math.isclose(made, kept, rel_tol=1e-9, abs_tol=1e-12) else path
+        # canonical JSON writes 1.0 as 1: a number is compared as a number
+        if path.rsplit(".", 1)[-1] in RESAMPLED:
+            return None if math.isclose(made, kept, rel_tol=1e-9, abs_tol=1e-12) else path
+        return None if made == kept else path
     return None if type(made) is type(kept) and made == kept else path
 
 
 def _change_problems(
-    store: ReleaseStore, manifest: ReleaseManifest, decision: Decision, incumbent: ArmRun | None
+    store: ReleaseStore,
+    manifest: ReleaseManifest,
+    decision: Decision,
+    policy: GatePolicy,
+    runs: tuple[ArmRun, ArmRun | None],
+    load_run: RunLoader,
 ) -> list[str]:
     """A v2 decision's change made again from the releases it names: the challenger's basis from
     ``manifest``, the incumbent's from the release the decision was made against; and the
-    incumbent run must be of that release's bundle and query plan."""
+    incumbent run (of ``runs``: challenger, incumbent) must be that release's own run — or, only
+    where the gate's rule says so (``gating.needs_reevaluation``), a run of that release's bundle
+    and query plan."""
+    from ragpipe.experiment.gating import needs_reevaluation  # scipy: only when a decision is made again
+
+    challenger, incumbent = runs
     change = decision.change
     if change is None:
         return []
@@ -201,13 +220,26 @@ def _change_problems(
         return [f"its change cannot be computed again: {exc}"]
     if again != change:
         return [f"it records the change {change_text(change)}, but the releases it names give {change_text(again)}"]
-    if inc_manifest is not None and incumbent is not None:
-        want = (inc_manifest.bundle_id, inc_manifest.query_plan_id)
-        if (incumbent.variant.bundle_id, incumbent.variant.plan_id) != want:
-            return [
-                f"its incumbent run {incumbent.run_id} evaluated bundle {incumbent.variant.bundle_id} under plan "
-                f"{incumbent.variant.plan_id}, not the incumbent release's bundle {want[0]} under plan {want[1]}"
-            ]
+    if inc_manifest is None or incumbent is None:
+        return []
+    want = (inc_manifest.bundle_id, inc_manifest.query_plan_id)
+    if (incumbent.variant.bundle_id, incumbent.variant.plan_id) != want:
+        return [
+            f"its incumbent run {incumbent.run_id} evaluated bundle {incumbent.variant.bundle_id} under plan "
+            f"{incumbent.variant.plan_id}, not the incumbent release's bundle {want[0]} under plan {want[1]}"
+        ]
+    bound = inc_manifest.evaluation
+    if incumbent.run_id == bound.run_id:
+        return []
+    try:
+        own = load_run(bound.run_id)
+    except (OSError, ValueError) as exc:
+        return [f"its incumbent release's run {bound.run_id}: {exc}"]
+    if not needs_reevaluation(policy, own, challenger):
+        return [
+            f"it pairs run {incumbent.run_id} as the incumbent, not the incumbent release's own run {bound.run_id}, "
+            "which pairs as it is: gate the revision again (ragpipe build)"
+        ]
     return []
 
 
@@ -241,7 +273,7 @@ def _remade(
                 f"its incumbent run {decision.incumbent.run_id}: the folder holds run {incumbent.run_id} "
                 f"with ledger head {incumbent.ledger_head}, not the decision's {decision.incumbent.ledger_head}"
             ]
-    changed = _change_problems(store, manifest, decision, incumbent)
+    changed = _change_problems(store, manifest, decision, policy, (challenger, incumbent), load_run)
     if changed:
         return changed
     try:

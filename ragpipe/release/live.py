@@ -27,7 +27,7 @@ from datetime import datetime
 
 from ragpipe.kernel.ledger import LedgerError, Record
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import VerifiedRelease, gate_refusal, verified_release
+from ragpipe.release.activation import VerifiedRelease, gate_refusal, incumbent_refusal, verified_release
 from ragpipe.release.approvals import approval_refusal, parse_time
 from ragpipe.release.history import TargetHistory, read_history
 from ragpipe.release.manifest import load_manifest
@@ -77,6 +77,14 @@ def live_release(
     refused = gate_refusal(config, name, manifest) if action == "activate" else _ineligible(manifest)
     if refused:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
+    # The activation that first made it live replaced what its intent names: the release the
+    # decision was made against (or nothing, for a bootstrap), as activation checked — so a history
+    # forged past that check is refused here too. A decision made before decisions recorded their
+    # incumbent (v1) was activated under the old rule and keeps serving.
+    if manifest.gate.change is not None:
+        stale = incumbent_refusal(name, manifest, _intent(records, first).payload.get("previous"), config.get(None)[0])
+        if stale:
+            raise ReleaseError(f"target {name!r}: release {pointer.release_id} {stale}")
     if spec.approval_required:
         at, intent_seq = _activation_record(records, first)
         moment = _moment(
@@ -105,12 +113,18 @@ def _first_activation(state: TargetHistory, release_id: str) -> int:
     raise ReleaseError(f"release {release_id} was never activated on the target; a rollback cannot return to it")
 
 
-def _activation_record(records: tuple[Record, ...], generation: int) -> tuple[str, int]:
-    """(time, record number) of the intent that moved the target to ``generation``."""
+def _intent(records: tuple[Record, ...], generation: int) -> Record:
+    """The intent record that moved the target to ``generation``."""
     for record in records:
         if record.kind == "intent" and record.payload["generation"] == generation:
-            return str(record.payload["at"]), record.seq
+            return record
     raise ReleaseError(f"the history has no intent for generation {generation}")
+
+
+def _activation_record(records: tuple[Record, ...], generation: int) -> tuple[str, int]:
+    """(time, record number) of the intent that moved the target to ``generation``."""
+    record = _intent(records, generation)
+    return str(record.payload["at"]), record.seq
 
 
 def _moment(since: str) -> datetime:

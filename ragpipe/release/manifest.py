@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.files import read_regular
@@ -59,6 +59,14 @@ class GateRef(_Model):
     decisive_phase: str | None = Field(default=None, min_length=1, max_length=100)
     change: Literal["bootstrap", "refresh", "experiment"] | None = None
     incumbent: str | None = Field(default=None, pattern=SHA)
+
+    @model_validator(mode="after")
+    def _incumbent_fits_change(self) -> GateRef:
+        if (self.incumbent is not None) != (self.change in ("refresh", "experiment")):
+            raise ValueError(
+                "a refresh or experiment names its incumbent release; a bootstrap or unrecorded change none"
+            )
+        return self
 
     @model_serializer(mode="wrap")
     def _without_unrecorded_change(self, handler):

@@ -92,7 +92,7 @@ def _candidate(
     policy_refusal = unaccepted_policy(accepted, target, manifest)
     if policy_refusal:
         return EligibleRelease(release_id, manifest.revision, "policy not accepted", policy_refusal)
-    stale = incumbent_refusal(target, manifest, state.active)
+    stale = incumbent_refusal(target, manifest, state.active, config.get(None)[0])
     if stale:
         return EligibleRelease(release_id, manifest.revision, "gated against another release", stale)
     unapproved = config.targets[target].approval_required and approval_refusal(config, target, state, release_id)

@@ -43,7 +43,7 @@ from ragpipe.experiment.arms import ArmRun
 from ragpipe.experiment.change import change_text, classify
 from ragpipe.experiment.comparison import Comparison, comparison_bytes
 from ragpipe.experiment.decision import Decision
-from ragpipe.experiment.gating import gate_runs
+from ragpipe.experiment.gating import gate_runs, needs_reevaluation
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.change_basis import basis_of, release_basis
@@ -78,11 +78,9 @@ def _incumbent_arm(
 ) -> tuple[ArmRun, str | None]:
     """The incumbent arm — the release's verified run ``arm`` — re-evaluated under the current spec
     when its coordinates differ; and the new run's ID when it was."""
-    cost = chain.policy.cost
-    needs_build = cost.max_build_vectors_ratio is not None or cost.max_bundle_bytes_ratio is not None
     # A run recorded before runs bound their bundle's build figures cannot answer a relative build
     # bound: measure the incumbent again rather than fail every challenger on a missing figure.
-    if arm.coordinates == challenger.coordinates and (arm.build is not None or not needs_build):
+    if not needs_reevaluation(chain.policy, arm, challenger):
         return arm, None
     bound = evaluation_run_dir(ws, manifest) / "inputs" / "query_plan.json"  # the folder verification read
     plan = parse_plan(json.loads(bound.read_bytes()), str(bound))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,8 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         "since": None,
         "action": None,
     }
-    a, b = publish(ws, bundle, "r1"), publish(ws, bundle, "r2")
+    a = publish(ws, bundle, "r1")
+    b = publish(ws, bundle, "r2", against=a)  # gated against a: it may replace a where a is live
     bad = publish(ws, bundle, "r3", eligible=False, phase="coverage")
     bad_decision = load_manifest(ReleaseStore(ws), bad).gate.decision_id
     bundle_id = bundle_ids(bundle)[0]
@@ -112,6 +114,17 @@ def test_release_lifecycle_through_the_cli(built_workspace, tmp_path: Path):
         },
     ]
     assert [r["states"] for r in rows] == [{"staging": "superseded"}, {"staging": "active"}, {}]
+    # what each decision was made against, its target metric (paired only in the refresh), why not eligible
+    assert [(r["change"], r["incumbent"], r["metric"]["paired"], r["first_reason"]) for r in rows] == [
+        ("bootstrap", None, False, None),
+        ("refresh", a, True, None),
+        ("bootstrap", None, False, "coverage evaluated_cases: 2 is not >= 100"),
+    ]
+    table = ok("list", home=home)  # IDs as activate takes them: 12 hex digits, no sha256: prefix
+    assert "sha256:" not in table and all(re.search(rf"^{rid[7:19]} ", table, re.M) for rid in (a, b, bad))
+    # an ineligible release's row says "no (N)"; its reason is line N under the table (80 columns hold it)
+    assert re.search(rf"^{bad[7:19]} .* no \(1\) ", table, re.M)
+    assert table.splitlines()[-1] == f"(1) {bad[7:19]}: coverage evaluated_cases: 2 is not >= 100"
 
     assert refused("activate", bad, home=home) == (
         f"error: release {bad} is not eligible for activation (gate decision {bad_decision}: decisive phase coverage)\n"

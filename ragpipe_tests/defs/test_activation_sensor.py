@@ -6,6 +6,7 @@ executed the way the daemon would (same job, run config and the ``dagster/run_ke
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -43,11 +44,15 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built_workspace):
         yield ws, instance, build_definitions(), bundle_of(built_workspace)
 
 
-def tick(env, cursor: str | None):
+def tick(env, cursor: str | None, log: logging.Handler | None = None):
+    """One evaluation of the sensor; ``log``: a handler that also receives the tick's log
+    (``context.log``, what the daemon keeps with the tick)."""
     ws, instance, defs, _ = env
     ctx = build_sensor_context(
         instance=instance, cursor=cursor, resources={"ragpipe": RagpipeHome(home=str(ws.home))}, definitions=defs
     )
+    if log is not None:
+        ctx.log.addHandler(log)  # the context keeps one logger for the tick: the sensor logs to this one
     return defs.get_sensor_def("activation_sensor").evaluate_tick(ctx)
 
 
@@ -91,7 +96,7 @@ def test_a_sensor_activation_records_the_waiver_and_a_target_without_one_waits_f
     # staging without the waiver: the sensor leaves the release to a person, who can activate it
     strict = fixture_targets(tmp_path, TARGETS.replace("SENSOR", "false").replace(", waive_human_apply: true", ""))
     monkeypatch.setenv("RAGPIPE_TARGETS", str(strict))
-    other = publish(ws, bundle, "r2")
+    other = publish(ws, bundle, "r2", against=rid)  # gated against the live release: it may replace it
     data = tick(env, None)
     assert data.run_requests == []
     assert (
@@ -102,6 +107,49 @@ def test_a_sensor_activation_records_the_waiver_and_a_target_without_one_waits_f
     assert defs.resolve_job_def("activate_release").execute_in_process(run_config=config, instance=instance).success
     _, records = read_history(ReleaseStore(ws), "staging")
     assert "waived" not in [r for r in records if r.kind == "intent"][-1].payload  # a person applied it
+
+
+def test_a_release_gated_against_another_release_than_the_live_one_is_never_requested(env):
+    """A decision holds only where the release it was made against is live (a bootstrap's: where
+    nothing is): any other release is not ready on that target, with the activation's refusal."""
+    ws, _, _, bundle = env
+    first = publish(ws, bundle, "r1")
+    launch(env, started := tick(env, None))  # staging serves first
+    stale = publish(ws, bundle, "r2")  # a bootstrap, published while staging serves first
+    data = tick(env, started.cursor)
+    assert data.run_requests == []
+    assert (
+        f"staging: {stale}: was gated without an incumbent (bootstrap), but target 'staging' serves release {first}: "
+        "its decision says nothing about replacing that (build the revision again to gate it against what is live)"
+    ) in data.skip_message
+    refresh = publish(ws, bundle, "r3", against=first)
+    data = tick(env, data.cursor)
+    assert requests(data) == [(f"activate:staging:{refresh}", {"release_id": refresh, "target": "staging"})]
+    launch(env, data)  # staging serves refresh; production still serves nothing
+    later = publish(ws, bundle, "r4", against=first)
+    data = tick(env, data.cursor)
+    assert data.run_requests == []
+    assert (
+        f"staging: {later}: was gated against release {first}, but target 'staging' serves release {refresh}: "
+        "its decision says nothing about replacing that"
+    ) in data.skip_message
+    assert f"production: {later}: was gated against release {first}, but target 'production' serves nothing: " in (
+        data.skip_message
+    )
+
+
+def test_beside_a_run_request_the_reasons_for_the_other_targets_are_in_the_ticks_log(env, caplog):
+    """Dagster refuses a skip reason beside run requests: the tick's log says why the other target
+    requested nothing."""
+    ws, _, _, bundle = env
+    rid = publish(ws, bundle, "r1")
+    data = tick(env, None, log=caplog.handler)
+    assert requests(data) == [(f"activate:staging:{rid}", {"release_id": rid, "target": "staging"})]
+    assert data.skip_message is None
+    assert [m for m in caplog.messages if m.startswith("activation_sensor:")] == [
+        f"activation_sensor: not requested: production: {rid}: target 'production' requires an approval, "
+        f"and release {rid} has none"
+    ]
 
 
 def test_ineligible_release_is_never_requested(env):

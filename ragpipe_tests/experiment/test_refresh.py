@@ -124,8 +124,14 @@ def test_the_change_must_fit_the_decision():
         decide(policy(), None, ch, REFRESH)
     with pytest.raises(GateError, match="bootstrap decision has no comparison"):
         decide(policy(), compare(pair(inc, ch)), ch, Change(kind="bootstrap", incumbent_release=None))
-    with pytest.raises(GateError, match="names the incumbent release"):
-        decide(policy(), compare(pair(inc, ch)), ch, Change(kind="refresh", incumbent_release=None))
+    with pytest.raises(ValueError, match="a refresh names the incumbent release it was made against"):
+        Change(kind="refresh", incumbent_release=None)
+    with pytest.raises(ValueError, match="a refresh differs from its incumbent in nothing but the corpus"):
+        Change(kind="refresh", incumbent_release=INCUMBENT, differs=("query_plan_id",))
+    with pytest.raises(ValueError, match="an experiment names what differs"):
+        Change(kind="experiment", incumbent_release=INCUMBENT)
+    with pytest.raises(ValueError, match="a bootstrap has no incumbent release"):
+        Change(kind="bootstrap", incumbent_release=INCUMBENT)
 
 
 # -- a suite that grows and shrinks with the corpus ---------------------------------------------
@@ -161,9 +167,14 @@ def test_other_skip_differences_are_still_refused():
     inc, ch = grown({"c03": NO_POSITIVE_JUDGMENT}, {})
     with pytest.raises(PairingError, match="case 'c03' differs: skipped \\(no_positive_judgment\\) by the incumbent"):
         pair(inc, ch, coverage_change=True)
+    # a case judging only a grade-0 document the challenger adds: missing in the incumbent, without
+    # a relevant judgment in the challenger — skipped by both, for reasons the corpus decides
     inc, ch = grown({"c03": MISSING_TARGETS}, {"c03": NO_POSITIVE_JUDGMENT})
     with pytest.raises(PairingError, match="case 'c03' differs"):
-        pair(inc, ch, coverage_change=True)
+        pair(inc, ch)  # exact pairing (v1) still refuses
+    both = pair(inc, ch, coverage_change=True).certificate
+    assert (both.skipped, both.new_coverage, both.lost_coverage) == ((("c03", MISSING_TARGETS),), (), ())
+    assert "c03" not in {case for case, _ in both.cells}
     inc, ch = grown({}, {})
     short = ch.model_copy(update={"cells": ch.cells[1:]})
     with pytest.raises(PairingError, match="challenger run run-2: cell \\('c00', 0\\) is missing"):
@@ -234,6 +245,10 @@ def test_refresh_and_coverage_fields_at_their_defaults_leave_the_policy_id_alone
         ({"refresh": {"margin": True}}, "test-policy.yaml:1: refresh.margin: must be a number, got True"),
         ({"refresh": {"slack": 1}}, "test-policy.yaml:1: refresh.slack: unknown key (allowed: margin)"),
         (
+            {"refresh": {"margin": 5}},
+            "test-policy.yaml:1: refresh.margin: contradictory bound: a change of 5 exceeds the range width 1 of ndcg@10",
+        ),
+        (
             {"coverage": {"max_failed_rate": 0.0, "min_cases": 1, "max_lost_rate": 2}},
             "test-policy.yaml:1: coverage.max_lost_rate: must be <= 1, got 2",
         ),
@@ -247,3 +262,16 @@ def test_bad_refresh_fields_are_refused_in_one_line(edit, message):
     with pytest.raises(PolicyError) as err:
         parse_policy(policy_doc(**edit), "test-policy.yaml")
     assert str(err.value) == message
+
+
+def test_every_case_new_coverage_loses_nothing_and_is_refused_for_want_of_paired_cases():
+    inc, ch = grown({c: MISSING_TARGETS for c in BASE}, {})
+    made, comparison = gate_runs(policy(), ch, inc, ComparisonSpec(), REFRESH)
+    assert len(comparison.certificate.new_coverage) == 30 and comparison.certificate.cells == ()
+    lost = next(c for c in made.checks if c.name == "lost_coverage")
+    assert (lost.value, lost.verdict) == (0.0, "pass")  # nothing was lost
+    assert (made.eligible, made.decisive_phase) == (False, "coverage")
+    assert made.reasons[:2] == (
+        "coverage failed_rate (incumbent): the arm has no cell",
+        "coverage scored_cases ndcg@10: 0 is not >= 10",
+    )

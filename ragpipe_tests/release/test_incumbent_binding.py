@@ -6,6 +6,7 @@ The decisions are real (``decide`` / ``gate_runs`` on real evaluation runs of th
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,27 @@ import pytest
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.change import Change
 from ragpipe.experiment.decision import decide
+from ragpipe.experiment.gating import gate_runs
+from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate, verify_release
 from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import read_history
+from ragpipe.release.live import live_release
 from ragpipe.release.manifest import load_manifest, publish_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.status import EligibleRelease, eligible_releases
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.support.release_fixtures import fixture_policy, manifest_of, publish, race
+from ragpipe_tests.support.release_fixtures import (
+    evaluation_of,
+    fixture_policy,
+    forge_activation,
+    manifest_of,
+    new_evaluation_run,
+    publish,
+    race,
+)
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 
@@ -235,3 +247,56 @@ def test_racing_releases_gated_against_the_live_one_activate_one_the_others_are_
         ("observed", winner),
     ]
     assert (state.generation, state.active, read_pointer(ReleaseStore(ws), "staging").release_id) == (2, winner, winner)
+
+
+def test_a_forged_history_past_the_incumbent_rule_is_not_served(ws, bundle: Path):
+    """Live resolution applies activation's rule to the activation that made the release live: r2,
+    gated against r1, forged live over r0 (history and pointer agreeing, every hash recomputed)."""
+
+    r0 = publish(ws, bundle, "r0")
+    r1 = publish(ws, bundle, "r1")
+    r2 = publish(ws, bundle, "r2", against=r1)
+    activate(ws, r0, "staging")
+    assert (
+        refused(ws, r2)
+        == f"release {r2} was gated against release {r1}, but target 'staging' serves release {r0}: {REBUILD}"
+    )
+    forge_activation(ws, r2)
+    with pytest.raises(ReleaseError) as caught:
+        live_release(ws, "staging")
+    assert str(caught.value) == (
+        f"target 'staging': release {r2} was gated against release {r1}, but target 'staging' serves release {r0}: "
+        f"{REBUILD}"
+    )
+
+
+def test_the_incumbent_arm_is_the_incumbent_release_s_own_run_where_it_pairs(ws, bundle: Path):
+    """Another run of the incumbent's bundle and plan (same coordinates) cannot stand in for the
+    run its release binds: a decision paired with it is refused, whatever its outcome."""
+
+    store = ReleaseStore(ws)
+    r1 = publish(ws, bundle, "r1")
+    activate(ws, r1, "staging")
+    bound = load_manifest(store, r1).evaluation.run_id
+    # a third run of the same bundle, gated as a refresh against r1 with the second as the incumbent arm
+    other = evaluation_of(bundle, second=True)
+
+    shutil.copytree(other, ws.home / "evaluations" / other.name, dirs_exist_ok=True)
+
+    third = new_evaluation_run(ws.bundles / bundle.name, ws.home / "evaluations")
+    assert len({bound, other.name, third}) == 3
+    policy = fixture_policy(None)
+    challenger = load_arm(ws.home / "evaluations" / third)
+    change = Change(kind="refresh", incumbent_release=r1)
+    decision, comparison = gate_runs(policy, challenger, load_arm(other), ComparisonSpec(), change)
+    assert decision.eligible
+    publish_gate_evidence(store, decision.as_json(), comparison.as_json(), policy)
+    manifest = manifest_of(bundle, challenger, policy, decision, "r2").model_copy(
+        update={"comparison_id": comparison.comparison_id}
+    )
+    rid = publish_manifest(store, manifest)[0]
+    assert verify_release(ws, manifest) == [
+        f"gate decision {decision.decision_id}: it pairs run {other.name} as the incumbent, not the incumbent "
+        f"release's own run {bound}, which pairs as it is: gate the revision again (ragpipe build)"
+    ]
+    assert refused(ws, rid).startswith(f"release {rid} failed verification; not activated:")

@@ -14,9 +14,9 @@ from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseStore
 from ragpipe.server.app import app_from
-from ragpipe_tests.server.conftest import Serving, config_for
+from ragpipe_tests.server.conftest import Serving, b1_after_a1, config_for, refresh_of
 from ragpipe_tests.support.http_server import release_of, running, wait_for
-from ragpipe_tests.support.release_fixtures import forge_activation
+from ragpipe_tests.support.release_fixtures import bundle_of, forge_activation
 
 CLIENTS, SECONDS = 4, 20.0
 
@@ -25,11 +25,15 @@ def server(serving: Serving, **config):
     return running(app_from(serving.ws.home, config_for(serving, **config), "staging", serving.targets))
 
 
-def test_hot_swap_under_load(serving: Serving):
+def test_hot_swap_under_load(serving: Serving, built_workspace, second_bundle):
     """4 clients for 20 s while staging is activated twice and rolled back once: no failed request;
     each response's release was active at some point of its lifetime and its bundle is that
-    release's; once a swap is complete, every response started after it carries the new ID."""
-    a1, b1, a2 = (serving.releases[n] for n in ("a1", "b1", "a2"))
+    release's; once a swap is complete, every response started after it carries the new ID.
+    Each activated release is gated against the one live when it is activated: a1 (bootstrap),
+    b1 against a1, a2 against b1."""
+    a1 = serving.releases["a1"]
+    b1 = b1_after_a1(serving, second_bundle)
+    a2 = refresh_of(serving, bundle_of(built_workspace), "r3", b1)
     activate(serving.ws, a1, "staging")
     responses: list[tuple[float, float, int, str | None, str | None, str | None]] = []
     stop = threading.Event()
@@ -138,11 +142,11 @@ def test_an_ineligible_release_is_refused_even_with_a_forged_agreeing_history(se
     )
 
 
-def test_a_release_altered_after_activation_is_refused(serving: Serving):
+def test_a_release_altered_after_activation_is_refused(serving: Serving, second_bundle):
     """Rollback to a release whose bundle was altered after it was active: the rollback itself
     refuses, so the alteration is forged onto the pointer directly; the server refuses it too; and a
     server started on a target whose active release was altered is not ready, saying why."""
-    a1, b1 = serving.releases["a1"], serving.releases["b1"]
+    a1, b1 = serving.releases["a1"], b1_after_a1(serving, second_bundle)  # b1 gated against a1: it replaces a1
     activate(serving.ws, a1, "staging")
     activate(serving.ws, b1, "staging")
     bundle_a = serving.ws.bundles / serving.bundles[a1].removeprefix("sha256:")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ragpipe.experiment.gate_policy import parse_policy, policy_document
 from ragpipe.release.activation import activate
 from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import History, now_iso
@@ -17,9 +16,9 @@ from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.retrieval.results import QueryError
 from ragpipe.server import follower as follower_module
 from ragpipe.server.follower import ReleaseFollower
-from ragpipe_tests.server.conftest import Serving
+from ragpipe_tests.server.conftest import Serving, b1_after_a1
 from ragpipe_tests.server.test_follow import forge_activation
-from ragpipe_tests.support.release_fixtures import bundle_of, fixture_policy, gate_of, manifest_for, publish
+from ragpipe_tests.support.release_fixtures import bundle_of, gate_of, manifest_for
 
 
 @pytest.fixture
@@ -39,24 +38,6 @@ def following(serving: Serving):
 def served(f: ReleaseFollower) -> str | None:
     release = f.status()["release"]
     return release["release_id"] if release else None
-
-
-def b1_after_a1(serving: Serving, second_bundle) -> str:
-    """Bundle B's release (revision r2, as ``b1``) gated against a1 — the refresh that may replace a1
-    where a1 is live (``b1`` is a bootstrap: it activates only where nothing is). B's run is worse
-    than A's on the two fixture cases, so the refresh is gated under a policy that tolerates any
-    loss, which staging is made to accept."""
-    doc = policy_document(fixture_policy(None))
-    doc["refresh"] = {"margin": 1.0}
-    doc["regression"]["overall"] = {metric: 1.0 for metric in doc["regression"]["overall"]}
-    lenient = parse_policy(doc, "lenient refresh policy")
-    (serving.targets.parent / "policy-lenient-refresh.yaml").write_text(
-        yaml.safe_dump(policy_document(lenient), sort_keys=False), encoding="utf-8"
-    )
-    targets = yaml.safe_load(serving.targets.read_text(encoding="utf-8"))
-    targets["targets"]["staging"]["gate_policies"].append("policy-lenient-refresh.yaml")
-    serving.targets.write_text(yaml.safe_dump(targets, sort_keys=False), encoding="utf-8")
-    return publish(serving.ws, second_bundle, "r2", against=serving.releases["a1"], policy=lenient)
 
 
 def test_a_forged_gate_decision_is_made_again_and_refused(serving: Serving, following, built_workspace):
