@@ -43,6 +43,7 @@ from ragpipe.experiment.arms import ArmRun
 from ragpipe.experiment.change import change_text, classify
 from ragpipe.experiment.comparison import Comparison, comparison_bytes
 from ragpipe.experiment.decision import Decision
+from ragpipe.experiment.gate_policy import PHASES
 from ragpipe.experiment.gating import gate_runs, needs_reevaluation
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.workspace import Workspace
@@ -134,28 +135,30 @@ def figure(value: float | None, unit: str | None) -> str:
 
 
 def check_label(c) -> str:
-    """``target improvement ndcg@10``, ``regression max_loss recall@100 on tag:x``, ``coverage failed_rate (challenger)``."""
-    return " ".join(
-        x for x in (c.name, c.metric, f"on {c.slice}" if c.slice else None, f"({c.arm})" if c.arm else None) if x
-    )
+    """``improvement ndcg@10``, ``max_loss recall@100 on tag:x``, ``failed_rate (challenger)``; the
+    slice of every case (``all``) goes without saying, which keeps the column narrow."""
+    on = f"on {c.slice}" if c.slice and c.slice != "all" else None
+    return " ".join(x for x in (c.name, c.metric, on, f"({c.arm})" if c.arm else None) if x)
 
 
-def checks_table(decision: Decision) -> Table | None:
-    """Every check in order, in three narrow columns (the UI's metadata panel is about 550 px wide
-    at a 1,600 px window): the verdict, what is checked (``phase: name metric …``) and the figure
-    against its rule with units (``38.92 ms <= 25.5 ms``). The reasons are the ``reasons`` entry
-    beside it, the raw figures the decision file."""
+def checks_tables(decision: Decision) -> dict[str, Table]:
+    """Every check in order, one table per phase (``checks hard``, ``checks coverage`` …, in the
+    fixed phase order) of three narrow columns — the verdict, what is checked (``name metric
+    slice (arm)``) and the figure against its rule with units (``38.92 ms <= 25.5 ms``) — so that
+    each fits the UI's metadata panel at a 1,600 px window (checked in headless Chromium). The
+    reasons are the ``reasons`` entry beside them, the raw figures the decision file."""
     cols = [("verdict", "string"), ("check", "string"), ("value and rule", "string")]
-    rows = []
+    rows: dict[str, list[list[str]]] = {}
     for c in decision.checks:
         unit = CHECK_UNITS.get(c.name)
-        rows.append(
-            [c.verdict, f"{c.phase}: {check_label(c)}", f"{figure(c.value, unit)} {c.op} {figure(c.threshold, unit)}"]
-        )
-    return table(cols, rows, limit=500)
+        rule = f"{figure(c.value, unit)} {c.op} {figure(c.threshold, unit)}"
+        rows.setdefault(c.phase, []).append([c.verdict, check_label(c), rule])
+    return {f"checks {phase}": table(cols, rows[phase], limit=500) for phase in PHASES if phase in rows}
 
 
 def deltas_table(comparison: Comparison | None) -> Table | None:
+    """Per slice and metric: scored cases, mean delta, its interval, p-value, and wins / ties /
+    losses in one cell — seven narrow columns that fit the metadata panel at 1,600 px."""
     if comparison is None:
         return None
     cols = [
@@ -163,12 +166,9 @@ def deltas_table(comparison: Comparison | None) -> Table | None:
         ("metric", "string"),
         ("n", "int"),
         ("mean", "float"),
-        ("ci_low", "float"),
-        ("ci_high", "float"),
-        ("p_value", "float"),
-        ("wins", "int"),
-        ("ties", "int"),
-        ("losses", "int"),
+        ("interval", "string"),
+        ("p", "float"),
+        ("W/T/L", "string"),
     ]
     rows = [
         [
@@ -176,12 +176,9 @@ def deltas_table(comparison: Comparison | None) -> Table | None:
             metric,
             m.stats.n,
             m.stats.mean,
-            m.stats.ci_low,
-            m.stats.ci_high,
+            f"{figure(m.stats.ci_low, None)} … {figure(m.stats.ci_high, None)}",
             m.stats.p_value,
-            m.stats.wins,
-            m.stats.ties,
-            m.stats.losses,
+            f"{m.stats.wins}/{m.stats.ties}/{m.stats.losses}",
         ]
         for name, s in comparison.slices.items()
         for metric, m in s.metrics.items()
@@ -261,7 +258,7 @@ def run_gate_decision(
     metadata["decisive_phase"] = decision.decisive_phase or "none"
     metadata["reasons"] = "; ".join(decision.reasons) or "none"
     metadata["duration_seconds"] = round(time.perf_counter() - t0, 3)
-    tables = {"checks": checks_table(decision), "deltas": deltas_table(comparison)}
+    tables = {**checks_tables(decision), "deltas": deltas_table(comparison)}
     return ChainResult(record, decision.decision_id, metadata, {k: v for k, v in tables.items() if v is not None})
 
 
