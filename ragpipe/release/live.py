@@ -77,14 +77,6 @@ def live_release(
     refused = gate_refusal(config, name, manifest) if action == "activate" else _ineligible(manifest)
     if refused:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} {refused}")
-    # The activation that first made it live replaced what its intent names: the release the
-    # decision was made against (or nothing, for a bootstrap), as activation checked — so a history
-    # forged past that check is refused here too. A decision made before decisions recorded their
-    # incumbent (v1) was activated under the old rule and keeps serving.
-    if manifest.gate.change is not None:
-        stale = incumbent_refusal(name, manifest, _intent(records, first).payload.get("previous"), config.get(None)[0])
-        if stale:
-            raise ReleaseError(f"target {name!r}: release {pointer.release_id} {stale}")
     if spec.approval_required:
         at, intent_seq = _activation_record(records, first)
         moment = _moment(
@@ -96,6 +88,14 @@ def live_release(
     verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)
     if verified is None:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
+    # The activation that first made it live replaced what its intent names: the release the
+    # decision was made against (or nothing, for a bootstrap), as activation checked — so a history
+    # forged past that check is refused here too. A decision made before decisions recorded their
+    # incumbent (v1) was activated under the old rule and keeps serving.
+    if manifest.gate.change is not None:
+        stale = incumbent_refusal(name, manifest, _intent(records, first).payload.get("previous"), config.get(None)[0])
+        if stale:
+            raise ReleaseError(f"target {name!r}: release {pointer.release_id} {stale}")
     return LiveRelease(verified, name, pointer.generation, since, action, pointer.previous)
 
 
