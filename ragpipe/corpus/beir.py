@@ -1,11 +1,8 @@
 """BEIR-style corpus: one JSON object a line with ``_id``, ``title``, ``text`` and optional
-``metadata`` (``access_scopes``, ``source_role``; other metadata keys are reported as ignored).
+``metadata`` (``access_scopes``, ``source_role``; every other key is kept as typed document
+metadata under the rules of ``ragpipe.corpus.metadata``).
 
-A metadata key that is a *near miss* of a security key is refused, never ignored: ignoring
-``Access_Scopes`` would publish the document under the default (usually widest) scope. A key is a
-near miss of ``access_scopes``/``source_role`` when it differs from it but is equal to it after
-NFKC, case-folding, removing every character that is not a letter or digit (whitespace, ``-``,
-``_``, ``.``, invisible characters) and dropping one trailing ``s`` (singular/plural).
+A metadata key that is a *near miss* of a security key is refused (``records.near_miss_problems``).
 
 Every problem is collected as ``file:line [id=…]: rule`` and all are raised together. On top of
 JSON syntax, a line is refused for: a key given twice in any object (JSON parsers disagree on which
@@ -18,42 +15,23 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
-import unicodedata
-from collections.abc import Mapping
 from typing import Any
 
+from ragpipe.corpus.metadata import typed_metadata
 from ragpipe.corpus.normalize import CorpusError, decode_utf8, normalize_text
-from ragpipe.corpus.records import CorpusRead, SourceRecord, role_of, scopes_of, shown_value
+from ragpipe.corpus.records import (
+    SECURITY_KEYS,
+    CorpusRead,
+    SourceRecord,
+    near_miss_problems,
+    role_of,
+    scopes_of,
+    shown_value,
+)
 from ragpipe.corpus.rules import id_problem, normalize_id, shown_id, string_problem
 from ragpipe.corpus.source import BeirSource
 
 FIELDS = {"_id", "title", "text", "metadata"}
-SCOPED_METADATA = {"access_scopes", "source_role"}
-_NOT_ALNUM = re.compile(r"[\W_]+")
-_SHOWN_KEY_CHARS = 60
-
-
-def _key_skeleton(key: str) -> str:
-    """The part of a key that a typo, a case or separator change or a plural does not touch."""
-    return _NOT_ALNUM.sub("", unicodedata.normalize("NFKC", key).casefold()).removesuffix("s")
-
-
-_INTENDED = {_key_skeleton(key): key for key in SCOPED_METADATA}
-
-
-def _near_miss_problems(metadata: Mapping[str, Any], where: str) -> list[str]:
-    """One problem per metadata key that is a near miss of a security key (module docstring)."""
-    problems = []
-    for key in metadata:
-        intended = _INTENDED.get(_key_skeleton(key))
-        if intended is not None and key != intended:
-            shown = repr(key if len(key) <= _SHOWN_KEY_CHARS else key[:_SHOWN_KEY_CHARS] + "…")
-            problems.append(
-                f"{where}: metadata key {shown} must be spelt exactly {intended!r} "
-                "(a misspelt security key is refused, never ignored)"
-            )
-    return problems
 
 
 class _Line:
@@ -113,9 +91,15 @@ def _record(obj: dict[str, Any], doc_id: str, where: str, location: str, problem
     if not isinstance(metadata, dict):
         problems.append(f"{where}: 'metadata' must be an object, got {shown_value(metadata)}")
         return None
-    near_misses = _near_miss_problems(metadata, where)
+    near_misses = near_miss_problems(metadata, lambda _key: where)
     if near_misses:
         problems.extend(near_misses)
+        return None
+    before = len(problems)
+    kept, not_kept = typed_metadata(
+        {k: v for k, v in metadata.items() if k not in SECURITY_KEYS}, lambda _key: where, problems
+    )
+    if len(problems) > before:
         return None
     return SourceRecord(
         document_id=doc_id,
@@ -124,7 +108,8 @@ def _record(obj: dict[str, Any], doc_id: str, where: str, location: str, problem
         access_scopes=scopes_of(metadata, where, problems),
         source_role=role_of(metadata, where, problems),
         location=location,
-        ignored_metadata_keys=tuple(sorted(set(metadata) - SCOPED_METADATA)),
+        metadata=kept,
+        not_kept=tuple(not_kept),
     )
 
 

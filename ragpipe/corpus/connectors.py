@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ragpipe.corpus.beir import parse_beir
-from ragpipe.corpus.markdown import FRONT_MATTER_KEYS, parse_tree
+from ragpipe.corpus.markdown import parse_tree
 from ragpipe.corpus.records import DEFAULT_SOURCE_ROLE, CorpusRead, SourceRecord
 from ragpipe.corpus.source import (
     MARKDOWN_SUFFIXES,
@@ -28,7 +28,6 @@ from ragpipe.corpus.source import (
 
 __all__ = [
     "DEFAULT_SOURCE_ROLE",
-    "FRONT_MATTER_KEYS",
     "MARKDOWN_SUFFIXES",
     "CorpusFormat",
     "CorpusRead",

@@ -2,8 +2,10 @@
 
 Document ID = the file's path relative to the root, NFC-normalised, obeying
 ``ragpipe.corpus.rules`` (two files whose paths are equal after NFC are refused). Optional front
-matter (``ragpipe.corpus.front_matter``) may set only ``title``, ``access_scopes`` and
-``source_role``; the title otherwise is the first ``# `` heading or the file stem. The text is the
+matter (``ragpipe.corpus.front_matter``) sets ``title``, ``access_scopes`` and ``source_role``;
+every other key is kept as typed document metadata (``ragpipe.corpus.metadata``), and a near miss
+of a security key is refused (``records.near_miss_problems``). The title otherwise is the first
+``# `` heading or the file stem. The text is the
 body after the front matter. Which entries are read, and which are excluded with a reason (hidden
 entries, other suffixes, symbolic links, special files), is decided by ``ragpipe.corpus.source``. Problems read
 ``file[:line] [id=…]: rule``, the line being the front-matter line at fault.
@@ -14,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ragpipe.corpus.front_matter import split_front_matter
+from ragpipe.corpus.metadata import typed_metadata
 from ragpipe.corpus.models import Exclusion
 from ragpipe.corpus.normalize import CorpusError, decode_utf8, normalize_text
-from ragpipe.corpus.records import CorpusRead, SourceRecord, role_of, scopes_of, shown_value
+from ragpipe.corpus.records import CorpusRead, SourceRecord, near_miss_problems, role_of, scopes_of, shown_value
 from ragpipe.corpus.rules import id_problem, normalize_id, shown_id
 from ragpipe.corpus.source import SourceFile, TreeSource, escaped_path
 
-FRONT_MATTER_KEYS = ("title", "access_scopes", "source_role")
+CORE_KEYS = ("title", "access_scopes", "source_role")
 _SHOWN_EXCLUSIONS = 3
 
 
@@ -44,12 +47,13 @@ def _record(
     if front is None:
         return None
     meta, key_line = front.meta, lambda key: where(front.key_lines.get(str(key), 1))
-    unknown = [k for k in meta if k not in FRONT_MATTER_KEYS]
-    if unknown:
-        problems.append(
-            f"{key_line(unknown[0])}: unknown front-matter key(s) {', '.join(sorted(map(str, unknown)))} "
-            f"(allowed: {', '.join(FRONT_MATTER_KEYS)})"
-        )
+    near_misses = near_miss_problems(meta, key_line)
+    if near_misses:
+        problems.extend(near_misses)
+        return None
+    before = len(problems)
+    kept, not_kept = typed_metadata({k: v for k, v in meta.items() if k not in CORE_KEYS}, key_line, problems)
+    if len(problems) > before:
         return None
     if not front.body.strip():
         problems.append(f"{where(None)}: empty text")
@@ -65,6 +69,8 @@ def _record(
         access_scopes=scopes_of(meta, key_line("access_scopes"), problems),
         source_role=role_of(meta, key_line("source_role"), problems),
         location=str(file.path),
+        metadata=kept,
+        not_kept=tuple(not_kept),
     )
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragpipe.corpus.connectors import CorpusRead, SourceRecord
-from ragpipe.corpus.models import Document, Exclusion, SnapshotSummary, corpus_digest
+from ragpipe.corpus.metadata import metadata_from_json, metadata_json
+from ragpipe.corpus.models import Document, Exclusion, NotKept, SnapshotSummary, corpus_digest
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.records import unscoped_refusal
+from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import ContentDigest, DocumentId, bytes_digest
 from ragpipe.spec import SnapshotSpec
 
@@ -23,6 +26,8 @@ DOCUMENTS_SCHEMA = pa.schema(
         ("content_digest", pa.string()),
         ("access_scopes", pa.list_(pa.string())),
         ("source_role", pa.string()),
+        # canonical JSON of ``corpus.metadata.metadata_json`` ({} when the document has none)
+        ("metadata", pa.string()),
     ]
 )
 
@@ -69,18 +74,47 @@ def build_snapshot(
                 content_digest=ContentDigest(bytes_digest(rec.text.encode("utf-8"))),
                 access_scopes=_scopes_of(rec, default_scope),
                 source_role=rec.source_role,
+                metadata=rec.metadata,
             )
         )
-    ignored = sorted({k for r in records for k in r.ignored_metadata_keys})
     summary = SnapshotSummary(
         revision=revision,
         corpus_digest=corpus_digest(documents, default_scope),
         default_scope=default_scope,
         documents=len(documents),
         excluded=sorted(excluded, key=lambda e: (e.document_id, e.location)),
-        ignored_metadata_keys=ignored,
+        metadata_fields=metadata_fields(documents),
+        metadata_not_kept=not_kept_keys(records, {k for d in documents for k in d.metadata}),
     )
     return documents, summary
+
+
+def metadata_fields(documents: list[Document]) -> dict[str, dict[str, int]]:
+    """Per metadata key, how many documents hold it as each type (``integer``, ``list<string>`` …)."""
+    fields: dict[str, Counter[str]] = {}
+    for d in documents:
+        for key, value in d.metadata.items():
+            fields.setdefault(key, Counter())[value.type_name()] += 1
+    return {k: dict(sorted(c.items())) for k, c in sorted(fields.items())}
+
+
+def not_kept_keys(records: list[SourceRecord], kept: set[str]) -> list[NotKept]:
+    """The keys some source gave that no document keeps (a key kept in one document and refused in
+    another is a type conflict the metadata facts show), with the first reason and location."""
+    found: dict[str, NotKept] = {}
+    for rec in records:
+        for key, reason in rec.not_kept:
+            if key in kept:
+                continue
+            first = found.get(key)
+            count = first.documents + 1 if first else 1
+            found[key] = NotKept(
+                key=key,
+                reason=first.reason if first else reason,
+                documents=count,
+                first=first.first if first else f"{rec.location} [id={rec.document_id}]",
+            )
+    return [found[k] for k in sorted(found)]
 
 
 def documents_table(documents: list[Document]) -> pa.Table:
@@ -93,6 +127,7 @@ def documents_table(documents: list[Document]) -> pa.Table:
                 "content_digest": str(d.content_digest),
                 "access_scopes": list(d.access_scopes),
                 "source_role": d.source_role,
+                "metadata": canonical_bytes(metadata_json(d.metadata)).decode("utf-8"),
             }
             for d in documents
         ],
@@ -115,6 +150,7 @@ def read_snapshot_documents(path: Path) -> list[Document]:
             content_digest=ContentDigest(r["content_digest"]),
             access_scopes=tuple(r["access_scopes"]),
             source_role=r["source_role"],
+            metadata=metadata_from_json(json.loads(r["metadata"])),
         )
         for r in table.to_pylist()
     ]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ragpipe.chunking.chunkers import chunk_documents, make_chunker, verify_chunks
 from ragpipe.chunking.models import chunk_set_digest, read_chunks, write_chunks
+from ragpipe.corpus.models import SnapshotSummary
 from ragpipe.corpus.registry import load_revision, read_registered_corpus
 from ragpipe.corpus.snapshot import build_snapshot, read_snapshot, read_snapshot_documents, write_snapshot
 from ragpipe.embedding.compute import Progress, compute_embeddings, embeddings_digest, write_embeddings
@@ -33,7 +34,7 @@ from ragpipe.spec import PipelineSpec
 from ragpipe.stages.embedding_shards import embedding_cache, spec_embedder
 from ragpipe.stages.generation_metadata import generation_metadata
 from ragpipe.stages.index_steps import check_bundle, run_index_bundle, run_lexical_index, run_vector_index
-from ragpipe.stages.results import StageResult, finish, table
+from ragpipe.stages.results import StageResult, Table, finish, table
 from ragpipe.stages.stage_store import (
     StageError,
     StageRecord,
@@ -114,8 +115,23 @@ def run_source_snapshot(
             "access_scopes": table(
                 [("scope", "string"), ("documents", "int")], [[k, v] for k, v in sorted(scopes.items())]
             ),
+            **metadata_tables(summary),
         },
     )
+
+
+def metadata_tables(summary: SnapshotSummary) -> dict[str, Table | None]:
+    """The snapshot's metadata facts as tables (``None``, so left out, when there are no rows)."""
+    return {
+        "metadata_fields": table(
+            [("key", "string"), ("type", "string"), ("documents", "int")],
+            [[k, t, n] for k, types in summary.metadata_fields.items() for t, n in types.items()],
+        ),
+        "metadata_not_kept": table(
+            [("key", "string"), ("documents", "int"), ("reason", "string"), ("first", "string")],
+            [[n.key, n.documents, n.reason, n.first] for n in summary.metadata_not_kept],
+        ),
+    }
 
 
 @holding_workspace_lock

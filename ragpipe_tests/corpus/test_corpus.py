@@ -62,9 +62,9 @@ def test_bad_beir_input_is_refused_with_location(tmp_path: Path, name: str, cont
 
 BAD_MARKDOWN = [
     (
-        "unknown_key",
-        {"a.md": "---\ntitle: A\nowner: bob\n---\nbody text here\n"},
-        r"a\.md:3 \[id=a\.md\]: unknown front-matter key\(s\) owner \(allowed: title, access_scopes, source_role\)",
+        "near_miss_key",
+        {"a.md": "---\ntitle: A\nAccess-Scopes: [public]\n---\nbody text here\n"},
+        r"a\.md:3 \[id=a\.md\]: metadata key 'Access-Scopes' must be spelt exactly 'access_scopes'",
     ),
     (
         "unclosed",
@@ -111,7 +111,7 @@ def test_beir_gzip_metadata_and_normalisation(tmp_path: Path):
     assert rec.text == "line one\nline two\nline three"
     assert rec.access_scopes == ("public", "staff")
     assert rec.source_role == "faq"
-    assert rec.ignored_metadata_keys == ("url",)
+    assert {k: v.as_json() for k, v in rec.metadata.items()} == {"url": "x"}
 
 
 def test_markdown_folder_ids_titles_scopes(handbook: Path):

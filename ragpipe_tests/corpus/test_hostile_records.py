@@ -145,11 +145,12 @@ NEAR_MISS_KEYS = [
 
 @pytest.mark.parametrize(("key", "intended"), NEAR_MISS_KEYS, ids=[repr(k) for k, _ in NEAR_MISS_KEYS])
 def test_jsonl_near_miss_security_metadata_keys_are_refused(tmp_path: Path, key: str, intended: str):
-    """Before: listed under ignored_metadata_keys, and the document got the default scope."""
+    """Before: listed under ignored_metadata_keys, and the document got the default scope; a
+    near miss must never become ordinary metadata either."""
     path = tmp_path / "c.jsonl"
     path.write_text(GOOD + json.dumps({"_id": "d2", "text": "t", "metadata": {key: ["hr"]}}) + "\n")
     assert problems_of(read_beir, path) == [
-        f"{path}:2 [id=d2]: metadata key {key!r} must be spelt exactly {intended!r} (a misspelt security key is refused, never ignored)"
+        f"{path}:2 [id=d2]: metadata key {key!r} must be spelt exactly {intended!r} (a misspelt security key is refused, never kept as metadata)"
     ]
     with pytest.raises(CorpusError):
         register_revision(tmp_path / "reg", "k1", path, "beir", "public")
@@ -160,14 +161,14 @@ def test_jsonl_near_miss_beside_the_exact_key_and_every_near_miss_is_named(tmp_p
     path = tmp_path / "c.jsonl"
     metadata = {"access_scopes": ["hr"], "Access_Scopes": ["public"], "url": "x", "sourceRole": "faq"}
     path.write_text(GOOD + json.dumps({"_id": "d2", "text": "t", "metadata": metadata}) + "\n")
-    rule = "(a misspelt security key is refused, never ignored)"
+    rule = "(a misspelt security key is refused, never kept as metadata)"
     assert problems_of(read_beir, path) == [
         f"{path}:2 [id=d2]: metadata key 'Access_Scopes' must be spelt exactly 'access_scopes' {rule}",
         f"{path}:2 [id=d2]: metadata key 'sourceRole' must be spelt exactly 'source_role' {rule}",
     ]
 
 
-def test_jsonl_unrelated_metadata_keys_are_still_ignored(tmp_path: Path):
+def test_jsonl_unrelated_metadata_keys_are_kept_as_metadata(tmp_path: Path):
     path = tmp_path / "c.jsonl"
     unrelated = {
         "url": "x",
@@ -183,7 +184,7 @@ def test_jsonl_unrelated_metadata_keys_are_still_ignored(tmp_path: Path):
     )
     (rec,) = read_beir(path)
     assert (rec.access_scopes, rec.source_role) == (("staff",), "primary")
-    assert rec.ignored_metadata_keys == tuple(sorted(unrelated))
+    assert {k: v.as_json() for k, v in rec.metadata.items()} == unrelated
 
 
 # --- document IDs ---------------------------------------------------------------------------------

@@ -329,10 +329,10 @@ BAD_FRONT_MATTER = [
     ),
     ("not_mapping", "---\n- hr\n---\nbody\n", "1", "front matter must be a mapping"),
     (
-        "unknown_key",
+        "scopes_key",
         "---\ntitle: T\nscopes: [hr]\n---\nbody\n",
         "3",
-        "unknown front-matter key(s) scopes (allowed: title, access_scopes, source_role)",
+        "metadata key 'scopes' must be spelt exactly 'access_scopes' (a misspelt security key is refused, never kept as metadata)",
     ),
     # fence lookalikes (found by an adversarial review): each was read as text under the default scope
     (
