@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from ragpipe.kernel.ids import SpecId, content_id
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.work.policy import ExecutionPolicy
 
 DEFAULT_SPEC_PATH = Path(__file__).parent / "specs" / "pipeline.yaml"
@@ -471,16 +472,29 @@ def validation_error_text(exc: ValidationError, path_of: Callable[[tuple], tuple
     return "; ".join(problems)
 
 
+def strict_yaml_error_text(exc: StrictLoadError, what: str) -> str:
+    """The one line for a refused configuration file: a syntax error keeps its established
+    wording, ``<file>: cannot read <what>: invalid YAML at line L, column C: <problem>``; what the
+    strict reading adds (a duplicate key, nesting beyond the bound, an alias) is
+    ``<file>:<line>: <rule>`` (``kernel/strict_load.py``)."""
+    if isinstance(exc.original, yaml.YAMLError):
+        return f"{exc.source}: cannot read {what}: {yaml_error_text(exc.original)}"
+    return str(exc)
+
+
 def read_yaml_file(path: Path, what: str, error: type[Exception]) -> object:
-    """The YAML document in ``path``; ``error``, one line, when it cannot be read:
-    ``<file>: cannot read <what>: <OS reason, where the bytes stop being UTF-8, or the YAML problem
-    with its line>``."""
+    """The YAML document in ``path``, read strictly (``kernel/strict_load.py``); ``error``, one
+    line, when it cannot be read: ``<file>: cannot read <what>: <OS reason, where the bytes stop
+    being UTF-8, or the YAML problem with its line>``, or ``<file>:<line>: <rule>`` for a key given
+    twice, nesting deeper than the bound or an alias."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{path}: cannot read {what}: {read_error_text(exc)}") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: cannot read {what}: {yaml_error_text(exc)}") from None
+    try:
+        return load_yaml(text, str(path))
+    except StrictLoadError as exc:
+        raise error(strict_yaml_error_text(exc, what)) from None
 
 
 def pipeline_spec_path(path: Path | None = None) -> Path:

@@ -52,6 +52,7 @@ from ragpipe.evaluation.suite import Suite, suite_bytes
 from ragpipe.experiment.gate_policy import load_policy
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import PublishOutcome, publish_directory
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.plan import PlanError, load_plan, parse_plan
 from ragpipe.spec import (
@@ -131,6 +132,17 @@ def refuse_test_split(suite: Suite, settings: EvaluatorSettings) -> None:
 _ABSENT = object()
 
 
+def _yaml(data: bytes, where: object) -> Any:
+    """A spec file's bytes read again to edit them, strictly (``kernel/strict_load.py``): a file
+    changed since it was validated is refused in one line, never read loosely."""
+    try:
+        return load_yaml(data.decode("utf-8"), str(where))
+    except UnicodeDecodeError as exc:
+        raise CandidateError(f"{where}: not valid UTF-8 (byte {exc.start + 1})") from None
+    except StrictLoadError as exc:
+        raise CandidateError(str(exc)) from None
+
+
 def _build_only(pipeline_path: Path) -> bytes:
     """The parent's pipeline spec as a candidate folder keeps it: without its ``evaluation``
     section — a candidate's build stops at the bundle (``candidate run`` evaluates and gates it;
@@ -138,7 +150,7 @@ def _build_only(pipeline_path: Path) -> bytes:
     original file — and with its prompt files inlined (``_portable``). No stage ID
     depends on either, so the copy is the same snapshot; a spec needing neither keeps its bytes."""
     pipeline_bytes = _read(pipeline_path, "the pipeline spec")
-    doc = yaml.safe_load(pipeline_bytes) or {}
+    doc = _yaml(pipeline_bytes, pipeline_path) or {}
     if not isinstance(doc, dict):
         return pipeline_bytes
     dropped = doc.pop("evaluation", _ABSENT) is not _ABSENT
@@ -206,9 +218,14 @@ def parse_set(text: str) -> tuple[str, tuple[str, ...], Any]:
             f"--set {text!r}: the answer section is the asset answer_plan (use answer_plan.{'.'.join(keys[2:]) or 'KEY'})"
         )
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise CandidateError(f"--set {text!r}: the value is not YAML: {str(exc).splitlines()[0]}") from None
+        value = load_yaml(raw, "--set")
+    except StrictLoadError as exc:
+        if exc.original is not None:
+            raise CandidateError(
+                f"--set {text!r}: the value is not YAML: {str(exc.original).splitlines()[0]}"
+            ) from None
+        shown = text if len(text) <= 80 else text[:80] + "…"
+        raise CandidateError(f"--set {shown!r}: the value is refused: {exc.rule}") from None
     return asset, keys[1:], value
 
 
@@ -244,7 +261,10 @@ def _edited(parent: Parent, sets: list[str]) -> tuple[str, bytes, bytes]:
         )
     asset = assets[0]
     is_plan = asset in PLAN_ASSETS
-    doc = yaml.safe_load(parent.plan_bytes if is_plan else parent.pipeline_bytes) or {}
+    doc = (
+        _yaml(parent.plan_bytes if is_plan else parent.pipeline_bytes, f"the parent's {PLAN if is_plan else PIPELINE}")
+        or {}
+    )
     for text, _, keys, value in parsed:
         apply_set(doc, text, asset, keys, value)
     if not is_plan:

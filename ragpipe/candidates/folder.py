@@ -41,6 +41,7 @@ from ragpipe.evaluation.suite import Suite, SuiteError, parse_suite_bytes
 from ragpipe.experiment.gate_policy import GatePolicy, PolicyError, load_policy
 from ragpipe.kernel.ids import bytes_digest, content_id
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.strict_load import StrictLoadError, load_json
 from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
 from ragpipe.spec import PipelineSpec, PipelineSpecError, load_pipeline_spec
 
@@ -123,9 +124,15 @@ def _read_record(folder: Path) -> CandidateRecord:
     path = folder / RECORD
     data = _read_inside(folder, RECORD)
     try:
-        return CandidateRecord.model_validate(json.loads(data))
-    except json.JSONDecodeError as exc:
-        raise CandidateError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}") from None
+        return CandidateRecord.model_validate(load_json(data.decode("utf-8"), str(path)))
+    except UnicodeDecodeError as exc:
+        raise CandidateError(f"{path}: not valid UTF-8 (byte {exc.start + 1})") from None
+    except (
+        StrictLoadError
+    ) as exc:  # a syntax error keeps its wording; a duplicate key, deep nesting, NaN: <file>:<line>: <rule>
+        if isinstance(exc.original, json.JSONDecodeError):
+            raise CandidateError(f"{path}: not JSON: {exc.original.msg} at line {exc.original.lineno}") from None
+        raise CandidateError(str(exc)) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         raise CandidateError(

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from ragpipe.candidates.create import Parent, new_candidate, parent_from_candidate
@@ -37,7 +36,9 @@ from ragpipe.candidates.run import Build, run_candidate
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.kernel.workspace import Workspace
+from ragpipe.spec import strict_yaml_error_text
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}\Z")
 
@@ -75,8 +76,10 @@ class TuneSpace(FrozenModel):
 def load_space(path: Path) -> TuneSpace:
     """The space file, or ``TuneError`` naming it and the first rule broken."""
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        raw = load_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    except StrictLoadError as exc:
+        raise TuneError(strict_yaml_error_text(exc, "the tune space")) from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise TuneError(f"{path}: cannot read the tune space: {exc}") from None
     try:
         space = TuneSpace.model_validate(raw)

@@ -10,7 +10,6 @@ without importing the retrieval stack (running cells is ``runner.py``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from ragpipe.evaluation.report import build_report, write_reports
 from ragpipe.evaluation.run_state import RunState
 from ragpipe.evaluation.suite import SuiteError, parse_suite_bytes
 from ragpipe.kernel.ids import bytes_digest
+from ragpipe.kernel.strict_load import load_json
 from ragpipe.retrieval.plan import PlanError, parse_plan
 
 INPUTS = {"suite": "inputs/suite.jsonl", "query_plan": "inputs/query_plan.json", "spec": "inputs/spec.json"}
@@ -54,9 +54,10 @@ def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
                 f"{run / path}: differs from the digest of its InputBound record {_bound_seq(records, name)}"
             )
     try:
-        body = SpecBody.model_validate(json.loads(data["spec"]))
+        body = SpecBody.model_validate(load_json(data["spec"].decode("utf-8"), str(run / INPUTS["spec"])))
         suite = parse_suite_bytes(data["suite"], str(run / INPUTS["suite"]))
-        plan = parse_plan(json.loads(data["query_plan"]), str(run / INPUTS["query_plan"]))
+        plan_json = load_json(data["query_plan"].decode("utf-8"), str(run / INPUTS["query_plan"]))
+        plan = parse_plan(plan_json, str(run / INPUTS["query_plan"]))
     except (ValueError, SuiteError, PlanError) as exc:
         raise RunError(f"{run / 'inputs'}: bound inputs do not parse: {exc}") from None
     if body.spec_id != state.spec_id or body.as_json() != state.created["spec"]:

@@ -5,7 +5,9 @@ Native format (``*.jsonl``): one JSON object per line, fields ``id``, ``query``,
 ``answerability`` (``answerable`` | ``unanswerable``), ``subject`` ``{"scopes": [...]}`` and
 ``forbidden_sources`` (document IDs the subject must never see). The rules each case must meet
 live in ``suite_rules.py``; a broken rule raises ``SuiteError("<file>:<line>: <rule>")`` and no
-suite is returned (nothing partial). ``suite_load.load_suite`` reads a file or a BEIR folder
+suite is returned (nothing partial). Each line is read strictly (``kernel/strict_load.py``): a
+key given twice in a case, at any depth (``judgments.d1: duplicate key (first at column 60)``),
+nesting deeper than 64 levels and ``NaN``/``Infinity`` are refused like any other broken rule. ``suite_load.load_suite`` reads a file or a BEIR folder
 (``suite_beir.py``).
 
 Canonical form: cases sorted by ID, each as an object carrying every field (defaults explicit,
@@ -16,7 +18,6 @@ defaulted fields; ``source`` (where it was read from) is operational and never h
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ragpipe.evaluation.suite_rules import SuiteError, check_case
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.strict_load import StrictLoadError, load_json_line
 
 __all__ = [
     "Case",
@@ -137,10 +139,6 @@ def suite_digest(cases: Iterable[Case]) -> str:
     return content_id(SUITE_ID_KIND, SUITE_ID_VERSION, [c.canonical() for c in sorted(cases, key=lambda c: c.id)])
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"non-finite number {name} is not JSON")
-
-
 def parse_suite_bytes(data: bytes, source: str) -> Suite:
     """Parse native JSONL bytes; ``source`` names the file in every error."""
     lines = data.split(b"\n")
@@ -151,7 +149,7 @@ def parse_suite_bytes(data: bytes, source: str) -> Suite:
     cases: list[Case] = []
     first_line: dict[str, int] = {}
     for number, raw in enumerate(lines, start=1):
-        case = _parse_line(raw, f"{source}:{number}")
+        case = _parse_line(raw, source, number)
         if case.id in first_line:
             raise SuiteError(f"{source}:{number}: duplicate case id {case.id!r} (first on line {first_line[case.id]})")
         first_line[case.id] = number
@@ -161,21 +159,18 @@ def parse_suite_bytes(data: bytes, source: str) -> Suite:
     return Suite.of(cases, source)
 
 
-def _parse_line(raw: bytes, where: str) -> Case:
+def _parse_line(raw: bytes, source: str, number: int) -> Case:
+    where = f"{source}:{number}"
     if not raw.strip():
         raise SuiteError(f"{where}: blank line (every line must hold one case)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SuiteError(f"{where}: not valid UTF-8 (byte {e.start + 1})") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":
-            raise SuiteError(f"{where}: more than one JSON value on the line (column {e.colno})") from None
-        raise SuiteError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
-    except ValueError as e:
-        raise SuiteError(f"{where}: {e}") from None
+    try:  # a key given twice (judgments.d1 …), deep nesting, NaN: one line naming it
+        value = load_json_line(text, source, number)
+    except StrictLoadError as e:
+        raise SuiteError(str(e)) from None
     try:
         return Case.model_validate(check_case(value))
     except SuiteError as e:

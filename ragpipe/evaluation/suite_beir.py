@@ -15,13 +15,13 @@ split are not cases (BEIR evaluates only judged queries). Errors name the file, 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from ragpipe.evaluation.suite import Case, Suite
 from ragpipe.evaluation.suite_rules import SuiteError, check_case, judgments_of
+from ragpipe.kernel.strict_load import StrictLoadError, load_json_line
 
 QRELS_HEADER = ["query-id", "corpus-id", "score"]
 SCORE = re.compile(r"^-?[0-9]+\Z")
@@ -52,9 +52,9 @@ def read_queries(path: Path) -> dict[str, tuple[int, str]]:
         if not line.strip():
             raise SuiteError(f"{where}: blank line (every line must hold one query)")
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SuiteError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
+            row = load_json_line(line, str(path), number)
+        except StrictLoadError as e:
+            raise SuiteError(str(e)) from None
         if not isinstance(row, dict) or not isinstance(row.get("_id"), str) or not isinstance(row.get("text"), str):
             raise SuiteError(f"{where}: a query must be an object with string '_id' and 'text'")
         if row["_id"] in queries:

@@ -31,6 +31,7 @@ from ragpipe.experiment.statistics import ComparisonSpec, DeltaStats, paired_sta
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.strict_load import NON_FINITE, StrictLoadError, load_json
 
 ALL = "all"  # the slice of every paired case; a tag slice is named "tag:<tag>"
 
@@ -177,17 +178,19 @@ def write_comparison(comparison: Comparison, path: Path) -> bool:
     return False
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"non-finite number {name}")
-
-
 def load_comparison(path: Path) -> Comparison:
     """Read and verify a comparison file: schema, finite values, and its ID."""
     try:
-        raw = json.loads(Path(path).read_bytes(), parse_constant=_refuse_constant)
+        raw = load_json(Path(path).read_bytes().decode("utf-8"), str(path))
     except OSError as exc:
         raise ComparisonError(f"{path}: cannot read comparison: {exc.strerror}") from None
-    except ValueError as exc:
+    except StrictLoadError as exc:  # a duplicate key or deep nesting: <file>:<line>: <rule>
+        if exc.original is not None:
+            raise ComparisonError(f"{path}: not a JSON comparison: {exc.original}") from None
+        if exc.kind == NON_FINITE:
+            raise ComparisonError(f"{path}: not a JSON comparison: {exc.rule.removesuffix(' is not JSON')}") from None
+        raise ComparisonError(str(exc)) from None
+    except ValueError as exc:  # not UTF-8
         raise ComparisonError(f"{path}: not a JSON comparison: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("comparison_id"), str):
         raise ComparisonError(f"{path}: not a comparison (no comparison_id)")

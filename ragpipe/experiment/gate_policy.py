@@ -11,6 +11,7 @@ a refresh (``ragpipe.experiment.change``); ``coverage`` may bound lost coverage
 (``max_lost_rate``) and set the floors of new coverage (``new_coverage_floors``).
 
 Refused at load, with ``<file>:<line>: <key path>: <rule>``: YAML errors, duplicate keys,
+nesting deeper than 64 levels, YAML aliases (``kernel/strict_load.py``),
 unknown phases or keys, missing phases, phases out of order, unknown metrics, non-numbers
 (booleans included), non-finite thresholds, and contradictory bounds (min above max, a bound
 outside the metric's range, an unreachable improvement, no bootstrap floor for the target, a
@@ -31,9 +32,9 @@ import yaml
 from pydantic import Field, model_serializer
 
 from ragpipe.experiment.catalog import KNOWN_NAMES, known_metric
-from ragpipe.experiment.strict_yaml import StrictYamlError, load_strict
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml_lines
 from ragpipe.spec import yaml_error_text
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "specs" / "gate_policy.yaml"
@@ -417,6 +418,19 @@ def policy_document(policy: GatePolicy) -> dict[str, Any]:
     return present(policy.model_dump(mode="json", by_alias=True))
 
 
+def _load_error_text(exc: StrictLoadError, path: Path) -> str:
+    """``<file>:<line>: <rule>``: a duplicate key (``target.alpha: duplicate key (first at line
+    13)``), nesting deeper than the bound, an alias or a non-string key as the strict reading words
+    them; a YAML syntax error as ``invalid YAML: <problem>``; an unmarked one (a character YAML
+    never accepts) as ``<file>: cannot read gate policy: <problem>``."""
+    original = exc.original
+    if isinstance(original, yaml.MarkedYAMLError):
+        return f"{path}:{exc.line}: invalid YAML: {original.problem or original.context}"
+    if isinstance(original, yaml.YAMLError):
+        return f"{path}: cannot read gate policy: {yaml_error_text(original)}"
+    return str(exc)
+
+
 def load_policy(path: Path | None = None) -> GatePolicy:
     """Read and validate a policy file (default: ``ragpipe/specs/gate_policy.yaml``)."""
     path = Path(path or DEFAULT_POLICY_PATH)
@@ -425,9 +439,7 @@ def load_policy(path: Path | None = None) -> GatePolicy:
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"{path}: cannot read gate policy: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        doc, lines = load_strict(text)
-    except StrictYamlError as exc:
-        raise PolicyError(f"{path}:{exc}") from None
-    except yaml.YAMLError as exc:  # unmarked: a character YAML never accepts (load_strict reports the rest)
-        raise PolicyError(f"{path}: cannot read gate policy: {yaml_error_text(exc)}") from None
+        doc, lines = load_yaml_lines(text, str(path), string_keys=True)
+    except StrictLoadError as exc:
+        raise PolicyError(_load_error_text(exc, path)) from None
     return parse_policy(doc, str(path), lines)

@@ -1,1 +1,2 @@
-"""Identity, canonical encoding and atomic publication. Stdlib + rfc8785 + pydantic only."""
+"""Identity, canonical encoding, atomic publication and strict YAML/JSON reading. Stdlib + rfc8785 +
+pydantic + PyYAML only."""

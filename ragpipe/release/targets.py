@@ -19,13 +19,13 @@ import os
 import re
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from ragpipe.experiment.gate_policy import PolicyError, load_policy
 from ragpipe.kernel.signatures import PUBLIC_KEY, KeyFileError, load_key_file, public_key_text
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.release.store import TARGET_NAME, ReleaseError
-from ragpipe.spec import read_error_text, yaml_error_text
+from ragpipe.spec import read_error_text, strict_yaml_error_text
 
 DEFAULT_TARGETS_PATH = Path(__file__).resolve().parent.parent / "specs" / "targets.yaml"
 
@@ -114,16 +114,20 @@ def targets_path(path: Path | None = None) -> Path:
 def load_targets(path: Path | None = None) -> TargetsConfig:
     """Load targets from ``path``, ``$RAGPIPE_TARGETS`` or the checked-in default. Refused with
     ``ReleaseError``, one line: ``<file>: cannot read targets config: <OS error or YAML problem with
-    its line>`` or ``<file>: invalid targets config: <field path>: <rule>`` (joined with ``; ``)."""
+    its line>``, ``<file>:<line>: <rule>`` for a key given twice, nesting deeper than the bound or
+    an alias (``kernel/strict_load.py``), or ``<file>: invalid targets config: <field path>:
+    <rule>`` (joined with ``; ``)."""
     path = targets_path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ReleaseError(f"{path}: cannot read targets config: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ReleaseError(f"{path}: cannot read targets config: {read_error_text(exc)}") from None
-    except yaml.YAMLError as exc:
-        raise ReleaseError(f"{path}: cannot read targets config: {yaml_error_text(exc)}") from None
+    try:
+        raw = load_yaml(text, str(path))
+    except StrictLoadError as exc:
+        raise ReleaseError(strict_yaml_error_text(exc, "targets config")) from None
     try:
         config = TargetsConfig.model_validate(raw)
     except ValidationError as exc:

@@ -46,12 +46,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from ragpipe.evaluation.eval_spec import metric_specs
 from ragpipe.evaluation.suite_rules import SuiteError
 from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, PolicyError
+from ragpipe.kernel.strict_load import load_yaml
 from ragpipe.release.store import ReleaseError
 from ragpipe.release.targets import TargetsConfig, load_targets, targets_path
 from ragpipe.retrieval.plan import DEFAULT_PLAN_PATH, PlanError
@@ -181,8 +181,8 @@ def _as_written(path: Path, field: str) -> str | None:
     """The value of ``evaluation.<field>`` as the spec file writes it (None: not set). Read again
     only to word an error: the loaded spec holds the resolved path."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
+        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, ValueError):  # StrictLoadError is a ValueError
         return None
     section = raw.get("evaluation") if isinstance(raw, dict) else None
     value = section.get(field) if isinstance(section, dict) else None

@@ -17,10 +17,10 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from pydantic import Field, ValidationError
 
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 
 DEFAULT_PRICES = Path(__file__).resolve().parent.parent / "specs" / "prices.yaml"
 
@@ -59,8 +59,12 @@ class PriceTable(FrozenModel):
 @lru_cache(maxsize=4)
 def _load(path: Path) -> PriceTable:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    except StrictLoadError as exc:  # a YAML syntax error keeps its wording; the strict rules are <file>:<line>: <rule>
+        if exc.original is None:
+            raise PriceError(str(exc)) from None
+        raise PriceError(f"{path}: cannot read price table: {' '.join(str(exc.original).split())}") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise PriceError(f"{path}: cannot read price table: {' '.join(str(exc).split())}") from None
     try:
         return PriceTable.model_validate(raw)

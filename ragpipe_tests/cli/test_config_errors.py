@@ -68,6 +68,19 @@ def spec_bad_yaml(cfg: Path) -> str:
     )
 
 
+def spec_duplicate_key(cfg: Path) -> str:
+    edit(cfg / "pipeline.yaml", "  max_bytes: 1200\n", "  max_bytes: 1200\n  max_bytes: 900\n")
+    line = line_of((cfg / "pipeline.yaml").read_text(), "  max_bytes: 900")
+    return f"{cfg}/pipeline.yaml:{line}: chunker.max_bytes: duplicate key (first at line {line - 1})"
+
+
+def spec_too_deep(cfg: Path) -> str:
+    """100,000 nested lists: one line, no traceback (the document and chunker are levels 1-2)."""
+    edit(cfg / "pipeline.yaml", "  max_bytes: 1200\n", "  max_bytes: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    line = line_of((cfg / "pipeline.yaml").read_text(), "  max_bytes: [")
+    return f"{cfg}/pipeline.yaml:{line}: nesting deeper than 64 levels (column {len('  max_bytes: ') + 63})"
+
+
 def spec_unknown_field(cfg: Path) -> str:
     edit(cfg / "pipeline.yaml", "  max_bytes: 1200\n", "  max_bytes: 1200\n  max_bites: 900\n")
     return f"{cfg}/pipeline.yaml: invalid pipeline spec: chunker.max_bites: Extra inputs are not permitted"
@@ -105,6 +118,17 @@ def suite_malformed_line(cfg: Path) -> str:
     return (
         f"{cfg}/pipeline.yaml: evaluation.suite: 'suite.jsonl' (resolved to {cfg}/suite.jsonl): "
         "line 3: not valid JSON: Expecting value (column 27)"
+    )
+
+
+def suite_duplicate_judgment(cfg: Path) -> str:
+    lines = (cfg / "suite.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[1] = '{"id": "dup", "query": "x", "target_level": "document", "judgments": {"d1": 1, "d1": 0}}\n'
+    (cfg / "suite.jsonl").write_text("".join(lines), encoding="utf-8")
+    first = lines[1].index('"d1"') + 1
+    return (
+        f"{cfg}/pipeline.yaml: evaluation.suite: 'suite.jsonl' (resolved to {cfg}/suite.jsonl): "
+        f"line 2: judgments.d1: duplicate key (first at column {first})"
     )
 
 
@@ -160,6 +184,28 @@ def targets_bad_yaml(cfg: Path) -> str:
     )
 
 
+def targets_duplicate_key(cfg: Path) -> str:
+    edit(cfg / "targets.yaml", "default_target: staging ", "default_target: production\ndefault_target: staging ")
+    line = line_of((cfg / "targets.yaml").read_text(), "default_target: staging")
+    return f"{cfg}/targets.yaml:{line}: default_target: duplicate key (first at line {line - 1})"
+
+
+def targets_too_deep(cfg: Path) -> str:
+    edit(cfg / "targets.yaml", "default_target: staging ", "default_target: " + "{a: " * 100_000 + "}" * 100_000)
+    line = line_of((cfg / "targets.yaml").read_text(), "default_target: ")
+    return f"{cfg}/targets.yaml:{line}: nesting deeper than 64 levels (column {len('default_target: ') + 63 * 4 + 1})"
+
+
+def policy_duplicate_key(cfg: Path) -> str:
+    edit(cfg / "pipeline.yaml", "  gate_policy: null ", "  gate_policy: gate_policy.yaml ")
+    edit(cfg / "gate_policy.yaml", "  min_cases: 20 ", "  min_cases: 20\n  min_cases: 5 ")
+    line = line_of((cfg / "gate_policy.yaml").read_text(), "  min_cases: 5 ")
+    return (
+        f"{cfg}/pipeline.yaml: evaluation.gate_policy: 'gate_policy.yaml' (resolved to {cfg}/gate_policy.yaml): "
+        f"line {line}: coverage.min_cases: duplicate key (first at line {line - 1})"
+    )
+
+
 def targets_policy_missing(cfg: Path) -> str:
     edit(cfg / "targets.yaml", "    gate_policies: [default]   #", "    gate_policies: [strict.yaml]   #")
     return (
@@ -173,17 +219,23 @@ CASES: dict[str, Breaker] = {
     for f in (
         spec_missing,
         spec_bad_yaml,
+        spec_duplicate_key,
+        spec_too_deep,
         spec_unknown_field,
         spec_invalid_fields,
         spec_bad_scope,
         suite_missing,
         suite_malformed_line,
+        suite_duplicate_judgment,
         plan_invalid,
         plan_missing_default_named,
         policy_invalid,
+        policy_duplicate_key,
         cutoffs_invalid,
         targets_invalid,
         targets_bad_yaml,
+        targets_duplicate_key,
+        targets_too_deep,
         targets_policy_missing,
     )
 }

@@ -21,6 +21,7 @@ def line(**changes: object) -> str:
 
 
 DROP = object()
+DEEP_PREFIX = '{"id": "q1", "query": "x", "target_level": "document", "judgments": {"d1": '
 
 # (file content, line number of the error, rule)
 MALFORMED = [
@@ -38,6 +39,23 @@ MALFORMED = [
         "non-finite number NaN is not JSON",
     ),
     ('["q1", "x"]\n', 1, "a case must be a JSON object, got array"),
+    (
+        line()
+        + "\n"
+        + '{"id": "q2", "query": "x", "target_level": "document", "judgments": {"d1": 1, "d2": 0, "d1": 2}}\n',
+        2,
+        "judgments.d1: duplicate key (first at column 70)",
+    ),
+    (
+        '{"id": "q1", "id": "q2", "query": "x", "target_level": "document", "judgments": {"d1": 1}}\n',
+        1,
+        "id: duplicate key (first at column 2)",
+    ),
+    (  # 100,000 levels: one line, never a RecursionError; the case and judgments are levels 1-2
+        DEEP_PREFIX + "[" * 100_000 + "]" * 100_000 + "}}\n",
+        1,
+        f"nesting deeper than 64 levels (column {len(DEEP_PREFIX) + 63})",
+    ),
     (
         line(extra=1) + "\n",
         1,

@@ -168,6 +168,25 @@ MALFORMED = [
         "14: target.alpha: duplicate key (first at line 13)",
     ),
     (
+        "duplicate key at depth",
+        edit("  overall: {recall@100: 0.02}\n", "  overall: {recall@100: 0.02, recall@100: 0.5}\n"),
+        "15: regression.overall.recall@100: duplicate key (first at column 13)",
+    ),
+    (
+        # 100,000 levels: one line, never a RecursionError (kernel/strict_load.py); the policy's
+        # mapping and regression are levels 1-2, so the 63rd '[' crosses the bound of 64
+        "deep nesting",
+        edit("  tags: {}\n", "  tags: " + "[" * 100_000 + "]" * 100_000 + "\n"),
+        f"16: nesting deeper than 64 levels (column {len('  tags: ') + 63})",
+    ),
+    (
+        "alias",
+        edit("  overall: {recall@100: 0.02}\n", "  overall: &o {recall@100: 0.02}\n  tags: *o\n").replace(
+            "  tags: {}\n", ""
+        ),
+        "16: YAML alias *o is not allowed (anchors and aliases are refused in configuration: write the value out)",
+    ),
+    (
         "unknown evidence rule",
         edit("evidence: ci_lower", "evidence: vibes"),
         "12: target.evidence: must be ci_lower or p_value, got 'vibes'",

@@ -73,3 +73,24 @@ def test_a_missing_file(tmp_path: Path):
     with pytest.raises(ServeConfigError) as err:
         load_serve_config(tmp_path / "nope.yaml")
     assert str(err.value) == f"{tmp_path / 'nope.yaml'}: cannot read serve config: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "anonymous: false\nlimits:\n  max_k: 50\n  max_k: 5000\n",
+            "4: limits.max_k: duplicate key (first at line 3)",
+        ),
+        (  # 100,000 levels: one line, never a RecursionError; the document and limits are levels 1-2
+            "limits:\n  max_k: " + "[" * 100_000 + "]" * 100_000 + "\n",
+            f"2: nesting deeper than 64 levels (column {len('  max_k: ') + 63})",
+        ),
+    ],
+    ids=["duplicate key", "deep nesting"],
+)
+def test_strict_reading_refuses_duplicates_and_deep_nesting_with_file_and_line(tmp_path: Path, text: str, problem: str):
+    path = write(tmp_path, text)
+    with pytest.raises(ServeConfigError) as err:
+        load_serve_config(path)
+    assert str(err.value) == f"{path}:{problem}"
