@@ -39,13 +39,15 @@ def answer(
     generator: Generator | None = None,
     mode: str | None = None,
     cache_dir: Path | None = None,
+    filter: object | None = None,
 ) -> AnswerResult:
     """Answer ``text`` for ``subject`` from the evidence ``retriever`` finds under its plan's
-    context budget, with ``generator`` (default: the plan's). No authorized evidence is an
+    context budget (restricted by the metadata ``filter``, if any), with ``generator`` (default:
+    the plan's). No authorized evidence is an
     abstention; every evidence item is re-checked against the policy before it is certified."""
     subject = subject or Subject.default()
     budget = retriever.plan.context
-    result = retriever.query(text, subject, k=max(10, 2 * budget.max_chunks), mode=mode)
+    result = retriever.query(text, subject, k=max(10, 2 * budget.max_chunks), mode=mode, filter=filter)
     context = build_context(result.evidence, budget)
     generator = generator or make_generator(retriever.plan.answer.generator, retriever.bundle_id, cache_dir)
     if not context.evidence:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, fail, out
+from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, err, fail, out
 from ragpipe.kernel.workspace import default_home
 
 ScopeOpt = Annotated[
@@ -29,6 +29,14 @@ ReleaseOpt = Annotated[
     str | None, typer.Option("--release", help="Serve this exact release (verified; its gated plan).")
 ]
 TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help="Serve the active release of this target.")]
+WhereOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--where",
+        help="Only chunks of documents whose metadata matches, e.g. 'category = \"faq\" and year >= 2020' "
+        "(docs/retrieval.md).",
+    ),
+]
 
 
 def _retriever(
@@ -62,6 +70,32 @@ def _with_release(data: dict, retriever) -> dict:
     if retriever.release_id is not None:
         data["release_id"] = retriever.release_id
     return data
+
+
+def _filter(where: str | None) -> dict | None:
+    """``--where`` text as the filter's JSON form (``FilterError``, a ValueError, when malformed)."""
+    if where is None:
+        return None
+    from ragpipe.corpus.metadata_filter import filter_json
+    from ragpipe.corpus.where_syntax import parse_where
+
+    return filter_json(parse_where(where))
+
+
+def _warn_unknown_scopes(retriever, scopes: tuple[str, ...]) -> None:
+    """Warn (stderr) about asked-for scopes no document of the bundle carries: a typo such as
+    ``--scope pubilc`` otherwise reads as "nothing matches". Only here, on the operator's command
+    line: the server never says which scopes exist."""
+    carried = {s for document_scopes in retriever.scopes.values() for s in document_scopes}
+    for scope in scopes:
+        if scope not in carried:
+            err.print(
+                f"warning: no document of bundle {retriever.bundle_id[:19]}… carries scope {scope!r} "
+                f"(scopes in it: {', '.join(sorted(carried)) or 'none'})",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _subject(principal: str, scopes: list[str] | None):
@@ -112,21 +146,26 @@ def query(
         bool, typer.Option("--audit", help="Operator only: the trace plus counts of documents hidden from the subject.")
     ] = False,
     source_role: RoleOpt = None,
+    where: WhereOpt = None,
 ) -> None:
     """Ranked chunks for TEXT, visible to the caller's scopes only, from a verified bundle or (by
     default) the active release of the default target."""
 
     def run():
+        metadata_filter = _filter(where)
         retriever, _ = _retriever(bundle, revision, release, target, plan)
+        subject = _subject(principal, scope)
         result = retriever.query(
             text,
-            _subject(principal, scope),
+            subject,
             k=k,
             mode=mode.value if mode else None,
             trace=trace or audit,
             audit=audit,
             source_roles=tuple(source_role) if source_role else None,
+            filter=metadata_filter,
         )
+        _warn_unknown_scopes(retriever, subject.scopes)
         return result, _with_release(result.as_dict(), retriever)
 
     result, data = _or_fail(run)
@@ -163,10 +202,12 @@ def answer(
     mode: ModeOpt = None,
     plan: PlanOpt = None,
     as_json: JsonOpt = False,
+    where: WhereOpt = None,
 ) -> None:
     """A grounded answer with citations [E1]… resolving to source chunks, or an explicit abstention."""
 
     def run():
+        metadata_filter = _filter(where)
         retriever, qplan = _retriever(bundle, revision, release, target, plan)
         gen_plan = qplan.answer.generator
         if model:
@@ -176,9 +217,11 @@ def answer(
         from ragpipe.api import answer, make_generator
 
         generator = make_generator(gen_plan, retriever.bundle_id, cache_dir=default_home() / "answer_cache")
+        subject = _subject(principal, scope)
         result = answer(
-            retriever, text, _subject(principal, scope), generator=generator, mode=mode.value if mode else None
+            retriever, text, subject, generator=generator, mode=mode.value if mode else None, filter=metadata_filter
         )
+        _warn_unknown_scopes(retriever, subject.scopes)
         return _with_release(result.as_dict(), retriever)
 
     data = _or_fail(run)

@@ -7,8 +7,8 @@ is kept as one ``MetadataValue``: a type (``string``, ``integer``, ``number``, `
 - a nested mapping is flattened into dotted keys (``params.weight``), as search engines index it;
 - ``null`` and an empty list are *absent* (a filter's ``exists`` is false for them), not kept;
 - a YAML date is ``date`` as ISO text (``2024-05-01``); a YAML timestamp is ``datetime`` as ISO
-  text, one with a time zone converted to UTC (``2024-05-01T10:00:00Z``) so that text order is
-  time order; a string that merely looks like a date stays a ``string``;
+  text, one with a time zone converted to UTC (``2024-05-01T10:00:00Z``; filters compare
+  datetimes as times, ``ragpipe.corpus.metadata_filter.comparable``); a string that merely looks like a date stays a ``string``;
 - a list must hold scalars of one type (integers and floats together are ``number``);
 - a key must be a field name (``KEY_PATTERN``) and must not name a core field.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +28,18 @@ class Document(BaseModel):
     access_scopes: tuple[str, ...]
     source_role: str
     metadata: Metadata = Field(default_factory=dict)
+    # (byte offset in ``text`` where a page starts, page number), by offset, the first at 0; ()
+    # for documents without pages
+    pages: tuple[tuple[int, int], ...] = ()
+
+    def pages_of(self, byte_start: int, byte_end: int) -> tuple[int, int] | None:
+        """(first, last) page number of the span ``[byte_start, byte_end)``; None without pages."""
+        if not self.pages:
+            return None
+        starts = [start for start, _ in self.pages]
+        first = bisect_right(starts, byte_start) - 1
+        last = bisect_right(starts, max(byte_start, byte_end - 1)) - 1
+        return self.pages[max(first, 0)][1], self.pages[max(last, 0)][1]
 
 
 class Exclusion(BaseModel):
@@ -65,9 +78,10 @@ class SnapshotSummary(BaseModel):
 
 
 def corpus_digest(documents: list[Document], default_scope: str | None) -> ContentDigest:
-    """Digest over the documents sorted by ID: every field that can change a result. A document's
-    row carries its typed metadata (``corpus.metadata.metadata_json``) when it has any, so corpora
-    without metadata keep the digests they always had."""
+    """Digest over the documents sorted by ID: every field that can change a result. A document
+    with metadata or pages has one more element in its row, ``{"metadata": …, "pages": …}`` with
+    what it has (typed metadata as ``corpus.metadata.metadata_json``), so corpora without either
+    keep the digests they always had."""
     rows = [_digest_row(d) for d in sorted(documents, key=lambda d: d.document_id)]
     return ContentDigest(
         content_id("corpus", 1, {"normalization": NORMALIZATION, "default_scope": default_scope, "documents": rows})
@@ -75,5 +89,8 @@ def corpus_digest(documents: list[Document], default_scope: str | None) -> Conte
 
 
 def _digest_row(d: Document) -> list:
-    row = [d.document_id, d.content_digest, d.title, list(d.access_scopes), d.source_role]
-    return row + [metadata_json(d.metadata)] if d.metadata else row
+    row: list = [d.document_id, d.content_digest, d.title, list(d.access_scopes), d.source_role]
+    extra = {"metadata": metadata_json(d.metadata)} if d.metadata else {}
+    if d.pages:
+        extra["pages"] = [list(p) for p in d.pages]
+    return row + [extra] if extra else row

@@ -34,6 +34,9 @@ class SourceRecord:
     metadata: Metadata = field(default_factory=dict)
     # (key, reason) for each metadata key the source gave that is not kept (``corpus.metadata``)
     not_kept: tuple[tuple[str, str], ...] = field(default=())
+    # (UTF-8 byte offset in ``text`` where a page starts, its page number), by offset, the first
+    # at 0: formats with pages (PDF) say which page a span is on; () for the others
+    pages: tuple[tuple[int, int], ...] = field(default=())
 
 
 class CorpusRead(list[SourceRecord]):

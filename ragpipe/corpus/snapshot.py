@@ -28,6 +28,7 @@ DOCUMENTS_SCHEMA = pa.schema(
         ("source_role", pa.string()),
         # canonical JSON of ``corpus.metadata.metadata_json`` ({} when the document has none)
         ("metadata", pa.string()),
+        ("pages", pa.list_(pa.list_(pa.int64(), 2))),  # (byte offset, page number); [] without pages
     ]
 )
 
@@ -75,6 +76,7 @@ def build_snapshot(
                 access_scopes=_scopes_of(rec, default_scope),
                 source_role=rec.source_role,
                 metadata=rec.metadata,
+                pages=rec.pages,
             )
         )
     summary = SnapshotSummary(
@@ -128,6 +130,7 @@ def documents_table(documents: list[Document]) -> pa.Table:
                 "access_scopes": list(d.access_scopes),
                 "source_role": d.source_role,
                 "metadata": canonical_bytes(metadata_json(d.metadata)).decode("utf-8"),
+                "pages": [list(p) for p in d.pages],
             }
             for d in documents
         ],
@@ -151,6 +154,7 @@ def read_snapshot_documents(path: Path) -> list[Document]:
             access_scopes=tuple(r["access_scopes"]),
             source_role=r["source_role"],
             metadata=metadata_from_json(json.loads(r["metadata"])),
+            pages=tuple((start, page) for start, page in r["pages"]),
         )
         for r in table.to_pylist()
     ]

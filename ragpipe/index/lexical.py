@@ -38,6 +38,7 @@ from ragpipe.index.segments import (
     scope_set,
     show_scopes,
 )
+from ragpipe.index.selection import Selection
 from ragpipe.spec import LexicalIndexSpec
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -178,6 +179,7 @@ class LexicalSearcher:
         scopes: tuple[str, ...],
         exclude_documents: Collection[str] = (),
         source_roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
     ) -> list[Hit]:
         """The ``k`` best hits under ragpipe's total order (score, then IDs). Hits tying with the
         k-th score are all fetched before the cut, so which of them are returned never depends
@@ -185,14 +187,18 @@ class LexicalSearcher:
         ``exclude_documents``: documents whose rows are left out (a must-not clause, so deepening
         a document-level ranking never re-reads the rows of documents already ranked).
         ``source_roles``: when given, only rows of documents with one of these roles (a
-        zero-score filter, like the scopes: BM25 scores are those of the unfiltered view)."""
+        zero-score filter, like the scopes: BM25 scores are those of the unfiltered view).
+        ``selection``: only rows of the documents a metadata filter admits (``index.selection``),
+        likewise a zero-score clause."""
         terms = query_terms(text)
-        if not terms or not scopes or k < 1:
+        if not terms or not scopes or k < 1 or (selection is not None and selection.empty):
             return []
         text_query = self.index.parse_query(" ".join(terms), ["text"])
         clauses = [(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._filter("access_scope", scopes))]
         if source_roles:
             clauses.append((tantivy.Occur.Must, self._filter("source_role", source_roles)))
+        if selection is not None and not selection.everything:
+            clauses.append(self._selection_clause(selection))
         if exclude_documents:
             excluded = tantivy.Query.term_set_query(self.schema, "document_id", sorted(exclude_documents))
             clauses.append((tantivy.Occur.MustNot, excluded))
@@ -210,6 +216,15 @@ class LexicalSearcher:
             hits.sort(key=_order)
             del hits[k:]
         return hits
+
+    def _selection_clause(self, selection: Selection) -> tuple[tantivy.Occur, tantivy.Query]:
+        """A must clause admitting ``selection``'s documents, or a must-not clause on the others
+        when they are fewer; zero score either way."""
+        if selection.by_exclusion:
+            others = tantivy.Query.term_set_query(self.schema, "document_id", sorted(selection.others))
+            return tantivy.Occur.MustNot, others
+        admitted = tantivy.Query.term_set_query(self.schema, "document_id", sorted(selection.documents))
+        return tantivy.Occur.Must, tantivy.Query.const_score_query(admitted, 0.0)
 
     def _filter(self, field: str, values: tuple[str, ...]) -> tantivy.Query:
         """Must-clause on ``field`` (``access_scope`` or ``source_role``) with zero score: filters

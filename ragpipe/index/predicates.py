@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ragpipe.corpus.models import SCOPE_PATTERN
+from ragpipe.index.selection import Selection
 
 
 def scope_predicate(scopes: tuple[str, ...]) -> str:
@@ -35,3 +36,11 @@ def role_predicate(roles: tuple[str, ...]) -> str:
 def exclusion_predicate(documents: Collection[str]) -> str:
     """``document_id NOT IN (...)`` over ``documents`` in sorted order (deterministic SQL)."""
     return "document_id NOT IN (" + ", ".join(sql_string(d) for d in sorted(documents)) + ")"
+
+
+def selection_predicate(selection: Selection) -> str:
+    """``document_id IN (...)`` over the admitted documents, or ``NOT IN`` over the others when
+    they are fewer (sorted: deterministic SQL)."""
+    if selection.by_exclusion:
+        return exclusion_predicate(selection.others)
+    return "document_id IN (" + ", ".join(sql_string(d) for d in sorted(selection.documents)) + ")"

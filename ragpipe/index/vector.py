@@ -25,8 +25,9 @@ from lancedb.index import IvfFlat, LabelList
 
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ivf_partitions
-from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate
+from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate, selection_predicate
 from ragpipe.index.rows import IndexRow
+from ragpipe.index.selection import Selection
 
 T = TypeVar("T")
 TABLE_NAME = "representations"
@@ -147,11 +148,13 @@ class VectorSearcher:
         scopes: tuple[str, ...],
         exclude_documents: Collection[str] = (),
         source_roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
     ) -> list[Hit]:
         """The ``k`` nearest rows visible to ``scopes`` (none for no scopes), skipping the rows
-        of ``exclude_documents`` and, when ``source_roles`` is given, the rows of documents with
-        another role; every filter is a prefilter, applied before the top ``k``."""
-        if not scopes:
+        of ``exclude_documents``, when ``source_roles`` is given the rows of documents with
+        another role, and when ``selection`` is given the rows of documents a metadata filter
+        does not admit; every filter is a prefilter, applied before the top ``k``."""
+        if not scopes or (selection is not None and selection.empty):
             return []
         query = self.table.query().nearest_to(vector.astype(np.float32)).distance_type(self.metric)
         if self.nprobes is not None:
@@ -159,6 +162,8 @@ class VectorSearcher:
         predicate = scope_predicate(scopes)
         if source_roles:
             predicate = f"{predicate} AND {role_predicate(source_roles)}"
+        if selection is not None and not selection.everything:
+            predicate = f"{predicate} AND {selection_predicate(selection)}"
         if exclude_documents:
             predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
         # where() on a vector query is a prefilter unless postfilter() is asked for

@@ -70,6 +70,7 @@ from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, ca
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import role_predicate, scope_predicate
+from ragpipe.index.selection import Selection
 
 if TYPE_CHECKING:  # lancedb is imported only when it serves
     from ragpipe.index.vector import VectorSearcher
@@ -160,9 +161,11 @@ class MemoryVectorSearcher:
         scopes: tuple[str, ...],
         exclude_documents: Collection[str] = (),
         source_roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
     ) -> list[Hit]:
         """The ``k`` nearest rows visible to ``scopes`` (none for no scopes), skipping the rows
-        of ``exclude_documents``; both filters apply before the top ``k``, as in lancedb. A row is
+        of ``exclude_documents`` (and of documents another role or a ``selection`` leaves out);
+        every filter applies before the top ``k``, as in lancedb. A row is
         visible if its scopes intersect ``scopes``; scope names are checked as in lancedb's
         prefilter (``ValueError``). Order: distance, then row."""
         tables = self._tables
@@ -180,7 +183,9 @@ class MemoryVectorSearcher:
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if query.shape[0] != self.dimension:
             raise ValueError(f"query has {query.shape[0]} dimensions, the vectors {self.dimension}")
-        visible = _visible(tables, scopes, exclude_documents, source_roles)
+        if selection is not None and len(selection.rows) != len(self.rows):
+            raise ValueError(f"selection covers {len(selection.rows)} rows, this searcher has {len(self.rows)}")
+        visible = _visible(tables, scopes, exclude_documents, source_roles, selection)
         if visible.size == 0:
             return []
         chosen, distances = self._nearest(tables, query, visible, k)
@@ -453,10 +458,15 @@ def _document_rows(rows: Sequence[Row]) -> dict[str, np.ndarray]:
 
 
 def _visible(
-    tables: _Tables, scopes: tuple[str, ...], exclude_documents: Collection[str], source_roles: tuple[str, ...] = ()
+    tables: _Tables,
+    scopes: tuple[str, ...],
+    exclude_documents: Collection[str],
+    source_roles: tuple[str, ...] = (),
+    selection: Selection | None = None,
 ) -> np.ndarray:
     """Positions of the rows sharing a scope with ``scopes`` (and, given ``source_roles``, of a
-    document with one of them), minus ``exclude_documents``' rows."""
+    document with one of them; given ``selection``, admitted by it), minus ``exclude_documents``'
+    rows."""
     masks = [m for s in set(scopes) if (m := tables.scope_rows.get(s)) is not None]
     if not masks:
         return np.empty(0, dtype=np.intp)
@@ -466,6 +476,8 @@ def _visible(
         if not roles:
             return np.empty(0, dtype=np.intp)
         visible &= np.logical_or.reduce(roles) if len(roles) > 1 else roles[0]
+    if selection is not None:
+        visible &= selection.rows
     for document_id in exclude_documents:
         positions = tables.document_rows.get(document_id)
         if positions is not None:

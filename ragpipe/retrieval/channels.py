@@ -32,6 +32,7 @@ import numpy as np
 
 from ragpipe.index.hits import Hit
 from ragpipe.index.lexical import LexicalSearcher
+from ragpipe.index.selection import Selection
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.fusion.order import RankedHit, hit_key
 from ragpipe.retrieval.plan import DepthPolicy
@@ -158,7 +159,8 @@ def _settled(best: dict[str, Hit], last: Sequence[Hit], complete: bool) -> dict[
 
 
 # ``roles``: when given, only rows of documents with one of these source roles (a prefilter in
-# both channels, like the scopes).
+# both channels, like the scopes); ``selection``: only rows of the documents a metadata filter
+# admits (``ragpipe.index.selection``), likewise a prefilter.
 # ``size`` of both backends: the rows the subject may see (an upper bound on any request's hits
 # that does not depend on hidden rows, so the trace's request sizes reveal nothing about them).
 
@@ -170,13 +172,25 @@ class LexicalBackend:
     excludes_documents = True
 
     def __init__(
-        self, searcher: LexicalSearcher, text: str, scopes: tuple[str, ...], size: int, roles: tuple[str, ...] = ()
+        self,
+        searcher: LexicalSearcher,
+        text: str,
+        scopes: tuple[str, ...],
+        size: int,
+        roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
     ):
         self.searcher, self.text, self.scopes, self.size, self.roles = searcher, text, scopes, size, roles
+        self.selection = selection
 
     def search(self, depth: int, exclude_documents: Collection[str]) -> list[Hit]:
         return self.searcher.search(
-            self.text, depth, self.scopes, exclude_documents=exclude_documents, source_roles=self.roles
+            self.text,
+            depth,
+            self.scopes,
+            exclude_documents=exclude_documents,
+            source_roles=self.roles,
+            selection=self.selection,
         )
 
 
@@ -192,8 +206,10 @@ class VectorBackend:
         scopes: tuple[str, ...],
         size: int,
         roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
     ):
         self.searcher, self.vector, self.scopes, self.size, self.roles = searcher, vector, scopes, size, roles
+        self.selection = selection
 
     def search(self, depth: int, exclude_documents: Collection[str]) -> list[Hit]:
-        return self.searcher.search(self.vector, depth, self.scopes, exclude_documents, self.roles)
+        return self.searcher.search(self.vector, depth, self.scopes, exclude_documents, self.roles, self.selection)

@@ -13,6 +13,10 @@ class QueryError(ValueError):
     pass
 
 
+class FilterQueryError(QueryError):
+    """A metadata filter the bundle refuses: malformed, an unknown field, a value of another type."""
+
+
 @dataclass(frozen=True)
 class Rankings:
     """A query's rankings as the retriever holds them (``query(..., rankings=True)``): each
@@ -36,6 +40,7 @@ class QueryResult:
     rankings: Rankings | None = None  # never serialised: ``trace`` is the public view
     source_roles: tuple[str, ...] | None = None  # the roles the query was filtered on, if any
     release_id: str | None = None  # the release served, when the bundle was reached through one
+    filter: dict[str, object] | None = None  # the metadata filter applied, canonical JSON, if any
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -49,6 +54,8 @@ class QueryResult:
             out["release_id"] = self.release_id
         if self.source_roles is not None:
             out["source_roles"] = list(self.source_roles)
+        if self.filter is not None:
+            out["filter"] = self.filter
         if self.trace is not None:
             out["trace"] = self.trace
         return out

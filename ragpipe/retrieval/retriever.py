@@ -14,24 +14,30 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+
 from ragpipe.bundle.verify import VerifiedBundle, check_vector_table, open_bundle
 from ragpipe.chunking.models import Chunk
-from ragpipe.corpus.models import SCOPE_PATTERN
+from ragpipe.corpus.metadata import shown_metadata
+from ragpipe.corpus.metadata_filter import filter_json
+from ragpipe.corpus.models import SCOPE_PATTERN, Document
 from ragpipe.index.engine_calibration import CalibrationRecords
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
+from ragpipe.index.selection import Selection
 from ragpipe.index.vector_memory import DEFAULT_MEMORY_LIMIT_BYTES
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject
 from ragpipe.retrieval.channels import ChannelRanking, LexicalBackend, VectorBackend, rank_channel, recheck
 from ragpipe.retrieval.context import Evidence
+from ragpipe.retrieval.filtering import BundleFilters
 from ragpipe.retrieval.fusion import fuse
 from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
@@ -44,6 +50,12 @@ from ragpipe.spec import EmbedderSpec, own_spec_id
 T = TypeVar("T")
 MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("vector",)}
 EMPTY_QUERY = "query text is empty (or only whitespace)"
+
+
+def _pages(document: Document, evidence: Evidence) -> list[int] | None:
+    """[first, last] page of a hit's span, for documents with pages (PDF); None for the others."""
+    pages = document.pages_of(evidence.byte_start, evidence.byte_end)
+    return None if pages is None else list(pages)
 
 
 class Retriever:
@@ -107,6 +119,7 @@ class Retriever:
         self.chunks: dict[str, Chunk] = {c.chunk_id: c for c in self.bundle.tables.chunks}
         docs = self.bundle.tables.documents
         self.titles = {d.document_id: d.title for d in docs}
+        self.documents = {d.document_id: d for d in docs}
         self.scopes = {d.document_id: d.access_scopes for d in docs}
         index_rows = build_index_rows(docs, self.bundle.tables.representations)
         rows = [(r.representation_id, r.chunk_id, r.document_id) for r in index_rows]
@@ -123,6 +136,11 @@ class Retriever:
         # Rows per (scope group, source role): what a query filtered on roles may see.
         self._group_role_rows = Counter((tuple(sorted(set(r.access_scopes))), r.source_role) for r in index_rows)
         self.roles = {d.document_id: d.source_role for d in docs}
+        # Per row, its scope group and role: what a query with a metadata filter may see.
+        self._group_ids = {g: i for i, g in enumerate(sorted(self._group_rows))}
+        self._row_groups = np.array([self._group_ids[tuple(sorted(set(r.access_scopes)))] for r in index_rows])
+        self._row_roles = np.array([r.source_role for r in index_rows], dtype=object)
+        self.filters = BundleFilters(docs, index_rows)
         self.vector = open_bundle_vectors(
             self.bundle,
             index_rows,
@@ -225,6 +243,7 @@ class Retriever:
         audit: bool = False,
         rankings: bool = False,
         source_roles: tuple[str, ...] | None = None,
+        filter: object | None = None,
     ) -> QueryResult:
         """The top ``k`` chunks (or documents, per the plan's ``collapse``) visible to ``subject``:
         exactly ``min(k, matching units)`` hits. ``trace`` adds the subject view of the trace.
@@ -233,7 +252,9 @@ class Retriever:
         channel rankings and the fused list as objects (``QueryResult.rankings``): what the
         trace's ``channels`` and ``fusion.items`` show, at no cost. ``source_roles``: only chunks
         of documents with one of these roles, filtered inside both channels (before their top
-        rows, like the scopes); the result names them."""
+        rows, like the scopes); the result names them. ``filter``: a metadata filter (JSON form,
+        ``ragpipe.corpus.metadata_filter``) checked against the bundle's fields and applied
+        inside both channels likewise; the result names it in canonical form."""
         if self._closed:
             raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -242,18 +263,23 @@ class Retriever:
             raise QueryError(EMPTY_QUERY)
         subject = subject or Subject.default()
         roles = self._check_roles(source_roles)
+        parsed = None if filter is None else self.filters.parse(filter)
         plan, mode, plan_id = self._plan_for(mode)
         audience = self.lexical.audience(subject)  # the policy's verdict per scope group
-        if roles:
+        selection = None if parsed is None else self.filters.selection(parsed)
+        if selection is not None:
+            visible_rows = self._selected_rows(audience.groups, roles, selection)
+        elif roles:
             visible_rows = sum(self._group_role_rows[(g, r)] for g in audience.groups for r in roles)
         else:
             visible_rows = sum(self._group_rows[g] for g in audience.groups)
-        ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows, roles)
+        ranked, timings, statistics = self._search_channels(text, plan, subject, k, visible_rows, roles, selection)
         ranked, dropped = recheck(
             ranked,
             lambda document_id: (
                 self.lexical.group_of.get(document_id) in audience.admitted
                 and (not roles or self.roles.get(document_id) in roles)
+                and (selection is None or document_id in selection.documents)
             ),
         )
         fused = fuse(plan, {n: r.ranked for n, r in ranked.items()})
@@ -271,6 +297,8 @@ class Retriever:
                 "text": ev.text,
                 "byte_start": ev.byte_start,
                 "byte_end": ev.byte_end,
+                "metadata": shown_metadata(self.documents[f.document_id].metadata),  # a fresh dict per hit
+                "pages": _pages(self.documents[f.document_id], ev),
             }
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
@@ -283,6 +311,7 @@ class Retriever:
             evidence=evidence,
             source_roles=roles or None,
             release_id=self.release_id,
+            filter=None if parsed is None else filter_json(parsed),
         )
         if rankings:
             result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
@@ -297,6 +326,16 @@ class Retriever:
             }
         return result
 
+    def _selected_rows(self, groups: Collection[tuple[str, ...]], roles: tuple[str, ...], selection: Selection) -> int:
+        """The rows a subject seeing ``groups`` may find under ``roles`` and ``selection``: each
+        channel's request cap, exact, so no request size depends on rows the subject cannot see."""
+        admitted = np.zeros(len(self._group_ids), dtype=bool)
+        admitted[[self._group_ids[g] for g in groups if g in self._group_ids]] = True
+        rows = selection.rows & admitted[self._row_groups]
+        if roles:
+            rows &= np.isin(self._row_roles, roles)
+        return int(np.count_nonzero(rows))
+
     @staticmethod
     def _check_roles(source_roles: tuple[str, ...] | None) -> tuple[str, ...]:
         """The roles a query filters on, sorted and deduplicated; () when none is given."""
@@ -310,7 +349,14 @@ class Retriever:
         return tuple(sorted(set(source_roles)))
 
     def _search_channels(
-        self, text: str, plan: QueryPlan, subject: Subject, k: int, visible_rows: int, roles: tuple[str, ...] = ()
+        self,
+        text: str,
+        plan: QueryPlan,
+        subject: Subject,
+        k: int,
+        visible_rows: int,
+        roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
     ) -> tuple[dict[str, ChannelRanking], dict[str, float], LexicalStatistics | None]:
         """Each channel's top ``max(depth, k)`` units (see ``channels.rank_channel``), asking no
         backend for more than the ``visible_rows`` the subject may see. With both
@@ -333,7 +379,7 @@ class Retriever:
         lexical: Callable[[], ChannelRanking] | None = None
         if "lexical" in plan.channels:
             searcher, statistics = self.lexical.searcher_for(subject)
-            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows, roles)
+            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows, roles, selection)
             lexical = partial(
                 timed, "lexical", partial(rank_channel, backend, units("lexical"), plan.collapse, plan.depth_policy)
             )
@@ -343,7 +389,7 @@ class Retriever:
 
             def vector() -> ChannelRanking:
                 backend = VectorBackend(
-                    self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows, roles
+                    self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows, roles, selection
                 )
                 return rank_channel(backend, units("vector"), plan.collapse, plan.depth_policy)
 

@@ -25,7 +25,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Request
@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.authz import AuthorizationError
-from ragpipe.retrieval.results import QueryError
+from ragpipe.retrieval.results import FilterQueryError, QueryError
 from ragpipe.server.auth import Caller, KeyRing
 from ragpipe.server.bodies import BodyLimit
 from ragpipe.server.config import ServeConfig
@@ -63,6 +63,12 @@ ROUTES = (
 RELEASE_HEADER = "X-Release-Id"
 
 
+FILTER_DESCRIPTION = (
+    "Only chunks of documents whose metadata matches this filter, e.g. "
+    '{"and": [{"field": "category", "eq": "faq"}, {"field": "year", "gte": 2020}]} (docs/retrieval.md).'
+)
+
+
 class QueryRequest(BaseModel):
     # Unknown fields (a smuggled "scopes" or "principal") are ignored, never honoured or echoed.
     model_config = ConfigDict(extra="ignore")
@@ -74,6 +80,7 @@ class QueryRequest(BaseModel):
     source_roles: list[str] | None = Field(
         None, min_length=1, max_length=32, description="Only chunks of documents with one of these source roles."
     )
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
 
 
 class AnswerRequest(BaseModel):
@@ -81,6 +88,7 @@ class AnswerRequest(BaseModel):
 
     question: str = Field(description="The question.")
     mode: Literal["hybrid", "lexical", "vector"] | None = None
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
 
 
 class Service:
@@ -168,7 +176,13 @@ def _query(service: Service, body: QueryRequest, caller: Caller, request: Reques
     def work(in_service: InService) -> dict[str, object]:
         roles = tuple(body.source_roles) if body.source_roles else None
         result = in_service.retriever.query(
-            body.query, caller.subject, k=body.k, mode=body.mode, trace=body.trace, source_roles=roles
+            body.query,
+            caller.subject,
+            k=body.k,
+            mode=body.mode,
+            trace=body.trace,
+            source_roles=roles,
+            filter=body.filter,
         )
         request.state.mode = result.mode
         request.state.hits = len(result.hits)
@@ -194,7 +208,9 @@ def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Requ
             generator = in_service.generators.setdefault(
                 "answer", make_generator(bounded, in_service.served.bundle.bundle_id, service.ws.home / "answer_cache")
             )
-        result = answer(in_service.retriever, body.question, caller.subject, generator=generator, mode=body.mode)
+        result = answer(
+            in_service.retriever, body.question, caller.subject, generator=generator, mode=body.mode, filter=body.filter
+        )
         data = result.as_dict()
         request.state.hits = len(data.get("evidence", []))  # type: ignore[arg-type]
         return {**data, "release_id": in_service.release_id}
@@ -206,6 +222,8 @@ def _answered(work, field: str) -> JSONResponse:
     """``work()``'s body as JSON; the retriever's refusals as JSON errors naming ``field``."""
     try:
         return JSONResponse(work())
+    except FilterQueryError as exc:
+        raise ApiError(422, "invalid_filter", str(exc), "filter") from None
     except QueryError as exc:
         raise ApiError(422, "invalid_query", str(exc), field) from None
     except AuthorizationError as exc:

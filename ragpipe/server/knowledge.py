@@ -45,6 +45,13 @@ PARAMETERS = {
             "items": {"type": "string"},
             "description": "Only evidence from documents with one of these source roles.",
         },
+        "filter": {
+            "type": ["object", "null"],
+            "description": (
+                "Only evidence from documents whose metadata matches, e.g. "
+                '{"and": [{"field": "category", "eq": "faq"}, {"field": "year", "gte": 2020}]}.'
+            ),
+        },
         "run_id": {
             "type": ["string", "null"],
             "description": "Scope the evidence labels to this run when the transport has no session.",
@@ -110,7 +117,9 @@ class EvidenceLedgers:
             return found
 
 
-def check_arguments(query: object, limit: object, source_roles: object, run_id: object, max_chars: int) -> None:
+def check_arguments(
+    query: object, limit: object, source_roles: object, run_id: object, max_chars: int, filter: object = None
+) -> None:
     if not isinstance(query, str) or not query.strip():
         raise ToolError("query: must be a non-empty string")
     if len(query) > max_chars:
@@ -121,6 +130,8 @@ def check_arguments(query: object, limit: object, source_roles: object, run_id: 
         not isinstance(source_roles, list) or not source_roles or not all(isinstance(r, str) for r in source_roles)
     ):
         raise ToolError("source_roles: must be a non-empty list of strings, or null")
+    if filter is not None and not isinstance(filter, dict):
+        raise ToolError("filter: must be a JSON object, or null")
     if run_id is not None and (not isinstance(run_id, str) or not 1 <= len(run_id) <= 200):
         raise ToolError("run_id: must be a string of 1 to 200 characters, or null")
 
@@ -132,10 +143,11 @@ def search(
     query: str,
     limit: int,
     source_roles: list[str] | None,
+    filter: dict[str, object] | None = None,
 ) -> dict[str, object]:
     """One ``knowledge_search`` call on ``in_service`` (captured once by the caller)."""
     result = in_service.retriever.query(
-        query, subject, k=limit, source_roles=tuple(source_roles) if source_roles else None
+        query, subject, k=limit, source_roles=tuple(source_roles) if source_roles else None, filter=filter
     )
     items, used, truncated = [], 0, False
     for hit, evidence in zip(result.hits, result.evidence):
@@ -153,6 +165,8 @@ def search(
                 "byte_end": evidence.byte_end,
                 "score": hit["score"],
                 "text": evidence.text,
+                "metadata": hit["metadata"],
+                "pages": hit["pages"],
             }
         )
     return {

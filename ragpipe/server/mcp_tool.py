@@ -14,6 +14,7 @@ labels across calls, else every call starts at ``E1``.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -33,18 +34,23 @@ def build_mcp(service) -> MCPServer:
 
     @mcp.tool(name=TOOL_NAME, description=TOOL_DESCRIPTION)
     async def knowledge_search(
-        query: str, ctx: Context, limit: int = 5, source_roles: list[str] | None = None, run_id: str | None = None
+        query: str,
+        ctx: Context,
+        limit: int = 5,
+        source_roles: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> dict[str, object]:
         # The SDK shows a ToolError's message to the caller (any other exception becomes a bare
         # "Error executing tool" and a logged traceback).
         request = ctx.request_context.request
         try:
-            check_arguments(query, limit, source_roles, run_id, service.config.limits.max_query_chars)
+            check_arguments(query, limit, source_roles, run_id, service.config.limits.max_query_chars, filter)
             subject = request.state.caller.subject
             ledger = ledgers.ledger(request.state.caller, request.headers.get("mcp-session-id"), run_id)
 
             def work(in_service):
-                return search(in_service, ledger, subject, query, limit, source_roles)
+                return search(in_service, ledger, subject, query, limit, source_roles, filter)
 
             return await anyio.to_thread.run_sync(service.compute, request.state, work)
         except ToolError as exc:

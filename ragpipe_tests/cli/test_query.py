@@ -10,7 +10,7 @@ from ragpipe.answer.answering import answer
 from ragpipe_tests.cli.test_cli import ragpipe
 from ragpipe_tests.support.llm_server import LLMServer
 
-HIT_KEYS = {"rank", "chunk_id", "document_id", "title", "score", "text", "byte_start", "byte_end"}
+HIT_KEYS = {"rank", "chunk_id", "document_id", "title", "score", "text", "byte_start", "byte_end", "metadata", "pages"}
 TRACE_KEYS = {"release_id", "channels", "depth", "collapse", "fusion", "authorization", "reranker", "timings_ms"}
 SUBJECT_AUTHORIZATION_KEYS = {"view", "strategy", "policy_id", "subject"}
 
@@ -254,8 +254,8 @@ def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bund
     monkeypatch.setattr(
         r.vector,
         "search",
-        lambda vector, k, scopes, exclude=(), roles=(): search(
-            vector, k, ("public", "secret", "staff"), exclude, roles
+        lambda vector, k, scopes, exclude=(), roles=(), selection=None: search(
+            vector, k, ("public", "secret", "staff"), exclude, roles, selection
         ),
     )
     leaky = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
@@ -283,3 +283,37 @@ def test_query_filters_on_source_roles(built_workspace, tmp_path):
     bad = ragpipe(*args, "--source-role", "no way", home=tmp_path)
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == "error: invalid source role 'no way' (letters, digits, . _ : -)\n"
+
+
+def test_query_where_filters_and_refuses_in_one_line(built_workspace, tmp_path):
+    from ragpipe_tests.support.release_fixtures import bundle_of
+
+    bundle = str(bundle_of(built_workspace))
+    args = ("query", "rotate the signing keys", "--bundle", bundle, "--scope", "public", "--scope", "staff", "--json")
+    runbook = json.loads(ragpipe(*args, "--where", 'source_role = "runbook"', home=tmp_path).stdout)
+    others = json.loads(ragpipe(*args, "--where", 'source_role != "runbook"', home=tmp_path).stdout)
+    assert {h["document_id"] for h in runbook["hits"]} == {"guide/ops.md"}
+    assert runbook["filter"] == {"field": "source_role", "eq": "runbook"}
+    assert others["hits"] and "guide/ops.md" not in {h["document_id"] for h in others["hits"]}
+    unknown = ragpipe(*args, "--where", "year >= 2020", home=tmp_path)
+    assert (unknown.returncode, unknown.stdout) == (1, "")
+    assert unknown.stderr == "error: filter field 'year' is not in this corpus (known fields: source_role)\n"
+    syntax = ragpipe(*args, "--where", "source_role = ", home=tmp_path)
+    assert (syntax.returncode, syntax.stdout) == (1, "")
+    assert syntax.stderr.startswith("error: --where column ") and syntax.stderr.count("\n") == 1
+
+
+def test_a_scope_no_document_carries_is_warned_about_on_the_cli(built_workspace, tmp_path):
+    from ragpipe_tests.support.release_fixtures import bundle_of
+
+    bundle = str(bundle_of(built_workspace))
+    typo = ragpipe("query", "signing keys", "--bundle", bundle, "--scope", "pubilc", "--json", home=tmp_path)
+    assert typo.returncode == 0 and json.loads(typo.stdout)["hits"] == []
+    # (stderr may also say which vector engine serves, on hosts where lancedb does)
+    warnings = [line for line in typo.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: no document of bundle {json.loads(typo.stdout)['bundle_id'][:19]}… carries scope 'pubilc' "
+        "(scopes in it: public, staff)"
+    ]
+    fine = ragpipe("query", "signing keys", "--bundle", bundle, "--scope", "public", "--json", home=tmp_path)
+    assert fine.returncode == 0 and "warning:" not in fine.stderr

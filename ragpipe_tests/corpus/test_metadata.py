@@ -54,7 +54,7 @@ def test_hugo_front_matter_is_kept_typed(tmp_path: Path):
     assert _shown(rec.metadata) == {
         "date": ("date", "2024-05-01"),
         "draft": ("boolean", False),
-        "lastmod": ("datetime", "2024-05-02T08:00:00Z"),  # UTC, so text order is time order
+        "lastmod": ("datetime", "2024-05-02T08:00:00Z"),  # converted to UTC
         "params.product_id": ("integer", 42),
         "params.region": ("string", "eu"),
         "rating": ("number", 4.5),

@@ -252,6 +252,7 @@ def test_openapi_document_names_every_route(active: Serving):
         "mode",
         "trace",
         "source_roles",
+        "filter",
     }
 
 
@@ -339,6 +340,34 @@ def test_a_body_that_trickles_in_times_out_with_408(active: Serving):
     assert reply.endswith(
         '{"code": "request_timeout", "message": "request body: not received within 0.5 s", "field": "body"}'
     )
+
+
+def test_a_metadata_filter_applies_inside_the_subjects_view(active: Serving):
+    body = {"query": "rotate the signing keys", "k": 10, "filter": {"field": "source_role", "eq": "runbook"}}
+    with server(active) as base:
+        wait_for(lambda: release_of(base))
+        staff = httpx.post(f"{base}/v1/query", json=body, headers=auth(active.keys["bob"]))
+        public = httpx.post(f"{base}/v1/query", json=body, headers=auth(active.keys["alice"]))
+        unknown = httpx.post(
+            f"{base}/v1/query",
+            json={**body, "filter": {"field": "year", "gte": 2020}},
+            headers=auth(active.keys["bob"]),
+        )
+        malformed = httpx.post(
+            f"{base}/v1/query", json={**body, "filter": {"and": []}}, headers=auth(active.keys["bob"])
+        )
+        not_object = httpx.post(f"{base}/v1/query", json={**body, "filter": [1]}, headers=auth(active.keys["bob"]))
+    assert {h["document_id"] for h in staff.json()["hits"]} == {STAFF_DOC}
+    assert staff.json()["filter"] == {"field": "source_role", "eq": "runbook"}
+    assert public.status_code == 200 and public.json()["hits"] == []  # a filter never widens the view
+    assert unknown.status_code == 422 and unknown.json() == {
+        "code": "invalid_filter",
+        "message": "filter field 'year' is not in this corpus (known fields: source_role)",
+        "field": "filter",
+    }
+    assert malformed.status_code == 422 and malformed.json()["code"] == "invalid_filter"
+    assert malformed.json()["message"].startswith("filter.and: ")
+    assert not_object.status_code == 422 and not_object.json()["field"] == "filter"
 
 
 def test_source_roles_filter_inside_the_subjects_view(active: Serving):

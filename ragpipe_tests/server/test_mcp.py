@@ -83,7 +83,18 @@ def test_two_concurrent_sessions_get_their_own_labels(serving: Serving, base: st
     assert STAFF_DOC not in {i["document_id"] for r in out["alice"] for i in r["items"]}
     assert STAFF_DOC in {i["document_id"] for i in bob["items"]}
     item = first["items"][0]
-    assert set(item) == {"label", "chunk_id", "document_id", "title", "byte_start", "byte_end", "score", "text"}
+    assert set(item) == {
+        "label",
+        "chunk_id",
+        "document_id",
+        "title",
+        "byte_start",
+        "byte_end",
+        "score",
+        "text",
+        "metadata",
+        "pages",
+    }
 
 
 def test_without_a_session_a_run_id_scopes_the_labels(serving: Serving, base: str):
@@ -141,6 +152,24 @@ def test_source_roles_filter_the_evidence(serving: Serving, base: str):
 
     found = anyio.run(main)
     assert {i["document_id"] for i in found["items"]} == {STAFF_DOC}
+
+
+def test_a_metadata_filter_restricts_the_evidence(serving: Serving, base: str):
+    async def main():
+        with anyio.fail_after(60):
+            async with session(base, serving.keys["bob"]) as client:
+                kept = await call(
+                    client, query="rotate the signing keys", limit=5, filter={"field": "source_role", "eq": "runbook"}
+                )
+                refused = await client.call_tool(TOOL_NAME, {"query": "keys", "filter": {"field": "year", "eq": 1}})
+                return kept, refused
+
+    kept, refused = anyio.run(main)
+    assert {i["document_id"] for i in kept["items"]} == {STAFF_DOC}
+    assert refused.is_error
+    assert refused.content[0].text == (
+        "Error executing tool knowledge_search: filter field 'year' is not in this corpus (known fields: source_role)"
+    )
 
 
 def test_an_unknown_key_is_refused_before_any_mcp_message(serving: Serving, base: str):

@@ -1,0 +1,81 @@
+"""Metadata filters of one bundle: validated against the fields it declares, turned into a
+``Selection`` every channel applies inside its search (``ragpipe.index.selection``).
+
+The fields a bundle declares are its documents' metadata keys plus ``source_role``, with the types
+its documents hold (``corpus.metadata_filter.field_catalog``); a filter naming another field or
+comparing a field with a value of another type is a ``QueryError`` of one line, before any search.
+Selections are cached per filter (its canonical JSON), so a filter a service sees often costs one
+dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from ragpipe.corpus.metadata_filter import (
+    DocumentMatcher,
+    Filter,
+    FilterError,
+    check_filter,
+    field_catalog,
+    filter_json,
+    parse_filter,
+)
+from ragpipe.corpus.models import Document
+from ragpipe.index.rows import IndexRow
+from ragpipe.index.selection import Selection
+from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.retrieval.results import FilterQueryError
+
+_CACHED_SELECTIONS = 256
+
+
+class BundleFilters:
+    """The filterable fields of one bundle and the selections of the filters asked so far."""
+
+    def __init__(self, documents: Sequence[Document], rows: Sequence[IndexRow]):
+        metas, roles = [d.metadata for d in documents], [d.source_role for d in documents]
+        self.catalog = field_catalog(metas, roles)
+        self._matcher = DocumentMatcher(metas, roles)
+        self._ids = np.array([d.document_id for d in documents], dtype=object)
+        ordinal = {d.document_id: i for i, d in enumerate(documents)}
+        self._row_document = np.array([ordinal[r.document_id] for r in rows], dtype=np.int64)
+        self._indexed = np.zeros(len(documents), dtype=bool)
+        self._indexed[self._row_document] = True  # documents with at least one index row
+        self._cache: OrderedDict[bytes, Selection] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def parse(self, value: object) -> Filter:
+        """A filter's JSON form (or an already parsed ``Filter``), checked against the bundle's
+        fields; ``FilterQueryError`` (one line) otherwise."""
+        try:
+            parsed = value if isinstance(value, Filter) else parse_filter(value)
+            check_filter(parsed, self.catalog)
+        except FilterError as exc:
+            raise FilterQueryError(str(exc)) from None
+        return parsed
+
+    def selection(self, f: Filter) -> Selection:
+        """The documents ``f`` admits (among those with index rows) and the rows they own."""
+        key = canonical_bytes(filter_json(f))
+        with self._lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                return found
+        admitted = self._matcher.mask(f)
+        selection = Selection(
+            documents=frozenset(self._ids[admitted & self._indexed].tolist()),
+            others=frozenset(self._ids[~admitted & self._indexed].tolist()),
+            rows=admitted[self._row_document],
+        )
+        selection.rows.setflags(write=False)
+        with self._lock:
+            self._cache[key] = selection
+            if len(self._cache) > _CACHED_SELECTIONS:
+                self._cache.popitem(last=False)
+        return selection
