@@ -16,6 +16,9 @@ from ragpipe.kernel.workspace import Workspace, default_home
 class Format(str, Enum):
     beir = "beir"
     markdown = "markdown"
+    html = "html"
+    pdf = "pdf"
+    wxr = "wxr"
 
 
 class Launch(str, Enum):
@@ -25,16 +28,29 @@ class Launch(str, Enum):
 
 
 def build(
-    path: Annotated[Path, typer.Argument(help="BEIR JSONL(.gz) file or Markdown folder.")],
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="BEIR JSONL(.gz) file, WordPress export (.xml), or a folder of Markdown, HTML or PDF files."
+        ),
+    ],
     revision: Annotated[str, typer.Option("--revision", "-r", help="Immutable revision key (partition name).")],
     fmt: Annotated[
-        Format | None, typer.Option("--format", help="Input format (default: folder → markdown, file → beir).")
+        Format | None,
+        typer.Option("--format", help="Input format (default: folder → markdown, .xml file → wxr, other file → beir)."),
     ] = None,
     default_scope: Annotated[
         str | None,
         typer.Option(
             "--default-scope",
             help="Scope of documents that declare no access_scopes (recorded). Without it such documents are refused.",
+        ),
+    ] = None,
+    wxr_status: Annotated[
+        str | None,
+        typer.Option(
+            "--wxr-status",
+            help="WordPress statuses to read, comma-separated (default: publish; recorded with the revision).",
         ),
     ] = None,
     launch: Annotated[
@@ -56,8 +72,9 @@ def build(
         fail(str(exc))
     ws = Workspace(default_home())
     corpus_format = fmt.value if fmt else detect_format(path)
+    statuses = tuple(wxr_status.split(",")) if wxr_status is not None else None
     try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
-        _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope)
+        _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope, statuses)
     except (CorpusError, RevisionError) as exc:
         fail(str(exc))
     if not as_json:

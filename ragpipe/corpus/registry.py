@@ -36,6 +36,7 @@ from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.records import unscoped_refusal
 from ragpipe.corpus.source import TreeSource
+from ragpipe.corpus.wxr import DEFAULT_WXR_STATUSES, check_wxr_statuses
 from ragpipe.kernel.publish import discard, write_file_atomic
 from ragpipe.storage.blobs import LISTING, pull_folder, push_files, read_listing
 from ragpipe.storage.location import store_from_env
@@ -73,6 +74,9 @@ class RevisionRecord(BaseModel):
     format: CorpusFormat
     default_scope: str | None  # None: every document declared its scopes at registration
     source_digest: str
+    # the post statuses a WordPress export is read for (format wxr only; in its source digest too);
+    # absent from the JSON of other formats, whose records stay as they were
+    wxr_statuses: tuple[str, ...] | None = None
 
 
 def check_revision_key(revision: str) -> str:
@@ -90,24 +94,49 @@ def _record_path(registry: Path, revision: str) -> Path:
     return registry / f"{check_revision_key(revision)}.json"
 
 
+def _statuses(
+    fmt: CorpusFormat, given: tuple[str, ...] | None, recorded: RevisionRecord | None
+) -> tuple[str, ...] | None:
+    """The WXR statuses to read: as given, else as recorded for the key, else ``publish``; None
+    for other formats (giving them there is refused: they would change nothing)."""
+    if fmt != "wxr":
+        if given is not None:
+            raise RevisionError(f"--wxr-status applies to --format wxr only (this source is read as {fmt})")
+        return None
+    if given is None:
+        return recorded.wxr_statuses if recorded is not None and recorded.wxr_statuses else DEFAULT_WXR_STATUSES
+    try:
+        return check_wxr_statuses(given)
+    except ValueError as exc:
+        raise RevisionError(str(exc)) from None
+
+
 def register_revision(
-    registry: Path, revision: str, source: Path, fmt: CorpusFormat, default_scope: str | None
+    registry: Path,
+    revision: str,
+    source: Path,
+    fmt: CorpusFormat,
+    default_scope: str | None,
+    wxr_statuses: tuple[str, ...] | None = None,
 ) -> tuple[RevisionRecord, bool]:
     """Validate and register a revision. Returns (record, newly_registered).
 
     ``default_scope`` is the scope of documents that declare none; None (none given) refuses a
     corpus with such documents, naming them, before anything is written — unless ``revision`` is
     registered already: then its recorded default applies (building a registered revision again
-    needs no flag; the record, not a guess, says what its default is)."""
+    needs no flag; the record, not a guess, says what its default is). ``wxr_statuses`` (format
+    ``wxr`` only) are the post statuses read; None: as recorded for the key, else ``publish``."""
     path = _record_path(registry, revision)
-    if default_scope is None and path.exists():
-        default_scope = load_revision(registry, revision).default_scope
+    recorded = load_revision(registry, revision) if path.exists() else None
+    if default_scope is None and recorded is not None:
+        default_scope = recorded.default_scope
     if default_scope is not None and not SCOPE_PATTERN.match(default_scope):
         raise RevisionError(f"invalid default scope {default_scope!r}")
+    statuses = _statuses(fmt, wxr_statuses, recorded)
     source = source.resolve()
     if not source.exists():
         raise RevisionError(f"{source}: corpus path does not exist")
-    loaded = load_source(source, fmt)
+    loaded = _load(source, fmt, statuses)
     read = _parse(loaded, fmt)  # raises CorpusError naming file/line/ID; nothing is written
     refusal = unscoped_refusal(read, default_scope, str(source))
     if refusal is not None:
@@ -118,8 +147,9 @@ def register_revision(
         format=fmt,
         default_scope=default_scope,
         source_digest=loaded.digest(),
+        wxr_statuses=statuses,
     )
-    data = (record.model_dump_json(indent=2) + "\n").encode()
+    data = (record.model_dump_json(indent=2, exclude_defaults=True) + "\n").encode()
     store = store_from_env()
     if store is not None:  # the store is the record: a key it holds for other content is refused first
         _publish(store, record, loaded, data)
@@ -133,9 +163,9 @@ def register_revision(
 
 
 def _identity(record: RevisionRecord) -> tuple:
-    """What a revision is: its key, format, default scope and source bytes — not the path they
-    were read from (one corpus registered from two machines is one revision)."""
-    return record.revision, record.format, record.default_scope, record.source_digest
+    """What a revision is: its key, format, default scope, source bytes and (WXR) the statuses read
+    — not the path they were read from (one corpus registered from two machines is one revision)."""
+    return record.revision, record.format, record.default_scope, record.source_digest, record.wxr_statuses
 
 
 def _refuse_other(existing: RevisionRecord, record: RevisionRecord) -> None:
@@ -143,7 +173,8 @@ def _refuse_other(existing: RevisionRecord, record: RevisionRecord) -> None:
         raise RevisionError(
             f"revision {record.revision!r} is already registered with different content "
             f"(source {existing.source_path}, digest {existing.source_digest}, "
-            f"{'no default scope' if existing.default_scope is None else 'default scope ' + existing.default_scope}); "
+            f"{'no default scope' if existing.default_scope is None else 'default scope ' + existing.default_scope}"
+            f"{'' if existing.wxr_statuses is None else ', statuses ' + ','.join(existing.wxr_statuses)}); "
             "revision keys name immutable revisions: register the new content under a new key"
         )
 
@@ -210,13 +241,13 @@ def read_registered_corpus(record: RevisionRecord, sources_cache: Path | None = 
     store = store_from_env()
     if not source.exists() and store is not None and sources_cache is not None:
         source = _pulled_source(store, record, sources_cache)
-        if load_source(source, record.format).digest() != record.source_digest:
+        if _load(source, record.format, record.wxr_statuses).digest() != record.source_digest:
             # a damaged local copy of the store's source: the store is the record, fetch it again
             discard(sources_cache / record.source_digest.removeprefix("sha256:"))
             source = _pulled_source(store, record, sources_cache)
     if not source.exists():
         raise RevisionError(f"revision {record.revision!r}: source {source} no longer exists")
-    loaded = load_source(source, record.format)
+    loaded = _load(source, record.format, record.wxr_statuses)
     if loaded.problems:  # e.g. a file no longer readable: say so rather than "changed"
         raise CorpusError(list(loaded.problems))
     digest = loaded.digest()
@@ -226,6 +257,11 @@ def read_registered_corpus(record: RevisionRecord, sources_cache: Path | None = 
             f"({record.source_digest} -> {digest}); register the new content under a new revision key"
         )
     return _parse(loaded, record.format)
+
+
+def _load(source: Path, fmt: CorpusFormat, wxr_statuses: tuple[str, ...] | None):
+    """``load_source``, with the statuses only for the format that reads them."""
+    return load_source(source, fmt) if wxr_statuses is None else load_source(source, fmt, wxr_statuses)
 
 
 def _pulled_source(store: ObjectStore, record: RevisionRecord, cache: Path) -> Path:
@@ -239,6 +275,6 @@ def _pulled_source(store: ObjectStore, record: RevisionRecord, cache: Path) -> P
         listing = read_listing(store, _source_key(record))
     except StorageError as exc:
         raise RevisionError(str(exc)) from None
-    if record.format == "beir" and listing is not None and len(listing.files) == 1:
+    if record.format in ("beir", "wxr") and listing is not None and len(listing.files) == 1:
         return folder / listing.files[0].path
     return folder
