@@ -137,7 +137,14 @@ def challenger_bundle(ws: Workspace, candidate: Candidate, build: Build) -> tupl
     if record.change.asset not in BUILD_ASSETS:
         return bundle_of(ws, record.parent.revision, candidate.parent_pipeline)[0], None
     source = load_revision(ws.registry, record.parent.revision)
-    register_revision(ws.registry, record.build_revision, Path(source.source_path), source.format, source.default_scope)
+    register_revision(
+        ws.registry,
+        record.build_revision,
+        Path(source.source_path),
+        source.format,
+        source.default_scope,
+        source.wxr_statuses,
+    )
     built = build(record.build_revision, candidate.folder / PIPELINE)
     path = bundle_of(ws, record.build_revision, candidate.pipeline)[0]
     if path.resolve() != Path(built.bundle_path).resolve():

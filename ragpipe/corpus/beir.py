@@ -6,7 +6,8 @@ A metadata key that is a *near miss* of a security key is refused (``records.nea
 
 Every problem is collected as ``file:line [id=…]: rule`` and all are raised together. On top of
 JSON syntax, a line is refused for: a key given twice in any object (JSON parsers disagree on which
-value wins), a non-finite number, an ID breaking ``ragpipe.corpus.rules``, an ID equal to an
+value wins), nesting deeper than 64 levels (``json`` would recurse past Python's limit), a
+non-finite number, an ID breaking ``ragpipe.corpus.rules``, an ID equal to an
 earlier one after NFC, a lone surrogate in ``text``/``title``, and an explicit ``metadata`` that is
 not an object (``null``, ``[]``, ``false`` …).
 """
@@ -30,6 +31,7 @@ from ragpipe.corpus.records import (
 )
 from ragpipe.corpus.rules import id_problem, normalize_id, shown_id, string_problem
 from ragpipe.corpus.source import BeirSource
+from ragpipe.kernel.strict_load import json_depth_rule
 
 FIELDS = {"_id", "title", "text", "metadata"}
 
@@ -56,10 +58,16 @@ class _Line:
 
 def _parse_line(line: bytes, where: str, problems: list[str]) -> _Line | None:
     try:
-        parsed = _Line(decode_utf8(line, where))
+        text = decode_utf8(line, where)
     except CorpusError as exc:
         problems.extend(exc.problems)
         return None
+    too_deep = json_depth_rule(text)  # before json, whose recursion would end in a traceback
+    if too_deep:
+        problems.append(f"{where}: {too_deep}")
+        return None
+    try:
+        parsed = _Line(text)
     except json.JSONDecodeError as exc:
         problems.append(f"{where}: malformed JSON: {exc.msg} at column {exc.colno}")
         return None

@@ -12,7 +12,8 @@ like a fence. Then:
   ``---`` after blank lines is refused: other tools would read it differently, and reading it as
   text would publish the declared ``access_scopes`` as document text under the default scope);
 - the block ends at the next line that looks like a fence; that line must be exactly ``---``;
-- the YAML between must be a mapping (or empty), with no key given twice at any depth.
+- the YAML between must be a mapping (or empty), with no key given twice at any depth, nesting
+  at most 64 levels and no aliases (``ragpipe.kernel.strict_load``).
 
 A first non-blank line with no letter or digit and a run of three or more ``+`` (``+++``, TOML
 front matter) is refused rather than read as text. Any other document has no front matter.
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from ragpipe.kernel.strict_load import ALIAS, TOO_DEEP, StrictLoadError, load_yaml
 
 # The YAML block starts on file line 2; PyYAML marks are 0-based.
 _YAML_LINE_OFFSET = 2
@@ -154,8 +157,14 @@ def split_front_matter(text: str) -> tuple[FrontMatter | None, Problems]:
     bad = _delimiter_problem(lines[close], close + 1)
     if bad:
         return None, [bad]
+    block = "\n".join(lines[1:close])
+    try:  # nesting and aliases first: PyYAML would recurse past Python's limit, or expand a bomb
+        load_yaml(block, "front matter", line_offset=1)
+    except StrictLoadError as exc:
+        if exc.kind in (TOO_DEEP, ALIAS):
+            return None, [(exc.line, f"front matter: {exc.rule}")]
     try:
-        meta, key_lines = _load_yaml("\n".join(lines[1:close]))
+        meta, key_lines = _load_yaml(block)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + _YAML_LINE_OFFSET if mark else 1

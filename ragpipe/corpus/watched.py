@@ -18,11 +18,12 @@ from datetime import date
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ragpipe.corpus.connectors import source_digest
+from ragpipe.corpus.connectors import CorpusFormat, source_digest
 from ragpipe.corpus.registry import list_revisions, load_revision, register_revision
+from ragpipe.corpus.wxr import DEFAULT_WXR_STATUSES
+from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.kernel.workspace import Workspace
 
 DEFAULT_SOURCES_PATH = Path(__file__).resolve().parent.parent / "specs" / "sources.yaml"
@@ -38,8 +39,9 @@ class WatchedSource(BaseModel):
 
     name: str = Field(pattern=rf"^{NAME}$")
     path: Path
-    format: Literal["beir", "markdown"]
+    format: CorpusFormat
     default_scope: str | None = None  # None: every document must declare its access_scopes
+    wxr_statuses: tuple[str, ...] | None = None  # wxr only: the statuses read (default: publish)
 
 
 class SourcesConfig(BaseModel):
@@ -53,8 +55,10 @@ def load_sources(path: Path | None = None) -> tuple[WatchedSource, ...]:
     """The watched sources, paths resolved against the file's folder; duplicate names refused."""
     path = Path(path or os.environ.get("RAGPIPE_SOURCES") or DEFAULT_SOURCES_PATH)
     try:
-        config = SourcesConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except (OSError, yaml.YAMLError) as exc:
+        config = SourcesConfig.model_validate(load_yaml(path.read_text(encoding="utf-8"), str(path)))
+    except StrictLoadError as exc:
+        raise SourcesError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise SourcesError(f"{path}: cannot read sources config: {exc}") from None
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors())
@@ -109,12 +113,13 @@ def _one_line(exc: Exception) -> str:
 
 
 def _check_source(ws: Workspace, s: WatchedSource, day: date) -> SourceCheck:
-    digest = source_digest(s.path, s.format)
+    statuses = s.wxr_statuses or DEFAULT_WXR_STATUSES
+    digest = source_digest(s.path, s.format, statuses)
     last = last_revision(ws, s.name)
     if last is not None and load_revision(ws.registry, last).source_digest == digest:
         return SourceCheck(s.name, None, f"unchanged since revision {last}", last)
     key = revision_key(s.name, day, digest)
-    register_revision(ws.registry, key, s.path, s.format, s.default_scope)
+    register_revision(ws.registry, key, s.path, s.format, s.default_scope, s.wxr_statuses)
     return SourceCheck(
         s.name, key, f"content digest {digest} differs from {'revision ' + last if last else 'no earlier revision'}"
     )

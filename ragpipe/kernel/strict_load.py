@@ -43,6 +43,7 @@ __all__ = [
     "TOO_DEEP",
     "StrictLoadError",
     "load_json",
+    "json_depth_rule",
     "load_json_line",
     "load_yaml",
     "load_yaml_lines",
@@ -387,6 +388,17 @@ def load_json(text: str, source: str, *, line_offset: int = 0, max_depth: int = 
     nesting beyond ``max_depth``, ``NaN``/``Infinity`` and syntax errors with ``StrictLoadError``
     (``<source>:<line>: <rule>``; ``line_offset`` is added to every line)."""
     return _json(text, source, None, line_offset, max_depth)
+
+
+def json_depth_rule(text: str, max_depth: int = MAX_DEPTH) -> str | None:
+    """``nesting deeper than N levels (column C)`` when JSON ``text`` nests beyond ``max_depth``,
+    else None — the check ``load_json`` makes first, for a parser with rules of its own (a
+    corpus line) that must never reach ``json``'s recursion limit."""
+    if _depth_ok(text, max_depth):
+        return None
+    found = _locate(text, TOO_DEEP, max_depth)
+    pos = found[0] if found else 0
+    return _too_deep(max_depth, _line_column(text, pos)[1])
 
 
 def load_json_line(text: str, source: str, line: int, *, max_depth: int = MAX_DEPTH) -> Any:

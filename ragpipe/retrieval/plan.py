@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from ragpipe.kernel.ids import content_id
-from ragpipe.spec import read_error_text, validation_error_text, yaml_error_text
+from ragpipe.spec import read_yaml_file, validation_error_text
 
 DEFAULT_PLAN_PATH = Path(__file__).resolve().parent.parent / "specs" / "query_plan.yaml"
 ChannelName = Literal["lexical", "vector"]
@@ -169,15 +168,10 @@ def _field_path(loc: tuple) -> tuple:
 
 def load_plan(path: Path | None = None) -> QueryPlan:
     """Read and validate a plan file (default: ``ragpipe/specs/query_plan.yaml``); an unreadable
-    file is ``<file>: cannot read query plan: <OS reason or YAML problem with its line>``."""
+    file is ``<file>: cannot read query plan: <OS reason or YAML problem with its line>``, a key
+given twice, nesting past the bound or an alias ``<file>:<line>: <rule>`` (``spec.read_yaml_file``)."""
     path = Path(path or DEFAULT_PLAN_PATH)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{path}: cannot read query plan: {read_error_text(exc)}") from None
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: cannot read query plan: {yaml_error_text(exc)}") from None
-    return parse_plan(raw, str(path))
+    return parse_plan(read_yaml_file(path, "query plan", PlanError), str(path))
 
 
 def query_plan_id(plan: QueryPlan) -> str:

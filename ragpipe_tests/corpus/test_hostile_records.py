@@ -493,3 +493,13 @@ def test_cli_build_with_a_non_utf8_file_name_is_a_clear_error(tmp_path: Path):
     assert (out.returncode, out.stdout) == (1, "")
     assert one_line(out.stderr) == f"error: invalid corpus:  {root}/caf\\xe9.md: file name is not valid UTF-8"
     assert "Traceback" not in out.stderr
+
+
+# --- nesting and aliases: one line, never a recursion traceback ---------------------------------
+
+
+def test_a_line_nested_past_the_bound_is_one_problem(tmp_path: Path):
+    path = tmp_path / "c.jsonl"
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(GOOD + '{"_id": "d2", "text": "t", "metadata": {"x": ' + deep + "}}\n")
+    assert problems_of(read_beir, path) == [f"{path}:2: nesting deeper than 64 levels (column 108)"]

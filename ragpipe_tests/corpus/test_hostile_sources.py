@@ -458,3 +458,22 @@ def test_first_lines_that_do_not_look_like_a_fence_are_text(tmp_path: Path, text
     with a word on it, ``***`` or a two-hyphen signature marker is text, as before."""
     (rec,) = read_markdown_folder(write_tree(tmp_path / "c", {"a.md": text}))
     assert (rec.text, rec.access_scopes) == (text, None)
+
+
+@pytest.mark.parametrize(
+    ("front", "problem"),
+    [
+        ("x: " + "[" * 5000 + "]" * 5000, "2 [id=a.md]: front matter: nesting deeper than 64 levels (column 67)"),
+        (
+            "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]",
+            "3 [id=a.md]: front matter: YAML alias *a is not allowed (anchors and aliases are refused in "
+            "configuration: write the value out)",
+        ),
+    ],
+    ids=["deep", "alias"],
+)
+def test_front_matter_nested_past_the_bound_or_with_aliases_is_one_problem(tmp_path: Path, front, problem):
+    (tmp_path / "a.md").write_text(f"---\n{front}\n---\nbody text long enough here\n")
+    with pytest.raises(CorpusError) as info:
+        read_markdown_folder(tmp_path)
+    assert info.value.problems == [f"{tmp_path / 'a.md'}:{problem}"]

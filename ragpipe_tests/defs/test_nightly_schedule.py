@@ -95,8 +95,11 @@ def test_bad_sources_config_names_the_file(tmp_path: Path):
     )
     with pytest.raises(SourcesError, match=f"^{bad}: source name 'a' is declared twice$"):
         load_sources(bad)
-    bad.write_text("schema: ragpipe.sources/v1\nsources:\n  - {name: a, path: x, format: pdf}\n")
+    bad.write_text("schema: ragpipe.sources/v1\nsources:\n  - {name: a, path: x, format: docx}\n")
     with pytest.raises(SourcesError, match=rf"^{bad}: invalid sources config: sources\.0\.format: "):
+        load_sources(bad)
+    bad.write_text("schema: ragpipe.sources/v1\nsources:\n  - {name: a, path: x, format: beir, name: b}\n")
+    with pytest.raises(SourcesError, match=rf"^{bad}:3: sources\[0\]\.name: duplicate key \(first at column "):
         load_sources(bad)
 
 

@@ -92,6 +92,18 @@ def test_unreadable_plan(tmp_path: Path):
         load_plan(tmp_path / "missing.yaml")
 
 
+def test_a_plan_with_a_key_twice_or_nested_past_the_bound_is_one_line(tmp_path: Path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("schema: ragpipe.query_plan/v1\nchannels: {}\nchannels: {}\n")
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    assert str(info.value) == f"{path}:3: channels: duplicate key (first at line 2)"
+    path.write_text("a: " + "[" * 10_000 + "]" * 10_000 + "\n")
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    assert str(info.value).startswith(f"{path}:1: nesting deeper than 64 levels (column ")
+
+
 # --- fusion kinds ---------------------------------------------------------------------------
 
 # Golden IDs: the checked-in plan (z-score convex fusion, chosen by `ragpipe tune` on SciFact
