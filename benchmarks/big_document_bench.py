@@ -91,6 +91,7 @@ def big_document(target_bytes: int, words: list[str], rng: random.Random) -> str
 
 def build(home: Path, megabytes: float, vectors: bool) -> Path:
     """The bundle of the synthetic corpus under ``home`` (built by the stage functions, no Dagster)."""
+    from ragpipe.corpus.bounds import CorpusBounds
     from ragpipe.corpus.registry import register_revision
     from ragpipe.kernel.workspace import Workspace
     from ragpipe.stages import steps
@@ -111,7 +112,9 @@ def build(home: Path, megabytes: float, vectors: bool) -> Path:
         spec = PipelineSpec.model_validate(
             {**spec.model_dump(by_alias=True), "vector_index": {"enabled": False, "metric": spec.vector_index.metric}}
         )
-    register_revision(ws.registry, REVISION, corpus, "markdown", "public")
+    # the document is the point: lift the default 8 MiB bound on one document's text
+    big = CorpusBounds(document_bytes=int(megabytes * 1024 * 1024) + 1024 * 1024)
+    register_revision(ws.registry, REVISION, corpus, "markdown", "public", bounds=big)
     for run in steps.BUILD_STEPS:
         run(ws, REVISION, spec)
     return Path(str(steps.read_stage_record(ws, REVISION, "index_bundle").facts["bundle_path"]))

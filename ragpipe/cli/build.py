@@ -53,6 +53,15 @@ def build(
             help="WordPress statuses to read, comma-separated (default: publish; recorded with the revision).",
         ),
     ] = None,
+    max_document_bytes: Annotated[
+        int, typer.Option("--max-document-bytes", min=1, help="Largest document text, UTF-8 bytes (default 8 MiB).")
+    ] = 8 * 1024 * 1024,
+    max_documents: Annotated[
+        int, typer.Option("--max-documents", min=1, help="Most documents in one revision (default 1,000,000).")
+    ] = 1_000_000,
+    max_corpus_bytes: Annotated[
+        int, typer.Option("--max-corpus-bytes", min=1, help="Largest total document text, bytes (default 4 GiB).")
+    ] = 4096 * 1024 * 1024,
     launch: Annotated[
         Launch, typer.Option("--launch", help="auto: the run queue when a daemon serves it, else in this process.")
     ] = Launch.auto,
@@ -61,6 +70,7 @@ def build(
 ) -> None:
     """Register a corpus revision and run the build_revision job of the `ragpipe` code location for it."""
     # the corpus readers and the configuration check load only when a build runs (not for --help)
+    from ragpipe.corpus.bounds import CorpusBounds
     from ragpipe.corpus.connectors import detect_format
     from ragpipe.corpus.normalize import CorpusError
     from ragpipe.corpus.registry import RevisionError, register_revision
@@ -74,7 +84,8 @@ def build(
     corpus_format = fmt.value if fmt else detect_format(path)
     statuses = tuple(wxr_status.split(",")) if wxr_status is not None else None
     try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
-        _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope, statuses)
+        bounds = CorpusBounds(max_document_bytes, max_documents, max_corpus_bytes)
+        _, new = register_revision(ws.registry, revision, path, corpus_format, default_scope, statuses, bounds)
     except (CorpusError, RevisionError) as exc:
         fail(str(exc))
     if not as_json:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ragpipe.corpus.bounds import DEFAULT_BOUNDS, CorpusBounds, bound_problems
 from ragpipe.corpus.connectors import CorpusFormat, CorpusRead, load_source, parse_source
 from ragpipe.corpus.models import REVISION_PATTERN, SCOPE_PATTERN
 from ragpipe.corpus.normalize import CorpusError
@@ -118,6 +119,7 @@ def register_revision(
     fmt: CorpusFormat,
     default_scope: str | None,
     wxr_statuses: tuple[str, ...] | None = None,
+    bounds: CorpusBounds = DEFAULT_BOUNDS,
 ) -> tuple[RevisionRecord, bool]:
     """Validate and register a revision. Returns (record, newly_registered).
 
@@ -125,7 +127,8 @@ def register_revision(
     corpus with such documents, naming them, before anything is written — unless ``revision`` is
     registered already: then its recorded default applies (building a registered revision again
     needs no flag; the record, not a guess, says what its default is). ``wxr_statuses`` (format
-    ``wxr`` only) are the post statuses read; None: as recorded for the key, else ``publish``."""
+    ``wxr`` only) are the post statuses read; None: as recorded for the key, else ``publish``.
+    A corpus beyond ``bounds`` (``ragpipe.corpus.bounds``) is refused, every violation one line."""
     path = _record_path(registry, revision)
     recorded = load_revision(registry, revision) if path.exists() else None
     if default_scope is None and recorded is not None:
@@ -138,6 +141,9 @@ def register_revision(
         raise RevisionError(f"{source}: corpus path does not exist")
     loaded = _load(source, fmt, statuses)
     read = _parse(loaded, fmt)  # raises CorpusError naming file/line/ID; nothing is written
+    too_large = bound_problems(read, str(source), bounds)
+    if too_large:
+        raise CorpusError(too_large)
     refusal = unscoped_refusal(read, default_scope, str(source))
     if refusal is not None:
         raise RevisionError(refusal)

@@ -64,7 +64,8 @@ TREE_SUFFIXES: dict[str, tuple[tuple[str, ...], str]] = {
 _MIB = 1024 * 1024
 # The one place for the byte bounds of one document, per format: an HTML page, a PDF file, one
 # WordPress item's content (its HTML). A file beyond its bound is refused unread, one line naming
-# the limit; an item beyond it refuses the export. Markdown and BEIR have none (unchanged).
+# the limit; an item beyond it refuses the export. Markdown and BEIR documents are their text: it
+# is bound after parsing (``ragpipe.corpus.bounds``, ``--max-document-bytes``).
 # (WXR: below libxml2's own 10 MB bound on one text node, which refuses larger ones as malformed.)
 DOCUMENT_BYTE_LIMITS: dict[str, int] = {"html": 16 * _MIB, "pdf": 50 * _MIB, "wxr": 8 * _MIB}
 # A WordPress export is one file holding every item: its own bound, checked before it is read.
