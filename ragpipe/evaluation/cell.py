@@ -68,7 +68,7 @@ def _answer(
     cited sources), the answer fields the metrics were computed on, and the cell record's
     ``answer_ms`` and ``answer_usage``."""
     started = time.perf_counter()
-    answer = answer_question(retriever, case.query, subject, mode=body.mode)
+    answer = answer_question(retriever, case.query, subject, mode=body.mode, filter=case.filter)
     elapsed = _ms(started)
     data = answer.as_dict()
     shown: list[Shown] = [(e.chunk_id, e.document_id, e.access_scopes) for e in answer.context.evidence]
@@ -115,7 +115,7 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> 
     subject = subject_for(case, body)
     try:
         started = time.perf_counter()
-        result = retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True)
+        result = retriever.query(case.query, subject, k=body.k, mode=body.mode, rankings=True, filter=case.filter)
         latency = _ms(started)
         targets = collapse([(str(h["document_id"]), str(h["chunk_id"])) for h in result.hits], case.target_level)
         metrics: dict[str, float] = {}  # the ranking metrics follow, for the whole group (score_group)

@@ -71,6 +71,8 @@ class Case(BaseModel):
     subject: CaseSubject | None = None
     forbidden_sources: tuple[str, ...] = ()
     split: tuple[str, ...] = ()  # the dataset splits the judgments come from (BEIR import sets it)
+    # a metadata filter the case's query runs under (canonical JSON, ``corpus.metadata_filter``)
+    filter: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -97,6 +99,8 @@ class Case(BaseModel):
             "forbidden_sources": list(self.forbidden_sources),
             # only when set: a suite without splits keeps the digest it had before splits existed
             **({"split": list(self.split)} if self.split else {}),
+            # likewise: a suite without filters keeps its digest
+            **({"filter": self.filter} if self.filter is not None else {}),
         }
 
 

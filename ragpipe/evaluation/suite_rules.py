@@ -28,10 +28,22 @@ import re
 import unicodedata
 from typing import Any
 
+from ragpipe.corpus.metadata_filter import FilterError, filter_json, parse_filter
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.kernel.ids import DocumentId
 
-FIELDS = ("id", "query", "target_level", "judgments", "tags", "answerability", "subject", "forbidden_sources", "split")
+FIELDS = (
+    "id",
+    "query",
+    "target_level",
+    "judgments",
+    "tags",
+    "answerability",
+    "subject",
+    "forbidden_sources",
+    "split",
+    "filter",
+)
 REQUIRED = ("id", "query", "target_level", "judgments")
 CHUNK_ID = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 MAX_GRADE = 2**31 - 1
@@ -185,4 +197,17 @@ def check_case(value: Any) -> dict[str, Any]:
         "subject": _subject(value.get("subject")),
         "forbidden_sources": forbidden,
         "split": _string_set(value.get("split", ()), "split"),
+        "filter": _filter(value.get("filter")),
     }
+
+
+def _filter(value: Any) -> dict[str, Any] | None:
+    """A case's metadata filter in canonical JSON (``ragpipe.corpus.metadata_filter``), or None.
+    Its fields are checked against a bundle when the case runs (a field the bundle lacks fails
+    the cell, naming it), its syntax here."""
+    if value is None:
+        return None
+    try:
+        return filter_json(parse_filter(value))
+    except FilterError as exc:
+        raise SuiteError(f"'filter': {exc}") from None

@@ -59,7 +59,7 @@ MALFORMED = [
     (
         line(extra=1) + "\n",
         1,
-        "unknown field 'extra' (allowed: id, query, target_level, judgments, tags, answerability, subject, forbidden_sources, split)",
+        "unknown field 'extra' (allowed: id, query, target_level, judgments, tags, answerability, subject, forbidden_sources, split, filter)",
     ),
     (line(query=DROP) + "\n", 1, "missing required field 'query'"),
     (line(id=7) + "\n", 1, "'id' must be a string, got number"),
