@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from ragpipe.kernel.strict_load import ALIAS, TOO_DEEP, StrictLoadError, load_yaml
+from ragpipe.kernel.strict_load import ALIAS, MAX_DEPTH, TOO_DEEP, StrictLoadError, load_yaml
 
 # The YAML block starts on file line 2; PyYAML marks are 0-based.
 _YAML_LINE_OFFSET = 2
@@ -134,6 +134,13 @@ def _delimiter_problem(line: str, lineno: int) -> tuple[int, str] | None:
     )
 
 
+def _may_nest_or_alias(block: str, lines: int) -> bool:
+    """Whether ``block`` could nest past the bound or hold an alias: every nesting level needs a
+    line of its own or a bracket, and every alias an ``&``/``*`` — so the strict parse (which
+    doubles the cost of reading front matter) runs only where it can find something."""
+    return lines + block.count("[") + block.count("{") > MAX_DEPTH or "&" in block or "*" in block
+
+
 def split_front_matter(text: str) -> tuple[FrontMatter | None, Problems]:
     """Split normalised text into front matter and body; ``None`` with problems if refused."""
     lines = text.split("\n")
@@ -158,11 +165,12 @@ def split_front_matter(text: str) -> tuple[FrontMatter | None, Problems]:
     if bad:
         return None, [bad]
     block = "\n".join(lines[1:close])
-    try:  # nesting and aliases first: PyYAML would recurse past Python's limit, or expand a bomb
-        load_yaml(block, "front matter", line_offset=1)
-    except StrictLoadError as exc:
-        if exc.kind in (TOO_DEEP, ALIAS):
-            return None, [(exc.line, f"front matter: {exc.rule}")]
+    if _may_nest_or_alias(block, close - 1):
+        try:  # nesting and aliases first: PyYAML would recurse past Python's limit, or expand a bomb
+            load_yaml(block, "front matter", line_offset=1)
+        except StrictLoadError as exc:
+            if exc.kind in (TOO_DEEP, ALIAS):
+                return None, [(exc.line, f"front matter: {exc.rule}")]
     try:
         meta, key_lines = _load_yaml(block)
     except yaml.MarkedYAMLError as exc:

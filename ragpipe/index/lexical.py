@@ -198,7 +198,7 @@ class LexicalSearcher:
         if source_roles:
             clauses.append((tantivy.Occur.Must, self._filter("source_role", source_roles)))
         if selection is not None and not selection.everything:
-            clauses.append(self._selection_clause(selection))
+            clauses.append(selection.compiled("tantivy", lambda: self._selection_clause(selection)))
         if exclude_documents:
             excluded = tantivy.Query.term_set_query(self.schema, "document_id", sorted(exclude_documents))
             clauses.append((tantivy.Occur.MustNot, excluded))

@@ -10,9 +10,13 @@ filter excluding a few documents costs. It is never applied after a top ``k``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,6 +27,17 @@ class Selection:
     documents: frozenset[str]
     others: frozenset[str]
     rows: np.ndarray
+    # each engine's compiled form (a tantivy clause, a SQL predicate), built once per selection:
+    # a selection is cached per filter, so a filter a service sees often compiles once
+    _compiled: dict[str, object] = field(default_factory=dict, repr=False)
+
+    def compiled(self, engine: str, build: Callable[[], T]) -> T:
+        """``engine``'s form of this selection, built on first use (racing threads may build it
+        twice; both results are equal)."""
+        found = self._compiled.get(engine)
+        if found is None:
+            found = self._compiled.setdefault(engine, build())
+        return found  # type: ignore[return-value]
 
     @property
     def empty(self) -> bool:

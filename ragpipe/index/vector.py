@@ -163,7 +163,7 @@ class VectorSearcher:
         if source_roles:
             predicate = f"{predicate} AND {role_predicate(source_roles)}"
         if selection is not None and not selection.everything:
-            predicate = f"{predicate} AND {selection_predicate(selection)}"
+            predicate = f"{predicate} AND {selection.compiled('lancedb', lambda: selection_predicate(selection))}"
         if exclude_documents:
             predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
         # where() on a vector query is a prefilter unless postfilter() is asked for

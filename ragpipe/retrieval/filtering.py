@@ -10,9 +10,12 @@ dictionary lookup.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +37,18 @@ from ragpipe.retrieval.results import FilterQueryError
 _CACHED_SELECTIONS = 256
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """A filter as a query applies it: its canonical JSON (as text: each result gets its own
+    copy, ``shown()``, so no caller can change the cached one) and its selection."""
+
+    canonical: str
+    selection: Selection
+
+    def shown(self) -> dict[str, Any]:
+        return json.loads(self.canonical)
+
+
 class BundleFilters:
     """The filterable fields of one bundle and the selections of the filters asked so far."""
 
@@ -47,6 +62,7 @@ class BundleFilters:
         self._indexed = np.zeros(len(documents), dtype=bool)
         self._indexed[self._row_document] = True  # documents with at least one index row
         self._cache: OrderedDict[bytes, Selection] = OrderedDict()
+        self._resolved: OrderedDict[str, Resolved] = OrderedDict()
         self._lock = threading.Lock()
 
     def parse(self, value: object) -> Filter:
@@ -58,6 +74,25 @@ class BundleFilters:
         except FilterError as exc:
             raise FilterQueryError(str(exc)) from None
         return parsed
+
+    def resolve(self, value: object) -> Resolved:
+        """``parse`` then ``selection``, with the filter's canonical JSON — cached by the filter's
+        JSON text, so a filter a service sees often costs one lookup per query."""
+        key = _text_key(value)
+        if key is not None:
+            with self._lock:
+                found = self._resolved.get(key)
+                if found is not None:
+                    self._resolved.move_to_end(key)
+                    return found
+        parsed = self.parse(value)
+        resolved = Resolved(canonical_bytes(filter_json(parsed)).decode("utf-8"), self.selection(parsed))
+        if key is not None:
+            with self._lock:
+                self._resolved[key] = resolved
+                if len(self._resolved) > _CACHED_SELECTIONS:
+                    self._resolved.popitem(last=False)
+        return resolved
 
     def selection(self, f: Filter) -> Selection:
         """The documents ``f`` admits (among those with index rows) and the rows they own."""
@@ -79,3 +114,15 @@ class BundleFilters:
             if len(self._cache) > _CACHED_SELECTIONS:
                 self._cache.popitem(last=False)
         return selection
+
+
+def _text_key(value: object) -> str | None:
+    """A JSON filter's text as a cache key (None for a parsed ``Filter`` or a value JSON cannot
+    hold, which are parsed every time). ``sort_keys`` only: ``in`` lists keep their order, so two
+    spellings of one filter are two keys of one parse — never one key for two filters."""
+    if isinstance(value, Filter):
+        return None
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # parse_filter refuses these in one line
+        return None

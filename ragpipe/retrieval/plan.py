@@ -169,7 +169,7 @@ def _field_path(loc: tuple) -> tuple:
 def load_plan(path: Path | None = None) -> QueryPlan:
     """Read and validate a plan file (default: ``ragpipe/specs/query_plan.yaml``); an unreadable
     file is ``<file>: cannot read query plan: <OS reason or YAML problem with its line>``, a key
-given twice, nesting past the bound or an alias ``<file>:<line>: <rule>`` (``spec.read_yaml_file``)."""
+    given twice, nesting past the bound or an alias ``<file>:<line>: <rule>`` (``spec.read_yaml_file``)."""
     path = Path(path or DEFAULT_PLAN_PATH)
     return parse_plan(read_yaml_file(path, "query plan", PlanError), str(path))
 

@@ -1,6 +1,7 @@
 """Request bodies: bounded in size, and always read as JSON.
 
-``BodyLimit`` refuses a body over ``max_bytes`` with 413 ``body_too_large`` before the app reads it.
+``BodyLimit`` refuses a body over ``max_bytes`` with 413 ``body_too_large`` before the app reads it,
+and one nesting deeper than ``MAX_BODY_DEPTH`` with 422 ``invalid_request`` (field ``body``).
 Every body route takes JSON and nothing else, so a body arriving without a content type, or with
 the form type ``curl -d`` sends by default, is handed to the app as ``application/json`` (the form
 is never parsed). Strict content-type checks guard cookie-authenticated apps against cross-site
@@ -13,9 +14,15 @@ import json
 
 import anyio
 
+from ragpipe.kernel.strict_load import json_depth_rule
 from ragpipe.server.errors import ApiError, error_body
 
 AS_JSON = {None, b"application/x-www-form-urlencoded"}
+
+
+# JSON nesting a body may have: far beyond any request (a filter's 32 levels of and/or/not are
+# about 65 of JSON), far below the depth at which ``json`` runs out of stack.
+MAX_BODY_DEPTH = 256
 
 
 class BodyLimit:
@@ -48,7 +55,12 @@ class BodyLimit:
         if chunks is None:
             await self._refuse(send)
             return
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        body = b"".join(chunks)
+        too_deep = json_depth_rule(body.decode("utf-8", "replace"), MAX_BODY_DEPTH) if body else None
+        if too_deep:  # json would recurse past Python's limit: a 500 and a logged traceback
+            await self._send(send, ApiError(422, "invalid_request", f"request body: {too_deep}", "body"))
+            return
+        replay = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed():
             return replay.pop() if replay else await receive()

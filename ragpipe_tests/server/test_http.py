@@ -164,6 +164,26 @@ def test_body_size_and_malformed_json(active: Serving):
     assert bad.json() == {"code": "invalid_request", "message": "body: not valid JSON", "field": "body"}
 
 
+def test_a_body_nested_past_the_bound_is_a_json_error_not_a_traceback(active: Serving):
+    deep = b'{"query": "q", "filter": ' + b"[" * 300 + b"]" * 300 + b"}"
+    nested_filter = {"query": "signing keys", "filter": {"field": "source_role", "eq": "runbook"}}
+    for _ in range(33):  # one level past the filter's bound of 32
+        nested_filter["filter"] = {"not": nested_filter["filter"]}
+    with server(active) as base:
+        wait_for(lambda: release_of(base))
+        r = httpx.post(f"{base}/v1/query", content=deep, headers=auth(active.keys["alice"]))
+        too_deep_filter = httpx.post(f"{base}/v1/query", json=nested_filter, headers=auth(active.keys["bob"]))
+    assert r.status_code == 422
+    assert r.json() == {
+        "code": "invalid_request",
+        "message": "request body: nesting deeper than 256 levels (column 281)",
+        "field": "body",
+    }
+    # a filter past its own bound (32 levels of and/or/not) is refused by the filter's rule
+    assert too_deep_filter.status_code == 422 and too_deep_filter.json()["code"] == "invalid_filter"
+    assert "nesting deeper than 32 levels" in too_deep_filter.json()["message"]
+
+
 def test_a_body_without_the_json_content_type_is_read_as_json(active: Serving):
     """``curl -d`` sends the form content type; the API takes JSON only, so it reads JSON."""
     with server(active) as base:
