@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -33,6 +34,7 @@ from pydantic import (
 
 from ragpipe.kernel.ids import SpecId, content_id
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
+from ragpipe.work.disclosure import DisclosurePolicy, endpoint_identity
 from ragpipe.work.policy import ExecutionPolicy
 
 DEFAULT_SPEC_PATH = Path(__file__).parent / "specs" / "pipeline.yaml"
@@ -108,6 +110,18 @@ class GeneratedKindSpec(_Spec):
     seed: int | None = 0
     max_chars: int = Field(300, ge=1, le=20_000)  # the longest one question or summary may be
     contract: str
+    # Derived by the pipeline spec, never written: which endpoint computes this kind
+    # (``ragpipe.work.disclosure.endpoint_identity``) and the scopes whose chunks it may be sent
+    # (``["*"]``: every scope). Both enter the spec ID — another endpoint or disclosure is another
+    # plan. None: a spec recorded before they existed (its ID stays what it was).
+    endpoint: str | None = None
+    send_scopes: tuple[str, ...] | None = None
+
+    def may_send(self, scopes: tuple[str, ...]) -> bool:
+        """Whether a chunk of a document with ``scopes`` may be sent to this kind's endpoint."""
+        if self.send_scopes is None or "*" in self.send_scopes:
+            return True
+        return any(s in self.send_scopes for s in scopes)
 
 
 def _with_prompt(kind: str, entry: object, base: Path, recorded: bool = False) -> object:
@@ -148,6 +162,43 @@ def _with_prompt(kind: str, entry: object, base: Path, recorded: bool = False) -
     if entry.setdefault("prompt_digest", digest) != digest:
         raise ValueError(f"generated.{kind}.prompt_digest: does not match the prompt's text ({digest})")
     return entry
+
+
+DERIVED_GENERATION = ("endpoint", "send_scopes")
+
+
+def _with_generation_identity(data: object) -> object:
+    """Pipeline spec data with each generated kind's derived ``endpoint`` and ``send_scopes`` filled
+    in from its model, ``execution.generation.api_base`` and ``disclosure``; refused when written."""
+    if not isinstance(data, Mapping):
+        return data
+    reps = data.get("representations")
+    generated = reps.get("generated") if isinstance(reps, Mapping) else getattr(reps, "generated", None)
+    if not isinstance(generated, Mapping) or not generated:
+        return data
+    try:
+        execution = ExecutionSettings.model_validate(data.get("execution") or {})
+        disclosure = DisclosurePolicy.model_validate(data.get("disclosure") or {})
+    except ValidationError:
+        return data  # reported where it belongs by the fields' own validation
+    api_base = execution.generation.api_base
+    filled = {}
+    for kind, entry in generated.items():
+        if isinstance(entry, GeneratedKindSpec):
+            entry = entry.model_dump(exclude=set(DERIVED_GENERATION)) | {"prompt_text": entry.prompt_text}
+        elif isinstance(entry, Mapping):
+            written = [f for f in DERIVED_GENERATION if f in entry]
+            if written:
+                raise ValueError(
+                    f"representations.generated.{kind}.{written[0]}: derived from the kind's model, "
+                    "execution.generation.api_base and disclosure; do not set it"
+                )
+        if isinstance(entry, Mapping) and isinstance(entry.get("model"), str):
+            endpoint = endpoint_identity(entry["model"], api_base)
+            entry = {**entry, "endpoint": endpoint, "send_scopes": disclosure.identity_part(endpoint)}
+        filled[kind] = entry
+    reps = reps.model_dump() | {"kinds": reps.kinds} if isinstance(reps, RepresentationSpec) else dict(reps)
+    return {**data, "representations": {**reps, "generated": filled}}
 
 
 def content_digest_of(text: str) -> str:
@@ -191,8 +242,10 @@ class RepresentationSpec(_Spec):
         ``{"semantic": True}``: spec IDs, bundle manifests) drops it and every entry of an unlisted kind."""
         out = handler(self)
         semantic = bool((info.context or {}).get("semantic"))
+        # the derived fields are the pipeline spec's to fill: a plain dump (a spec file) leaves them out
+        dropped = {"prompt"} if semantic else {"endpoint", "send_scopes"}
         used = {
-            k: ({f: x for f, x in v.items() if f != "prompt"} if semantic else v)
+            k: {f: x for f, x in v.items() if f not in dropped and not (f in DERIVED_GENERATION and x is None)}
             for k, v in (out.get("generated") or {}).items()
             if k in self.kinds or not semantic
         }
@@ -210,15 +263,155 @@ class RepresentationSpec(_Spec):
         return tuple(k for k in self.kinds if k in GENERATION_CONTRACTS)
 
 
+_DIGEST = r"^sha256:[0-9a-f]{64}$"
+
+
 class EmbedderSpec(_Spec):
-    model_name: str
-    package: str
-    weights_sha256: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    """The embedder: one of three forms, every field semantic except ``model_path``.
+
+    * a packaged sentence-transformers model: ``model_name``, ``package`` (the installed Python
+      package whose folder holds the model), ``weights_sha256`` (the weights' digest), and
+      ``max_seq_length``;
+    * a sentence-transformers model folder on disk: ``model_name``, ``model_path`` (operational:
+      where the folder is, never in an ID; relative to the spec file), ``files_sha256`` (one digest
+      over every file the model loads from: ``ragpipe.embedding.model_folder``) and
+      ``max_seq_length``;
+    * a remote embedder, ``provider: litellm``: ``model`` (a litellm model string,
+      ``openai/text-embedding-3-small``, ``ollama/nomic-embed-text``), ``api_base`` (kept as its
+      endpoint identity, ``ragpipe.work.disclosure.endpoint_identity``; None: the provider's
+      default endpoint) and ``send_dimensions`` (ask the provider for ``dimensions``-long vectors,
+      as OpenAI's text-embedding-3 models allow).
+
+    Every form has ``dimensions``, ``normalize`` and the two prefixes. A field a form does not use
+    is refused, and a field at its default is left out of the dump, so a packaged-model spec has
+    exactly the identity it had before the other forms existed (docs/embedders.md).
+    """
+
+    model_name: str | None = Field(None, min_length=1)
+    package: str | None = Field(None, min_length=1)
+    weights_sha256: str | None = Field(None, pattern=_DIGEST)
     dimensions: int = Field(ge=1, le=65536)
     normalize: bool
-    max_seq_length: int = Field(ge=1)
+    max_seq_length: int | None = Field(None, ge=1)
     document_prefix: str = ""
     query_prefix: str = ""
+    provider: Literal["sentence_transformers", "litellm"] = "sentence_transformers"
+    model_path: Path | None = None  # operational: never in an ID (files_sha256 is)
+    files_sha256: str | None = Field(None, pattern=_DIGEST)
+    model: str | None = Field(None, min_length=1)
+    api_base: str | None = None
+    send_dimensions: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_model_path(cls, data: object, info: ValidationInfo) -> object:
+        """A spec file's relative ``model_path`` is relative to the spec file's folder; a spec file
+        (validation context ``base``) that pins a folder must say where it is."""
+        context = info.context or {}
+        if not isinstance(data, Mapping) or "base" not in context or context.get("recorded"):
+            return data
+        if data.get("files_sha256") is not None and data.get("model_path") is None:
+            raise ValueError("model_path: a model folder pinned by files_sha256 needs its model_path")
+        path = data.get("model_path")
+        if isinstance(path, (str, Path)) and not Path(path).is_absolute():
+            data = {**data, "model_path": Path(context["base"]) / path}
+        return data
+
+    @field_validator("api_base")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        """An http(s) base URL, kept as its endpoint identity (scheme and host lower-cased, no
+        trailing ``/``): what the spec ID carries. Credentials, a query or a fragment would be lost
+        in that form (and a credential has no place in an ID): refused."""
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL with a host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry credentials (set RAGPIPE_EMBEDDER_API_KEY)")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{value!r}: a query or fragment is not part of an endpoint")
+        try:
+            parts.port  # noqa: B018 - raises for a port out of range
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        return endpoint_identity("", value)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EmbedderSpec:
+        def refuse(fields: dict[str, object], form: str) -> None:
+            for name, default in fields.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}: not used by {form}")
+
+        if self.provider == "litellm":
+            if self.model is None:
+                raise ValueError("model: a litellm embedder names its model (e.g. openai/text-embedding-3-small)")
+            fields = dict.fromkeys(("model_name", "package", "weights_sha256", "max_seq_length"))
+            refuse({**fields, "model_path": None, "files_sha256": None}, "a litellm embedder")
+            return self
+        refuse({"model": None, "api_base": None, "send_dimensions": False}, "a sentence_transformers embedder")
+        if self.model_name is None:
+            raise ValueError("model_name: a sentence_transformers embedder names its model")
+        if self.max_seq_length is None:
+            raise ValueError("max_seq_length: a sentence_transformers embedder declares it")
+        packaged = self.package is not None or self.weights_sha256 is not None
+        folder = self.files_sha256 is not None or self.model_path is not None
+        if packaged and folder:
+            raise ValueError(
+                "either a packaged model (package, weights_sha256) or a model folder (model_path, files_sha256), not both"
+            )
+        if folder and self.files_sha256 is None:
+            raise ValueError(
+                "files_sha256: a model folder is pinned by the digest of its files (ragpipe embedder pin PATH)"
+            )
+        if not folder and (self.package is None or self.weights_sha256 is None):
+            missing = "package" if self.package is None else "weights_sha256"
+            raise ValueError(f"{missing}: a packaged model names its package and pins its weights_sha256")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler, info: SerializationInfo) -> dict:
+        """Fields at their defaults are left out (a packaged-model spec dumps as it always did);
+        the semantic dump (spec IDs, bundle manifests) leaves out ``model_path`` too."""
+        out = handler(self)
+        for name, default in _EMBEDDER_DEFAULTS.items():
+            if name in out and out[name] == default:
+                del out[name]
+        if (info.context or {}).get("semantic"):
+            out.pop("model_path", None)
+        return out
+
+    @property
+    def remote(self) -> bool:
+        return self.provider == "litellm"
+
+    @property
+    def label(self) -> str:
+        """The model's name for people: ``model_name``, or a litellm embedder's ``model``."""
+        return self.model or self.model_name or ""
+
+    @property
+    def endpoint(self) -> str | None:
+        """A litellm embedder's endpoint identity (``openai:default`` for the provider's own)."""
+        return endpoint_identity(self.model, self.api_base) if self.model is not None else None
+
+
+# Left out of a dump at these values (EmbedderSpec._dump). The two prefixes are not: a packaged
+# spec has always written them.
+_EMBEDDER_DEFAULTS: dict[str, object] = {
+    "model_name": None,
+    "package": None,
+    "weights_sha256": None,
+    "max_seq_length": None,
+    "provider": "sentence_transformers",
+    "model_path": None,
+    "files_sha256": None,
+    "model": None,
+    "api_base": None,
+    "send_dimensions": False,
+}
 
 
 class LexicalIndexSpec(_Spec):
@@ -235,11 +428,25 @@ class VectorIndexSpec(_Spec):
 
 
 class GenerationExecution(ExecutionPolicy):
-    """How generated representations are computed: the step policy (``ragpipe.work.policy``) plus
-    where the model is reached. Operational: the endpoint serves the spec's ``model``."""
+    """How generated representations are computed: the step policy (``ragpipe.work.policy``), where
+    the model is reached and how many invalid replies a build tolerates."""
 
     concurrency: int = Field(4, ge=1, le=64)
-    api_base: str | None = None  # None: litellm's default for the model's provider
+    # None: litellm's default for the model's provider. Which endpoint computes a kind enters its
+    # spec ID and cache key (``GeneratedKindSpec.endpoint``): where it is reached is not operational.
+    api_base: str | None = None
+    timeout_seconds: float = Field(60.0, gt=0, le=3600)
+    # More invalid replies than this fraction of the chunks sent fails the stage (nothing published).
+    max_invalid_fraction: float = Field(0.05, ge=0, le=1)
+
+
+class EmbeddingExecution(ExecutionPolicy):
+    """How a remote embedder (``embedder.provider: litellm``) is called: the step policy
+    (``ragpipe.work.policy``; ``batch_size`` texts per request) plus the request timeout.
+    Operational: the endpoint and everything that can change a vector are in the embedder spec."""
+
+    concurrency: int = Field(2, ge=1, le=64)
+    batch_size: int = Field(64, ge=1, le=2048)
     timeout_seconds: float = Field(60.0, gt=0, le=3600)
 
 
@@ -250,6 +457,7 @@ class ExecutionSettings(_Spec):
     torch_threads: int = Field(2, ge=1)
     index_writer_heap_mb: int = Field(128, ge=16)
     generation: GenerationExecution = GenerationExecution()
+    embedding: EmbeddingExecution = EmbeddingExecution()
 
 
 # Dagster's own rules for owners and tags (dagster/_core/utils.py is_valid_email,
@@ -369,9 +577,16 @@ class PipelineSpec(_Spec):
     lexical_index: LexicalIndexSpec = LexicalIndexSpec()
     vector_index: VectorIndexSpec = VectorIndexSpec()
     execution: ExecutionSettings = ExecutionSettings()
+    # Which scopes' chunk text may be sent to which endpoint while building (ragpipe.work.disclosure).
+    disclosure: DisclosurePolicy = DisclosurePolicy()
     dagster: DagsterSettings = DagsterSettings()
     # None: the build_revision job stops at index_bundle. Enters no build-stage spec ID.
     evaluation: EvaluationSection | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _generation_identity(cls, data: object) -> object:
+        return _with_generation_identity(data)
 
     def stage_spec(self, stage: str) -> _Spec | None:
         """The semantic spec owned by ``stage`` (``None`` for stages with no parameters)."""

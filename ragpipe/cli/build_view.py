@@ -190,11 +190,15 @@ def metrics_line(metrics: dict[str, dict]) -> str:
 
 
 def generation_line(g: dict[str, object]) -> str:
-    """The build's model calls on one row: ``12 calls · 30 cached · 1 invalid · tokens in 4100 ·
-    out 610 · cost 981 micros`` (the cost as ``unknown (…)`` when a model has no price)."""
+    """The build's model calls on one row: ``12 calls · 30 cached · 1 invalid · 2 withheld ·
+    tokens in 4100 · out 610 · cost 981 micros`` (the cost as ``unknown (…)`` when a model has no
+    price); ``· 3 chunks lack a generated kind`` ends it when some do."""
+    missing = g.get("missing") or 0
+    lacking = f" · {missing} chunk(s) lack a generated kind" if missing else ""
     return (
         f"{g['calls']} calls · {g['cache_hits']} cached · {g['invalid_output']} invalid · "
-        f"tokens in {g['input_tokens']} · out {g['output_tokens']} · cost {g['cost']}"
+        f"{g.get('withheld') or 0} withheld · tokens in {g['input_tokens']} · out {g['output_tokens']} · "
+        f"cost {g['cost']}{lacking}"
     )
 
 

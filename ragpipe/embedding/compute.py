@@ -17,10 +17,17 @@ from ragpipe.embedding.embedder import Embedder
 from ragpipe.representations.derive import Representation
 from ragpipe.work.leases import KeyLeases
 from ragpipe.work.policy import ExecutionPolicy
-from ragpipe.work.runner import Done, run_step
+from ragpipe.work.runner import Done, Step, run_step
+from ragpipe.work.usage import UsageTotals
 
 # (texts encoded so far, new texts to encode): a typed count, never a log line to parse.
 Progress = Callable[[int, int], None]
+
+
+class EmbeddingFailed(RuntimeError):
+    """Texts left without a vector after their attempts (a remote embedder's typed failures);
+    ``str(e)`` is one line with the counts by kind and the first failure. Every finished batch is
+    in the cache: building again sends only the rest."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class EmbeddingStats:
     cache_hits: int
     encoded: int
     encode_seconds: float
+    usage: UsageTotals = UsageTotals()  # a remote embedder's calls (a local model makes none)
+    retries: int = 0
 
 
 class EmbeddingStep:
@@ -58,9 +67,12 @@ class EmbeddingStep:
 def compute_embeddings(
     reps: list[Representation],
     cache: EmbeddingCache,
-    embedder_factory: Callable[[], Embedder],
+    embedder_factory: Callable[[], Embedder] | None = None,
     chunk_size: int = 256,
     progress: Progress | None = None,
+    *,
+    step: Step | None = None,
+    policy: ExecutionPolicy | None = None,
 ) -> tuple[np.ndarray, EmbeddingStats]:
     """Vectors for ``reps`` in their order, through the step runner: the key is the text digest
     within the cache's embedder spec; misses are encoded in batches of ``chunk_size``, each added
@@ -70,20 +82,35 @@ def compute_embeddings(
     ``progress(0, N)`` is called before the model loads and ``progress(k, N)`` after each batch
     (``ragpipe build`` draws its bar from these counts, which the asset records as observations).
     256 texts per batch is one update every second or two on a laptop CPU: a live bar without
-    measurable overhead."""
-    step = EmbeddingStep(embedder_factory)
-    policy = ExecutionPolicy(batch_size=chunk_size, max_attempts=1, retry_on=())
+    measurable overhead.
+
+    A remote embedder passes its ``step`` (``ragpipe.embedding.remote.RemoteEmbeddingStep``) and
+    ``policy`` (``execution.embedding``: batch size, concurrency, rate, retries, budget); texts
+    whose attempts all failed raise ``EmbeddingFailed`` (a budget stop ``BudgetExhausted``) after
+    every finished batch was committed."""
+    step = step if step is not None else EmbeddingStep(embedder_factory)
+    policy = policy or ExecutionPolicy(batch_size=chunk_size, max_attempts=1, retry_on=())
     items = [(str(r.digest), r.text) for r in reps]
     found, report = run_step(
         step, items, cache, policy, leases=KeyLeases(cache.directory / "leases"), progress=progress
     )
+    if report.failures:
+        first = report.failures[0]
+        counts = ", ".join(f"{kind}: {n}" for kind, n in report.failure_counts().items())
+        raise EmbeddingFailed(
+            f"{len(report.failures)} text(s) have no vector after their attempts ({counts}); first: {first.detail} "
+            f"after {first.attempts} attempt(s): {first.message} ({report.computed} embedded and cached: build again "
+            "to continue)"
+        )
     matrix = np.stack([found[r.digest] for r in reps]) if reps else np.zeros((0, cache.dimensions), np.float32)
     stats = EmbeddingStats(
         representations=len(reps),
         unique_texts=report.unique,
         cache_hits=report.cache_hits + report.waited_hits,
         encoded=report.computed,
-        encode_seconds=step.encode_seconds,
+        encode_seconds=getattr(step, "encode_seconds", 0.0),
+        usage=report.usage,
+        retries=sum(report.retries.values()),
     )
     return matrix.astype(np.float32, copy=False), stats
 

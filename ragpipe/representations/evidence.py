@@ -13,7 +13,9 @@ model made; it checks that the record is what the spec would ask and the reply s
 * the reply text is the response's message, the tokens are the response's usage, the model is the
   request's;
 * an ``ok`` reply parses under the contract (its text, returned, must then be a representation's);
-  an ``invalid_output`` reply does not, with the recorded reason.
+  an ``invalid_output`` reply does not, with the recorded reason;
+* a chunk the spec's disclosure keeps from the kind's endpoint has exactly the ``withheld`` record
+  (nothing sent) and every other chunk has no such record.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ragpipe.representations.generate import (
     parse_reply,
     prompt_of,
 )
-from ragpipe.spec import RepresentationSpec, content_digest_of
+from ragpipe.spec import GeneratedKindSpec, RepresentationSpec, content_digest_of
 from ragpipe.work.chat import ChatRequest
 
 GENERATIONS_FILE = "generations.parquet"
@@ -45,8 +47,8 @@ GENERATIONS_FILE = "generations.parquet"
 class GenerationRecord(FrozenModel):
     chunk_id: str
     kind: str
-    status: str = Field(pattern=r"^(ok|invalid_output)$")
-    failure: str | None  # the broken rule of an invalid reply
+    status: str = Field(pattern=r"^(ok|invalid_output|withheld)$")
+    failure: str | None  # the broken rule of an invalid reply; why a withheld chunk was not sent
     step_key: str
     request_digest: str
     request: str  # the request's exact JSON
@@ -98,6 +100,7 @@ def verify_generations(
 ) -> tuple[dict[tuple[str, str], str], list[str]]:
     """(the generated texts by (chunk, kind), problems) — module docstring for the rules."""
     titles = {d.document_id: d.title for d in documents}
+    scopes = {d.document_id: d.access_scopes for d in documents}
     by_chunk = {c.chunk_id: c for c in chunks}
     texts: dict[tuple[str, str], str] = {}
     problems: list[str] = []
@@ -113,7 +116,14 @@ def verify_generations(
         if chunk is None or record.kind not in spec.generated_kinds:
             problems.append(f"{where}: no such chunk and generated kind in the bundle's spec")
             continue
-        problem, text = _check(record, spec, titles.get(chunk.document_id, ""), chunk.text, producer_spec_id)
+        kspec = spec.generated[record.kind]  # type: ignore[index]
+        document_scopes = scopes.get(chunk.document_id, ())
+        if not kspec.may_send(document_scopes):
+            problem, text = _withheld_problem(record, kspec, document_scopes, producer_spec_id), None
+        elif record.status == "withheld":
+            problem, text = f"recorded withheld but the spec's disclosure lets it go to {kspec.endpoint}", None
+        else:
+            problem, text = _check(record, spec, titles.get(chunk.document_id, ""), chunk.text, producer_spec_id)
         if problem:
             problems.append(f"{where}: {problem}")
         elif text is not None:
@@ -156,6 +166,48 @@ def _check(
     if record.status != "ok":
         return "recorded invalid_output but its reply meets the contract", None
     return None, text
+
+
+def withheld_record(
+    chunk_id: str, kind: str, kspec: GeneratedKindSpec, scopes: tuple[str, ...], producer_spec_id: str
+) -> GenerationRecord:
+    """The record of a chunk the disclosure policy keeps from the kind's endpoint: nothing was sent."""
+    return GenerationRecord(
+        chunk_id=chunk_id,
+        kind=kind,
+        status="withheld",
+        failure=withheld_reason(kspec, scopes),
+        step_key="",
+        request_digest="",
+        request="",
+        content="",
+        response="",
+        producer_spec_id=producer_spec_id,
+        provider="",
+        model=kspec.model,
+        input_tokens=0,
+        output_tokens=0,
+        latency_ms=0,
+        cost_micros=0,
+    )
+
+
+def withheld_reason(kspec: GeneratedKindSpec, scopes: tuple[str, ...]) -> str:
+    allowed = ", ".join(kspec.send_scopes or ())
+    return f"scope(s) {', '.join(scopes)} may not be sent to {kspec.endpoint} (it may receive: {allowed})"
+
+
+def _withheld_problem(
+    record: GenerationRecord, kspec: GeneratedKindSpec, scopes: tuple[str, ...], producer_spec_id: str
+) -> str | None:
+    """A chunk the spec's disclosure keeps from the endpoint must have exactly the withheld record:
+    anything else says its text was sent where the spec forbids."""
+    expected = withheld_record(record.chunk_id, record.kind, kspec, scopes, producer_spec_id)
+    if record.status != "withheld":
+        return f"recorded {record.status} but the spec's disclosure forbids sending its chunk to {kspec.endpoint}"
+    if record != expected:
+        return "its withheld record is not the one the spec's disclosure makes (a withheld record sends nothing)"
+    return None
 
 
 def _reply_problem(record: GenerationRecord, request: ChatRequest) -> str | None:

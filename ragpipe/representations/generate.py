@@ -82,8 +82,12 @@ def prompt_of(kind: str, spec: GeneratedKindSpec, request: ChatRequest) -> str |
 
 
 def generation_key(kind: str, spec: GeneratedKindSpec, request: ChatRequest) -> str:
-    """The step key: the request's digest (model, prompt, parameters, text) and the contract."""
-    return step_key(f"generate.{kind}", GENERATION_STEP_VERSION, {"request": request.digest, "contract": spec.contract})
+    """The step key: the request's digest (model, prompt, parameters, text), the contract and the
+    endpoint that answers (a spec recorded before endpoints entered it has none: its keys stay)."""
+    value = {"request": request.digest, "contract": spec.contract}
+    if spec.endpoint is not None:
+        value["endpoint"] = spec.endpoint
+    return step_key(f"generate.{kind}", GENERATION_STEP_VERSION, value)
 
 
 def parse_reply(kind: str, spec: GeneratedKindSpec, content: str) -> str:

@@ -5,8 +5,12 @@ For each generated kind of the spec, every chunk becomes one item keyed by its r
 first, so a revision that changes 1 % of the chunks calls the model for exactly those. One budget
 covers every kind of the run. Outcomes:
 
+* a chunk the disclosure policy keeps from the kind's endpoint (``GeneratedKindSpec.may_send``:
+  none of its document's scopes may be sent there) → nothing is sent, a ``withheld`` record naming
+  the scopes, and no representation;
 * a valid reply → the chunk's text of that kind, and an ``ok`` evidence record;
-* an invalid reply (attempts exhausted) → an ``invalid_output`` record and no representation;
+* an invalid reply (attempts exhausted) → an ``invalid_output`` record and no representation; more
+  than ``execution.generation.max_invalid_fraction`` of the replies invalid → ``GenerationFailed``;
 * any other failure left after its attempts (rate limited, timeout, server or client error) →
   ``GenerationFailed``: nothing is published, every finished item stays cached, and building again
   asks only for the rest. A budget stop raises ``BudgetExhausted`` the same way.
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from ragpipe.chunking.models import Chunk
 from ragpipe.corpus.models import Document
-from ragpipe.representations.evidence import GenerationRecord
+from ragpipe.representations.evidence import GenerationRecord, withheld_record
 from ragpipe.representations.generate import (
     GenerationInput,
     GenerationStep,
@@ -68,14 +72,16 @@ def generate_representations(
 ) -> GenerationOutcome:
     """Module docstring. Raises ``GenerationFailed`` or ``BudgetExhausted`` (nothing to publish)."""
     titles = {d.document_id: d.title for d in documents}
+    scopes = {d.document_id: d.access_scopes for d in documents}
     budget = Budget(execution.budget_micros)
     texts: dict[tuple[str, str], str] = {}
     records: list[GenerationRecord] = []
     reports: dict[str, StepReport] = {}
     for kind in spec.generated_kinds:
         kspec = spec.generated[kind]  # type: ignore[index]
+        sent = [c for c in chunks if kspec.may_send(scopes[c.document_id])]
         items = []
-        for chunk in chunks:
+        for chunk in sent:
             request = chat_request(kind, kspec, titles.get(chunk.document_id, ""), chunk.text)
             items.append((generation_key(kind, kspec, request), GenerationInput(kind, kspec, request)))
         folder = cache_root / kind
@@ -96,7 +102,15 @@ def generate_representations(
                 f"generating {kind}: {len(stuck)} item(s) failed after their attempts ({counts}); first: "
                 f"{stuck[0].detail}: {stuck[0].message} (finished items are cached: build again to continue)"
             )
-        for chunk, (key, _) in zip(chunks, items, strict=True):
+        keys = {chunk.chunk_id: key for chunk, (key, _) in zip(sent, items, strict=True)}
+        kind_records = []
+        for chunk in chunks:
+            key = keys.get(chunk.chunk_id)
+            if key is None:
+                kind_records.append(
+                    withheld_record(chunk.chunk_id, kind, kspec, scopes[chunk.document_id], producer_spec_id)
+                )
+                continue
             value = values.get(key)
             failure = failures.get(key)
             evidence = value if value is not None else (failure.evidence if failure is not None else None)
@@ -108,8 +122,22 @@ def generate_representations(
                 texts[(chunk.chunk_id, kind)] = parse_reply(kind, kspec, record.content)
             except InvalidOutput as exc:
                 record = record.model_copy(update={"status": "invalid_output", "failure": str(exc)})
-            records.append(record)
+            kind_records.append(record)
+        _check_invalid_fraction(kind, kind_records, len(sent), execution.max_invalid_fraction)
+        records += kind_records
     return GenerationOutcome(texts, records, reports)
+
+
+def _check_invalid_fraction(kind: str, records: list[GenerationRecord], sent: int, limit: float) -> None:
+    """Fail the run when more than ``limit`` of the replies to the chunks sent broke the contract:
+    a bundle without most of the kind the spec asked for is not what it says it is."""
+    invalid = [r for r in records if r.status == "invalid_output"]
+    if sent and len(invalid) / sent > limit:
+        raise GenerationFailed(
+            f"generating {kind}: {len(invalid)} of {sent} replies broke the output contract "
+            f"({len(invalid) / sent:.0%}, more than execution.generation.max_invalid_fraction {limit:g}); "
+            f"first: chunk {invalid[0].chunk_id}: {invalid[0].failure}"
+        )
 
 
 def _value_check(kind: str, kspec):

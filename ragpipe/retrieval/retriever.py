@@ -25,7 +25,6 @@ import numpy as np
 from ragpipe.bundle.verify import VerifiedBundle, check_vector_table, open_bundle
 from ragpipe.chunking.models import Chunk
 from ragpipe.corpus.metadata import shown_metadata
-from ragpipe.corpus.metadata_filter import filter_json
 from ragpipe.corpus.models import SCOPE_PATTERN, Document
 from ragpipe.index.engine_calibration import CalibrationRecords
 from ragpipe.index.lexical import LexicalSearcher
@@ -182,13 +181,19 @@ class Retriever:
     def embedder(self):
         """The query embedder, loaded (once, whichever thread asks first) on first use: for the
         ``onnxruntime`` runtime the cached query graph of the bundle's embedder, created on first
-        use and verified on every load (``QueryGraphError``, an ``EmbedderError``, when refused)."""
+        use and verified on every load (``QueryGraphError``, an ``EmbedderError``, when refused);
+        for a remote (litellm) embedder, the same provider, model and endpoint the bundle was
+        embedded with, whatever the runtime (``ragpipe.embedding.remote``: query vectors kept in memory)."""
         if self._embedder is not None:
             return self._embedder
         with self._lock:
             if self._embedder is None:
                 self._check_embedder(self.embedder_spec)
-                if self.plan.query_embedding.runtime == "onnxruntime":
+                if self.embedder_spec.remote:
+                    from ragpipe.embedding.remote import RemoteEmbedder
+
+                    embedder = RemoteEmbedder(self.embedder_spec)
+                elif self.plan.query_embedding.runtime == "onnxruntime":
                     # the verified cached graph: no torch on this path once the entry exists
                     from ragpipe.embedding.query_graph import query_encoder
 
@@ -263,10 +268,10 @@ class Retriever:
             raise QueryError(EMPTY_QUERY)
         subject = subject or Subject.default()
         roles = self._check_roles(source_roles)
-        parsed = None if filter is None else self.filters.parse(filter)
+        resolved = None if filter is None else self.filters.resolve(filter)
         plan, mode, plan_id = self._plan_for(mode)
         audience = self.lexical.audience(subject)  # the policy's verdict per scope group
-        selection = None if parsed is None else self.filters.selection(parsed)
+        selection = None if resolved is None else resolved.selection
         if selection is not None:
             visible_rows = self._selected_rows(audience.groups, roles, selection)
         elif roles:
@@ -311,7 +316,7 @@ class Retriever:
             evidence=evidence,
             source_roles=roles or None,
             release_id=self.release_id,
-            filter=None if parsed is None else filter_json(parsed),
+            filter=None if resolved is None else resolved.shown(),
         )
         if rankings:
             result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])

@@ -18,7 +18,7 @@ from ragpipe.chunking.models import chunk_set_digest, read_chunks, write_chunks
 from ragpipe.corpus.models import SnapshotSummary
 from ragpipe.corpus.registry import load_revision, read_registered_corpus
 from ragpipe.corpus.snapshot import build_snapshot, read_snapshot, read_snapshot_documents, write_snapshot
-from ragpipe.embedding.compute import Progress, compute_embeddings, embeddings_digest, write_embeddings
+from ragpipe.embedding.compute import Progress, embeddings_digest, write_embeddings
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
@@ -31,7 +31,7 @@ from ragpipe.representations.derive import (
 from ragpipe.representations.evidence import GENERATIONS_FILE, write_generations
 from ragpipe.representations.generation_run import GenerationFailed, GenerationOutcome, generate_representations
 from ragpipe.spec import PipelineSpec
-from ragpipe.stages.embedding_shards import embedding_cache, spec_embedder
+from ragpipe.stages.embedding_shards import embed_revision, usage_metadata
 from ragpipe.stages.generation_metadata import generation_metadata
 from ragpipe.stages.index_steps import check_bundle, run_index_bundle, run_lexical_index, run_vector_index
 from ragpipe.stages.results import StageResult, Table, finish, table
@@ -258,8 +258,7 @@ def run_embeddings(
         return finish(out, t0, version_dir(ws, revision, "embeddings", out.data_version), 0, {"enabled": False})
     reps = read_representations(ins["representations"].path / "representations.parquet")
     embedder_id = spec.own_spec_ids["embeddings"]
-    cache = embedding_cache(ws, spec)
-    vectors, stats = compute_embeddings(reps, cache, lambda: spec_embedder(spec), progress=progress)
+    vectors, stats = embed_revision(ws, revision, spec, ins["representations"], reps, progress)
     # The exact vectors: a run with another batch size may differ in the last bits and then
     # publishes its own version folder (the bundle ID does not depend on it).
     digest = embeddings_digest([str(r.representation_id) for r in reps], vectors)
@@ -289,11 +288,16 @@ def run_embeddings(
             "encoded": stats.encoded,
             "cache_hit_rate": round(hit_rate, 4),
             "embedder_spec_id": embedder_id,
-            "model": spec.embedder.model_name,
+            "model": spec.embedder.label,
             "dimensions": spec.embedder.dimensions,
             "embeddings_digest": digest,
             "encode_seconds": round(stats.encode_seconds, 3),
-        },
+        }
+        | (
+            {"provider": "litellm", "endpoint": spec.embedder.endpoint} | usage_metadata(stats)
+            if spec.embedder.remote
+            else {}
+        ),
     )
 
 

@@ -102,7 +102,9 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
-def _failure(exc: Exception, litellm) -> StepFailure:
+def provider_failure(exc: Exception, litellm) -> StepFailure:
+    """The typed failure of a litellm exception (module docstring); the embedding adapter
+    (``ragpipe.work.embed``) maps its errors with it too."""
     if isinstance(exc, litellm.RateLimitError):
         return StepFailure("rate_limited", _short(exc), detail="http_error:429", retry_after=_retry_after(exc))
     if isinstance(exc, litellm.Timeout):
@@ -120,14 +122,21 @@ def provider_of(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else "openai"
 
 
-def complete(
-    request: ChatRequest, *, api_base: str | None, api_key: str | None, timeout: float, prices: PriceTable
-) -> ChatReply:
-    """One call (module docstring). Raises ``StepFailure``; never any other provider exception."""
+def litellm_module():
+    """litellm, imported offline: it never fetches its cost map, never prints its banner. The one
+    import of litellm (``ragpipe.work.embed`` calls it through this too)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map
     import litellm
 
     litellm.suppress_debug_info = True  # its "Give Feedback" banner would reach the user's terminal
+    return litellm
+
+
+def complete(
+    request: ChatRequest, *, api_base: str | None, api_key: str | None, timeout: float, prices: PriceTable
+) -> ChatReply:
+    """One call (module docstring). Raises ``StepFailure``; never any other provider exception."""
+    litellm = litellm_module()
     start = time.perf_counter()
     try:
         response = litellm.completion(
@@ -144,7 +153,7 @@ def complete(
             max_retries=0,
         )
     except Exception as exc:  # every provider error becomes a typed failure, never a crash
-        raise _failure(exc, litellm) from None
+        raise provider_failure(exc, litellm) from None
     latency_ms = round((time.perf_counter() - start) * 1000)
     usage_obj = getattr(response, "usage", None)
     input_tokens = getattr(usage_obj, "prompt_tokens", None)

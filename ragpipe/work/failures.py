@@ -48,11 +48,19 @@ class ItemFailure:
 class BudgetExhausted(RuntimeError):
     """Admission stopped before the budget would be exceeded; what was committed stays committed."""
 
-    def __init__(self, step: str, budget: int, spent: int, totals: UsageTotals, not_admitted: int):
+    def __init__(
+        self,
+        step: str,
+        budget: int,
+        spent: int,
+        totals: UsageTotals,
+        not_admitted: int,
+        setting: str = "execution.generation.budget_micros",
+    ):
         super().__init__(
             f"{step}: budget of {budget} micros reached: {spent} micros spent, {totals.calls} calls by this step, "
             f"{not_admitted} items not admitted (finished items are cached: raise "
-            f"execution.generation.budget_micros and build again to continue)"
+            f"{setting} and build again to continue)"
         )
         self.not_admitted = not_admitted
         self.totals = totals

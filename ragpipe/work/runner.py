@@ -53,7 +53,8 @@ class Done(Generic[V]):
 class Step(Protocol[I, V]):
     """One kind of expensive work. ``compute`` makes one call for a batch and returns one outcome
     per input, in order (raising ``StepFailure`` fails the whole batch); ``worst_cost`` bounds
-    the micros one attempt at the batch can cost (None: unknown)."""
+    the micros one attempt at the batch can cost (None: unknown). A step may name the setting of
+    its budget as ``budget_setting`` (a budget stop's message says to raise it)."""
 
     name: str
 
@@ -167,7 +168,8 @@ def run_step(
         usage=tally.usage,
     )
     if report.not_admitted:
-        raise BudgetExhausted(step.name, budget.limit or 0, budget.spent, report.usage, report.not_admitted)
+        setting = getattr(step, "budget_setting", "execution.generation.budget_micros")  # where to raise it
+        raise BudgetExhausted(step.name, budget.limit or 0, budget.spent, report.usage, report.not_admitted, setting)
     return tally.values, report
 
 

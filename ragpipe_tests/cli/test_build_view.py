@@ -12,6 +12,8 @@ GENERATION = {
     "cache_hits": 30,
     "computed": 12,
     "invalid_output": 1,
+    "withheld": 2,
+    "missing": 3,
     "retries": 2,
     "input_tokens": 4100,
     "output_tokens": 610,
@@ -31,8 +33,8 @@ def test_the_generation_row_is_one_line_of_sums():
     out = rendered({**SUMMARY, "generation": GENERATION})
     (row,) = [line for line in out.splitlines() if "generation" in line]
     assert (
-        "12 calls · 30 cached · 1 invalid · tokens in 4100 · out 610 · "
-        "cost unknown (3 of 12 calls unpriced; 981 micros priced)"
+        "12 calls · 30 cached · 1 invalid · 2 withheld · tokens in 4100 · out 610 · "
+        "cost unknown (3 of 12 calls unpriced; 981 micros priced) · 3 chunk(s) lack a generated kind"
     ) in row
 
 

@@ -24,8 +24,9 @@ def questions_for(request: dict) -> str:
     return json.dumps({"questions": [f"What does it say about {w}?" for w in picked]})
 
 
-def generated_spec(server: LLMServer | str, **execution) -> PipelineSpec:
-    """The default spec with ``[raw, questions]`` asked of ``server`` (or the API base given)."""
+def generated_spec(server: LLMServer | str, disclosure: dict | None = None, **execution) -> PipelineSpec:
+    """The default spec with ``[raw, questions]`` asked of ``server`` (or the API base given),
+    under ``disclosure`` (default: the spec's)."""
     api_base = server if isinstance(server, str) else server.api_base
     data = load_pipeline_spec().model_dump(by_alias=True)
     data["representations"] = {
@@ -37,6 +38,8 @@ def generated_spec(server: LLMServer | str, **execution) -> PipelineSpec:
         "backoff_seconds": 0,
         "timeout_seconds": 5,
     } | execution
+    if disclosure is not None:
+        data["disclosure"] = disclosure
     return PipelineSpec.model_validate(data)
 
 

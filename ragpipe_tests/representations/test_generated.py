@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.chunking.models import read_chunks
@@ -16,12 +17,15 @@ from ragpipe.corpus.registry import register_revision
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import read_representations, write_representations
 from ragpipe.representations.evidence import GENERATIONS_FILE, read_generations, write_generations
+from ragpipe.representations.generate import chat_request, generation_key
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
 from ragpipe.stages.stage_store import POINTER, StageError, read_output
+from ragpipe.work.disclosure import endpoint_identity
 from ragpipe_tests.bundle.test_forgery import refusal, reseal
 from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
 from ragpipe_tests.representations.generated_support import (
+    MODEL,
     early_build,
     expected_cost,
     generated_spec,
@@ -31,8 +35,12 @@ from ragpipe_tests.representations.generated_support import (
 from ragpipe_tests.support.llm_server import LLMServer
 
 
+def chunks_of(ws):
+    return read_chunks(read_output(ws, "hb", "chunks").path / "chunks.parquet")
+
+
 def chunk_count(ws) -> int:
-    return len(read_chunks(read_output(ws, "hb", "chunks").path / "chunks.parquet"))
+    return len(chunks_of(ws))
 
 
 def reps_of(ws, revision="hb"):
@@ -155,7 +163,7 @@ def test_an_invalid_reply_is_recorded_and_never_a_representation(tmp_path):
         server.responder = lambda request: (
             '{"questions": ["only one?"]}' if "Rotate" in request["messages"][-1]["content"] else questions_for(request)
         )
-        spec = generated_spec(server)
+        spec = generated_spec(server, max_invalid_fraction=0.5)  # 1 of 4 invalid: tolerated
         ws = early_build(tmp_path / "home", corpus, spec)
         result = steps.run_representations(ws, "hb", spec)
     records = read_generations(read_output(ws, "hb", "representations").path / GENERATIONS_FILE)
@@ -166,7 +174,61 @@ def test_an_invalid_reply_is_recorded_and_never_a_representation(tmp_path):
     questions = {r.chunk_id for r in reps_of(ws) if r.kind == "questions"}
     assert invalid[0].chunk_id not in questions and len(questions) == chunk_count(ws) - 1
     assert result.metadata["generation_invalid_output"] == 1
+    assert result.metadata["generation_missing"] == 1  # the chunk lacking its questions
     assert result.metadata["generation_calls"] == 1  # an invalid reply is not cached: asked again
+
+
+def test_more_invalid_replies_than_the_policy_fraction_fail_the_stage_in_one_line(tmp_path):
+    """Before: 12 of 12 invalid replies exited 0 and published a bundle without the kind asked for."""
+    corpus = write_tree(tmp_path / "handbook", HANDBOOK)
+    with serving(LLMServer()) as server:
+        server.responder = lambda request: '{"questions": ["only one?"]}'
+        spec = generated_spec(server)
+        with pytest.raises(StageError) as caught:
+            early_build(tmp_path / "home", corpus, spec)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "representations: generating questions: 4 of 4 replies broke the output contract (100%, more than "
+        "execution.generation.max_invalid_fraction 0.05); first: chunk sha256:"
+    )
+    assert message.endswith(": 1 questions for the 2 asked")
+    assert not (Workspace(tmp_path / "home").stage_dir("hb", "representations") / POINTER).exists()
+
+
+def test_chunks_the_disclosure_policy_keeps_from_the_endpoint_are_never_sent(tmp_path):
+    """The handbook's runbook is ``staff``; an endpoint allowed ``public`` only never sees it."""
+    corpus = write_tree(tmp_path / "handbook", HANDBOOK)
+    with serving(LLMServer()) as server:
+        endpoint = endpoint_identity(MODEL, server.api_base)
+        spec = generated_spec(server, disclosure={"endpoints": {endpoint: ["public"]}})
+        ws = early_build(tmp_path / "home", corpus, spec)
+        sent = [r["messages"][-1]["content"] for r in server.requests]
+        result = steps.run_representations(ws, "hb", spec)
+    assert sent and not any("Rotate the signing keys" in text for text in sent)
+    records = read_generations(read_output(ws, "hb", "representations").path / GENERATIONS_FILE)
+    withheld = [r for r in records if r.status == "withheld"]
+    ops = {c.chunk_id for c in chunks_of(ws) if c.document_id == "guide/ops.md"}
+    assert {r.chunk_id for r in withheld} == ops and ops
+    assert {r.failure for r in withheld} == {f"scope(s) staff may not be sent to {endpoint} (it may receive: public)"}
+    assert (withheld[0].request, withheld[0].content, withheld[0].input_tokens) == ("", "", 0)
+    assert not ops & {r.chunk_id for r in reps_of(ws) if r.kind == "questions"}
+    assert (result.metadata["generation_withheld"], result.metadata["generation_missing"]) == (len(ops), len(ops))
+    assert spec.representations.generated["questions"].send_scopes == ("public",)
+
+
+def test_the_endpoint_is_part_of_the_plan_and_of_the_cache_key(tmp_path):
+    a, b = generated_spec("http://127.0.0.1:9/v1"), generated_spec("http://127.0.0.1:10/v1")
+    assert a.representations.generated["questions"].endpoint == "http://127.0.0.1:9/v1"
+    assert a.own_spec_ids["representations"] != b.own_spec_ids["representations"]
+    request = chat_request("questions", a.representations.generated["questions"], "T", "text")
+    assert generation_key("questions", a.representations.generated["questions"], request) != generation_key(
+        "questions", b.representations.generated["questions"], request
+    )
+    with pytest.raises(ValidationError, match="endpoint: derived from"):
+        data = a.model_dump(by_alias=True)
+        data["representations"]["generated"]["questions"]["endpoint"] = "http://elsewhere"
+        PipelineSpec.model_validate(data)
 
 
 def test_a_budget_stop_publishes_nothing_and_keeps_what_finished(tmp_path):
@@ -184,15 +246,15 @@ def test_a_budget_stop_publishes_nothing_and_keeps_what_finished(tmp_path):
         with pytest.raises(StageError) as caught:
             early_build(home, corpus, tight)
         made = len(server.requests)
-    assert made == 2 and n == 4 and one > 0
-    assert str(caught.value).startswith("representations: generate.questions: budget of 250 micros reached: ")
-    assert "items not admitted (finished items are cached" in str(caught.value)
-    assert not (Workspace(home).stage_dir("hb", "representations") / POINTER).exists()
-    cached = list((home / "generation_cache" / "questions").glob("*/*.json"))
-    assert len(cached) == made
-    with serving(LLMServer()) as server:
+        assert made == 2 and n == 4 and one > 0
+        assert str(caught.value).startswith("representations: generate.questions: budget of 250 micros reached: ")
+        assert "items not admitted (finished items are cached" in str(caught.value)
+        assert not (Workspace(home).stage_dir("hb", "representations") / POINTER).exists()
+        cached = list((home / "generation_cache" / "questions").glob("*/*.json"))
+        assert len(cached) == made
+        # building again, against the same endpoint (another endpoint is another plan), asks for the rest
         steps.run_representations(Workspace(home), "hb", generated_spec(server))
-        assert len(server.requests) == n - made
+        assert len(server.requests) - made == n - made
 
 
 def test_failures_left_after_their_attempts_fail_the_stage_in_one_line(tmp_path):
@@ -229,13 +291,15 @@ def test_a_build_killed_mid_generation_calls_only_for_what_was_not_committed(tmp
         assert server.wait_answered(2, timeout=60)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    cache = home / "generation_cache" / "questions"
-    committed = len(list(cache.glob("*/*.json")))
-    assert 1 <= committed < n
-    assert not (Workspace(home).stage_dir("hb", "representations") / POINTER).exists()
-    with serving(LLMServer()) as server:
+        cache = home / "generation_cache" / "questions"
+        committed = len(list(cache.glob("*/*.json")))
+        assert 1 <= committed < n
+        assert not (Workspace(home).stage_dir("hb", "representations") / POINTER).exists()
+        # building again, against the same endpoint (another endpoint is another plan)
+        server.delay = 0
+        asked = len(server.requests)  # the killed build sends nothing more
         steps.run_representations(Workspace(home), "hb", generated_spec(server, concurrency=1))
-        assert len(server.requests) == n - committed
+        assert len(server.requests) - asked == n - committed
     assert {r.text for r in reps_of(Workspace(home))} == {r.text for r in reps_of(ws)}
 
 
@@ -327,3 +391,52 @@ def test_the_bundle_keeps_the_evidence_and_verifies_it(generated_bundle, tmp_pat
     write_representations(forged / "representations.parquet", reps)
     reseal(forged)
     assert f"{GENERATIONS_FILE}: missing: the spec has generated kinds ['questions']" in refusal(forged)
+
+
+@pytest.fixture(scope="module")
+def withheld_bundle(tmp_path_factory):
+    """A bundle whose generation endpoint may receive ``public`` chunks only: the staff runbook's
+    chunks are withheld."""
+    root = tmp_path_factory.mktemp("withheld")
+    corpus = write_tree(root / "handbook", HANDBOOK)
+    with serving(LLMServer()) as server:
+        endpoint = endpoint_identity(MODEL, server.api_base)
+        spec = generated_spec(server, disclosure={"endpoints": {endpoint: ["public"]}})
+        _, _, bundle = build_all_stages(root / "home", "hb", corpus, "markdown", spec=spec)
+    return bundle
+
+
+def test_withheld_records_verify_and_forged_ones_are_refused(withheld_bundle, tmp_path):
+    import shutil
+
+    bundle = open_bundle(withheld_bundle)
+    records = bundle.tables.generations
+    assert records is not None
+    withheld = [j for j, r in enumerate(records) if r.status == "withheld"]
+    sent = [j for j, r in enumerate(records) if r.status == "ok"]
+    assert withheld and sent
+    forged = tmp_path / withheld_bundle.name
+    shutil.copytree(withheld_bundle, forged)
+    generations = read_generations(forged / GENERATIONS_FILE)
+    w, s = withheld[0], sent[0]
+    # a reply claimed for a chunk the spec's disclosure keeps from the endpoint
+    claimed = generations[s].model_copy(update={"chunk_id": generations[w].chunk_id})
+    write_generations(forged / GENERATIONS_FILE, [claimed if k == w else g for k, g in enumerate(generations)])
+    reseal(forged)
+    assert (
+        f"{GENERATIONS_FILE}: row {w} (chunk {generations[w].chunk_id}, questions): recorded ok but the spec's "
+        "disclosure forbids sending its chunk to " in refusal(forged)
+    )
+    # a sendable chunk recorded as withheld (its question dropped from the bundle)
+    dropped = generations[w].model_copy(update={"chunk_id": generations[s].chunk_id})
+    write_generations(forged / GENERATIONS_FILE, [dropped if k == s else g for k, g in enumerate(generations)])
+    reseal(forged)
+    assert (
+        f"{GENERATIONS_FILE}: row {s} (chunk {generations[s].chunk_id}, questions): recorded withheld but the "
+        "spec's disclosure lets it go to " in refusal(forged)
+    )
+    # a withheld record that says something was sent
+    padded = generations[w].model_copy(update={"content": '{"questions": ["a?", "b?"]}'})
+    write_generations(forged / GENERATIONS_FILE, [padded if k == w else g for k, g in enumerate(generations)])
+    reseal(forged)
+    assert "its withheld record is not the one the spec's disclosure makes" in refusal(forged)
