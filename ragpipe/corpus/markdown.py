@@ -1,4 +1,5 @@
-"""Folder of Markdown/text files: one document per ``.md``/``.markdown``/``.txt`` file (any case).
+"""Folder of Markdown/text files: one document per ``.md``/``.mdx``/``.markdown``/``.txt`` file (any
+case). MDX is read as Markdown: its ``import`` lines and JSX elements stay in the text as written.
 
 Document ID = the file's path relative to the root, NFC-normalised, obeying
 ``ragpipe.corpus.rules`` (two files whose paths are equal after NFC are refused). Optional front

@@ -12,7 +12,7 @@ reason, never skipped silently:
 - a hidden entry (name starting with ``.``) is not read: ``hidden file: not read``, or for a
   directory ``hidden directory: not walked`` (nothing inside it is listed);
 - a regular file is read when its name ends in one of the format's suffixes in any letter case
-  (``.md``, ``.markdown``, ``.txt``; ``.html``, ``.htm``; ``.pdf`` — ``PAY.MD`` is read: the suffix
+  (``.md``, ``.mdx``, ``.markdown``, ``.txt``; ``.html``, ``.htm``; ``.pdf`` — ``PAY.MD`` is read: the suffix
   names a format, and on case-insensitive file systems its case is an accident); any other regular
   file is excluded with the format's reason (``NOT_MARKDOWN_REASON`` …);
 - a file of a format with a byte bound (``DOCUMENT_BYTE_LIMITS``) that is larger is a problem
@@ -45,13 +45,13 @@ from ragpipe.kernel.ids import bytes_digest, content_id
 CorpusFormat = Literal["beir", "markdown", "html", "pdf", "wxr"]
 TreeFormat = Literal["markdown", "html", "pdf"]
 TREE_FORMATS: tuple[TreeFormat, ...] = ("markdown", "html", "pdf")
-MARKDOWN_SUFFIXES = (".md", ".markdown", ".txt")
+MARKDOWN_SUFFIXES = (".md", ".mdx", ".markdown", ".txt")
 HTML_SUFFIXES = (".html", ".htm")
 PDF_SUFFIXES = (".pdf",)
 SYMLINK_REASON = "symbolic link: not followed"
 HIDDEN_FILE_REASON = "hidden file: not read"
 HIDDEN_DIRECTORY_REASON = "hidden directory: not walked"
-NOT_MARKDOWN_REASON = "not a .md, .markdown or .txt file (any letter case): not read"
+NOT_MARKDOWN_REASON = "not a .md, .mdx, .markdown or .txt file (any letter case): not read"
 NOT_HTML_REASON = "not a .html or .htm file (any letter case; --format html): not read"
 NOT_PDF_REASON = "not a .pdf file (any letter case; --format pdf): not read"
 # the files a folder of each format reads, and the reason every other regular file is excluded

@@ -147,7 +147,7 @@ def test_only_symlinks_is_no_documents_naming_the_exclusions(tmp_path: Path):
 
 HR_FRONT = "---\naccess_scopes: [hr]\n---\nsalaries of the board\n"
 HIDDEN_FILE, HIDDEN_DIR = "hidden file: not read", "hidden directory: not walked"
-NOT_MARKDOWN = "not a .md, .markdown or .txt file (any letter case): not read"
+NOT_MARKDOWN = "not a .md, .mdx, .markdown or .txt file (any letter case): not read"
 
 
 def test_every_entry_not_read_is_excluded_with_a_reason(tmp_path: Path):
@@ -217,9 +217,9 @@ def test_contents_of_a_hidden_directory_are_not_walked(tmp_path: Path):
 
 
 def test_only_hidden_files_is_no_documents_naming_the_exclusions(tmp_path: Path):
-    root = write_tree(tmp_path / "corpus", {".hr.md": HR_FRONT, "a.MDX": OK_TEXT})
+    root = write_tree(tmp_path / "corpus", {".hr.md": HR_FRONT, "a.RST": OK_TEXT})
     assert problems_of(read_markdown_folder, root) == [
-        f"{root}: no Markdown or text files found (2 excluded: .hr.md: {HIDDEN_FILE}; a.MDX: {NOT_MARKDOWN})"
+        f"{root}: no Markdown or text files found (2 excluded: .hr.md: {HIDDEN_FILE}; a.RST: {NOT_MARKDOWN})"
     ]
 
 

@@ -188,3 +188,16 @@ def test_typed_metadata_round_trips_through_its_stored_form(raw: dict):
     again = metadata_from_json(stored)
     assert again == kept
     assert [type(v) for m in again.values() for v in m.values] == [type(v) for m in kept.values() for v in m.values]
+
+
+def test_a_docusaurus_mdx_page_is_read_as_markdown_with_its_front_matter(tmp_path: Path):
+    page = (
+        "---\nsidebar_position: 2\ntags: [guide]\n---\nimport Tabs from '@theme/Tabs';\n\n"
+        "# Install\n\n<Tabs>pip install widget</Tabs>\n"
+    )
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "install.MDX").write_text(page)
+    (rec,) = read_markdown_folder(tmp_path)
+    assert (rec.document_id, rec.title) == ("docs/install.MDX", "Install")
+    assert rec.text == "import Tabs from '@theme/Tabs';\n\n# Install\n\n<Tabs>pip install widget</Tabs>\n"
+    assert _shown(rec.metadata) == {"sidebar_position": ("integer", 2), "tags": ("list<string>", ["guide"])}
