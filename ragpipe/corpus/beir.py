@@ -2,7 +2,7 @@
 ``metadata`` (``access_scopes``, ``source_role``; every other key is kept as typed document
 metadata under the rules of ``ragpipe.corpus.metadata``).
 
-A metadata key that is a *near miss* of a security key is refused (``records.near_miss_problems``).
+A metadata key that is a *near miss* of a security key is refused (``metadata.near_miss_problems``).
 
 Every problem is collected as ``file:line [id=…]: rule`` and all are raised together. On top of
 JSON syntax, a line is refused for: a key given twice in any object (JSON parsers disagree on which
@@ -14,21 +14,13 @@ not an object (``null``, ``[]``, ``false`` …).
 
 from __future__ import annotations
 
-import gzip
 import json
+import zlib
 from typing import Any
 
-from ragpipe.corpus.metadata import typed_metadata
+from ragpipe.corpus.metadata import SECURITY_KEYS, near_miss_problems, typed_metadata
 from ragpipe.corpus.normalize import CorpusError, decode_utf8, normalize_text
-from ragpipe.corpus.records import (
-    SECURITY_KEYS,
-    CorpusRead,
-    SourceRecord,
-    near_miss_problems,
-    role_of,
-    scopes_of,
-    shown_value,
-)
+from ragpipe.corpus.records import CorpusRead, SourceRecord, role_of, scopes_of, shown_value
 from ragpipe.corpus.rules import id_problem, normalize_id, shown_id, string_problem
 from ragpipe.corpus.source import BeirSource
 from ragpipe.kernel.strict_load import json_depth_rule
@@ -121,14 +113,40 @@ def _record(obj: dict[str, Any], doc_id: str, where: str, location: str, problem
     )
 
 
+# A .gz corpus is inflated in bounded steps and refused past this size (the default bound on a
+# revision's text, ``ragpipe.corpus.bounds``): a 300 KB file can inflate to gigabytes.
+MAX_INFLATED_BYTES = 4096 * 1024 * 1024
+_STEP = 64 * 1024 * 1024
+
+
+def _gunzip(raw: bytes, path) -> bytes:
+    """The decompressed bytes of every gzip member of ``raw``, at most ``MAX_INFLATED_BYTES``."""
+    out, data = bytearray(), raw
+    try:
+        while data:
+            inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # one gzip member
+            while True:
+                out += inflater.decompress(data, _STEP)
+                if len(out) > MAX_INFLATED_BYTES:
+                    raise CorpusError([f"{path}: inflates to more than {MAX_INFLATED_BYTES:,} bytes (refused unread)"])
+                data = inflater.unconsumed_tail
+                if inflater.eof or not data:
+                    break
+            if not inflater.eof:
+                raise CorpusError(
+                    [f"{path}: cannot read corpus file: compressed file ended before the end-of-stream marker"]
+                )
+            data = inflater.unused_data.lstrip(b"\0")  # concatenated members (and gzip's zero padding)
+    except zlib.error as exc:
+        raise CorpusError([f"{path}: cannot read corpus file: {exc}"]) from None
+    return bytes(out)
+
+
 def parse_beir(source: BeirSource) -> CorpusRead:
     """Parse the bytes held by ``source`` (never re-reading the file)."""
     path, raw = source.path, source.raw
     if path.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise CorpusError([f"{path}: cannot read corpus file: {exc}"]) from None
+        raw = _gunzip(raw, path)
     problems: list[str] = []
     records: list[SourceRecord] = []
     first_line: dict[str, tuple[int, str]] = {}  # NFC ID -> (line, ID as written)

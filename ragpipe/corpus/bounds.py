@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ragpipe.corpus.metadata import metadata_json
 from ragpipe.corpus.records import SourceRecord
 from ragpipe.corpus.rules import shown_id
+from ragpipe.kernel.canonical import canonical_bytes
 
 MIB = 1024 * 1024
 _SHOWN = 20
@@ -24,7 +26,7 @@ _SHOWN = 20
 
 @dataclass(frozen=True)
 class CorpusBounds:
-    document_bytes: int = 8 * MIB  # UTF-8 bytes of one document's normalised text
+    document_bytes: int = 8 * MIB  # UTF-8 bytes of one document's normalised text and its metadata
     documents: int = 1_000_000  # documents one revision may hold
     corpus_bytes: int = 4096 * MIB  # UTF-8 bytes of all documents' text together
 
@@ -43,11 +45,15 @@ def bound_problems(records: list[SourceRecord], source: str, bounds: CorpusBound
     total = 0
     large: list[str] = []
     for record in records:
-        size = len(record.text.encode("utf-8"))
+        # metadata counts with the text: every hit carries it (256 keys of 1,024 long strings would
+        # otherwise be gigabytes outside every bound)
+        meta = len(canonical_bytes(metadata_json(record.metadata))) if record.metadata else 0
+        size = len(record.text.encode("utf-8")) + meta
         total += size
         if size > bounds.document_bytes:
+            what = "document text and metadata are" if meta else "document text is"
             large.append(
-                f"{record.location} [id={shown_id(record.document_id)}]: document text is {_bytes(size)} "
+                f"{record.location} [id={shown_id(record.document_id)}]: {what} {_bytes(size)} "
                 f"(limit {_bytes(bounds.document_bytes)}: --max-document-bytes)"
             )
     problems += large[:_SHOWN]

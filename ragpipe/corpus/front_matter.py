@@ -136,9 +136,12 @@ def _delimiter_problem(line: str, lineno: int) -> tuple[int, str] | None:
 
 def _may_nest_or_alias(block: str, lines: int) -> bool:
     """Whether ``block`` could nest past the bound or hold an alias: every nesting level needs a
-    line of its own or a bracket, and every alias an ``&``/``*`` — so the strict parse (which
-    doubles the cost of reading front matter) runs only where it can find something."""
-    return lines + block.count("[") + block.count("{") > MAX_DEPTH or "&" in block or "*" in block
+    line of its own, a bracket or a compact indicator (``- ``, ``? ``), and every alias an
+    ``&``/``*`` — so the strict parse (which doubles the cost of reading front matter) runs only
+    where it can find something."""
+    # compact forms nest on one line: "- - - x" (sequences), "? ? x" (complex keys)
+    indicators = block.count("[") + block.count("{") + block.count("- ") + block.count("? ")
+    return lines + indicators > MAX_DEPTH or "&" in block or "*" in block
 
 
 def split_front_matter(text: str) -> tuple[FrontMatter | None, Problems]:
@@ -173,6 +176,8 @@ def split_front_matter(text: str) -> tuple[FrontMatter | None, Problems]:
                 return None, [(exc.line, f"front matter: {exc.rule}")]
     try:
         meta, key_lines = _load_yaml(block)
+    except RecursionError:  # a defence in depth: the check above bounds nesting before this parse
+        return None, [(1, f"front matter: nesting deeper than {MAX_DEPTH} levels")]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + _YAML_LINE_OFFSET if mark else 1

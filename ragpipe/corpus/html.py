@@ -45,10 +45,10 @@ from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from ragpipe.corpus.metadata import typed_metadata
+from ragpipe.corpus.metadata import SECURITY_KEYS, near_miss_problems, typed_metadata
 from ragpipe.corpus.models import Exclusion
 from ragpipe.corpus.normalize import CorpusError, normalize_text
-from ragpipe.corpus.records import DEFAULT_SOURCE_ROLE, SECURITY_KEYS, CorpusRead, SourceRecord, near_miss_problems
+from ragpipe.corpus.records import DEFAULT_SOURCE_ROLE, CorpusRead, SourceRecord
 from ragpipe.corpus.source import SourceFile, TreeSource, parse_folder
 
 # never text: code, styling, embedded objects, form controls, the document head

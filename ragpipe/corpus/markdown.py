@@ -5,7 +5,7 @@ Document ID = the file's path relative to the root, NFC-normalised, obeying
 ``ragpipe.corpus.rules`` (two files whose paths are equal after NFC are refused). Optional front
 matter (``ragpipe.corpus.front_matter``) sets ``title``, ``access_scopes`` and ``source_role``;
 every other key is kept as typed document metadata (``ragpipe.corpus.metadata``), and a near miss
-of a security key is refused (``records.near_miss_problems``). The title otherwise is the first
+of a security key is refused (``metadata.near_miss_problems``). The title otherwise is the first
 ``# `` heading or the file stem. The text is the
 body after the front matter. Which entries are read, and which are excluded with a reason (hidden
 entries, other suffixes, symbolic links, special files), is decided by ``ragpipe.corpus.source``. Problems read
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ragpipe.corpus.front_matter import split_front_matter
-from ragpipe.corpus.metadata import typed_metadata
+from ragpipe.corpus.metadata import near_miss_problems, typed_metadata
 from ragpipe.corpus.models import Exclusion
 from ragpipe.corpus.normalize import CorpusError, decode_utf8, normalize_text
-from ragpipe.corpus.records import CorpusRead, SourceRecord, near_miss_problems, role_of, scopes_of, shown_value
+from ragpipe.corpus.records import CorpusRead, SourceRecord, role_of, scopes_of, shown_value
 from ragpipe.corpus.rules import id_problem, normalize_id, shown_id
 from ragpipe.corpus.source import SourceFile, TreeSource, escaped_path
 

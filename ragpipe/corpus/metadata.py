@@ -23,10 +23,10 @@ import datetime as dt
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ragpipe.corpus.rules import string_problem
 from ragpipe.kernel.canonical import CanonicalEncodingError, canonical_bytes
@@ -34,6 +34,9 @@ from ragpipe.kernel.canonical import CanonicalEncodingError, canonical_bytes
 FieldType = Literal["string", "integer", "number", "boolean", "date", "datetime"]
 Scalar = str | int | float | bool
 
+SECURITY_KEYS = ("access_scopes", "source_role")
+_NOT_ALNUM = re.compile(r"[\W_]+")
+_SHOWN_KEY_CHARS = 60
 KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}\Z")
 CORE_FIELDS = frozenset({"title", "text", "document_id", "access_scopes", "source_role"})
 MAX_KEYS = 256
@@ -50,6 +53,18 @@ class MetadataValue(BaseModel):
     many: bool = False
     values: tuple[Scalar, ...]
 
+    @model_validator(mode="after")
+    def _consistent(self) -> MetadataValue:
+        """One value unless ``many``, at least one, each of the declared type (a date as ISO
+        text): what a source can produce, so a rewritten table fails here, never in a query."""
+        if not self.values or (not self.many and len(self.values) != 1):
+            raise ValueError(f"{len(self.values)} value(s) for a {'list' if self.many else 'single'} {self.type}")
+        check = _TYPE_CHECKS[self.type]
+        bad = next((v for v in self.values if not check(v)), None)
+        if bad is not None:
+            raise ValueError(f"{bad!r} is not a {self.type} value")
+        return self
+
     def as_json(self) -> Any:
         """The value as JSON shows it: a scalar, or a list when ``many``."""
         return list(self.values) if self.many else self.values[0]
@@ -59,6 +74,27 @@ class MetadataValue(BaseModel):
 
 
 Metadata = dict[str, MetadataValue]
+
+
+def _iso(parse: Callable[[str], Any]) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        try:
+            parse(value.removesuffix("Z"))
+        except (AttributeError, TypeError, ValueError):
+            return False
+        return True
+
+    return check
+
+
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, float),
+    "boolean": lambda v: isinstance(v, bool),
+    "date": lambda v: isinstance(v, str) and _iso(dt.date.fromisoformat)(v),
+    "datetime": lambda v: isinstance(v, str) and _iso(dt.datetime.fromisoformat)(v),
+}
 
 
 def _scalar(value: Any) -> tuple[FieldType, Scalar] | None:
@@ -139,6 +175,47 @@ def _typed(value: Any, where: str, problems: list[str]) -> MetadataValue | str |
     return MetadataValue(type=kind, values=(scalar,))
 
 
+def _key_skeleton(key: str) -> str:
+    """The part of a key that a typo, a case or separator change or a plural does not touch."""
+    return _NOT_ALNUM.sub("", unicodedata.normalize("NFKC", key).casefold()).removesuffix("s")
+
+
+# ``scopes`` alone reads as the audience too: kept as metadata it would publish the document under
+# the default scope while its author meant to restrict it.
+_INTENDED = {_key_skeleton(key): key for key in SECURITY_KEYS} | {"scope": "access_scopes"}
+
+
+def near_miss_problems(keys: Iterable[Any], where: Callable[[str], str]) -> list[str]:
+    """One problem per key that is a *near miss* of a security key: it differs from
+    ``access_scopes``/``source_role`` but equals it, or ``scope``, after NFKC, case-folding,
+    removing every character that is not a letter or digit and dropping one trailing ``s``. Such a key is refused,
+    never kept as metadata: keeping ``Access_Scopes`` would publish the document under the default
+    (usually widest) scope. ``where(key)`` locates the key."""
+    problems = []
+    for key in keys:
+        if not isinstance(key, str):
+            continue
+        intended = _INTENDED.get(_key_skeleton(key))
+        if intended is not None and key != intended:
+            shown = repr(key if len(key) <= _SHOWN_KEY_CHARS else key[:_SHOWN_KEY_CHARS] + "…")
+            problems.append(
+                f"{where(key)}: metadata key {shown} must be spelt exactly {intended!r} "
+                "(a misspelt security key is refused, never kept as metadata)"
+            )
+    return problems
+
+
+def _nested_near_miss(key: str, located: str) -> str | None:
+    """A flattened key that is a near miss of a security key, as a whole (``access.scopes``) or by
+    its last part (``permissions.scope``): nesting must not get round the rule."""
+    parts = [key, key.rsplit(".", 1)[-1]] if "." in key else [key]
+    for part in parts:
+        found = near_miss_problems([part], lambda _key: located)
+        if found:
+            return found[0].replace(f"metadata key {part!r}", f"metadata key {key!r}")
+    return None
+
+
 def _flatten(raw: Mapping[Any, Any], prefix: str = "") -> list[tuple[Any, Any]]:
     items: list[tuple[Any, Any]] = []
     for key, value in raw.items():
@@ -157,18 +234,28 @@ def typed_metadata(
     kept with their reasons. ``where(key)`` locates a key for problems (``file:line [id=…]``)."""
     kept: Metadata = {}
     not_kept: list[tuple[str, str]] = []
+    seen: set[str] = set()
     for key, value in _flatten(raw):
         if not isinstance(key, str):
             not_kept.append((str(key), f"key of type {type(key).__name__} is not a field name"))
             continue
         key = unicodedata.normalize("NFC", key)
+        located = where(key.split(".")[0])
+        refused = _nested_near_miss(key, located)
+        if refused:
+            problems.append(refused)
+            continue
+        if key in seen:  # a.b written both flat and nested, or two keys equal after NFC
+            problems.append(f"{located}: metadata key {key!r} is given twice (flat and nested, or equal after NFC)")
+            continue
+        seen.add(key)
         if not KEY_PATTERN.match(key):
             not_kept.append((key, "not a field name (a letter or _, then letters, digits, _ . -; at most 128)"))
             continue
         if key in CORE_FIELDS:
             not_kept.append((key, "names a core field"))
             continue
-        typed = _typed(value, f"{where(key.split('.')[0])}: metadata {key!r}", problems)
+        typed = _typed(value, f"{located}: metadata {key!r}", problems)
         if isinstance(typed, str):
             not_kept.append((key, typed))
         elif typed is not None:
@@ -186,10 +273,15 @@ def metadata_json(metadata: Metadata) -> dict[str, Any]:
 def metadata_from_json(value: Mapping[str, Any]) -> Metadata:
     """Inverse of ``metadata_json`` (validated: a tampered table fails here, never later). Canonical
     JSON writes ``2.0`` as ``2``: a ``number`` field's values are floats again."""
-    return {
-        k: MetadataValue(type=t, many=many, values=tuple(float(v) for v in values) if t == "number" else tuple(values))
-        for k, (t, many, values) in value.items()
-    }
+    out: Metadata = {}
+    for key, (kind, many, values) in value.items():
+        if not KEY_PATTERN.match(key) or key in CORE_FIELDS:
+            raise ValueError(f"metadata key {key!r} is not a field name a source can give")
+        numbers = kind == "number" and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        out[key] = MetadataValue(
+            type=kind, many=many, values=tuple(float(v) for v in values) if numbers else tuple(values)
+        )
+    return out
 
 
 def shown_metadata(metadata: Metadata) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import difflib
 import json
 import math
 import operator
+import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -94,7 +95,13 @@ def literal_problem(value: object, *, bound: bool = False) -> str | None:
     if isinstance(value, int):
         return None if abs(value) <= MAX_INTEGER else f"integer {shown(value)} is outside ±(2^53-1)"
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} is not a finite number"
+        if not math.isfinite(value):
+            return f"{value!r} is not a finite number"
+        if (
+            value.is_integer() and abs(value) > MAX_INTEGER
+        ):  # no canonical JSON form (RFC 8785 reads it back as an integer)
+            return f"number {value!r} is an integer outside ±(2^53-1)"
+        return None
     if isinstance(value, str):
         if len(value) > MAX_STRING_CHARS:
             return f"string of {len(value)} characters (limit {MAX_STRING_CHARS})"
@@ -106,8 +113,10 @@ def _literal(value: Any) -> Any:
     problem = literal_problem(value)
     if problem:
         raise ValueError(problem)
+    if isinstance(value, str):  # stored metadata is NFC: an NFD literal would never match, and has no canonical form
+        return unicodedata.normalize("NFC", value)
     # An integral float is its integer: RFC 8785 writes 2.0 as 2, and the canonical JSON must read back equal.
-    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INTEGER else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _field_name(name: str) -> str:

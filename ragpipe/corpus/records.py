@@ -8,9 +8,7 @@ the revision's default scope, because the default is usually the *widest* audien
 from __future__ import annotations
 
 import json
-import re
-import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +16,6 @@ from ragpipe.corpus.metadata import Metadata
 from ragpipe.corpus.models import SCOPE_PATTERN, Exclusion
 
 DEFAULT_SOURCE_ROLE = "primary"
-SECURITY_KEYS = ("access_scopes", "source_role")
-_NOT_ALNUM = re.compile(r"[\W_]+")
-_SHOWN_KEY_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -114,33 +109,3 @@ def role_of(meta: Mapping[Any, Any], where: str, problems: list[str]) -> str:
         problems.append(f"{where}: source_role must be a short identifier string, got {shown_value(value)}")
         return DEFAULT_SOURCE_ROLE
     return value
-
-
-def _key_skeleton(key: str) -> str:
-    """The part of a key that a typo, a case or separator change or a plural does not touch."""
-    return _NOT_ALNUM.sub("", unicodedata.normalize("NFKC", key).casefold()).removesuffix("s")
-
-
-# ``scopes`` alone reads as the audience too: kept as metadata it would publish the document under
-# the default scope while its author meant to restrict it.
-_INTENDED = {_key_skeleton(key): key for key in SECURITY_KEYS} | {"scope": "access_scopes"}
-
-
-def near_miss_problems(keys: Iterable[Any], where: Callable[[str], str]) -> list[str]:
-    """One problem per key that is a *near miss* of a security key: it differs from
-    ``access_scopes``/``source_role`` but equals it, or ``scope``, after NFKC, case-folding,
-    removing every character that is not a letter or digit and dropping one trailing ``s``. Such a key is refused,
-    never kept as metadata: keeping ``Access_Scopes`` would publish the document under the default
-    (usually widest) scope. ``where(key)`` locates the key."""
-    problems = []
-    for key in keys:
-        if not isinstance(key, str):
-            continue
-        intended = _INTENDED.get(_key_skeleton(key))
-        if intended is not None and key != intended:
-            shown = repr(key if len(key) <= _SHOWN_KEY_CHARS else key[:_SHOWN_KEY_CHARS] + "…")
-            problems.append(
-                f"{where(key)}: metadata key {shown} must be spelt exactly {intended!r} "
-                "(a misspelt security key is refused, never kept as metadata)"
-            )
-    return problems

@@ -206,7 +206,7 @@ def _metadata(item: _Item, post_type: str, source_file: str) -> tuple[dict[str, 
         "wp.status": item.wp_text("status"),
         "wp.slug": item.wp_text("post_name") or None,
         "wp.author": item.text(f"{{{_DC_NS}}}creator").strip() or None,
-        "wp.parent": int(parent) if parent.isdigit() and int(parent) else None,
+        "wp.parent": int(parent) if _is_id(parent) and int(parent) else None,
     }
     for key, field in (("wp.post_date", "post_date"), ("wp.post_modified", "post_modified")):
         gmt, local = item.wp_text(field + "_gmt"), item.wp_text(field)
@@ -241,6 +241,12 @@ def _text(item: _Item, wp: str, post_type: str, where: str, problems: list[str])
     return normalize_text("\n".join(r for r in rendered if r))
 
 
+def _is_id(text: str) -> bool:
+    """A WordPress ID: ASCII digits only (``str.isdigit`` also takes ``²``, which ``int`` refuses),
+    at most 15 of them (within ±(2^53-1), and far from Python's limit on digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 15
+
+
 def parse_wxr(source: WxrSource) -> CorpusRead:
     """Parse the export held by ``source`` (never re-reading the file); raise every problem at once."""
     path = escaped_path(source.path)
@@ -256,7 +262,7 @@ def parse_wxr(source: WxrSource) -> CorpusRead:
         item = _Item(element, wp)
         at = f"{path}:{item.line}"
         post_id, post_type, status = item.wp_text("post_id"), item.wp_text("post_type"), item.wp_text("status")
-        if not post_id.isdigit() or not post_type:
+        if not _is_id(post_id) or not post_type:
             problems.append(f"{at}: item without a numeric wp:post_id and a wp:post_type")
             continue
         doc_id = normalize_id(f"{post_type}/{int(post_id)}")

@@ -31,7 +31,7 @@ from ragpipe.corpus.metadata_filter import (
 from ragpipe.corpus.models import Document
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.selection import Selection
-from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.canonical import CanonicalEncodingError, canonical_bytes
 from ragpipe.retrieval.results import FilterQueryError
 
 _CACHED_SELECTIONS = 256
@@ -86,7 +86,11 @@ class BundleFilters:
                     self._resolved.move_to_end(key)
                     return found
         parsed = self.parse(value)
-        resolved = Resolved(canonical_bytes(filter_json(parsed)).decode("utf-8"), self.selection(parsed))
+        try:
+            canonical = canonical_bytes(filter_json(parsed)).decode("utf-8")
+        except CanonicalEncodingError as exc:  # the literal rules should make this unreachable
+            raise FilterQueryError(f"filter: {exc}") from None
+        resolved = Resolved(canonical, self.selection(parsed))
         if key is not None:
             with self._lock:
                 self._resolved[key] = resolved

@@ -8,7 +8,7 @@ by chunk), so a model can cite ``[E3]`` across several calls; ledgers are keyed 
 credential and scopes too, so no label, and no chunk behind one, ever crosses from one caller or
 session to another.
 
-Bounds: at most ``MAX_LIMIT`` items a call, ``MAX_CHARS`` characters of evidence text a response
+Bounds: at most ``MAX_LIMIT`` items a call, ``MAX_CHARS`` characters of evidence text and metadata a response
 (items past the budget are left out, ``truncated`` says so), ``MAX_LEDGER_ITEMS`` labels a ledger
 and ``MAX_LEDGERS`` ledgers kept, ``MAX_LEDGERS_PER_CALLER`` of them per caller (least recently
 used dropped).
@@ -16,6 +16,7 @@ used dropped).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -151,10 +152,12 @@ def search(
     )
     items, used, truncated = [], 0, False
     for hit, evidence in zip(result.hits, result.evidence):
-        if used + len(evidence.text) > MAX_CHARS:
+        # metadata counts against the budget like text: a document's metadata can be large too
+        size = len(evidence.text) + len(json.dumps(hit["metadata"], ensure_ascii=False))
+        if used + size > MAX_CHARS:
             truncated = True
             break
-        used += len(evidence.text)
+        used += size
         items.append(
             {
                 "label": ledger.label(evidence.chunk_id),

@@ -19,14 +19,18 @@ model reached through another endpoint is another identity, in cache keys and sp
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ragpipe.kernel.models import FrozenModel
 
 EVERY_SCOPE = "*"
+# the scope rule of ragpipe.corpus.models (a floor above this one)
+_SCOPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+_DEFAULT_ENDPOINT = re.compile(r"^[a-z0-9_.-]+:default\Z")
 
 
 class DisclosurePolicy(FrozenModel):
@@ -35,6 +39,32 @@ class DisclosurePolicy(FrozenModel):
 
     send_scopes: tuple[str, ...] = ("public",)
     endpoints: Mapping[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @field_validator("send_scopes")
+    @classmethod
+    def _scopes(cls, scopes: tuple[str, ...]) -> tuple[str, ...]:
+        bad = next((s for s in scopes if not _SCOPE.match(s)), None)
+        if bad is not None:  # "*" included: every scope is said per endpoint, never for all of them
+            raise ValueError(f"{bad!r} is not a scope name (every scope may go only to a listed endpoint: endpoints)")
+        return scopes
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, endpoints: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        """Keys normalised as identities are (``HTTP://GPU.lan:8000/`` is ``http://gpu.lan:8000``);
+        values scope names, or ``["*"]`` alone."""
+        out: dict[str, tuple[str, ...]] = {}
+        for key, scopes in endpoints.items():
+            if "://" in key:
+                identity = endpoint_identity("", key)
+            elif _DEFAULT_ENDPOINT.match(key):
+                identity = key
+            else:
+                raise ValueError(f"{key!r}: an endpoint is a base URL or '<provider>:default'")
+            if scopes != (EVERY_SCOPE,) and not all(_SCOPE.match(s) for s in scopes):
+                raise ValueError(f'{key!r}: scope names, or ["*"] alone for every scope')
+            out[identity] = scopes
+        return out
 
     def __hash__(self) -> int:  # endpoints is a mapping: specs holding a policy are hashed
         return hash((self.send_scopes, tuple(sorted(self.endpoints.items()))))

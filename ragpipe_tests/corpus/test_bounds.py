@@ -56,3 +56,38 @@ def test_a_markdown_document_over_the_bound_is_refused(tmp_path: Path):
     assert problems == [
         f"{root / 'big.md'} [id=big.md]: document text is 8,388,609 bytes (limit 8,388,608 bytes: --max-document-bytes)"
     ]
+
+
+def test_metadata_counts_with_the_text(tmp_path: Path):
+    """Found by an adversarial review: 4 bytes of text with 64M characters of metadata passed."""
+    source = tmp_path / "c.jsonl"
+    source.write_text(json.dumps({"_id": "d0", "text": "tiny", "metadata": {"blob": "x" * 2000}}) + "\n")
+    problems = _refusal(tmp_path, source, "beir", CorpusBounds(document_bytes=1024))
+    assert problems == [
+        f"{source}:1 [id=d0]: document text and metadata are 2,034 bytes (limit 1,024 bytes: --max-document-bytes)"
+    ]
+
+
+def test_a_gzip_corpus_is_inflated_in_bounded_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Found by an adversarial review: a 305 KB .gz was inflated whole (633 MB) before any bound."""
+    import gzip
+
+    from ragpipe.corpus import beir
+    from ragpipe.corpus.connectors import read_beir
+
+    line = json.dumps({"_id": "d", "text": "x" * 1000}) + "\n"
+    two = tmp_path / "two.jsonl.gz"  # two gzip members, as `cat a.gz b.gz` makes
+    two.write_bytes(gzip.compress(line.encode()) + gzip.compress(line.replace('"d"', '"e"').encode()))
+    assert [r.document_id for r in read_beir(two)] == ["d", "e"]
+    monkeypatch.setattr(beir, "MAX_INFLATED_BYTES", 1500)
+    with pytest.raises(CorpusError) as info:
+        read_beir(two)
+    assert info.value.problems == [f"{two}: inflates to more than 1,500 bytes (refused unread)"]
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(line.encode())[:-12])
+    monkeypatch.setattr(beir, "MAX_INFLATED_BYTES", 10**6)
+    with pytest.raises(CorpusError) as info:
+        read_beir(cut)
+    assert info.value.problems == [
+        f"{cut}: cannot read corpus file: compressed file ended before the end-of-stream marker"
+    ]

@@ -469,8 +469,10 @@ def test_first_lines_that_do_not_look_like_a_fence_are_text(tmp_path: Path, text
             "3 [id=a.md]: front matter: YAML alias *a is not allowed (anchors and aliases are refused in "
             "configuration: write the value out)",
         ),
+        ("a:\n  " + "- " * 70 + "x", "3 [id=a.md]: front matter: nesting deeper than 64 levels (column 129)"),
+        ("a:\n  " + "- " * 2000 + "x", "3 [id=a.md]: front matter: nesting deeper than 64 levels (column 129)"),
     ],
-    ids=["deep", "alias"],
+    ids=["deep", "alias", "compact-70", "compact-2000"],
 )
 def test_front_matter_nested_past_the_bound_or_with_aliases_is_one_problem(tmp_path: Path, front, problem):
     (tmp_path / "a.md").write_text(f"---\n{front}\n---\nbody text long enough here\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,41 @@ def test_a_docusaurus_mdx_page_is_read_as_markdown_with_its_front_matter(tmp_pat
     assert (rec.document_id, rec.title) == ("docs/install.MDX", "Install")
     assert rec.text == "import Tabs from '@theme/Tabs';\n\n# Install\n\n<Tabs>pip install widget</Tabs>\n"
     assert _shown(rec.metadata) == {"sidebar_position": ("integer", 2), "tags": ("list<string>", ["guide"])}
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"access": {"scopes": ["board"]}}, "f:1: metadata key 'access.scopes' must be spelt exactly 'access_scopes'"),
+        ({"source": {"role": "internal"}}, "f:1: metadata key 'source.role' must be spelt exactly 'source_role'"),
+        (
+            {"permissions": {"scope": "x"}},
+            "f:1: metadata key 'permissions.scope' must be spelt exactly 'access_scopes'",
+        ),
+        ({"a.b": 1, "a": {"b": 2}}, "f:1: metadata key 'a.b' is given twice (flat and nested, or equal after NFC)"),
+    ],
+    ids=["access.scopes", "source.role", "permissions.scope", "flat-and-nested"],
+)
+def test_nesting_gets_round_neither_the_security_keys_nor_the_one_value_a_key_has(raw, problem):
+    """Found by an adversarial review: nested keys were flattened after the near-miss check."""
+    problems: list[str] = []
+    kept, _ = typed_metadata(raw, lambda key: "f:1", problems)
+    assert len(problems) == 1 and problems[0].startswith(problem)
+    assert "access.scopes" not in kept and "source.role" not in kept and "permissions.scope" not in kept
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        ({"k": ["integer", False, []]}, "0 value(s) for a single integer"),
+        ({"k": ["integer", False, [1, 2]]}, "2 value(s) for a single integer"),
+        ({"k": ["date", False, ["not a date"]]}, "'not a date' is not a date value"),
+        ({"k": ["boolean", True, [1]]}, "1 is not a boolean value"),
+        ({"access_scopes": ["string", False, ["public"]]}, "metadata key 'access_scopes' is not a field name"),
+        ({"bad key!": ["string", False, ["x"]]}, "metadata key 'bad key!' is not a field name"),
+    ],
+)
+def test_a_rewritten_metadata_column_is_refused_where_it_is_read(stored, message):
+    """Found by an adversarial review: an empty value list verified, then failed every hit."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        metadata_from_json(stored)

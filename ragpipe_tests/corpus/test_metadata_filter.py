@@ -450,3 +450,14 @@ def test_integers_and_numbers_compare_as_numbers():
     assert matcher.mask(parse_where("2 < w <= 3")).tolist() == [False, True]
     assert matcher.mask(parse_where('w = "2"')).tolist() == [False, False]  # unchecked: a string matches no number
     assert [matches(parse_where("w in (3, 2.0)"), m, "faq") for m in metas] == [True, True]
+
+
+def test_literals_are_nfc_and_integral_floats_past_2_53_are_refused():
+    """Found by an adversarial review: both reached the canonical encoder and a 500 over HTTP."""
+    assert filter_json(parse_filter({"field": "category", "eq": "cafe\u0301"})) == {"field": "category", "eq": "café"}
+    with pytest.raises(FilterError) as info:
+        parse_filter({"field": "price", "gte": 1e17})
+    assert str(info.value) == "filter.gte: number 1e+17 is an integer outside ±(2^53-1)"
+    with pytest.raises(FilterError) as info:
+        parse_where("year < 1e17")
+    assert str(info.value) == "--where column 8: number 1e+17 is an integer outside ±(2^53-1)"

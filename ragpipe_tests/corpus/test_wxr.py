@@ -320,3 +320,19 @@ def test_an_export_and_its_statuses_travel_through_the_object_store(tmp_path: Pa
     assert elsewhere.wxr_statuses == ("private", "publish")
     read = read_registered_corpus(elsewhere, tmp_path / "cache")
     assert [r.document_id for r in read] == ["post/12", "page/7", "product/31", "product/32", "post/41"]
+
+
+def test_an_id_that_only_looks_like_digits_is_one_line_not_a_traceback(tmp_path: Path):
+    """Found by an adversarial review: ``"²".isdigit()`` is true and ``int("²")`` raises."""
+    data = wxr_export([wxr_item(12, "Ok", "<p>One.</p>")]).replace(
+        b"<wp:post_id>12</wp:post_id>", "<wp:post_id>²</wp:post_id>".encode()
+    )
+    odd = export(tmp_path / "odd.xml", data)
+    with pytest.raises(CorpusError) as refused:
+        read_corpus(odd, "wxr")
+    (problem,) = refused.value.problems
+    assert problem.endswith(": item without a numeric wp:post_id and a wp:post_type")
+    long = export(tmp_path / "long.xml", data.replace("²".encode(), b"9" * 5000))
+    with pytest.raises(CorpusError) as refused:
+        read_corpus(long, "wxr")
+    assert refused.value.problems[0].endswith(": item without a numeric wp:post_id and a wp:post_type")
