@@ -40,7 +40,7 @@ def test_what_may_be_sent_where():
     [
         ({"send_scopes": ["*"]}, "'*' is not a scope name"),  # "*" for every endpoint is never a default
         ({"endpoints": {"gpu": ["x"]}}, "'gpu': an endpoint is a base URL or '<provider>:default'"),
-        ({"endpoints": {"openai:default": ["*", "x"]}}, "scope names, or [\"*\"] alone for every scope"),
+        ({"endpoints": {"openai:default": ["*", "x"]}}, 'scope names, or ["*"] alone for every scope'),
     ],
 )
 def test_a_policy_that_says_more_than_it_means_is_refused(data, message):
