@@ -1,9 +1,11 @@
 """Metadata filters of one bundle: validated against the fields it declares, turned into a
 ``Selection`` every channel applies inside its search (``ragpipe.index.selection``).
 
-The fields a bundle declares are its documents' metadata keys plus ``source_role``, with the types
-its documents hold (``corpus.metadata_filter.field_catalog``); a filter naming another field or
-comparing a field with a value of another type is a ``QueryError`` of one line, before any search.
+The fields a filter may name are the metadata keys (plus ``source_role``) of the documents the
+subject may see, with the types those documents hold (``corpus.metadata_filter.field_catalog``
+over the subject's scope groups); a filter naming another field or comparing a field with a value
+of another type is a ``QueryError`` of one line, before any search — and names no field, type or
+count that only hidden documents hold.
 Selections are cached per filter (its canonical JSON), so a filter a service sees often costs one
 dictionary lookup.
 """
@@ -21,6 +23,7 @@ import numpy as np
 
 from ragpipe.corpus.metadata_filter import (
     DocumentMatcher,
+    FieldFact,
     Filter,
     FilterError,
     check_filter,
@@ -35,6 +38,8 @@ from ragpipe.kernel.canonical import CanonicalEncodingError, canonical_bytes
 from ragpipe.retrieval.results import FilterQueryError
 
 _CACHED_SELECTIONS = 256
+_CACHED_CATALOGS = 64
+Group = tuple[str, ...]  # a scope group (``ragpipe.retrieval.audience``)
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,10 @@ class BundleFilters:
 
     def __init__(self, documents: Sequence[Document], rows: Sequence[IndexRow]):
         metas, roles = [d.metadata for d in documents], [d.source_role for d in documents]
+        self._metas, self._roles = metas, roles
+        self._groups = [tuple(sorted(set(d.access_scopes))) for d in documents]
         self.catalog = field_catalog(metas, roles)
+        self._catalogs: OrderedDict[tuple[Group, ...], dict[str, FieldFact]] = OrderedDict()
         self._matcher = DocumentMatcher(metas, roles)
         self._ids = np.array([d.document_id for d in documents], dtype=object)
         ordinal = {d.document_id: i for i, d in enumerate(documents)}
@@ -62,30 +70,53 @@ class BundleFilters:
         self._indexed = np.zeros(len(documents), dtype=bool)
         self._indexed[self._row_document] = True  # documents with at least one index row
         self._cache: OrderedDict[bytes, Selection] = OrderedDict()
-        self._resolved: OrderedDict[str, Resolved] = OrderedDict()
+        self._resolved: OrderedDict[tuple[str, tuple[Group, ...]], Resolved] = OrderedDict()
         self._lock = threading.Lock()
 
-    def parse(self, value: object) -> Filter:
-        """A filter's JSON form (or an already parsed ``Filter``), checked against the bundle's
-        fields; ``FilterQueryError`` (one line) otherwise."""
+    def catalog_for(self, groups: Sequence[Group]) -> dict[str, FieldFact]:
+        """The fields, types and counts of the documents in ``groups`` (a subject's audience): what
+        a filter is checked against, so no refusal names a field, a type or a count that only
+        documents hidden from the subject hold."""
+        key = tuple(sorted(groups))
+        with self._lock:
+            found = self._catalogs.get(key)
+            if found is not None:
+                self._catalogs.move_to_end(key)
+                return found
+        seen = set(key)
+        visible = [i for i, g in enumerate(self._groups) if g in seen]
+        catalog = field_catalog([self._metas[i] for i in visible], [self._roles[i] for i in visible])
+        with self._lock:
+            self._catalogs[key] = catalog
+            if len(self._catalogs) > _CACHED_CATALOGS:
+                self._catalogs.popitem(last=False)
+        return catalog
+
+    def parse(self, value: object, groups: Sequence[Group] | None = None) -> Filter:
+        """A filter's JSON form (or an already parsed ``Filter``), checked against the fields of
+        the documents in ``groups`` (None: the whole bundle's); ``FilterQueryError`` (one line)
+        otherwise."""
+        catalog = self.catalog if groups is None else self.catalog_for(groups)
         try:
             parsed = value if isinstance(value, Filter) else parse_filter(value)
-            check_filter(parsed, self.catalog)
+            check_filter(parsed, catalog)
         except FilterError as exc:
             raise FilterQueryError(str(exc)) from None
         return parsed
 
-    def resolve(self, value: object) -> Resolved:
-        """``parse`` then ``selection``, with the filter's canonical JSON — cached by the filter's
-        JSON text, so a filter a service sees often costs one lookup per query."""
-        key = _text_key(value)
+    def resolve(self, value: object, groups: Sequence[Group]) -> Resolved:
+        """``parse`` against the audience ``groups`` then ``selection``, with the filter's canonical
+        JSON — cached by the filter's JSON text and the audience, so a filter a service sees often
+        costs one lookup per query."""
+        text = _text_key(value)
+        key = None if text is None else (text, tuple(sorted(groups)))
         if key is not None:
             with self._lock:
                 found = self._resolved.get(key)
                 if found is not None:
                     self._resolved.move_to_end(key)
                     return found
-        parsed = self.parse(value)
+        parsed = self.parse(value, groups)
         try:
             canonical = canonical_bytes(filter_json(parsed)).decode("utf-8")
         except CanonicalEncodingError as exc:  # the literal rules should make this unreachable

@@ -268,9 +268,10 @@ class Retriever:
             raise QueryError(EMPTY_QUERY)
         subject = subject or Subject.default()
         roles = self._check_roles(source_roles)
-        resolved = None if filter is None else self.filters.resolve(filter)
         plan, mode, plan_id = self._plan_for(mode)
         audience = self.lexical.audience(subject)  # the policy's verdict per scope group
+        # checked against the fields of what the subject may see: no refusal names a hidden field
+        resolved = None if filter is None else self.filters.resolve(filter, audience.groups)
         selection = None if resolved is None else resolved.selection
         if selection is not None:
             visible_rows = self._selected_rows(audience.groups, roles, selection)

@@ -179,3 +179,46 @@ def test_a_bad_filter_is_one_line(shop, value, message):
     with pytest.raises(QueryError) as info:
         memory.query("refund", STAFF, filter=value)
     assert str(info.value) == message
+
+
+def test_a_refusal_names_no_field_type_or_count_that_only_hidden_documents_hold():
+    """Found by an adversarial review: a public caller learnt a secret-only field's name (in the
+    list of known fields, or as 'exists' answering 200 where an unknown field is a 422) and the
+    type counts of hidden documents."""
+    from ragpipe.corpus.metadata import MetadataValue
+    from ragpipe.corpus.models import Document
+    from ragpipe.index.rows import IndexRow
+    from ragpipe.retrieval.filtering import BundleFilters
+
+    def doc(doc_id: str, scopes: tuple[str, ...], **meta) -> Document:
+        typed = {
+            k: MetadataValue(type="integer" if isinstance(v, int) else "string", values=(v,)) for k, v in meta.items()
+        }
+        return Document(
+            document_id=doc_id,
+            title="T",
+            text="t",
+            content_digest="sha256:" + "0" * 64,
+            access_scopes=scopes,
+            source_role="primary",
+            metadata=typed,
+        )
+
+    docs = [
+        doc("a", ("public",), year=2020),
+        doc("b", ("secret",), year="2020", merger_target="acme"),
+        doc("c", ("secret",), year="2021"),
+    ]
+    rows = [
+        IndexRow(f"r{i}", f"c{i}", d.document_id, "raw", "t", d.access_scopes, "primary") for i, d in enumerate(docs)
+    ]
+    filters = BundleFilters(docs, rows)
+    public, everyone = [("public",)], [("public",), ("secret",)]
+    with pytest.raises(QueryError) as info:
+        filters.resolve({"field": "merger_target", "exists": True}, public)
+    assert str(info.value) == "filter field 'merger_target' is not in this corpus (known fields: source_role, year)"
+    assert filters.resolve({"field": "year", "eq": 2020}, public).selection.documents == {"a"}
+    with pytest.raises(QueryError) as info:  # with the secret documents in view, the types disagree
+        filters.resolve({"field": "year", "eq": 2020}, everyone)
+    assert "string in 2 documents" in str(info.value)
+    assert filters.resolve({"field": "merger_target", "exists": True}, everyone).selection.documents == {"b"}
