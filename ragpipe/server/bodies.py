@@ -56,7 +56,10 @@ class BodyLimit:
             await self._refuse(send)
             return
         body = b"".join(chunks)
-        too_deep = json_depth_rule(body.decode("utf-8", "replace"), MAX_BODY_DEPTH) if body else None
+        # decoded as json will decode it (UTF-8, or UTF-16/32 by its first bytes): a check on another
+        # view of the bytes could be walked round
+        text = body.decode(json.detect_encoding(body), "replace") if body else ""
+        too_deep = json_depth_rule(text, MAX_BODY_DEPTH) if text else None
         if too_deep:  # json would recurse past Python's limit: a 500 and a logged traceback
             await self._send(send, ApiError(422, "invalid_request", f"request body: {too_deep}", "body"))
             return

@@ -172,6 +172,10 @@ def test_a_body_nested_past_the_bound_is_a_json_error_not_a_traceback(active: Se
     with server(active) as base:
         wait_for(lambda: release_of(base))
         r = httpx.post(f"{base}/v1/query", content=deep, headers=auth(active.keys["alice"]))
+        # the same in UTF-16, which json reads by its first bytes (and a UTF-8 view would not see)
+        utf16 = httpx.post(
+            f"{base}/v1/query", content=deep.decode().encode("utf-16"), headers=auth(active.keys["alice"])
+        )
         too_deep_filter = httpx.post(f"{base}/v1/query", json=nested_filter, headers=auth(active.keys["bob"]))
     assert r.status_code == 422
     assert r.json() == {
@@ -179,6 +183,7 @@ def test_a_body_nested_past_the_bound_is_a_json_error_not_a_traceback(active: Se
         "message": "request body: nesting deeper than 256 levels (column 281)",
         "field": "body",
     }
+    assert utf16.status_code == 422 and utf16.json()["code"] == "invalid_request"
     # a filter past its own bound (32 levels of and/or/not) is refused by the filter's rule
     assert too_deep_filter.status_code == 422 and too_deep_filter.json()["code"] == "invalid_filter"
     assert "nesting deeper than 32 levels" in too_deep_filter.json()["message"]
