@@ -267,7 +267,7 @@ def test_leases_are_taken_per_text(tmp_path: Path):
     import threading
 
     with EmbeddingsServer(DIMS) as server:
-        server.delay = 0.2
+        server.gate = threading.Event()  # the first build's request is held until the second waits
         spec = remote_spec(server)
         results = []
 
@@ -279,8 +279,11 @@ def test_leases_are_taken_per_text(tmp_path: Path):
             results.append(run_step(step, items, cache, execution, leases=KeyLeases(cache.directory / "leases"))[1])
 
         threads = [threading.Thread(target=one) for _ in range(2)]
-        for t in threads:
-            t.start()
+        threads[0].start()
+        with server.received:  # the first build holds the leases and its request is at the server
+            assert server.received.wait_for(lambda: len(server.requests) == 1, timeout=60)
+        threads[1].start()  # finds the texts leased (or, if it comes late, cached): never embeds them again
+        server.gate.set()
         for t in threads:
             t.join()
     assert sorted(r.computed for r in results) == [0, 16] and len(server.requests) == 1

@@ -34,7 +34,6 @@ import collections
 import hashlib
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -68,6 +67,7 @@ class Handler(BaseHTTPRequestHandler):
             self.server.paths.append(self.path)
             self.server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
             fault = self.server.faults.popleft() if self.server.faults else None
+            self.server.received.notify_all()
         if self.path.rstrip("/") not in ("/v1/embeddings", "/embeddings", "/api/embed"):
             self._send(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
             return
@@ -77,8 +77,8 @@ class Handler(BaseHTTPRequestHandler):
         inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
         model = str(request.get("model", ""))
         dims = int(request.get("dimensions") or self.server.dimensions)
-        if self.server.delay:
-            time.sleep(self.server.delay)
+        if self.server.gate is not None:  # a test holds the answer until it has seen what it waits for
+            self.server.gate.wait(30)
         vectors = [vector_for(model, text, dims) for text in inputs]
         tokens = sum(words(t) for t in inputs)
         if fault == "wrong_dims":
@@ -161,7 +161,8 @@ class EmbeddingsServer(ThreadingHTTPServer):
         self.connections = 0
         self.answered = 0
         self.faults: collections.deque[str] = collections.deque()
-        self.delay = 0.0
+        self.gate: threading.Event | None = None
+        self.received = threading.Condition(self.lock)
         self.report_usage = True
         self.release = threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
