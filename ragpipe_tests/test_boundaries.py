@@ -198,7 +198,7 @@ def test_provider_sdks_only_in_their_adapters():
         "lancedb": {"index/vector.py", "index/vector_checks.py"},
         "onnxruntime": {"embedding/onnx_query.py"},
         "fastapi": {"server/app.py", "server/errors.py"},
-        "uvicorn": {"cli/serve.py"},
+        "uvicorn": {"cli/serve.py", "server/connections.py"},
         "prometheus_client": {"server/metrics.py"},
     }
     for sdk, allowed in adapters.items():

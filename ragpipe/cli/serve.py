@@ -42,13 +42,10 @@ def serve(
 
     try:
         settings = load_serve_config(config)
-        from ragpipe.retrieval.vector_engine import vector_engine_setting
-
-        vector_engine_setting()  # a typo is one line now, not a 503 for every release later
         from ragpipe.server.app import app_from
 
         app = app_from(default_home(), settings, target)
-    except (ServeConfigError, ReleaseError, ValueError) as exc:  # ValueError: RAGPIPE_VECTOR_ENGINE
+    except (ServeConfigError, ReleaseError, ValueError) as exc:
         fail(str(exc))
     import uvicorn
 
@@ -57,7 +54,6 @@ def serve(
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     _log_lines()
-    limits = settings.limits
     out.print(f"serving target {app.service.follower.target!r} on http://{host}:{port} (ready at /readyz)")
     if not settings.keys and not settings.anonymous:  # every query and answer would be a 401
         err.print(
@@ -68,11 +64,10 @@ def serve(
             highlight=False,
             markup=False,
         )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="on", limit_concurrency=limits.max_connections
-        )
-    )
+    from ragpipe.server.connections import uvicorn_config
+
+    # deadlines, the connection cap and proxy handling are the server's own (ragpipe.server.connections)
+    server = uvicorn.Server(uvicorn_config(app, host, port))
     server.run(sockets=[sock])
 
 

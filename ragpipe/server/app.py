@@ -14,7 +14,10 @@
 The subject of a request comes from its key alone (``Authorization: Bearer rpk_…``); a body field or
 query text naming scopes or a principal changes nothing. Every response carries ``X-Release-Id``
 (the release that answered, else the one being served); every error is JSON
-``{"code", "message", "field"}`` with a stable ``code`` (``ragpipe.server.errors``).
+``{"code", "message", "field"}`` with a stable ``code`` (``ragpipe.server.errors``). No response names
+an absolute path of the server's (``ragpipe.server.redact``); the client address is the TCP peer's
+unless the peer is a configured proxy (``ragpipe.server.proxies``); deadlines and the connection
+cap live below the app (``ragpipe.server.connections``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ from ragpipe.server.follower import InService, NotReady, ReleaseFollower
 from ragpipe.server.knowledge import openai_tools
 from ragpipe.server.mcp_tool import KeyGuard, build_mcp, mcp_app
 from ragpipe.server.metrics import ServerMetrics
+from ragpipe.server.proxies import ForwardedClient
 from ragpipe.server.ratelimit import RateLimiter
+from ragpipe.server.redact import PathRedactor
 
 access_log = logging.getLogger("ragpipe.access")
 log = logging.getLogger("ragpipe.server")
@@ -102,6 +107,7 @@ class Service:
         self.keys = KeyRing(config)
         self.limiter = RateLimiter(config.limits.requests_per_minute)
         self.slots = threading.BoundedSemaphore(config.limits.max_concurrent)
+        self.redact = PathRedactor(ws.home)  # every message built from an exception or a refusal passes here
 
     def limit(self, rate_key: str) -> None:
         """429 ``rate_limited`` once ``rate_key`` has used up its requests of the last minute."""
@@ -132,7 +138,7 @@ class Service:
             try:
                 in_service = self.follower.acquire()
             except NotReady as exc:
-                raise ApiError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
+                raise ApiError(503, "not_ready", self.redact(str(exc)), headers={"Retry-After": "1"}) from None
             state.release_id = in_service.release_id
             self.metrics.in_flight.inc()
             try:
@@ -218,16 +224,17 @@ def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Requ
     return service.compute(request.state, work)
 
 
-def _answered(work, field: str) -> JSONResponse:
-    """``work()``'s body as JSON; the retriever's refusals as JSON errors naming ``field``."""
+def _answered(service: Service, work, field: str) -> JSONResponse:
+    """``work()``'s body as JSON; the retriever's refusals as JSON errors naming ``field`` (their
+    text redacted: a retriever's message may name a file of the bundle)."""
     try:
         return JSONResponse(work())
     except FilterQueryError as exc:
-        raise ApiError(422, "invalid_filter", str(exc), "filter") from None
+        raise ApiError(422, "invalid_filter", service.redact(str(exc)), "filter") from None
     except QueryError as exc:
-        raise ApiError(422, "invalid_query", str(exc), field) from None
+        raise ApiError(422, "invalid_query", service.redact(str(exc)), field) from None
     except AuthorizationError as exc:
-        raise ApiError(500, "authorization_check_failed", str(exc)) from None
+        raise ApiError(500, "authorization_check_failed", service.redact(str(exc))) from None
 
 
 def create_app(
@@ -239,7 +246,7 @@ def create_app(
     """The app over ``follower`` (started by the app's lifespan, stopped when it ends)."""
     service = Service(ws, config, follower, metrics)
     mcp = build_mcp(service)
-    tool_app = KeyGuard(mcp_app(mcp), service)
+    tool_app = KeyGuard(mcp_app(mcp, config.limits), service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -289,18 +296,18 @@ def create_app(
     @app.post("/v1/query", response_model=None)
     def query(request: Request, body: QueryRequest, caller: CallerDep) -> JSONResponse:
         """Ranked chunks visible to the caller's subject, from the release served now."""
-        return _answered(lambda: _query(service, body, caller, request), "query")
+        return _answered(service, lambda: _query(service, body, caller, request), "query")
 
     @app.post("/v1/answer", response_model=None)
     def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> JSONResponse:
         """A grounded answer with citations, or an abstention, from the release served now."""
-        return _answered(lambda: _answer(service, body, caller, request), "question")
+        return _answered(service, lambda: _answer(service, body, caller, request), "question")
 
     # The light routes are coroutines: they never wait behind queries for a worker thread.
     @app.get("/v1/release")
     async def release(request: Request) -> dict[str, object]:
-        """The release being served and the last refused pointer change."""
-        return follower.status()
+        """The release being served and the last refused pointer change (paths redacted: no key needed)."""
+        return service.redact.tree(follower.status())  # type: ignore[return-value]
 
     @app.get("/v1/tools")
     async def tools() -> list[dict[str, object]]:
@@ -313,7 +320,7 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        status = follower.status()
+        status: dict = service.redact.tree(follower.status())  # type: ignore[assignment]
         if status["ready"]:
             return JSONResponse(status)
         reason = status["refusal"]["reason"] if status["refusal"] else "starting"  # type: ignore[index]
@@ -326,7 +333,7 @@ def create_app(
 
     app.mount("/mcp", tool_app)
     app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes, timeout_s=config.limits.body_timeout_s)
-    return Observed(app, service)
+    return Observed(ForwardedClient(app, config.trusted_proxies, config.forwarded_header), service)
 
 
 def route_label(path: str) -> str:
@@ -340,7 +347,7 @@ class Observed:
     """Outermost ASGI layer: the ``X-Release-Id`` header, metrics and the access log line of every
     HTTP response (a pure ASGI wrapper: no per-request task or body copy)."""
 
-    def __init__(self, app: FastAPI, service: Service):
+    def __init__(self, app, service: Service):
         self.app = app
         self.service = service
 
@@ -388,12 +395,8 @@ def app_from(
 ) -> Observed:
     """The whole server for ``home`` (its follower, metrics and app); what ``ragpipe serve`` runs."""
     ws = Workspace(home)
-    # the served home's caches
-    retriever_options = {
-        "query_graph_dir": ws.query_graphs,
-        "calibration_dir": ws.engine_calibrations,
-        **retriever_options,
-    }
+    # the served home's cache
+    retriever_options = {"query_graph_dir": ws.query_graphs, **retriever_options}
     follower_holder: dict[str, ServerMetrics] = {}
     follower = ReleaseFollower(
         ws,

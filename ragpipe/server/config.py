@@ -17,6 +17,15 @@ limits:                    # every field optional; defaults below
   queue_timeout_s: 2.0
   requests_per_minute: 600 # per key (anonymous callers: per client address); 0 = unlimited
   llm_timeout_s: 30.0
+  body_timeout_s: 10.0     # a request body must arrive whole within this (408)
+  header_timeout_s: 10.0   # a request head (request line + headers) must arrive whole within this
+  idle_timeout_s: 5.0      # a kept-alive connection with no new request is closed after this
+  max_connections: 256     # open connections; see ragpipe.server.connections for what happens beyond
+  mcp_sessions: 10000      # open MCP sessions in all (503 overloaded beyond)
+  mcp_sessions_per_key: 32 # open MCP sessions one key (an anonymous caller: one address) may hold (429)
+  mcp_session_idle_s: 1800 # an MCP session without a request in flight for this long ends
+trusted_proxies: []        # addresses/networks whose forwarded header names the client; default: none
+forwarded_header: x-forwarded-for  # the one header those proxies set: x-forwarded-for or forwarded
 poll_interval_s: 0.5       # how often the target's pointer is read
 log_query_text: false      # access log lines carry no query text unless set (privacy)
 ```
@@ -27,9 +36,11 @@ and the field (``ServeConfigError``), like every other ragpipe configuration fil
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.server.keys import KEY_ID, parse_key_hash
@@ -74,7 +85,28 @@ class Limits(BaseModel):
     requests_per_minute: int = Field(600, ge=0)
     llm_timeout_s: float = Field(30.0, gt=0, le=600)
     body_timeout_s: float = Field(10.0, gt=0, le=300)
+    # Deadlines of the connection itself (ragpipe.server.connections): a socket that sends nothing, a
+    # head that trickles in, or a kept-alive connection left idle is closed, so silent sockets cannot
+    # hold max_connections.
+    header_timeout_s: float = Field(10.0, gt=0, le=300)
+    idle_timeout_s: float = Field(5.0, gt=0, le=600)
     max_connections: int = Field(256, ge=1, le=65536)
+    # MCP sessions: bounded in all and per key, so one key cannot take every slot.
+    mcp_sessions: int = Field(10_000, ge=1, le=1_000_000)
+    mcp_sessions_per_key: int = Field(32, ge=1, le=1_000_000)
+    mcp_session_idle_s: float = Field(1800.0, gt=0, le=86_400)
+
+
+def _proxy(value: str) -> str:
+    """A trusted proxy: one IP address or one network in CIDR form (host bits allowed)."""
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24)") from None
+    return value
+
+
+TrustedProxy = Annotated[str, AfterValidator(_proxy)]
 
 
 class ServeConfig(BaseModel):
@@ -85,6 +117,10 @@ class ServeConfig(BaseModel):
     anonymous: bool = False
     keys: tuple[KeyEntry, ...] = ()
     limits: Limits = Limits()
+    # Whose forwarded header is believed (ragpipe.server.proxies): none by default, so a client's own
+    # X-Forwarded-For or Forwarded header never changes the address its rate limit counts against.
+    trusted_proxies: tuple[TrustedProxy, ...] = ()
+    forwarded_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"
     poll_interval_s: float = Field(0.5, gt=0, le=60)
     log_query_text: bool = False  # access logs leave the query text out unless this is set
 

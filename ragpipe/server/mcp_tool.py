@@ -3,8 +3,9 @@
 The MCP app sits behind ``KeyGuard``, which authenticates every HTTP request with the server's own
 ``KeyRing`` (the same keys, the same 401, the same rate limit) and hands the subject to the tool
 through the request state; the SDK also binds each MCP session to the authenticated user, so
-another key presenting a session's ID is refused. The tool runs the query in a worker thread and
-in one of the server's compute slots, on the release captured once for the call.
+another key presenting a session's ID is refused. Sessions are bounded per key as well as in all
+(``ragpipe.server.sessions``; refusals are the server's JSON errors). The tool runs the query in a
+worker thread and in one of the server's compute slots, on the release captured once for the call.
 
 The session ID the evidence ledger is scoped to is the ``Mcp-Session-Id`` header. Clients on a
 protocol version without sessions (or in stateless mode) have none: they pass ``run_id`` to keep
@@ -23,8 +24,10 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError as McpToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
+from ragpipe.server.config import Limits
 from ragpipe.server.errors import ApiError, error_body
 from ragpipe.server.knowledge import TOOL_DESCRIPTION, TOOL_NAME, EvidenceLedgers, ToolError, check_arguments, search
+from ragpipe.server.sessions import SessionQuota, may_open_session
 
 
 def build_mcp(service) -> MCPServer:
@@ -56,29 +59,41 @@ def build_mcp(service) -> MCPServer:
         except ToolError as exc:
             raise McpToolError(str(exc)) from None
         except ApiError as exc:
-            raise McpToolError(f"{exc.code}: {exc.message}") from None
+            raise McpToolError(f"{exc.code}: {service.redact(exc.message)}") from None
         except ValueError as exc:  # QueryError, AuthorizationError: the retriever's one-line refusals
-            raise McpToolError(str(exc)) from None
+            raise McpToolError(service.redact(str(exc))) from None
 
     return mcp
 
 
-def mcp_app(mcp: MCPServer):
+def mcp_app(mcp: MCPServer, limits: Limits):
     """The streamable-HTTP ASGI app of ``mcp`` (mount it at ``/mcp``; run ``mcp.session_manager``
-    in the host app's lifespan). Host-header checks are the deployment's proxy's job: the SDK's
-    default allows only 127.0.0.1/localhost with a port, which would refuse a server behind one."""
+    in the host app's lifespan), with the SDK's session bounds from ``limits`` (``KeyGuard`` refuses
+    first, as JSON; the SDK's own limit is the backstop). Host-header checks are the deployment's
+    proxy's job: the SDK's default allows only 127.0.0.1/localhost with a port, which would refuse a
+    server behind one."""
     return mcp.streamable_http_app(
         streamable_http_path="/",
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_sessions=limits.mcp_sessions,
+        session_idle_timeout=limits.mcp_session_idle_s,
     )
 
 
 class KeyGuard:
-    """Authenticate (and rate-limit) each HTTP request to the MCP app with the server's keys."""
+    """Authenticate (and rate-limit) each HTTP request to the MCP app with the server's keys, and
+    hold each caller to its share of MCP sessions (``SessionQuota``)."""
 
     def __init__(self, app, service):
         self.app = app
         self.service = service
+        limits = service.config.limits
+        self.sessions = SessionQuota(
+            limits.mcp_sessions,
+            limits.mcp_sessions_per_key,
+            limits.mcp_session_idle_s,
+            refused=lambda reason: service.metrics.sessions_refused.labels(reason).inc(),
+        )
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -103,7 +118,40 @@ class KeyGuard:
             token="-", client_id=caller.rate_key, scopes=list(caller.subject.scopes), subject=caller.subject.principal
         )
         scope["user"] = AuthenticatedUser(token)  # the SDK binds a session to the user that opened it
-        await self.app(scope, receive, send)
+        owner = caller.rate_key
+        session_id = headers.get("mcp-session-id")
+        if may_open_session(headers):
+            try:
+                self.sessions.reserve(owner)
+            except ApiError as exc:
+                await _send_error(send, exc)
+                return
+            opened: list[str] = []
+
+            async def send_opened(message) -> None:
+                if message["type"] == "http.response.start" and message["status"] < 400:
+                    opened.extend(v.decode("latin-1") for k, v in message.get("headers", []) if k == b"mcp-session-id")
+                await send(message)
+
+            try:
+                await self.app(scope, receive, send_opened)
+            finally:
+                self.sessions.opened(owner, opened[0] if opened else None)
+            return
+        if session_id is None or not self.sessions.started(session_id, owner):
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def send_observed(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            self.sessions.finished(session_id, status[0] if status else None, scope.get("method") == "DELETE")
 
 
 async def _send_error(send, exc: ApiError) -> None:

@@ -41,6 +41,27 @@ def write(tmp_path: Path, text: str) -> Path:
         ("limits: {max_k: 0}\n", "invalid serve config: limits.max_k: Input should be greater than or equal to 1"),
         ("limitz: {}\n", "invalid serve config: limitz: Extra inputs are not permitted"),
         (
+            "limits: {header_timeout_s: 0}\n",
+            "invalid serve config: limits.header_timeout_s: Input should be greater than 0",
+        ),
+        (
+            "limits: {idle_timeout_s: -1}\n",
+            "invalid serve config: limits.idle_timeout_s: Input should be greater than 0",
+        ),
+        (
+            "limits: {mcp_sessions_per_key: 0}\n",
+            "invalid serve config: limits.mcp_sessions_per_key: Input should be greater than or equal to 1",
+        ),
+        (
+            "trusted_proxies: [10.0.0.0/8, proxy.internal]\n",
+            "invalid serve config: trusted_proxies.1: 'proxy.internal' is not an IP address or network "
+            "(e.g. 10.0.0.5 or 10.0.0.0/24)",
+        ),
+        (
+            "forwarded_header: x-real-ip\n",
+            "invalid serve config: forwarded_header: Input should be 'x-forwarded-for' or 'forwarded'",
+        ),
+        (
             "keys: [{id: a, hash: nope, subject: s, scopes: [public]}]\n",
             "invalid serve config: keys.0.hash: must be sha256:<32 hex salt>:<64 hex digest> (made by ragpipe serve-key)",
         ),

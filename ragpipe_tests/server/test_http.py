@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -240,23 +242,20 @@ def test_release_route_and_metrics(active: Serving):
     assert 'ragpipe_request_duration_seconds_count{mode="lexical",route="/v1/query"} 1.0' in metrics
 
 
-@pytest.mark.parametrize(
-    ("setting", "why"),
-    [
-        ("lancedb", "lancedb, as the vector engine setting asks"),
-        ("memory", "in memory, as the vector engine setting asks (not compared with lancedb)"),
-    ],
-)
-def test_readyz_says_which_vector_engine_serves_and_why(active: Serving, monkeypatch, setting, why):
-    """An operator sees in ``/readyz`` (and ``/v1/release``) whether the vectors are served from
-    memory or by lancedb, and why — as on a host whose lance kernels the in-memory engine does
-    not reproduce, where it says so — without reading the log."""
-    monkeypatch.setenv("RAGPIPE_VECTOR_ENGINE", setting)
+def test_readyz_says_which_vector_engine_serves_and_how(active: Serving):
+    """An operator sees in ``/readyz`` (and ``/v1/release``) what serves the vectors and how,
+    without reading the log."""
     with server(active) as base:
         wait_for(lambda: release_of(base) == active.releases["a1"])
         ready = httpx.get(f"{base}/readyz")
     assert ready.status_code == 200
-    assert ready.json()["release"]["vector_engine"] == {"engine": setting, "why": why}
+    engine = ready.json()["release"]["vector_engine"]
+    assert engine["engine"] == "memory"
+    assert re.fullmatch(
+        r"exact scores \(float64_sequential/v1\) in memory: \d+ vectors of 384 dimensions, [\d,]+ bytes.*, "
+        r"read from vectors\.arrow",
+        engine["why"],
+    )
 
 
 def test_openapi_document_names_every_route(active: Serving):
@@ -413,3 +412,30 @@ def test_source_roles_filter_inside_the_subjects_view(active: Serving):
         "message": "invalid source role 'no way' (letters, digits, . _ : -)",
         "field": "query",
     }
+
+
+def test_failed_keys_are_throttled_by_address_and_a_valid_key_is_not(active: Serving):
+    """Key guessing costs the guesser's address: wrong keys, malformed headers and keyless requests
+    (anonymous access off) all count against one per-address limit, over the API and over MCP alike;
+    once it is used up they get 429 instead of 401, while a valid key from the same address is
+    served (its limit is its own)."""
+    wrong = {"Authorization": "Bearer rpk_alice_" + "x" * 43}
+    with server(active, limits={"requests_per_minute": 3}) as base:
+        wait_for(lambda: release_of(base))
+        refused = [
+            httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=wrong).status_code,
+            httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers={"Authorization": "Basic abc"}).status_code,
+            httpx.post(f"{base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).status_code,
+        ]
+        throttled = httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=wrong)
+        throttled_mcp = httpx.post(f"{base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        keyed = httpx.post(f"{base}/v1/query", json={"query": "keys"}, headers=auth(active.keys["alice"]))
+    assert refused == [401, 401, 401]
+    for r in (throttled, throttled_mcp):
+        assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 60
+        assert r.json() == {
+            "code": "rate_limited",
+            "message": "rate limit of 3 requests a minute reached",
+            "field": None,
+        }
+    assert keyed.status_code == 200

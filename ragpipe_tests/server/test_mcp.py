@@ -16,6 +16,7 @@ from ragpipe.server.app import app_from
 from ragpipe.server.knowledge import PARAMETERS, TOOL_NAME
 from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, running, wait_for
+from ragpipe_tests.support.served_http import metric, served
 
 STAFF_DOC = "guide/ops.md"
 
@@ -202,3 +203,108 @@ def test_tools_route_is_the_function_schema(base: str):
             },
         }
     ]
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def open_session(base: str, key: str) -> httpx.Response:
+    """One MCP ``initialize`` over plain HTTP: a session opens when the response names its ID."""
+    return httpx.post(
+        f"{base}/mcp/", json=INITIALIZE, headers={**MCP_HEADERS, "Authorization": f"Bearer {key}"}, timeout=30
+    )
+
+
+def test_one_key_cannot_take_every_session_slot(serving: Serving):
+    """Two sessions a key, three in all: a key's third opening is refused (429 ``too_many_sessions``)
+    while another key still opens one; when all three are open, the next opening is 503
+    ``overloaded``; open sessions keep working; a key that ends one of its sessions may open another."""
+    limits = {"mcp_sessions_per_key": 2, "mcp_sessions": 3}
+    with served(app_from(serving.ws.home, config_for(serving, limits=limits), "staging", serving.targets)) as url:
+        alice, bob = serving.keys["alice"], serving.keys["bob"]
+        first, second = open_session(url, alice), open_session(url, alice)
+        assert first.status_code == second.status_code == 200
+        sessions = [first.headers["mcp-session-id"], second.headers["mcp-session-id"]]
+        third = open_session(url, alice)
+        assert third.status_code == 429 and "mcp-session-id" not in third.headers
+        assert third.json() == {
+            "code": "too_many_sessions",
+            "message": "this caller holds 2 open MCP sessions, the most one key (or anonymous address) may: end "
+            "one (DELETE /mcp/ with its Mcp-Session-Id) or leave one idle for 1800 s",
+            "field": None,
+        }
+        bobs = open_session(url, bob)
+        assert bobs.status_code == 200 and bobs.headers["mcp-session-id"] not in sessions
+        full = open_session(url, bob)
+        assert full.status_code == 503 and full.headers["retry-after"] == "1"
+        assert full.json() == {
+            "code": "overloaded",
+            "message": "all 3 MCP sessions are open: retry shortly",
+            "field": None,
+        }
+        # the sessions already open are not refused: alice's first one lists the tool
+        listed = httpx.post(
+            f"{url}/mcp/",
+            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            headers={
+                **MCP_HEADERS,
+                "Authorization": f"Bearer {alice}",
+                "Mcp-Session-Id": sessions[0],
+                "Mcp-Protocol-Version": "2025-06-18",
+            },
+            timeout=30,
+        )
+        assert listed.status_code == 200 and TOOL_NAME in listed.text
+        ended = httpx.delete(
+            f"{url}/mcp/",
+            headers={
+                "Authorization": f"Bearer {alice}",
+                "Mcp-Session-Id": sessions[1],
+                "Mcp-Protocol-Version": "2025-06-18",
+            },
+            timeout=30,
+        )
+        assert ended.status_code < 300
+        again = open_session(url, alice)
+        assert again.status_code == 200 and again.headers["mcp-session-id"] not in sessions
+        assert metric(url, "ragpipe_mcp_sessions_refused_total", reason="per_key") == 1.0
+        assert metric(url, "ragpipe_mcp_sessions_refused_total", reason="total") == 1.0
+
+
+def test_an_idle_session_frees_its_slot(serving: Serving):
+    """A session without a request for ``mcp_session_idle_s`` ends (the SDK's idle timeout, mirrored
+    by the quota), and its key may open another; the ended session's ID is unknown from then on."""
+    limits = {"mcp_sessions_per_key": 1, "mcp_session_idle_s": 0.5}
+    with served(app_from(serving.ws.home, config_for(serving, limits=limits), "staging", serving.targets)) as url:
+        first = open_session(url, serving.keys["alice"])
+        assert first.status_code == 200
+        refused: list[int] = []
+
+        def reopened() -> httpx.Response | None:
+            r = open_session(url, serving.keys["alice"])
+            if r.status_code == 200:
+                return r
+            refused.append(r.status_code)
+            return None
+
+        second = wait_for(reopened)
+        assert set(refused) <= {429}
+        assert second.headers["mcp-session-id"] != first.headers["mcp-session-id"]
+        stale = httpx.post(
+            f"{url}/mcp/",
+            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            headers={
+                **MCP_HEADERS,
+                "Authorization": f"Bearer {serving.keys['alice']}",
+                "Mcp-Session-Id": first.headers["mcp-session-id"],
+                "Mcp-Protocol-Version": "2025-06-18",
+            },
+            timeout=30,
+        )
+        assert stale.status_code == 404

@@ -13,8 +13,17 @@ import uvicorn
 
 @contextmanager
 def running(app, ready_timeout: float = 60.0) -> Iterator[str]:
-    """Serve ``app`` until the block ends; yields its base URL once ``/healthz`` answers."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    """Serve ``app`` until the block ends; yields its base URL once ``/healthz`` answers. The
+    server ``ragpipe serve`` runs (``Observed``) gets exactly its configuration — deadlines,
+    connection cap, no proxy headers (``ragpipe.server.connections.uvicorn_config``)."""
+    from ragpipe.server.app import Observed
+    from ragpipe.server.connections import uvicorn_config
+
+    if isinstance(app, Observed):
+        config = uvicorn_config(app)
+    else:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + ready_timeout
