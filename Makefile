@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo serve-demo test test-slow test-lancedb-engine lint ui ui-check bench query-bench clean dagster-home redis celery-worker pools
+.PHONY: install demo serve-demo test test-slow lint ui ui-check bench query-bench clean dagster-home redis celery-worker pools
 
 install: $(VENV)/.installed
 
@@ -75,25 +75,13 @@ serve-demo: install
 query-bench: install
 	$(BIN)/python -m benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
 
-# The whole suite, then — on a host where the in-memory engine serves the project's bundles — the
-# tests that touch the vector channel again with lancedb serving every bundle
-# (RAGPIPE_VECTOR_ENGINE=lancedb): the path of a host whose lance kernels the in-memory engine does
-# not reproduce (no AVX-512), so a host that has them proves that path too. On a host without them
-# the first pass took that path already, and the check says so instead (docs/retrieval.md).
-LANCEDB_ENGINE_TESTS := ragpipe_tests/retrieval ragpipe_tests/bundle/test_forgery.py ragpipe_tests/cli/test_cli.py \
-	ragpipe_tests/cli/test_query.py ragpipe_tests/server/test_http.py ragpipe_tests/evaluation/test_runner.py
 # The end-to-end stacks (Celery workers with PostgreSQL, Redis and S3, marked slow) take 21 minutes
 # of a 90-minute suite on a 2-core host without AVX-512: they run in `make test-slow`, not in CI.
 test: install
-	env -u RAGPIPE_VECTOR_ENGINE $(BIN)/python -m pytest -m "not slow"
-	@status=0; $(BIN)/python -m ragpipe_tests.support.lance_kernels || status=$$?; \
-	if [ $$status -eq 0 ]; then $(MAKE) --no-print-directory test-lancedb-engine; elif [ $$status -ne 3 ]; then exit $$status; fi
+	$(BIN)/python -m pytest -m "not slow"
 
 test-slow: install
-	env -u RAGPIPE_VECTOR_ENGINE $(BIN)/python -m pytest -m slow
-
-test-lancedb-engine: install
-	RAGPIPE_VECTOR_ENGINE=lancedb $(BIN)/python -m pytest -m "not slow" $(LANCEDB_ENGINE_TESTS)
+	$(BIN)/python -m pytest -m slow
 
 # The formatter and the linter (rule set in pyproject.toml); CI runs this before the tests.
 lint: install

@@ -55,7 +55,7 @@ def retriever_for_release(
     release manifest and its query plan the one the release was gated with
     (``ragpipe.release.serving``), verified once and handed over opened; ``release_id`` set on
     the retriever. ``home`` defaults to ``$RAGPIPE_HOME``; ``options`` are the constructor's
-    operational options (``query_graph_dir`` and ``calibration_dir`` default to that home's caches).
+    operational options (``query_graph_dir`` defaults to that home's cache).
 
     When the bundle's query graph is cached, it is loaded (every check of
     ``ragpipe.embedding.query_graph.load_entry``) on a worker thread *while* the release is
@@ -67,7 +67,6 @@ def retriever_for_release(
     if release_id is not None:  # a unique prefix of 12+ hex digits names the release too
         release_id = resolve_release_id(ReleaseStore(ws), release_id)
     options.setdefault("query_graph_dir", ws.query_graphs)
-    options.setdefault("calibration_dir", ws.engine_calibrations)
     early = None
     if "embedder" not in options:
         early = _start_early_load(ws, target, release_id, Path(options["query_graph_dir"]), options)

@@ -118,12 +118,14 @@ def test_material_digest_and_seals_are_independently_recomputable():
 
 def test_query_plan_id_encoding():
     """The plan ID covers every field, ``depth_policy`` included (added with scope-aware depth, which
-    changed every plan ID: the depth a channel ranks now depends on it)."""
+    changed every plan ID: the depth a channel ranks now depends on it) and ``vector_search``
+    (added with exact vector scores, which changed every plan ID again: the scores changed)."""
     from ragpipe.retrieval.plan import parse_plan
 
     plan = parse_plan({"channels": {"lexical": {}}}, "golden")
     dumped = plan.model_dump(mode="json", by_alias=True)
     assert dumped["depth_policy"] == {"kind": "settled_units/v1", "request_multiple": 2, "growth": 2}
+    assert dumped["vector_search"] == {"kind": "exact", "scores": "float64_sequential/v1"}
 
     def integral(value):  # RFC 8785 writes 1.0 as 1; the rest of this plan is ASCII and small ints
         if isinstance(value, dict):
@@ -132,4 +134,4 @@ def test_query_plan_id_encoding():
 
     canonical = json.dumps(integral(dumped), sort_keys=True, separators=(",", ":")).encode()
     expected = "sha256:" + hashlib.sha256(b"ragpipe/query-plan/v1\0" + canonical).hexdigest()
-    assert plan.plan_id == expected == "sha256:b0192e7a7169629894c6231898ec4cf213e9927cf38b0070ab4c574b16f1e2a8"
+    assert plan.plan_id == expected == "sha256:7d147dcc412e3cde2f536339f881fa2c253a3dc1c301ef367a26ea4d369f905d"

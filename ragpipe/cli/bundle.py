@@ -37,16 +37,15 @@ def bundle_inspect(
     path: Annotated[Path, typer.Argument(help="Bundle directory.")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a verified bundle's manifest: ID, counts, specs and files, and which engine serves its
-    vectors on this host, and why."""
+    """Show a verified bundle's manifest: ID, counts, specs and files, and what serves its
+    vectors, and how."""
     from ragpipe.bundle.verify import BundleVerificationError, open_bundle  # pyarrow: only when it runs
-    from ragpipe.kernel.workspace import Workspace, default_home
     from ragpipe.retrieval.vector_engine import bundle_vector_engine
 
     try:
         bundle = open_bundle(path)
-        engine = bundle_vector_engine(bundle, Workspace(default_home()).engine_calibrations)
-    except (BundleVerificationError, ValueError) as exc:  # ValueError: RAGPIPE_VECTOR_ENGINE's value
+        engine = bundle_vector_engine(bundle)
+    except (BundleVerificationError, ValueError) as exc:  # ValueError: vectors the manifest does not bind
         fail(str(exc))
     m = bundle.manifest
     if as_json:

@@ -1,5 +1,5 @@
 """When a vector table gets an IVF_FLAT index, and how many partitions: the build rule, without
-lancedb (the in-memory engine must know which arithmetic lance uses: ``ragpipe.index.vector_memory``)."""
+lancedb (``ragpipe.index.vector``)."""
 
 from __future__ import annotations
 

@@ -3,10 +3,11 @@
 One row per representation with its vector, IDs, ``access_scopes`` and ``source_role``, so a
 search can apply a ``where`` prefilter on scopes (backed by a LABEL_LIST scalar index).
 
-Search is **exact**. Tables of ``IVF_MIN_ROWS`` rows or more get an IVF_FLAT index (full vectors,
-no quantisation) and every search probes *all* its partitions, so every vector is scored exactly as
-in a flat scan — the partitioning (k-means, not byte-reproducible) changes speed, never results. On
-2 cores this path is about 3x faster than lancedb's plain flat scan (docs/benchmarks.md).
+The table is the store of record of a bundle's vectors. Queries do not score through it: exact
+scores are the project's own (``ragpipe.index.vector_memory``), because lance's float32 kernels
+are chosen per CPU at run time and round differently from one host to another. Tables of
+``IVF_MIN_ROWS`` rows or more get an IVF_FLAT index (full vectors, no quantisation) that
+``VectorSearcher`` probes in full, so its searches rank every vector by lance's own distances.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ class _LoopHolder:
 
 
 class VectorSearcher:
-    """Exact nearest-neighbour search over one bundle's lancedb table, scope-prefiltered.
+    """One bundle's lancedb table: its vectors (``read_vectors``, for a bundle without
+    ``vectors.arrow``) and lance's own scope-prefiltered nearest-neighbour search, whose float32
+    distances depend on the kernels lance picks for the CPU (so queries never rank by them).
 
     Uses lancedb's async API on an event loop of the calling thread: the sync wrapper makes about
     six round trips to lancedb's background loop per search (schema look-ups included), which
@@ -118,8 +121,7 @@ class VectorSearcher:
     string columns. Thread-safe: any number of threads may search at once (one loop each, the
     table and the read-only row maps shared)."""
 
-    engine = "lancedb"  # which engine serves (``ragpipe.index.vector_memory``): operational, in no ID
-    why = "lancedb (opened directly)"  # ``open_vector_searcher`` says why it chose this engine
+    engine = "lancedb"
 
     def __init__(self, directory: Path, metric: str, rows: Sequence[tuple[str, str, str]]):
         self.rows = rows

@@ -1,7 +1,6 @@
 """``vectors.arrow``: a bundle's vectors as one Arrow IPC file, readable without lancedb.
 
-The lance table stays the store of record (and lancedb the engine for large tables); this file
-holds the same rows' representation IDs and float32 vectors, in row order, so that opening a
+The lance table stays the store of record; this file holds the same rows' representation IDs and float32 vectors, in row order, so that opening a
 bundle for the in-memory engine (``ragpipe.index.vector_memory``) needs pyarrow only — importing
 lancedb costs seconds, more than a whole ``ragpipe query`` may take. The bundle manifest lists it
 with its size and SHA-256 like every file, and verification recomputes its embeddings digest and

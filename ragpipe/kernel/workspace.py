@@ -12,16 +12,16 @@ generation_cache/<kind>/             generated representations: one verified ent
                                      (ragpipe.work.entries), shared by all revisions
 query_graphs/<key hex>/              exported query-side ONNX graphs, one per embedder (verified
                                      on every load; ragpipe.embedding.query_graph)
-engine_calibrations/<key hex>.json   whether a bundle's vectors may be served from memory on this
-                                     host (ragpipe.index.engine_calibration)
 bundles/<bundle id hex>/             published, immutable index bundles
+verified/<target>.json               the live release's full verification, remembered per target
+                                     generation (sealed; ragpipe.release.verified_record)
 locks/                               flock files (workspace.lock, build-<key>.lock)
 ```
 
 Stage outputs and bundles accumulate until ``ragpipe.gc.collect_garbage`` removes those no
-``latest.json`` references (see ``docs/operations.md``); query graphs and engine calibrations are
-caches that garbage collection leaves alone: remove ``query_graphs/`` or ``engine_calibrations/``
-(or one entry) at any time, the next query re-creates what it needs.
+``latest.json`` references (see ``docs/operations.md``); query graphs are a cache that garbage
+collection leaves alone: remove ``query_graphs/`` (or one entry) at any time, the next query
+re-creates what it needs.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class Workspace:
         return self.home / "query_graphs"
 
     @property
-    def engine_calibrations(self) -> Path:
-        return self.home / "engine_calibrations"
+    def verified(self) -> Path:
+        return self.home / "verified"
 
     @property
     def bundles(self) -> Path:

@@ -65,9 +65,8 @@ class BuildSummary:
     skipped_cases: int | None = None
     gate_reasons: tuple[str, ...] | None = None
     evaluation_note: str | None = None
-    # Which engine served the evaluation's vector channel, and why ({"engine", "why"}; None
-    # without an evaluation or vectors): lancedb where this host's lance kernels are not the
-    # in-memory engine's (ragpipe.retrieval.vector_engine).
+    # Which engine served the evaluation's vector channel, and how ({"engine", "why"}; None
+    # without an evaluation or vectors; ragpipe.retrieval.vector_engine).
     vector_engine: dict[str, str] | None = None
     # The evaluation run's folder (home-relative); the gate policy's primary metrics — the target
     # metric, then the bootstrap floors' — as {value, paired, delta, ci_low, ci_high} (delta and

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -36,9 +36,6 @@ from ragpipe.index.selection import Selection
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.fusion.order import RankedHit, hit_key
 from ragpipe.retrieval.plan import DepthPolicy
-
-if TYPE_CHECKING:  # lancedb: imported only where it serves (ragpipe.index.vector_memory)
-    from ragpipe.index.vector import VectorSearcher
 
 
 class ChannelBackend(Protocol):
@@ -201,7 +198,7 @@ class VectorBackend:
 
     def __init__(
         self,
-        searcher: VectorSearcher | MemoryVectorSearcher,
+        searcher: MemoryVectorSearcher,
         vector: np.ndarray,
         scopes: tuple[str, ...],
         size: int,

@@ -122,12 +122,22 @@ class QueryEmbeddingPlan(_Plan):
     runtime: Literal["onnxruntime", "sentence_transformers"] = "onnxruntime"
 
 
+class VectorSearchPlan(_Plan):
+    """How the vector channel scores rows: exactly, by the project's own definition of a score
+    (``ragpipe.index.vector_memory.EXACT_SCORES``: float64 products added in dimension order, the
+    same bits on every CPU). Named here because a change to it changes results."""
+
+    kind: Literal["exact"] = "exact"
+    scores: Literal["float64_sequential/v1"] = "float64_sequential/v1"
+
+
 class QueryPlan(_Plan):
     plan_schema: Literal["ragpipe.query_plan/v1"] = Field("ragpipe.query_plan/v1", alias="schema")
     channels: dict[ChannelName, ChannelPlan] = Field(min_length=1)
     depth_policy: DepthPolicy = DepthPolicy()
     fusion: FusionPlan = RrfFusionPlan()
     collapse: Literal["chunk", "document"] = "chunk"
+    vector_search: VectorSearchPlan = VectorSearchPlan()
     query_embedding: QueryEmbeddingPlan = QueryEmbeddingPlan()
     reranker: RerankerPlan | None = None
     context: ContextPlan = ContextPlan()

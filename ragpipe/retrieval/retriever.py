@@ -26,11 +26,9 @@ from ragpipe.bundle.verify import VerifiedBundle, check_vector_table, open_bundl
 from ragpipe.chunking.models import Chunk
 from ragpipe.corpus.metadata import shown_metadata
 from ragpipe.corpus.models import SCOPE_PATTERN, Document
-from ragpipe.index.engine_calibration import CalibrationRecords
 from ragpipe.index.lexical import LexicalSearcher
 from ragpipe.index.rows import index_rows as build_index_rows
 from ragpipe.index.selection import Selection
-from ragpipe.index.vector_memory import DEFAULT_MEMORY_LIMIT_BYTES
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
 from ragpipe.retrieval.authz import AuthorizationError, ScopePolicy, Subject
@@ -63,8 +61,7 @@ class Retriever:
     Thread safety: the bundle's tables are read-only after opening; lazily built state (plans,
     the query embedder, the channel worker pool) is created once under a lock; the lexical
     searchers and audience views are thread-safe (``AudienceIndexes``), the vector searcher is
-    either lock-free over a read-only matrix (in memory) or runs one event loop per calling thread
-    (lancedb), and an embedder or reranker that does not declare itself
+    lock-free over a read-only matrix, and an embedder or reranker that does not declare itself
     safe for concurrent calls (``thread_safe = True``) is called under a lock."""
 
     def __init__(
@@ -78,28 +75,19 @@ class Retriever:
         max_views: int = 8,
         max_audiences: int = 4096,
         query_graph_dir: Path | None = None,
-        vector_memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
-        calibration_dir: Path | None = None,
-        vector_engine: str | None = None,
     ):
         """``threads``: CPU threads for query embedding; ``channel_workers``: threads that run the
         lexical channel of hybrid queries while the query is embedded; ``max_views`` / ``max_audiences``:
         audience views and audience verdicts kept, least recently used dropped (docs/retrieval.md);
         ``query_graph_dir``: the query-graph cache the ``onnxruntime`` query runtime loads from
-        (default ``$RAGPIPE_HOME/query_graphs``; ``ragpipe.embedding.query_graph``);
-        ``vector_memory_limit_bytes``: the largest vector matrix served from memory instead of
-        lancedb (same results; ``ragpipe.index.vector_memory``; 0: always lancedb);
-        ``calibration_dir``: where that engine's calibrations are recorded (default
-        ``$RAGPIPE_HOME/engine_calibrations``; ``ragpipe.index.engine_calibration``);
-        ``vector_engine``: ``auto``, ``memory`` or ``lancedb`` (default: ``RAGPIPE_VECTOR_ENGINE``,
-        else ``auto``; ``ragpipe.retrieval.vector_engine``). All operational, never part of an ID."""
+        (default ``$RAGPIPE_HOME/query_graphs``; ``ragpipe.embedding.query_graph``). All
+        operational, never part of an ID."""
         if channel_workers < 1:
             raise ValueError("channel_workers must be >= 1")
         home = Workspace(default_home())
         self.query_graph_dir = Path(query_graph_dir) if query_graph_dir is not None else home.query_graphs
-        calibrations = CalibrationRecords(calibration_dir if calibration_dir is not None else home.engine_calibrations)
         # an opened bundle was verified by whoever opened it: never verify it twice (its lance
-        # table's checks, if deferred, run before lancedb serves: see the vector searcher below)
+        # table's checks, if deferred, run before that table is read: see the vector searcher below)
         self.bundle = (
             bundle if isinstance(bundle, VerifiedBundle) else open_bundle(Path(bundle), defer_vector_table=True)
         )
@@ -143,10 +131,7 @@ class Retriever:
         self.vector = open_bundle_vectors(
             self.bundle,
             index_rows,
-            engine=vector_engine,
-            memory_limit_bytes=vector_memory_limit_bytes,
-            calibrations=calibrations,
-            # a bundle opened with its lance table's checks deferred gets them before lancedb serves
+            # a bundle opened with its lance table's checks deferred gets them before it is read
             before_lance=partial(check_vector_table, self.bundle),
         )
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
@@ -423,7 +408,7 @@ class Retriever:
         return worker
 
     def close(self) -> None:
-        """Stop the worker threads, the vector searcher (and lancedb's event loops) and the audience views, and
+        """Stop the worker threads, the vector searcher and the audience views, and
         drop the hydrated ``Evidence`` cache. Call once no query is in flight (one still running
         may put entries back: harmless, they are immutable); every later query is refused."""
         with self._lock:

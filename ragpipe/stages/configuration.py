@@ -13,7 +13,7 @@
 4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
    contacted; then ``$RAGPIPE_EXECUTOR`` (``in_process``; ``celery``, which needs its broker,
    backend and a store; ``k8s``, which needs its image, namespace and a store); the embedding shard
-   count; ``$RAGPIPE_VECTOR_ENGINE`` (``ragpipe.retrieval.vector_engine``).
+   count.
 
 Contract: a problem raises ``ConfigurationError`` whose ``str`` is exactly one line (no line break,
 several problems of one file joined with ``; ``, the first first) naming the file, the field and
@@ -55,7 +55,6 @@ from ragpipe.kernel.strict_load import load_yaml
 from ragpipe.release.store import ReleaseError
 from ragpipe.release.targets import TargetsConfig, load_targets, targets_path
 from ragpipe.retrieval.plan import DEFAULT_PLAN_PATH, PlanError
-from ragpipe.retrieval.vector_engine import vector_engine_setting
 from ragpipe.spec import (
     EvaluationSection,
     PipelineSpec,
@@ -120,7 +119,6 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
     _check_executor()
     try:
         shard_count()
-        vector_engine_setting()  # the evaluation step's retriever reads it
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     return Configuration(path, spec, chain, where, config)

@@ -10,8 +10,7 @@ The record's facts count the suite's ``cases``, the ``evaluated`` and ``skipped`
 skipped cases per reason code as ``skipped_<code>`` (``skipped_missing_judged_targets``,
 ``skipped_no_positive_judgment``), so a build can say that no suite case applies to the revision,
 and why, without reading the run again (``ragpipe.orchestration.materialize``); and which vector
-engine served the run and why (``vector_engine``, ``vector_engine_why``: lancedb where this host's
-lance kernels are not the in-memory engine's). When none applies,
+engine served the run and how (``vector_engine``, ``vector_engine_why``). When none applies,
 the materialization's metadata says so too (``no_case_applies``), for the UI.
 """
 

@@ -401,7 +401,8 @@ def test_permuted_rows_of_vectors_arrow_are_refused(forgeable: Path):
 def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table(forgeable: Path, tmp_path: Path):
     """Material forgery with every digest recomputed (docs/trust.md): the lance table, when checked,
     still holds the original vectors, so complete verification refuses; a deferred open cannot tell
-    (the unkeyed seal's documented limit) and a configured key refuses it."""
+    (the unkeyed seal's documented limit) and a configured key refuses it. Queries never read the
+    lance table: they score the vectors the manifest binds (vectors.arrow)."""
     rewrite_vectors_file(forgeable, lambda ids, m: (ids, m[::-1].copy()))
     ids, matrix = read_vectors_file((forgeable / VECTORS_FILE).read_bytes())
     from ragpipe.embedding.compute import embeddings_digest
@@ -410,12 +411,15 @@ def test_vectors_arrow_with_every_digest_recomputed_differs_from_the_lance_table
     assert "vector: embeddings digest sha256:" in refusal(forgeable)
     deferred = open_bundle(forgeable, key=None, defer_vector_table=True)
     assert not deferred.vector_table_checked
-    # with no calibration record, memory calibrates against lancedb, so the table's checks run first
-    with pytest.raises(BundleVerificationError, match=r"vector: embeddings digest sha256:\S+ of the stored vectors"):
-        Retriever(deferred, calibration_dir=tmp_path / "calibrations", vector_engine="auto")
+    retriever = Retriever(deferred)
+    assert np.array_equal(retriever.vector._tables.matrix, matrix) and not deferred.vector_table_checked
+    retriever.close()
 
 
-def test_lance_rows_escalated_are_refused_before_lancedb_serves(forgeable: Path, tmp_path: Path):
+def test_lance_rows_escalated_are_refused_and_never_widen_what_queries_see(forgeable: Path):
+    """The lance table's rows re-scoped to public and the bundle resealed: its check refuses them,
+    and queries — which take vectors from vectors.arrow and scopes from the verified tables, never
+    from the lance table — keep the secret documents hidden."""
     vectors = read_vector_rows(forgeable / "vector")
     matrix = np.stack(vectors.column("vector").to_numpy(zero_copy_only=False))
     shutil.rmtree(forgeable / "vector")
@@ -426,32 +430,7 @@ def test_lance_rows_escalated_are_refused_before_lancedb_serves(forgeable: Path,
     with pytest.raises(BundleVerificationError) as info:
         check_vector_table(deferred)
     assert "access_scopes ('public',) differs from its representation's document (('secret',))" in str(info.value)
-    for limit in (0, 2**25):  # lancedb serves; memory must calibrate against lancedb first
-        with pytest.raises(BundleVerificationError, match=r"vector: row \d+ .*access_scopes \('public',\)"):
-            Retriever(
-                deferred,
-                calibration_dir=tmp_path / f"calibrations-{limit}",
-                vector_memory_limit_bytes=limit,
-                vector_engine="auto",
-            )
-
-
-def test_a_forged_calibration_record_still_serves_only_verified_scopes(forgeable: Path, tmp_path: Path):
-    """With the lance table forged and a calibration record forged for it, memory serves without
-    opening lancedb — from vectors.arrow and the scopes of the verified tables, so the secret
-    documents stay hidden: what a record can change is the engine, never a visible row."""
-    from ragpipe.index.engine_calibration import Calibration, CalibrationRecords, calibration_key
-
-    vectors = read_vector_rows(forgeable / "vector")
-    matrix = np.stack(vectors.column("vector").to_numpy(zero_copy_only=False))
-    shutil.rmtree(forgeable / "vector")
-    build_vector_index(forgeable / "vector", forged_rows(forgeable), matrix)
-    reseal(forgeable)
-    bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
-    records = CalibrationRecords(tmp_path / "calibrations")
-    records.put(calibration_key(bundle.manifest.material_digest, "cosine", False), Calibration(problem=None))
-    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations", vector_engine="auto")
-    assert retriever.vector.engine == "memory"
+    retriever = Retriever(open_bundle(forgeable, key=None, defer_vector_table=True))
     secret_rows = [i for i, r in enumerate(retriever.vector.rows) if r[2] == "sec-aspirin"]
     hits = retriever.vector.search(matrix[secret_rows[0]], 50, ("public",))
     assert hits and not {h.document_id for h in hits} & {"sec-aspirin", "sec-twin"}
@@ -464,6 +443,7 @@ def test_a_bundle_without_vectors_arrow_is_checked_completely(forgeable: Path, t
     reseal(forgeable)
     bundle = open_bundle(forgeable, key=None, defer_vector_table=True)
     assert bundle.vector_table_checked and bundle.tables.vectors is None
-    retriever = Retriever(bundle, calibration_dir=tmp_path / "calibrations", vector_engine="memory")
+    retriever = Retriever(bundle)
     assert retriever.vector.engine == "memory"
+    assert retriever.vector.why.endswith("read from the lance table (this bundle has no vectors.arrow)")
     retriever.close()

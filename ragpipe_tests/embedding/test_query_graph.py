@@ -277,13 +277,10 @@ def test_retriever_defaults_to_the_workspace_cache(scoped_bundles, monkeypatch, 
     from ragpipe.retrieval.retriever import Retriever
 
     monkeypatch.setenv("RAGPIPE_HOME", str(tmp_path / "home"))
-    retriever = Retriever(scoped_bundles[0], vector_engine="auto")  # auto calibrates, and records it
+    retriever = Retriever(scoped_bundles[0])
     assert retriever.query_graph_dir == Workspace((tmp_path / "home").resolve()).query_graphs
     assert Retriever(scoped_bundles[0], query_graph_dir=tmp_path / "qg").query_graph_dir == tmp_path / "qg"
-    # nothing is created before a vector query needs it, but the vector engine's calibration record
-    calibrations = Workspace((tmp_path / "home").resolve()).engine_calibrations
-    assert [p.relative_to(tmp_path / "home").parts[0] for p in (tmp_path / "home").iterdir()] == [calibrations.name]
-    assert [p.suffix for p in calibrations.iterdir()] == [".json"]
+    assert not (tmp_path / "home").exists()  # nothing is created before a vector query needs it
 
 
 def test_racing_creators_share_one_entry(exported, spec, tmp_path: Path):

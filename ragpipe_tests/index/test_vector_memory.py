@@ -1,64 +1,68 @@
-"""The in-memory vector searcher returns lancedb's exact search, bit for bit.
+"""Exact vector search: the project's definition of a score, the same bits on every host.
 
-Laws on real lancedb tables (flat scans below ``IVF_MIN_ROWS``, IVF_FLAT with every partition
-probed above it): random vectors (continuous, small integers with many tied distances, sparse,
-duplicated rows), random scopes, subjects, exclusions and ``k``. Distances must be bitwise equal
-(tolerance 0) and rows in the same order; through IVF_FLAT, which of several rows tying at the
-``k``-th place lancedb returns depends on its partitions, so there the tied group is compared as a
-set and the channel rankings built on both searchers must be identical.
+The law: ``MemoryVectorSearcher.search`` returns exactly what a plain-Python reference computes
+from the definition in ``ragpipe.index.vector_memory`` — binary64 products added left to right in
+dimension order, then ranked by (score descending, row) — for random vectors (continuous, small
+integers with many exact ties, sparse, scaled over 60 decades so float32 estimates underflow and
+overflow, duplicated rows), scopes, subjects, exclusions and ``k``: the same rows and the same
+score bits (tolerance 0). Python's ``float`` is IEEE binary64 evaluated one operation at a time, so
+the reference shares no code and no kernel with numpy.
 
-These laws hold where lance picks the kernels the engine reproduces (AVX-512 hosts): elsewhere
-each law that compares with lancedb is skipped with the host's reason, per metric and index kind
-(``ragpipe_tests.support.lance_kernels``), and the rest — the engine's own arithmetic, filters,
-limits and refusals — runs on every host.
+Host independence: the same cases run again in a child process with every numpy dispatch target
+disabled (``NPY_DISABLE_CPU_FEATURES``: baseline SSE kernels only, no AVX2, FMA or AVX-512 loops),
+which checks them against the reference there and prints its scores; they must equal this
+process's bit for bit. Golden scores of a fixed, formula-generated table pin the definition: any
+host, any numpy, must reproduce them.
 """
 
 from __future__ import annotations
 
-import logging
-import tempfile
+import json
+import math
+import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragpipe.embedding.compute import embeddings_digest
-from ragpipe.index import vector_memory
 from ragpipe.index.hits import Hit
-from ragpipe.index.ivf import IVF_MIN_ROWS
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import VectorSearcher, build_vector_index
+from ragpipe.index.vector import build_vector_index
 from ragpipe.index.vector_memory import (
+    EXACT_SCORES,
+    METRICS,
     MemoryVectorSearcher,
     VectorVerificationError,
-    calibration_problem,
+    exact_scores,
     open_vector_searcher,
     verified_vectors,
 )
-from ragpipe.retrieval.channels import VectorBackend, rank_channel
-from ragpipe.retrieval.plan import DepthPolicy
-from ragpipe_tests.support.lance_kernels import require_lance_kernels
+from ragpipe.retrieval.plan import VectorSearchPlan
 
 SCOPES = ("public", "staff", "secret")
-STYLES = ("normal", "integers", "sparse", "scaled")
+STYLES = ("normal", "integers", "sparse", "scaled", "extreme")
 
 
 def make_vectors(rng: np.random.Generator, n: int, dim: int, style: str, distinct: int) -> np.ndarray:
     """``n`` rows drawn from ``distinct`` base vectors (exact duplicates when distinct < n)."""
-    if style == "integers":  # exact products: many exactly tied distances between different rows
+    if style == "integers":  # exact products: many exactly tied scores between different rows
         base = rng.integers(-3, 4, size=(distinct, dim)).astype(np.float32)
     elif style == "sparse":
         base = rng.normal(size=(distinct, dim)).astype(np.float32) * (rng.random((distinct, dim)) < 0.2)
     elif style == "scaled":
         base = (rng.normal(size=(distinct, dim)) * 10.0 ** rng.uniform(-3, 3, size=(distinct, 1))).astype(np.float32)
+    elif style == "extreme":  # float32 products underflow to subnormals or overflow to infinity
+        base = (rng.normal(size=(distinct, dim)) * 10.0 ** rng.uniform(-30, 30, size=(distinct, dim))).astype(
+            np.float32
+        )
     else:
         base = rng.normal(size=(distinct, dim)).astype(np.float32)
-    base[~base.any(axis=1), 0] = 1.0  # no zero rows: lance never returns them under cosine
     return base[rng.integers(0, distinct, size=n)]
 
 
@@ -75,184 +79,260 @@ def ids(rows: list[IndexRow]) -> list[tuple[str, str, str]]:
     return [(r.representation_id, r.chunk_id, r.document_id) for r in rows]
 
 
-def searchers(directory: Path, rows: list[IndexRow], vectors: np.ndarray, metric: str):
-    build_vector_index(directory, rows, vectors, metric)
-    lance = VectorSearcher(directory, metric, ids(rows))
-    memory = MemoryVectorSearcher(
-        metric, ids(rows), [r.access_scopes for r in rows], lance.read_vectors(), lance.indexed
-    )
-    return lance, memory
+def searcher_of(rows: list[IndexRow], vectors: np.ndarray, metric: str) -> MemoryVectorSearcher:
+    return MemoryVectorSearcher(metric, ids(rows), [r.access_scopes for r in rows], vectors.copy())
 
 
-def bits(hits: list[Hit]) -> list[int]:
-    return np.array([h.score for h in hits], dtype=np.float64).view(np.int64).tolist()
+# --- the reference: the definition, one binary64 operation at a time ---------------------------
 
 
-def assert_same_search(lance: VectorSearcher, memory: MemoryVectorSearcher, query, k, scopes, exclude) -> None:
-    expected = lance.search(query, k, scopes, exclude)
-    actual = memory.search(query, k, scopes, exclude)
-    assert bits(actual) == bits(expected)  # same distances, tolerance 0, in the same order
-    if not lance.indexed or not expected:
-        assert actual == expected  # flat scan: lancedb orders ties by row, as memory does
-        return
-    # IVF_FLAT: identical except which rows of a tie spanning the k-th place are returned
-    boundary = expected[-1].score
-    assert [h for h in actual if h.score != boundary] == [h for h in expected if h.score != boundary]
-    everything = lance.search(query, max(1, len(lance.rows)), scopes, exclude)
-    tied = sorted(h.representation_id for h in everything if h.score == boundary)
-    got = [h.representation_id for h in actual if h.score == boundary]
-    assert got == tied[: len(got)]  # memory: the lowest rows of the tie
-    assert {h.representation_id for h in expected if h.score == boundary} <= set(tied)
+def reference_score(metric: str, row: np.ndarray, query: np.ndarray) -> float:
+    x, q = [float(v) for v in row], [float(v) for v in query]
+
+    def running(terms: list[float]) -> float:
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+    if metric == "l2":
+        return -running([(a - b) * (a - b) for a, b in zip(x, q)])
+    dot = running([a * b for a, b in zip(x, q)])
+    if metric == "dot":
+        return dot
+    denominator = math.sqrt(running([a * a for a in x])) * math.sqrt(running([b * b for b in q]))
+    return dot / denominator if denominator else math.nan  # a zero row or query: 0 / 0
 
 
-def assert_same_channel(lance, memory, query, scopes, units: int, policy: DepthPolicy) -> None:
-    size = len(lance.rows)
-    for level in ("chunk", "document"):
-        rankings = [
-            rank_channel(VectorBackend(searcher, query, scopes, size), units, level, policy)
-            for searcher in (lance, memory)
-        ]
-        assert rankings[0].ranked == rankings[1].ranked
+def reference_search(metric, rows, vectors, query, k, scopes, exclude) -> list[Hit]:
+    scored = []
+    for i, row in enumerate(rows):
+        if not set(row.access_scopes) & set(scopes) or row.document_id in exclude:
+            continue
+        score = reference_score(metric, vectors[i], query)
+        if not math.isnan(score):
+            scored.append((-score, i))
+    scored.sort()
+    return [Hit("vector", *ids(rows)[i], -negated) for negated, i in scored[:k]]
+
+
+def bits(hits: list[Hit]) -> list[tuple[str, str]]:
+    return [(h.representation_id, np.float64(h.score).tobytes().hex()) for h in hits]
+
+
+# --- the law, over random tables --------------------------------------------------------------
+
+
+def cases(seed: int, n: int, dim: int, style: str, distinct: int, queries) -> list[dict]:
+    """Searches of one random table: each with its reference and actual hits."""
+    rng = np.random.default_rng(seed)
+    vectors = make_vectors(rng, n, dim, style, max(1, min(distinct, n)))
+    rows = make_rows(rng, n)
+    documents = sorted({r.document_id for r in rows})
+    out = []
+    for metric in METRICS:
+        searcher = searcher_of(rows, vectors, metric)
+        for query_seed, subject, k, excluded, stored in queries:
+            q_rng = np.random.default_rng(query_seed)
+            query = vectors[q_rng.integers(0, n)] if stored else make_vectors(q_rng, 1, dim, style, 1)[0]
+            scopes = tuple(sorted(subject))
+            exclude = {documents[int(i)] for i in q_rng.integers(0, len(documents), size=excluded)}
+            k = min(k, n + 3)
+            out.append(
+                {
+                    "expected": bits(reference_search(metric, rows, vectors, query, k, scopes, exclude)),
+                    "actual": bits(searcher.search(query, k, scopes, exclude)),
+                }
+            )
+    return out
 
 
 queries_strategy = st.lists(
     st.tuples(
         st.integers(0, 2**32 - 1),  # query seed
         st.sets(st.sampled_from(SCOPES + ("nobody",)), min_size=0, max_size=3),
-        st.integers(1, 1200),  # k
+        st.integers(1, 400),  # k
         st.integers(0, 3),  # excluded documents
         st.booleans(),  # the query is a stored row
     ),
     min_size=1,
-    max_size=4,
+    max_size=3,
 )
 
 
-def check_tables(tmp_path: Path, n: int, seed: int, metric: str, dim: int, style: str, distinct: int, queries) -> None:
-    rng = np.random.default_rng(seed)
-    vectors = make_vectors(rng, n, dim, style, max(1, min(distinct, n)))
-    rows = make_rows(rng, n)
-    directory = Path(tempfile.mkdtemp(dir=tmp_path))  # hypothesis shares tmp_path between examples
-    lance, memory = searchers(directory, rows, vectors, metric)
-    try:
-        documents = sorted({r.document_id for r in rows})
-        for query_seed, subject, k, excluded, stored in queries:
-            q_rng = np.random.default_rng(query_seed)
-            query = vectors[q_rng.integers(0, n)] if stored else make_vectors(q_rng, 1, dim, style, 1)[0]
-            scopes = tuple(sorted(subject))
-            exclude = [documents[int(i)] for i in q_rng.integers(0, len(documents), size=excluded)]
-            assert_same_search(lance, memory, query, min(k, n + 3), scopes, exclude)
-        query_seed, subject, k, _, _ = queries[0]
-        query = make_vectors(np.random.default_rng(query_seed), 1, dim, style, 1)[0]
-        assert_same_channel(lance, memory, query, tuple(sorted(subject)), 1 + k % 20, DepthPolicy(request_multiple=2))
-    finally:
-        lance.close()
-
-
-METRICS = ("cosine", "dot", "l2")
-
-
-@pytest.fixture(params=METRICS)
-def flat_metric(request) -> str:
-    require_lance_kernels(request.param, indexed=False)
-    return request.param
-
-
-@pytest.fixture(params=METRICS)
-def ivf_metric(request) -> str:
-    require_lance_kernels(request.param, indexed=True)
-    return request.param
-
-
-@settings(max_examples=34, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(
-    n=st.integers(1, 150),
+    n=st.integers(1, 300),
     seed=st.integers(0, 2**32 - 1),
-    dim=st.sampled_from([32, 48]),
+    dim=st.sampled_from([1, 3, 16, 37]),
     style=st.sampled_from(STYLES),
-    distinct=st.integers(1, 200),
+    distinct=st.integers(1, 300),
     queries=queries_strategy,
 )
-def test_flat_tables_search_exactly_as_lancedb(tmp_path, flat_metric, n, seed, dim, style, distinct, queries):
-    check_tables(tmp_path, n, seed, flat_metric, dim, style, distinct, queries)
+def test_searches_return_the_definitions_top_k_bit_for_bit(n, seed, dim, style, distinct, queries):
+    for case in cases(seed, n, dim, style, distinct, queries):
+        assert case["actual"] == case["expected"]
 
 
-@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    extra=st.integers(0, 150),
-    seed=st.integers(0, 2**32 - 1),
-    dim=st.sampled_from([32, 48]),
-    style=st.sampled_from(STYLES),
-    distinct=st.sampled_from([40, 400, 2000]),
-    queries=queries_strategy,
-)
-def test_ivf_tables_search_exactly_as_lancedb(tmp_path, ivf_metric, extra, seed, dim, style, distinct, queries):
-    check_tables(tmp_path, IVF_MIN_ROWS + extra, seed, ivf_metric, dim, style, distinct, queries)
+# Fixed cases for the restricted-dispatch child: every style and metric, embedding-sized rows.
+FIXED = [
+    (seed, n, dim, style, distinct, [(seed + j, ("public", "staff", "secret")[: 1 + j % 3], k, j % 2, j == 2)])
+    for seed, (n, dim, style, distinct) in enumerate(
+        [(400, 384, "normal", 400), (300, 384, "integers", 40), (250, 48, "sparse", 250), (200, 32, "scaled", 50)]
+        + [(150, 24, "extreme", 150), (64, 384, "normal", 8)]
+    )
+    for j, k in enumerate((1, 10, 100))
+]
+
+
+def fixed_case_bits() -> list[list[dict]]:
+    return [cases(*case) for case in FIXED]
+
+
+def test_scores_are_the_same_bits_with_numpys_simd_dispatch_restricted():
+    """The child disables every numpy dispatch target this numpy has (AVX2/FMA3 and AVX-512 groups
+    on x86-64), checks it took effect, checks every fixed case against the reference there, and
+    prints its scores: they equal the unrestricted ones here."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__
+
+    here = fixed_case_bits()
+    for table in here:
+        for case in table:
+            assert case["actual"] == case["expected"]
+    env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(__cpu_dispatch__)}
+    child = (
+        "import json\n"
+        "from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__\n"
+        "assert not any(__cpu_features__.get(f) for f in __cpu_dispatch__), __cpu_features__\n"
+        "from ragpipe_tests.index.test_vector_memory import fixed_case_bits\n"
+        "print(json.dumps(fixed_case_bits()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    there = json.loads(done.stdout)
+    assert there == [[{k: [list(p) for p in v] for k, v in c.items()} for c in t] for t in here]
+    assert sum(len(c["actual"]) for t in here for c in t) > 1000  # the cases return hits to compare
+
+
+# --- golden scores: a fixed table any host must reproduce ---------------------------------------
+
+
+def golden_table(n: int = 48, dim: int = 384) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and a query from integer formulas (no random generator whose stream could change)."""
+    i = np.arange(n, dtype=np.int64)[:, None]
+    j = np.arange(dim, dtype=np.int64)[None, :]
+    rows = ((i * 7919 + j * 104729 + i * j * 31) % 20011 / 20011.0 - 0.5).astype(np.float32)
+    query = ((np.arange(dim) * 2654435761 % 1000003) / 1000003.0 - 0.5).astype(np.float32)
+    return rows, query
+
+
+GOLDEN = {
+    "cosine": [
+        ("r06", "0x1.22890bbbd9e6cp-4"),
+        ("r18", "0x1.01bec8a98f060p-4"),
+        ("r31", "0x1.00158dd1522f8p-4"),
+        ("r36", "0x1.d77ae4db4eedbp-5"),
+        ("r35", "0x1.8ac289890fe1bp-5"),
+    ],
+    "dot": [
+        ("r06", "0x1.22f0109414b20p+1"),
+        ("r18", "0x1.029e23b496ed0p+1"),
+        ("r31", "0x1.00a171b2aeb5fp+1"),
+        ("r36", "0x1.d8bd9d771ba70p+0"),
+        ("r35", "0x1.8c6171f586fc4p+0"),
+    ],
+    "l2": [
+        ("r06", "-0x1.dc58535b31263p+5"),
+        ("r31", "-0x1.e103fe0246ac6p+5"),
+        ("r18", "-0x1.e1680f8f89641p+5"),
+        ("r36", "-0x1.e3d2eabee692cp+5"),
+        ("r35", "-0x1.e954141715b51p+5"),
+    ],
+}
 
 
 @pytest.mark.parametrize("metric", METRICS)
-@pytest.mark.parametrize("n", [300, IVF_MIN_ROWS + 10])
-def test_embedding_sized_vectors_search_exactly_as_lancedb(tmp_path, metric, n):
-    """384 dimensions, as the default embedder: the kernels' chunk count of a real bundle."""
-    require_lance_kernels(metric, indexed=n >= IVF_MIN_ROWS)
-    rng = np.random.default_rng(n)
-    vectors = make_vectors(rng, n, 384, "normal", n)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    rows = make_rows(rng, n)
-    lance, memory = searchers(tmp_path / "v", rows, vectors, metric)
-    for i in range(8):
-        query = rng.normal(size=384).astype(np.float32)
-        assert_same_search(lance, memory, query, [1, 10, 200, n][i % 4], ("public", "staff")[: 1 + i % 2], ())
-    lance.close()
+def test_golden_scores_of_a_fixed_table(metric):
+    rows, query = golden_table()
+    table = [IndexRow(f"r{i:02d}", f"c{i:02d}", f"d{i:02d}", "raw", "", ("public",), "primary") for i in range(48)]
+    hits = searcher_of(table, rows, metric).search(query, 5, ("public",))
+    got = [(h.representation_id, float(h.score).hex()) for h in hits]
+    assert got == GOLDEN[metric]
+    assert got == [(h.representation_id, float(h.score).hex()) for h in reference_search(
+        metric, table, rows, query, 5, ("public",), set()
+    )]  # fmt: skip
+
+
+def test_the_plan_names_this_definition():
+    assert VectorSearchPlan().scores == EXACT_SCORES == "float64_sequential/v1"
+
+
+def test_exact_scores_of_one_row():
+    row = np.array([[1.0, 2.0, 2.0]], dtype=np.float32)
+    query = np.array([0.0, 3.0, 4.0], dtype=np.float32)
+    assert exact_scores("dot", row, query).tolist() == [14.0]
+    assert exact_scores("cosine", row, query).tolist() == [14.0 / (3.0 * 5.0)]
+    assert exact_scores("l2", row, query).tolist() == [-(1.0 + 1.0 + 4.0)]
+
+
+def test_an_order_dependent_sum_follows_dimension_order():
+    """1 + 2⁻⁵³ + 2⁻⁵³ is 1 added left to right (each half-ulp rounds to even), 1 + 2⁻⁵² in any
+    order that adds the small terms first: the definition says which."""
+    row = np.array([[1.0, 2.0**-27, 2.0**-27]], dtype=np.float32)  # products 1, 2⁻⁵³, 2⁻⁵³
+    query = np.array([1.0, 2.0**-26, 2.0**-26], dtype=np.float32)
+    assert exact_scores("dot", row, query).tolist() == [1.0]
+    assert reference_score("dot", row[0], query) == 1.0
+    assert 1.0 + (2.0**-53 + 2.0**-53) == 1.0 + 2.0**-52  # the other order
+
+
+# --- filters, limits, refusals ----------------------------------------------------------------
 
 
 @pytest.fixture
-def small(tmp_path):
+def small():
     rng = np.random.default_rng(3)
     rows = make_rows(rng, 40)
     vectors = make_vectors(rng, 40, 32, "normal", 40)
-    lance, memory = searchers(tmp_path / "v", rows, vectors, "cosine")
-    yield lance, memory, rows, vectors
-    lance.close()
+    return searcher_of(rows, vectors, "cosine"), rows, vectors
 
 
 def test_no_scopes_unknown_scopes_and_excluded_documents_give_nothing(small):
-    lance, memory, rows, vectors = small
+    memory, rows, vectors = small
     for args in [((), ()), (("nobody",), ()), (SCOPES, sorted({r.document_id for r in rows}))]:
-        assert memory.search(vectors[0], 5, *args) == lance.search(vectors[0], 5, *args) == []
+        assert memory.search(vectors[0], 5, *args) == []
 
 
 def test_k_above_the_visible_rows_returns_every_visible_row(small):
-    lance, memory, rows, vectors = small
+    memory, rows, vectors = small
     visible = [r for r in rows if "secret" in r.access_scopes]
     hits = memory.search(vectors[1], 1000, ("secret",))
-    # the same rows as lancedb's (their last bits are the kernel law's business, above)
-    assert {h.representation_id for h in hits} == {
-        h.representation_id for h in lance.search(vectors[1], 1000, ("secret",))
-    }
     assert sorted(h.representation_id for h in hits) == [r.representation_id for r in visible]
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
-def test_invalid_scope_names_k_and_dimensions_are_refused_as_lancedb_does(small):
-    lance, memory, _, vectors = small
-    for searcher in (lance, memory):
-        with pytest.raises(ValueError, match=r"invalid scope name \"x'\) OR true --\""):
-            searcher.search(vectors[0], 3, ("public", "x') OR true --"))
-        with pytest.raises(ValueError, match="k must be positive"):
-            searcher.search(vectors[0], 0, ("public",))
-        with pytest.raises(ValueError, match="dimension"):
-            searcher.search(vectors[0][:31], 3, ("public",))
+def test_invalid_scope_names_k_and_dimensions_are_refused(small):
+    memory, _, vectors = small
+    with pytest.raises(ValueError, match=r"invalid scope name \"x'\) OR true --\""):
+        memory.search(vectors[0], 3, ("public", "x') OR true --"))
+    with pytest.raises(ValueError, match="k must be positive"):
+        memory.search(vectors[0], 0, ("public",))
+    with pytest.raises(ValueError, match="query has 31 dimensions, the vectors 32"):
+        memory.search(vectors[0][:31], 3, ("public",))
 
 
-def test_a_zero_cosine_query_returns_nothing_as_lancedb_does(small):
-    lance, memory, _, vectors = small
-    zero = np.zeros(vectors.shape[1], dtype=np.float32)
-    assert memory.search(zero, 5, SCOPES) == lance.search(zero, 5, SCOPES) == []
+def test_a_zero_cosine_query_or_row_scores_nothing(small):
+    memory, rows, vectors = small
+    assert memory.search(np.zeros(vectors.shape[1], dtype=np.float32), 5, SCOPES) == []
+    with_zero = vectors.copy()
+    with_zero[4] = 0.0
+    hits = searcher_of(rows, with_zero, "cosine").search(vectors[4], 40, SCOPES)
+    assert len(hits) == 39 and "r00004" not in {h.representation_id for h in hits}
 
 
 def test_a_closed_searcher_refuses_searches(small):
-    _, memory, _, vectors = small
+    memory, _, vectors = small
     memory.search(vectors[0], 3, ("public",))
     memory.close()
     with pytest.raises(RuntimeError, match="vector searcher is closed"):
@@ -260,75 +340,48 @@ def test_a_closed_searcher_refuses_searches(small):
 
 
 def test_concurrent_searches_equal_sequential_ones(small):
-    _, memory, _, vectors = small
-    cases = [(vectors[i % len(vectors)], 1 + i % 17, SCOPES[: 1 + i % 3]) for i in range(64)]
-    expected = [memory.search(*case) for case in cases]
+    memory, _, vectors = small
+    cases_ = [(vectors[i % len(vectors)], 1 + i % 17, SCOPES[: 1 + i % 3]) for i in range(64)]
+    expected = [memory.search(*case) for case in cases_]
     barrier = threading.Barrier(8)
 
     def run(i: int):
         if i < 8:
             barrier.wait()
-        return memory.search(*cases[i])
+        return memory.search(*cases_[i])
 
     with ThreadPoolExecutor(8) as pool:
-        assert list(pool.map(run, range(len(cases)))) == expected
+        assert list(pool.map(run, range(len(cases_)))) == expected
+
+
+def test_the_searcher_keeps_the_matrix_read_only(small):
+    memory, _, _ = small
+    with pytest.raises(ValueError, match="read-only"):
+        memory._tables.matrix[0, 0] = 1.0
+
+
+# --- opening: verified vectors, from vectors.arrow or the lance table ---------------------------
 
 
 def digest(rows: list[IndexRow], vectors: np.ndarray) -> str:
     return embeddings_digest([r.representation_id for r in rows], vectors)
 
 
-def test_the_factory_serves_verified_vectors_from_memory_up_to_the_limit(tmp_path):
+def test_the_factory_serves_verified_vectors_from_either_store(tmp_path):
     rng = np.random.default_rng(5)
     rows, vectors = make_rows(rng, 60), make_vectors(rng, 60, 32, "normal", 60)
     build_vector_index(tmp_path / "v", rows, vectors, "dot")
-    scopes = [r.access_scopes for r in rows]
-
-    def open_with(**options):
-        options.setdefault("embeddings_digest", digest(rows, vectors))
-        options.setdefault("engine", "memory")  # the limit, not this host's lance kernels
-        return open_vector_searcher(tmp_path / "v", "dot", ids(rows), row_scopes=scopes, **options)
-
-    memory = open_with()
-    assert isinstance(memory, MemoryVectorSearcher) and memory.engine == "memory"
-    assert memory.why == "in memory, as the vector engine setting asks (not compared with lancedb)"
-    exact = 60 * 32 * 4
-    assert open_with(memory_limit_bytes=exact).engine == "memory"
-    lance = open_with(memory_limit_bytes=exact - 1)
-    assert isinstance(lance, VectorSearcher) and lance.engine == "lancedb"
-    assert lance.why == "lancedb: 60 vectors of 32 dimensions, 7,680 bytes, exceed the in-memory limit of 7,679 bytes"
-    assert [h.representation_id for h in memory.search(vectors[2], 7, ("public", "staff"))] == [
-        h.representation_id for h in lance.search(vectors[2], 7, ("public", "staff"))
-    ]
-    assert open_with(vectors=vectors).engine == "memory"
-    lance.close()
-    memory.close()
-
-
-def test_the_setting_chooses_the_engine_and_auto_calibrates(tmp_path, caplog):
-    """``lancedb`` never serves from memory; ``memory`` serves without lancedb's table being
-    searched; ``auto`` serves from memory exactly where this host's calibration passes, and says
-    so — the same table gives the other answer on a host whose lance kernels differ."""
-    rng = np.random.default_rng(8)
-    rows, vectors = make_rows(rng, 60), make_vectors(rng, 60, 32, "normal", 60)
-    build_vector_index(tmp_path / "v", rows, vectors, "cosine")
     options = {"row_scopes": [r.access_scopes for r in rows], "embeddings_digest": digest(rows, vectors)}
-    lance = open_vector_searcher(tmp_path / "v", "cosine", ids(rows), engine="lancedb", **options)
-    assert (lance.engine, lance.why) == ("lancedb", "lancedb, as the vector engine setting asks")
-    lance.close()
-    with pytest.raises(ValueError, match=r"unknown vector engine 'fast' \(auto, memory, lancedb\)"):
-        open_vector_searcher(tmp_path / "v", "cosine", ids(rows), engine="fast", **options)
-    with caplog.at_level(logging.WARNING, logger="ragpipe.index.vector_memory"):
-        auto = open_vector_searcher(tmp_path / "v", "cosine", ids(rows), **options)
-    reference = MemoryVectorSearcher("cosine", ids(rows), options["row_scopes"], vectors, False)
-    problem = calibration_problem(reference, VectorSearcher(tmp_path / "v", "cosine", ids(rows)), options["row_scopes"])
-    if problem is None:
-        assert (auto.engine, caplog.text) == ("memory", "")
-        assert auto.why == "in memory: it reproduced lancedb's distances on this host's calibration probes"
-    else:
-        assert auto.engine == "lancedb" and auto.why.startswith(f"lancedb: calibration on this host: {problem}")
-        assert "reproduces lance's AVX-512 kernels" in auto.why and problem in caplog.text
-    auto.close()
+    given = open_vector_searcher(tmp_path / "v", "dot", ids(rows), vectors=vectors.copy(), **options)
+    checked: list[str] = []
+    read = open_vector_searcher(tmp_path / "v", "dot", ids(rows), before_lance=lambda: checked.append("x"), **options)
+    assert checked == ["x"]  # the deferred table check ran before the table was read
+    assert given.engine == read.engine == "memory"
+    assert given.why == (
+        "exact scores (float64_sequential/v1) in memory: 60 vectors of 32 dimensions, 7,680 bytes, read from vectors.arrow"
+    )
+    assert read.why.endswith("read from the lance table (this bundle has no vectors.arrow)")
+    assert given.search(vectors[2], 7, ("public", "staff")) == read.search(vectors[2], 7, ("public", "staff"))
 
 
 def test_vectors_that_are_not_the_manifests_are_refused(tmp_path):
@@ -349,141 +402,28 @@ def test_vectors_that_are_not_the_manifests_are_refused(tmp_path):
     assert verified_vectors(ids(rows), vectors, digest(rows, vectors)).dtype == np.float32
 
 
-def test_unsupported_dimensions_and_failed_calibration_are_served_by_lancedb(tmp_path, monkeypatch, caplog):
-    rng = np.random.default_rng(7)
-    rows = make_rows(rng, 30)
-    for dim, name in ((20, "v20"), (16, "v16")):
-        vectors = make_vectors(rng, 30, dim, "normal", 30)
-        build_vector_index(tmp_path / name, rows, vectors, "l2")
-        searcher = open_vector_searcher(
-            tmp_path / name, "l2", ids(rows), row_scopes=[r.access_scopes for r in rows],
-            embeddings_digest=digest(rows, vectors),
-        )  # fmt: skip
-        assert searcher.engine == "lancedb"
-        searcher.close()
-    vectors = make_vectors(rng, 30, 32, "normal", 30)
-    build_vector_index(tmp_path / "v32", rows, vectors, "l2")
-    # another lance build would sum in another order: the probes see it and lancedb serves
-    monkeypatch.setattr(vector_memory, "_lane_dot", lambda products: products.sum(axis=1, dtype=np.float32))
-    with caplog.at_level(logging.WARNING, logger="ragpipe.index.vector_memory"):
-        searcher = open_vector_searcher(
-            tmp_path / "v32", "l2", ids(rows), row_scopes=[r.access_scopes for r in rows],
-            embeddings_digest=digest(rows, vectors),
-        )  # fmt: skip
-    assert searcher.engine == "lancedb" and "differ from the in-memory kernels" in caplog.text
-    searcher.close()
-
-
-def test_retriever_results_are_identical_with_either_engine(scoped_bundles):
-    """End to end on a real bundle (MiniLM vectors, public/staff/secret documents): every mode
-    and subject gives the same hits, scores and channel traces with lancedb or memory serving."""
-    from ragpipe.retrieval.authz import Subject
+def test_retriever_scores_are_the_definitions(scoped_bundles):
+    """End to end on a real bundle (MiniLM vectors): every vector hit's score is the reference's
+    for the query vector the retriever embedded."""
     from ragpipe.retrieval.retriever import Retriever
 
-    require_lance_kernels("cosine", indexed=False)  # the bundle's metric and size
-    lance_side = Retriever(scoped_bundles[0], vector_engine="lancedb")
-    memory_side = Retriever(lance_side.bundle, vector_engine="memory")
-    assert (lance_side.vector.engine, memory_side.vector.engine) == ("lancedb", "memory")
-    memory_side._embedder = lance_side.embedder()
-    subjects = [
-        Subject("anon", ("public",)),
-        Subject("admin", ("public", "secret", "staff")),
-        Subject("spy", ("secret",)),
-    ]
+    retriever = Retriever(scoped_bundles[0])
     try:
-        for text in ("aspirin stroke", "secret trial", "heart"):
-            for subject in subjects:
-                for mode in ("vector", "hybrid"):
-                    for k in (1, 5, 50):
-                        got = [
-                            r.query(text, subject, k=k, mode=mode, trace=True).as_dict()
-                            for r in (lance_side, memory_side)
-                        ]
-                        for result in got:
-                            result["trace"].pop("timings_ms")
-                        assert got[0] == got[1]
+        tables = retriever.vector._tables
+        row_of = {r[0]: i for i, r in enumerate(retriever.vector.rows)}
+        metric = retriever.vector.metric
+        for text in ("aspirin stroke", "secret trial"):
+            query = retriever.embedder().embed_query(text)
+            hits = retriever.vector.search(query, 10, ("public", "secret", "staff"))
+            assert len(hits) == 10
+            for hit in hits:
+                row = tables.matrix[row_of[hit.representation_id]]
+                assert hit.score == reference_score(metric, row, np.asarray(query, dtype=np.float32))
     finally:
-        lance_side.close()
-        memory_side.close()
+        retriever.close()
 
 
-def round_to_float32(value: Fraction) -> np.float32:
-    """``value`` rounded once to the nearest float32, ties to even (subnormals included)."""
-    guess = np.float32(float(value))
-    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
-    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - value), int(np.array(c).view(np.int32)) & 1))
-
-
-def fused_reference(left: np.ndarray, right: np.ndarray) -> np.float32:
-    """lance's fused 16-lane kernel in exact rational arithmetic, one rounding per step."""
-    lanes = [np.float32(0)] * 16
-    for i in range(0, len(left), 16):
-        for j in range(16):
-            exact = Fraction(float(lanes[j])) + Fraction(float(left[i + j])) * Fraction(float(right[i + j]))
-            lanes[j] = round_to_float32(exact)
-    acc = np.array(lanes, dtype=np.float32)[None, :]
-    return vector_memory._tree_sum(acc)[0]
-
-
-def test_a_fused_step_that_float64_would_round_twice_is_rounded_once():
-    """acc = 1 + 2⁻²³, then + (1 + 2⁻²³)·(−2⁻²⁴(1 − 2⁻²³)): the exact sum 1 + 2⁻²⁴ + 2⁻⁷⁰ lies just
-    above a float32 midpoint, float64 rounds it onto the midpoint and float32 then to 1.0; an FMA
-    gives 1 + 2⁻²³."""
-    left = np.zeros(32, dtype=np.float32)
-    right = np.zeros(32, dtype=np.float32)
-    left[0], right[0] = 1 + 2.0**-23, 1.0
-    left[16], right[16] = 1 + 2.0**-23, -(2.0**-24) * (1 - 2.0**-23)
-    naive = np.float32(np.float64(left[0] * right[0]) + np.float64(left[16]) * np.float64(right[16]))
-    assert naive == np.float32(1.0)
-    assert vector_memory._fused_dot(left[None, :], right)[0] == np.float32(1 + 2.0**-23) == fused_reference(left, right)
-
-
-floats32 = st.floats(-(2.0**40), 2.0**40, width=32, allow_nan=False, allow_infinity=False)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(floats32, min_size=64, max_size=64), st.booleans())
-def test_fused_dot_rounds_every_step_once(values, near_cancel):
-    left, right = np.array(values[:32], dtype=np.float32), np.array(values[32:], dtype=np.float32)
-    if near_cancel:  # second chunk almost cancels the first: tiny, subnormal or zero accumulators
-        right[16:] = -right[:16]
-        left[16:] = np.nextafter(left[:16], np.float32(np.inf))
-    assert vector_memory._fused_dot(left[None, :], right)[0].tobytes() == fused_reference(left, right).tobytes()
-
-
-@pytest.mark.parametrize("agrees", [True, False])
-def test_auto_follows_the_calibrations_verdict_on_any_host(tmp_path, monkeypatch, agrees):
-    """Both outcomes of a calibration, whatever this host's kernels: the probes' verdict decides
-    the engine, is recorded, and is what ``why`` says (the probes themselves are the laws above)."""
-    from ragpipe.index.engine_calibration import CalibrationRecords, host_has_avx512
-
-    rng = np.random.default_rng(9)
-    rows, vectors = make_rows(rng, 40), make_vectors(rng, 40, 32, "normal", 40)
-    build_vector_index(tmp_path / "v", rows, vectors, "cosine")
-    verdict = (
-        None if agrees else "probe 1: lance's distances differ from the in-memory kernels (another lance build or CPU)"
-    )
-    monkeypatch.setattr(vector_memory, "calibration_problem", lambda *args: verdict)
-    records = CalibrationRecords(tmp_path / "calibrations")
-    options = {"row_scopes": [r.access_scopes for r in rows], "embeddings_digest": digest(rows, vectors)}
-    first = open_vector_searcher(
-        tmp_path / "v", "cosine", ids(rows), calibrations=records, table_digest="sha256:" + "1" * 64, **options
-    )
-    again = open_vector_searcher(
-        tmp_path / "v", "cosine", ids(rows), calibrations=records, table_digest="sha256:" + "1" * 64,
-        vectors=vectors, **options,
-    )  # fmt: skip
-    cpu = "" if host_has_avx512() else "; this CPU has no AVX-512"
-    if agrees:
-        assert (first.engine, first.why) == (
-            "memory", "in memory: it reproduced lancedb's distances on this host's calibration probes"
-        )  # fmt: skip
-        assert (again.engine, again.why) == (
-            "memory", "in memory: this host's recorded calibration found lancedb's distances reproduced"
-        )  # fmt: skip
-    else:
-        hint = f" — the in-memory engine reproduces lance's AVX-512 kernels{cpu}"
-        assert (first.engine, first.why) == ("lancedb", f"lancedb: calibration on this host: {verdict}{hint}")
-        assert (again.engine, again.why) == ("lancedb", f"lancedb: this host's recorded calibration: {verdict}{hint}")
-    first.close()
-    again.close()
+def test_this_module_is_importable_without_lancedb():
+    code = "import sys, ragpipe.index.vector_memory, ragpipe.retrieval.vector_engine; print('lancedb' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "False"

@@ -62,11 +62,9 @@ def shop(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("shop")
     corpus = write_tree(root / "shop-corpus", _corpus(seed=39, documents=24))
     _, _, bundle = build_all_stages(root / "home", "s1", corpus, "markdown")
-    memory, lance = Retriever(bundle, vector_engine="memory"), Retriever(bundle, vector_engine="lancedb")
-    assert (memory.vector.engine, lance.vector.engine) == ("memory", "lancedb")
-    yield memory, lance
-    memory.close()
-    lance.close()
+    retriever = Retriever(bundle)
+    yield retriever
+    retriever.close()
 
 
 def _leaf() -> st.SearchStrategy[dict]:
@@ -106,9 +104,9 @@ def _channel(result, name: str) -> list[tuple[str, float]]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=FILTERS, query=QUERIES, subject=st.sampled_from([STAFF, PUBLIC]), k=st.sampled_from([2, 1000]))
 def test_a_filtered_ranking_is_the_full_ranking_restricted(shop, value, query, subject, k):
-    """Per channel, in every mode and on both vector engines: the filtered channel ranking is the
-    unfiltered full ranking's hits of admitted documents, same scores, cut at the same depth."""
-    for retriever in shop:
+    """Per channel, in every mode: the filtered channel ranking is the unfiltered full ranking's
+    hits of admitted documents, same scores, cut at the same depth."""
+    for retriever in (shop,):
         admitted = _admitted(retriever, value)
         for mode in ("lexical", "vector", "hybrid"):
             full = retriever.query(query, subject, k=1000, mode=mode, rankings=True)
@@ -128,17 +126,8 @@ def test_a_filtered_ranking_is_the_full_ranking_restricted(shop, value, query, s
                 ]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(value=FILTERS, query=QUERIES)
-def test_both_vector_engines_filter_alike(shop, value, query):
-    memory, lance = shop
-    a = memory.query(query, STAFF, k=5, mode="vector", filter=value)
-    b = lance.query(query, STAFF, k=5, mode="vector", filter=value)
-    assert [h["chunk_id"] for h in a.hits] == [h["chunk_id"] for h in b.hits]
-
-
 def test_a_filter_never_widens_what_the_scopes_allow(shop):
-    memory, _ = shop
+    memory = shop
     staff_only = {d for d, s in memory.scopes.items() if s == ("staff",)}
     assert staff_only
     for value in ({"field": "year", "gte": 0}, {"not": {"field": "category", "eq": "nothing"}}):
@@ -147,7 +136,7 @@ def test_a_filter_never_widens_what_the_scopes_allow(shop):
 
 
 def test_the_result_names_the_filter_and_hits_show_metadata(shop):
-    memory, _ = shop
+    memory = shop
     result = memory.query("refund", STAFF, k=3, filter={"field": "category", "in": ["guide", "faq"]})
     assert result.as_dict()["filter"] == {"field": "category", "in": ["faq", "guide"]}
     assert all(h["metadata"]["category"] in ("faq", "guide") for h in result.hits)
@@ -175,7 +164,7 @@ def test_the_result_names_the_filter_and_hits_show_metadata(shop):
     ],
 )
 def test_a_bad_filter_is_one_line(shop, value, message):
-    memory, _ = shop
+    memory = shop
     with pytest.raises(QueryError) as info:
         memory.query("refund", STAFF, filter=value)
     assert str(info.value) == message
