@@ -285,7 +285,7 @@ def check_vector_table(bundle: VerifiedBundle) -> None:
     lancedb serves the bundle."""
     if bundle.vector_table_checked:
         return
-    digest = _manifest_digest(bundle)
+    digest = manifest_digest_of(bundle)
     if _known_good(digest, "complete"):
         return
     tables = bundle.tables
@@ -299,9 +299,18 @@ def check_vector_table(bundle: VerifiedBundle) -> None:
     _remember(digest, "complete")
 
 
-def _manifest_digest(bundle: VerifiedBundle) -> str:
-    # the manifest file is byte-canonical (checked on open): its bytes are these
+def manifest_digest_of(bundle: VerifiedBundle) -> str:
+    """The SHA-256 hex of ``bundle``'s manifest file (byte-canonical, checked on open: its bytes
+    are these), which binds every file's digest."""
     return hashlib.sha256(manifest_bytes(bundle.manifest)).hexdigest()
+
+
+def trust_payload(manifest_digest: str) -> None:
+    """Let later opens in this process skip the payload checks of the bundle whose manifest has
+    ``manifest_digest`` (every file's digest is checked all the same): only for a manifest whose
+    payload a full verification accepted, as a sealed verification record vouches
+    (``ragpipe.release.verified_record``)."""
+    _remember(manifest_digest, "payload")
 
 
 # The payload checks are a pure function of the manifest and the files' bytes, and the manifest

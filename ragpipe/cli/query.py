@@ -47,21 +47,21 @@ def _retriever(
     or, with none of these, the active release of the default target, served with the plan it
     was gated with."""
     if bundle is not None or revision is not None:
+        if release is not None or target is not None:
+            raise ValueError("give a bundle (--bundle or --revision) or a release (--release or --target), not both")
         from ragpipe.api import Retriever  # the retrieval stack: only when a query runs
         from ragpipe.retrieval.plan import load_plan
 
-        if release is not None or target is not None:
-            raise ValueError("give a bundle (--bundle or --revision) or a release (--release or --target), not both")
         plan = load_plan(plan_path)
         return Retriever(bundle_path(bundle, revision), plan=plan), plan
-    # not Retriever here: retriever_for_release starts loading the query graph before it imports the
-    # retrieval stack (lancedb), so that the two overlap
-    from ragpipe.api import retriever_for_release
-
     if plan_path is not None:
         raise ValueError("--plan applies to --bundle or --revision; a release serves the plan it was gated with")
     if release is not None and target is not None:
         raise ValueError("give --release or --target, not both")
+    # not Retriever here: retriever_for_release starts loading the query graph before it imports the
+    # retrieval stack, so that the two overlap
+    from ragpipe.api import retriever_for_release
+
     retriever = retriever_for_release(target, release_id=release)
     return retriever, retriever.plan
 
@@ -104,27 +104,30 @@ def _subject(principal: str, scopes: list[str] | None):
     return Subject(principal=principal, scopes=tuple(scopes) if scopes else (DEFAULT_SCOPE,))
 
 
-def _or_fail(action):
-    """Run a query-side action; its expected errors become one clear message and exit code 1."""
-    from ragpipe.bundle.verify import BundleVerificationError  # pyarrow: only when a command runs
+def _expected_errors() -> tuple[type[Exception], ...]:
+    """The query side's errors that are the user's to fix (imported only once one was raised:
+    a bad argument is refused before the retrieval stack is imported)."""
+    from ragpipe.bundle.verify import BundleVerificationError
     from ragpipe.embedding.embedder import EmbedderError
     from ragpipe.retrieval.authz import AuthorizationError
     from ragpipe.retrieval.plan import PlanError
     from ragpipe.retrieval.rerank import RerankerError
     from ragpipe.retrieval.results import QueryError
 
+    # EmbedderError: a refused query-graph entry or embedder model, one line saying what to do
+    return BundleVerificationError, EmbedderError, PlanError, QueryError, AuthorizationError, RerankerError
+
+
+def _or_fail(action):
+    """Run a query-side action; its expected errors become one clear message and exit code 1."""
     try:
         return action()
-    except (
-        BundleVerificationError,
-        EmbedderError,  # a refused query-graph entry or embedder model: one line saying what to do
-        PlanError,
-        QueryError,
-        AuthorizationError,
-        RerankerError,
-        ValueError,
-    ) as exc:
-        fail(str(exc))  # ReleaseError and LedgerError are ValueErrors too
+    except ValueError as exc:  # a bad argument; ReleaseError and LedgerError are ValueErrors too
+        fail(str(exc))
+    except Exception as exc:
+        if isinstance(exc, _expected_errors()):
+            fail(str(exc))
+        raise
 
 
 def query(
@@ -135,7 +138,7 @@ def query(
     target: TargetOpt = None,
     scope: ScopeOpt = None,
     principal: PrincipalOpt = "cli",
-    k: Annotated[int, typer.Option("--k", help="Number of hits.")] = 10,
+    k: Annotated[int, typer.Option("--k", min=1, help="Number of hits.")] = 10,
     mode: ModeOpt = None,
     plan: PlanOpt = None,
     as_json: JsonOpt = False,

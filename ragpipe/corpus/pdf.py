@@ -31,9 +31,7 @@ import io
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-from pypdf import PasswordType, PdfReader
+from typing import TYPE_CHECKING, Any
 
 from ragpipe.corpus.metadata import typed_metadata
 from ragpipe.corpus.models import Exclusion
@@ -79,6 +77,10 @@ def _has_images(page: Any) -> bool:
         return True
 
 
+if TYPE_CHECKING:  # pypdf is imported by the reader only: query processes import this module too
+    from pypdf import PdfReader
+
+
 def _info(reader: PdfReader) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The document information dictionary as raw metadata, and the fields that do not read."""
     raw: dict[str, Any] = {}
@@ -109,6 +111,8 @@ def _short(exc: BaseException) -> str:
 def _document(
     file: SourceFile, doc_id: str, where: str, problems: list[str], excluded: list[Exclusion]
 ) -> SourceRecord | None:
+    from pypdf import PasswordType, PdfReader  # 0.2-0.6 s of imports: only where a PDF is read
+
     try:
         reader = PdfReader(io.BytesIO(file.data), strict=False)
         if reader.is_encrypted:

@@ -85,11 +85,13 @@ def verify_release(
 @dataclass(frozen=True)
 class VerifiedRelease:
     """A release that verified, with the objects its verification read and checked: the opened
-    bundle and the evaluation run. Whoever serves or gates it uses these, never a second reading."""
+    bundle and the evaluation run. Whoever serves or gates it uses these, never a second reading.
+    ``arm`` is None when the evidence checks were remembered, not repeated
+    (``verified_release(…, evidence=False)``: serving only)."""
 
     manifest: ReleaseManifest
     bundle: VerifiedBundle
-    arm: ArmRun
+    arm: ArmRun | None
 
     @property
     def release_id(self) -> str:
@@ -103,6 +105,7 @@ def verified_release(
     *,
     remake_decision: bool = True,
     defer_vector_table: bool = False,
+    evidence: bool = True,
 ) -> tuple[VerifiedRelease | None, list[str]]:
     """The release as verified here — None unless it verifies — and the problems that forbid
     serving ``manifest`` (empty: it verifies). Full bundle verification,
@@ -113,9 +116,11 @@ def verified_release(
     Activation, rollback and every reader of the live release (``ragpipe.release.live``) make the
     decision again (a paired comparison is recomputed, with its bootstrap); serving a release the
     caller names by ID checks the kept documents and their links only.
-    ``defer_vector_table``: leave the lance table's content checks to the moment lancedb serves
-    (``ragpipe.bundle.verify.open_bundle``); a query process that serves from memory then never
-    imports lancedb."""
+    ``defer_vector_table``: leave the lance table's content checks to the moment its vectors are
+    read (``ragpipe.bundle.verify.open_bundle``), so a query process never imports lancedb.
+    ``evidence=False``: skip the evaluation evidence and the gate decision (and ``child_checks``) —
+    only for a live release whose full verification is remembered
+    (``ragpipe.release.verified_record``); the bundle is verified all the same."""
     from ragpipe.bundle.objects import open_bundle_here  # pyarrow: only when verifying
     from ragpipe.bundle.verify import BundleVerificationError
 
@@ -133,6 +138,8 @@ def verified_release(
         problems.append(
             f"bundle {manifest.bundle_id}: material digest {bundle.manifest.material_digest} differs from the release's {manifest.material_digest}"
         )
+    if not evidence:
+        return (None, problems) if problems else (VerifiedRelease(manifest, bundle, None), problems)
     arm, found = evaluation_evidence(ws, manifest)
     problems += found
     # The decision is made again from a run that verifies but is not the release's too: the

@@ -15,7 +15,10 @@ checked, so a pointer nobody moved through activation or rollback is never live:
    the activation took effect (``approvals.approval_refusal``) (a *rollback* returns to a release that was
    active before, which ``rollback`` does not re-gate);
 3. the release is verified as activation verifies it — bundle and evaluation evidence, with its
-   gate decision made again from its runs (``activation.verified_release``).
+   gate decision made again from its runs (``activation.verified_release``). A reader that only
+   serves (``remember=True``) does the evidence and decision part once per target generation:
+   a sealed record remembers it (``ragpipe.release.verified_record``), and while the record holds
+   only the bundle is verified again.
 
 Anything else raises ``ReleaseError`` naming the target, the release and the rule.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from ragpipe.bundle.verify import manifest_digest_of, trust_payload
 from ragpipe.kernel.ledger import LedgerError, Record
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import VerifiedRelease, gate_refusal, incumbent_refusal, verified_release
@@ -35,6 +39,8 @@ from ragpipe.release.pointer import Pointer, read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 from ragpipe.release.time_order import time_refusal
+from ragpipe.release.verified_record import VerifiedKey, remembered
+from ragpipe.release.verified_record import remember as remember_verified
 
 
 @dataclass(frozen=True)
@@ -54,13 +60,19 @@ class LiveRelease:
 
 
 def live_release(
-    ws: Workspace, target: str | None = None, *, config: TargetsConfig | None = None, defer_vector_table: bool = False
+    ws: Workspace,
+    target: str | None = None,
+    *,
+    config: TargetsConfig | None = None,
+    defer_vector_table: bool = False,
+    remember: bool = False,
 ) -> LiveRelease:
     """The live release of ``target`` (the configured default when None), checked and verified as
     the module docstring says; ``ReleaseError`` naming the first problem. ``defer_vector_table``:
-    leave the lance table's content checks until lancedb serves (``activation.verified_release``)
+    leave the lance table's content checks until its vectors are read (``activation.verified_release``)
     — its bytes are the ones the activation verified completely, since the release pins the
-    bundle's material digest and every file's digest is checked here."""
+    bundle's material digest and every file's digest is checked here. ``remember``: use and keep
+    the verification record (module docstring, 3); the result's ``verified.arm`` is then None."""
     store = ReleaseStore(ws)
     config = config or load_targets()
     name, spec = config.get(target)
@@ -85,7 +97,21 @@ def live_release(
         unapproved = approval_refusal(config, name, state, pointer.release_id, moment, before_seq=intent_seq)
         if unapproved:
             raise ReleaseError(unapproved)
-    verified, problems = verified_release(ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table)
+    key = VerifiedKey(
+        target=name,
+        generation=pointer.generation,
+        history_head=records[-1].hash,
+        release_id=manifest.release_id,
+        material_digest=manifest.material_digest,
+        evaluation_ledger_head=manifest.evaluation.ledger_head,
+        decision_id=manifest.gate.decision_id,
+    )
+    known = remembered(ws, key) if remember else None
+    if known is not None:
+        trust_payload(known)  # the payload of exactly that bundle manifest verified in full
+    verified, problems = verified_release(
+        ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table, evidence=known is None
+    )
     if verified is None:
         raise ReleaseError(f"target {name!r}: release {pointer.release_id} failed verification: " + "; ".join(problems))
     # The activation that first made it live replaced what its intent names: the release the
@@ -96,6 +122,8 @@ def live_release(
         stale = incumbent_refusal(name, manifest, _intent(records, first).payload.get("previous"), config.get(None)[0])
         if stale:
             raise ReleaseError(f"target {name!r}: release {pointer.release_id} {stale}")
+    if remember and known is None:  # every check above passed in full: remember it for this generation
+        remember_verified(ws, key, manifest_digest_of(verified.bundle))
     return LiveRelease(verified, name, pointer.generation, since, action, pointer.previous)
 
 

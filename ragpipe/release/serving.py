@@ -75,9 +75,18 @@ def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> QueryPlan:
 
     path = evaluation_run_dir(ws, manifest) / PLAN_COPY
     try:
-        plan = parse_plan(json.loads(path.read_text(encoding="utf-8")), str(path))
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(raw, dict) and "vector_search" not in raw and "vector" in raw.get("channels", {}):
+            raise ReleaseError(
+                f"release {manifest.release_id}: it was gated with vector scores from lance's float32 kernels, "
+                "which this version replaced by exact scores that are the same on every CPU (docs/retrieval.md, "
+                "Exact vector scores); build the revision again to gate and release it with them"
+            )
+        plan = parse_plan(raw, str(path))
     except FileNotFoundError:
         raise ReleaseError(f"release {manifest.release_id}: the plan it was gated with is missing ({path})") from None
+    except ReleaseError:
+        raise
     except (OSError, ValueError, PlanError) as exc:
         raise ReleaseError(f"release {manifest.release_id}: cannot read the plan it was gated with: {exc}") from None
     if plan.plan_id != manifest.query_plan_id:
@@ -92,10 +101,11 @@ def active_release(
 ) -> ServedRelease:
     """The live release of ``target`` (``ragpipe.release.live.live_release``: pointer and history
     agreeing, eligible under an accepted policy and approved where required, verified with its gate
-    decision made again — seconds on a large bundle, on the caller's thread: a server runs it beside
-    the requests, never in one), opened and with its gated plan parsed; ``ReleaseError`` naming
-    the first problem."""
-    live = live_release(ws, target, config=config, defer_vector_table=defer_vector_table)
+    decision made again — seconds on a large run, on the caller's thread: a server runs it beside
+    the requests, never in one — once per target generation, then remembered:
+    ``ragpipe.release.verified_record``), opened and with its gated plan parsed; ``ReleaseError``
+    naming the first problem."""
+    live = live_release(ws, target, config=config, defer_vector_table=defer_vector_table, remember=True)
     served = _served(ws, live.verified)
     return ServedRelease(
         served.release_id, served.manifest, served.bundle, served.plan, live.target, live.generation, live.since

@@ -221,3 +221,25 @@ def test_a_pointer_whose_previous_differs_from_its_intent_is_refused(ws: Workspa
         f"target 'staging': the pointer says it replaced {b}, but its intent (history record {seq}) replaced {a}: "
         "the pointer was not written by that swap",
     )
+
+
+def test_a_release_gated_with_lance_scores_is_refused_with_what_to_do(ws: Workspace, bundle: Path):
+    """A release evaluated before exact vector scores bound a plan without ``vector_search``: its
+    scores cannot be computed any more, so serving it is refused in words, not as a plan mismatch."""
+    from ragpipe.release.evidence import evaluation_run_dir
+    from ragpipe.release.manifest import load_manifest
+    from ragpipe.release.serving import PLAN_COPY, gated_plan
+
+    a = publish(ws, bundle, "r1")
+    manifest = load_manifest(ReleaseStore(ws), a)
+    copy = evaluation_run_dir(ws, manifest) / PLAN_COPY
+    plan = json.loads(copy.read_text())
+    del plan["vector_search"]
+    copy.write_text(json.dumps(plan))
+    with pytest.raises(ReleaseError) as caught:
+        gated_plan(ws, manifest)
+    assert str(caught.value) == (
+        f"release {a}: it was gated with vector scores from lance's float32 kernels, which this version replaced "
+        "by exact scores that are the same on every CPU (docs/retrieval.md, Exact vector scores); build the "
+        "revision again to gate and release it with them"
+    )
