@@ -22,8 +22,8 @@ on SIMD width, FMA, thread count or BLAS: numpy's element-wise ``multiply``, ``s
 ``divide``, ``sqrt`` and ``add.accumulate`` (a running sum, sequential by definition) compute
 exactly these operations whichever of its CPU-dispatched loops runs
 (``ragpipe_tests/index/test_vector_memory.py`` checks it with numpy's dispatch restricted, and
-golden scores that every host must reproduce). A score that is NaN (a zero cosine query or row, a
-non-finite component) is never returned.
+golden scores that every host must reproduce). A score that is not finite (NaN for a zero cosine
+query or row; an infinity or NaN from a non-finite component) is never returned.
 
 **Order and ties.** Rows are ranked by (score descending, row ascending): a total order, so ties
 never depend on anything but the build order of the rows.
@@ -145,7 +145,7 @@ class MemoryVectorSearcher:
         the rows of ``exclude_documents`` (and of documents another role or a ``selection`` leaves
         out); every filter applies before the top ``k``. A row is visible if its scopes intersect
         ``scopes``; scope and role names are checked as the lancedb prefilter checks them
-        (``ValueError``). Order: score descending, then row; rows scoring NaN are left out."""
+        (``ValueError``). Order: score descending, then row; rows whose score is not finite are left out."""
         tables = self._tables
         if tables is None:
             raise RuntimeError("vector searcher is closed")
@@ -176,7 +176,7 @@ class MemoryVectorSearcher:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             candidates = _candidates(self.metric, tables, query, visible, k) if k < visible.size else visible
             scores = _exact_in_blocks(self.metric, tables, query, candidates)
-        kept = ~np.isnan(scores)
+        kept = np.isfinite(scores)  # a hit's score is a number: NaN and infinities are no ranking
         candidates, scores = candidates[kept], scores[kept]
         order = np.lexsort((candidates, -scores))[:k]
         return candidates[order], scores[order]

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from ragpipe.bundle.verify import manifest_digest_of, trust_payload
 from ragpipe.kernel.ledger import LedgerError, Record
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import VerifiedRelease, gate_refusal, incumbent_refusal, verified_release
@@ -108,6 +107,8 @@ def live_release(
     )
     known = remembered(ws, key) if remember else None
     if known is not None:
+        from ragpipe.bundle.verify import trust_payload  # pyarrow: only when verifying
+
         trust_payload(known)  # the payload of exactly that bundle manifest verified in full
     verified, problems = verified_release(
         ws, manifest, remake_decision=True, defer_vector_table=defer_vector_table, evidence=known is None
@@ -123,6 +124,8 @@ def live_release(
         if stale:
             raise ReleaseError(f"target {name!r}: release {pointer.release_id} {stale}")
     if remember and known is None:  # every check above passed in full: remember it for this generation
+        from ragpipe.bundle.verify import manifest_digest_of
+
         remember_verified(ws, key, manifest_digest_of(verified.bundle))
     return LiveRelease(verified, name, pointer.generation, since, action, pointer.previous)
 

@@ -110,7 +110,7 @@ def reference_search(metric, rows, vectors, query, k, scopes, exclude) -> list[H
         if not set(row.access_scopes) & set(scopes) or row.document_id in exclude:
             continue
         score = reference_score(metric, vectors[i], query)
-        if not math.isnan(score):
+        if math.isfinite(score):
             scored.append((-score, i))
     scored.sort()
     return [Hit("vector", *ids(rows)[i], -negated) for negated, i in scored[:k]]
@@ -329,6 +329,11 @@ def test_a_zero_cosine_query_or_row_scores_nothing(small):
     with_zero[4] = 0.0
     hits = searcher_of(rows, with_zero, "cosine").search(vectors[4], 40, SCOPES)
     assert len(hits) == 39 and "r00004" not in {h.representation_id for h in hits}
+    with_infinity = vectors.copy()
+    with_infinity[7, 3] = np.inf  # its dot score is an infinity: no ranking, never a hit
+    for metric in METRICS:
+        hits = searcher_of(rows, with_infinity, metric).search(vectors[7], 40, SCOPES)
+        assert len(hits) == 39 and "r00007" not in {h.representation_id for h in hits}, metric
 
 
 def test_a_closed_searcher_refuses_searches(small):
