@@ -23,14 +23,20 @@ def running(app, ready_timeout: float = 60.0) -> Iterator[str]:
         config = uvicorn_config(app)
     else:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    with serving(config, ready_timeout) as base:
+        yield base
+
+
+@contextmanager
+def serving(config: uvicorn.Config, ready_timeout: float = 60.0) -> Iterator[str]:
+    """Run a uvicorn server of ``config`` in a thread until the block ends; yields its base URL
+    once it listens (polled, bounded by ``ready_timeout``; a dead thread fails at once)."""
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + ready_timeout
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
+    wait_for(lambda: server.started or not thread.is_alive(), timeout=ready_timeout, interval=0.02)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"

@@ -10,36 +10,22 @@ sleep followed by an assertion.
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragpipe.server.connections import HttpImpl, uvicorn_config
+from ragpipe_tests.support.http_server import serving
 
 
 @contextmanager
 def served(app, http: HttpImpl = "auto", ready_timeout: float = 60.0) -> Iterator[str]:
     """Serve ``app`` (``app_from``'s) as ``ragpipe serve`` does until the block ends; yields its base
     URL once uvicorn listens."""
-    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0, http=http))
-    thread = threading.Thread(target=server.run, name="test-ragpipe-serve", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + ready_timeout
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serving(uvicorn_config(app, "127.0.0.1", 0, http=http), ready_timeout) as base:
+        yield base
 
 
 def address(base: str) -> tuple[str, int]:
