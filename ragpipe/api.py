@@ -26,7 +26,7 @@ from ragpipe.spec import EmbedderSpec
 
 if TYPE_CHECKING:
     from ragpipe.answer.answering import answer, make_generator
-    from ragpipe.embedding.onnx_query import OnnxQueryEncoder
+    from ragpipe.embedding.onnx_query import OnnxEncoder
     from ragpipe.retrieval.retriever import Retriever
 
 __all__ = ["Retriever", "Subject", "answer", "make_generator", "retriever_for_release"]
@@ -86,7 +86,7 @@ class _EarlyLoad:
     names it was verified."""
 
     spec: EmbedderSpec
-    loading: Future[OnnxQueryEncoder]
+    loading: Future[OnnxEncoder]
 
     def serves(self, served: ServedRelease) -> bool:
         """Whether the *verified* release embeds queries with exactly this encoder."""

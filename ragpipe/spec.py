@@ -282,6 +282,15 @@ class EmbedderSpec(_Spec):
       default endpoint) and ``send_dimensions`` (ask the provider for ``dimensions``-long vectors,
       as OpenAI's text-embedding-3 models allow).
 
+    A local model (either of the first two forms) encodes documents with ``runtime``:
+    ``sentence_transformers`` (torch, the default) or ``onnxruntime`` (the model's ONNX graph with
+    BERT operator fusions, one text per run: ``ragpipe.embedding.query_graph``). The two give
+    vectors that differ in the last bits, so the runtime is part of the spec's identity and a
+    bundle never mixes them; the onnxruntime graph is proved within ``PARITY_TOLERANCE`` of torch
+    on probes when it is created and every time it is loaded. ``quantization: int8`` (onnxruntime
+    only) runs that graph with int8 weights: another model in effect, faster and less exact, whose
+    quality the gate judges on the suite like any experiment (docs/embedders.md).
+
     Every form has ``dimensions``, ``normalize`` and the two prefixes. A field a form does not use
     is refused, and a field at its default is left out of the dump, so a packaged-model spec has
     exactly the identity it had before the other forms existed (docs/embedders.md).
@@ -301,6 +310,8 @@ class EmbedderSpec(_Spec):
     model: str | None = Field(None, min_length=1)
     api_base: str | None = None
     send_dimensions: bool = False
+    runtime: Literal["sentence_transformers", "onnxruntime"] = "sentence_transformers"
+    quantization: Literal["none", "int8"] = "none"
 
     @model_validator(mode="before")
     @classmethod
@@ -349,11 +360,22 @@ class EmbedderSpec(_Spec):
             if self.model is None:
                 raise ValueError("model: a litellm embedder names its model (e.g. openai/text-embedding-3-small)")
             fields = dict.fromkeys(("model_name", "package", "weights_sha256", "max_seq_length"))
-            refuse({**fields, "model_path": None, "files_sha256": None}, "a litellm embedder")
+            refuse(
+                {
+                    **fields,
+                    "model_path": None,
+                    "files_sha256": None,
+                    "runtime": "sentence_transformers",
+                    "quantization": "none",
+                },
+                "a litellm embedder",
+            )
             return self
         refuse({"model": None, "api_base": None, "send_dimensions": False}, "a sentence_transformers embedder")
         if self.model_name is None:
             raise ValueError("model_name: a sentence_transformers embedder names its model")
+        if self.quantization != "none" and self.runtime != "onnxruntime":
+            raise ValueError("quantization: int8 weights run on runtime: onnxruntime only")
         if self.max_seq_length is None:
             raise ValueError("max_seq_length: a sentence_transformers embedder declares it")
         packaged = self.package is not None or self.weights_sha256 is not None
@@ -411,6 +433,8 @@ _EMBEDDER_DEFAULTS: dict[str, object] = {
     "model": None,
     "api_base": None,
     "send_dimensions": False,
+    "runtime": "sentence_transformers",
+    "quantization": "none",
 }
 
 

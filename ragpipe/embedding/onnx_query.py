@@ -1,7 +1,7 @@
-"""Query embedding through onnxruntime: the only module that imports onnxruntime.
+"""Embedding through onnxruntime: the only module that imports onnxruntime.
 
 One short query through sentence-transformers costs ~6-7 ms on 2 cores, most of it torch's
-per-operator overhead; the same network run by onnxruntime costs ~3 ms. ``OnnxQueryEncoder`` runs
+per-operator overhead; the same network run by onnxruntime costs ~3 ms. ``OnnxEncoder`` runs
 the query-side graph of the bundle's sentence-transformers model (transformer, mean pooling, L2
 normalisation) and tokenizes with that model's own ``tokenizer.json`` through the ``tokenizers``
 library: no torch, transformers or sentence-transformers is imported. The graph and tokenizer
@@ -11,10 +11,18 @@ vectors on ``PARITY_PROBES`` to within ``PARITY_TOLERANCE`` per component — so
 embedded with the bundle's embedder spec (same weights, prefix, truncation, pooling,
 normalisation), by a faster runtime. Which runtime embeds queries is a query-plan field, so it is
 part of the plan ID.
+
+An embedder spec with ``runtime: onnxruntime`` also encodes its *documents* here (``embed``), from
+its own entry, whose graph carries BERT operator fusions (``query_graph``), one text per run:
+no padding, so a text's vector never depends on which texts it was batched with — a cached vector
+is the vector that text gets in any build — and the parity probes check exactly the computation
+documents get. Batching the same graph in length-sorted batches of 8 saves ~15% more
+(docs/benchmarks.md, "Document encoding"), at the price of that independence.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +42,8 @@ PARITY_PROBES = (
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-class OnnxQueryEncoder:
-    """``embed_query`` with the vectors of sentence-transformers' ``embed_query`` for ``spec``,
+class OnnxEncoder:
+    """``embed_query`` (and ``embed``, documents) with the vectors of sentence-transformers' for ``spec``,
     computed by onnxruntime from ``graph`` (the serialized ONNX model) and tokenized by
     ``tokenizer_json`` (the model's ``tokenizer.json`` text), truncated to ``spec.max_seq_length``
     tokens and never padded. It checks nothing itself: build it through
@@ -84,7 +92,60 @@ class OnnxQueryEncoder:
         columns = (encoded.ids, encoded.attention_mask, encoded.type_ids)
         return {name: np.asarray([column], dtype=np.int64) for name, column in zip(INPUTS, columns)}
 
+    def _vector(self, text: str) -> np.ndarray:
+        (vectors,) = self.session.run(None, self._inputs(text))
+        return check_vectors(np.asarray(vectors), 1, self.dimensions)[0]
+
     def embed_query(self, text: str) -> np.ndarray:
         """The float32 vector of ``spec.query_prefix + text``."""
-        (vectors,) = self.session.run(None, self._inputs(self.spec.query_prefix + text))
-        return check_vectors(np.asarray(vectors), 1, self.dimensions)[0]
+        return self._vector(self.spec.query_prefix + text)
+
+    def embed_document(self, text: str) -> np.ndarray:
+        """The float32 vector of ``spec.document_prefix + text``."""
+        return self._vector(self.spec.document_prefix + text)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """The documents' vectors, one row per text (each text run alone: see the module docstring)."""
+        if not texts:
+            return np.zeros((0, self.dimensions), np.float32)
+        return np.stack([self.embed_document(text) for text in texts])
+
+
+def fuse_bert(graph: bytes, num_heads: int, hidden_size: int) -> bytes:
+    """``graph`` with onnxruntime's BERT operator fusions applied offline (attention, embedding and
+    skip layer normalisation, bias GELU): what makes the document runtime faster than torch (an
+    unfused export is not). The result is checked against torch on the probes by the caller."""
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fused = optimize_model(
+        onnx.load_from_string(graph), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        # saving sorts the nodes and declares the com.microsoft opset the fused operators need
+        path = Path(folder) / "fused.onnx"
+        fused.save_model_to_file(str(path))
+        return path.read_bytes()
+
+
+def quantize_int8(graph: bytes) -> bytes:
+    """``graph`` with its MatMul weights quantized to int8 per channel, activations quantized per
+    run (onnxruntime's dynamic quantization). Weights use 7 bits (``reduce_range``): a u8×s8 product
+    pair then never saturates the 16-bit intermediate of AVX2 kernels, so hosts with and without
+    VNNI compute the same integer sums."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = Path(folder) / "fused.onnx", Path(folder) / "int8.onnx"
+        source.write_bytes(graph)
+        quantize_dynamic(
+            source,
+            target,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=True,
+            # fused operators (com.microsoft) defeat shape inference: their outputs are float32
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        return target.read_bytes()

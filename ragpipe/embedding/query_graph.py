@@ -19,7 +19,7 @@ for export), and ``FORMAT_VERSION`` what the exporter writes (bump it when the e
 layout or the probes change). Nothing operational — threads, paths, library versions — enters it.
 
 Creation (``create_entry``, only when the entry is missing) loads the sentence-transformers model,
-exports it with torch, then runs the *standalone* path — ``OnnxQueryEncoder`` over the files just
+exports it with torch, then runs the *standalone* path — ``OnnxEncoder`` over the files just
 written, exactly what a load uses — on every probe and refuses (``QueryGraphError``, one line
 naming the probe and the difference) unless its token IDs equal sentence-transformers' and its
 vectors are within ``PARITY_TOLERANCE``. The entry is published atomically
@@ -57,7 +57,14 @@ from typing import Literal
 import numpy as np
 
 from ragpipe.embedding.embedder import EmbedderError, SentenceTransformerEmbedder, model_directory
-from ragpipe.embedding.onnx_query import INPUTS, PARITY_PROBES, PARITY_TOLERANCE, OnnxQueryEncoder
+from ragpipe.embedding.onnx_query import (
+    INPUTS,
+    PARITY_PROBES,
+    PARITY_TOLERANCE,
+    OnnxEncoder,
+    fuse_bert,
+    quantize_int8,
+)
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.publish import PublishOutcome, StepHook, publish_directory
@@ -71,6 +78,14 @@ PAYLOAD = (MODEL, TOKENIZER)
 MANIFEST_KIND = "ragpipe.query_graph"
 # builds the one-line refusal of an entry: (file in the entry or None, the rule broken)
 Refuse = Callable[[str | None, str], "QueryGraphError"]
+# Which graph an entry holds (``graph_kind``): torch's plain export (queries only), or for an
+# embedder whose documents run on onnxruntime the export with BERT operator fusions, fp32 or with
+# int8 weights.
+GraphKind = Literal["exported", "fused", "fused_int8"]
+# An int8 graph is another model (its quality is the gate's to judge), but one whose vectors point
+# nowhere near torch's is a broken quantisation, refused before any build uses it: int8
+# MiniLM's probes sit above 0.99 (docs/embedders.md).
+INT8_MIN_COSINE = 0.95
 
 
 class QueryGraphError(EmbedderError):
@@ -88,6 +103,10 @@ class Probe(FrozenModel):
 
 
 class QueryGraphManifest(FrozenModel):
+    """``probes``: query probes; ``document_probes`` (fused graphs only): the same texts with the
+    document prefix. Their vectors are torch's, except in an int8 entry, where they are the int8
+    graph's own at creation (``min_cosine_to_torch`` records how near torch's they were)."""
+
     kind: Literal["ragpipe.query_graph"]
     format_version: int
     key: str
@@ -101,12 +120,16 @@ class QueryGraphManifest(FrozenModel):
     parity_tolerance: float
     max_difference: float
     created_with: dict[str, str]
+    graph: GraphKind = "exported"  # entries written before fused graphs existed hold the plain export
+    document_probes: tuple[Probe, ...] = ()
+    min_cosine_to_torch: float | None = None
 
 
 @dataclass(frozen=True)
 class ExportedGraph:
-    """What creation publishes: torch's export of the model, the tokenizer file, and the
-    sentence-transformers side of every probe (vector and token IDs, query prefix included)."""
+    """What creation publishes: the graph (``graph_kind`` of the spec), the tokenizer file, and the
+    sentence-transformers side of every probe (vector and token IDs, query prefix included; for a
+    fused graph the document-prefixed probes too)."""
 
     spec: EmbedderSpec
     graph: bytes
@@ -114,6 +137,15 @@ class ExportedGraph:
     reference_vectors: tuple[np.ndarray, ...]
     reference_tokens: tuple[tuple[int, ...], ...]
     created_with: dict[str, str]
+    document_vectors: tuple[np.ndarray, ...] = ()
+    document_tokens: tuple[tuple[int, ...], ...] = ()
+
+
+def graph_kind(spec: EmbedderSpec) -> GraphKind:
+    """The graph ``spec``'s entry holds: fused (fp32 or int8) when its documents run on onnxruntime."""
+    if spec.runtime != "onnxruntime":
+        return "exported"
+    return "fused_int8" if spec.quantization == "int8" else "fused"
 
 
 def model_digest(spec: EmbedderSpec) -> str | None:
@@ -141,8 +173,8 @@ def entry_dir(root: Path, spec: EmbedderSpec) -> Path:
     return Path(root) / entry_key(spec).removeprefix("sha256:")
 
 
-def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxQueryEncoder:
-    """The verified ``OnnxQueryEncoder`` of ``spec`` from the cache under ``root``, creating the
+def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncoder:
+    """The verified ``OnnxEncoder`` of ``spec`` from the cache under ``root``, creating the
     entry first if it does not exist (slow: torch and sentence-transformers are loaded then).
     Raises ``QueryGraphError`` when creation is refused or the existing entry does not verify."""
     path = entry_dir(root, spec)
@@ -151,7 +183,7 @@ def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxQuery
     return load_entry(root, spec, threads=threads)
 
 
-def load_entry(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxQueryEncoder:
+def load_entry(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncoder:
     """The encoder of ``spec``'s existing entry, after every check of the module docstring;
     ``QueryGraphError`` (one line: file, rule, what to do) when it is missing or refused."""
     path = entry_dir(root, spec)
@@ -193,14 +225,28 @@ def export_graph(st: SentenceTransformerEmbedder) -> ExportedGraph:
             "model's fast-tokenizer file; use query_embedding.runtime: sentence_transformers"
         )
     texts = [st.spec.query_prefix + probe for probe in PARITY_PROBES]
+    kind = graph_kind(st.spec)
+    documents = () if kind == "exported" else PARITY_PROBES
     return ExportedGraph(
         spec=st.spec,
-        graph=_export(st),
+        graph=_graph(st, kind),
         tokenizer=tokenizer.read_bytes(),
         reference_vectors=tuple(st.embed_query(probe) for probe in PARITY_PROBES),
         reference_tokens=tuple(_st_token_ids(st, text) for text in texts),
-        created_with=_versions("torch", "sentence-transformers", "onnxruntime", "tokenizers"),
+        created_with=_versions("torch", "sentence-transformers", "onnxruntime", "onnx", "tokenizers"),
+        document_vectors=tuple(st.embed([probe])[0] for probe in documents),
+        document_tokens=tuple(_st_token_ids(st, st.spec.document_prefix + probe) for probe in documents),
     )
+
+
+def _graph(st: SentenceTransformerEmbedder, kind: GraphKind) -> bytes:
+    """The graph of ``kind``: fused graphs are exported with eager attention, whose operator
+    pattern (unlike SDPA's) onnxruntime's attention fusion recognises."""
+    if kind == "exported":
+        return _export(st)
+    config = st.model[0].auto_model.config
+    fused = fuse_bert(_export(st, attention="eager"), config.num_attention_heads, config.hidden_size)
+    return quantize_int8(fused) if kind == "fused_int8" else fused
 
 
 def publish_graph(
@@ -218,9 +264,15 @@ def publish_graph(
 
     def write_manifest(tmp: Path) -> None:
         # the standalone path over the files as written, exactly what a load runs
-        encoder = OnnxQueryEncoder(spec, (tmp / MODEL).read_bytes(), (tmp / TOKENIZER).read_text("utf-8"), threads)
-        worst = _check_parity(encoder, exported)
-        (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, worst))
+        encoder = OnnxEncoder(spec, (tmp / MODEL).read_bytes(), (tmp / TOKENIZER).read_text("utf-8"), threads)
+        _check_tokens(encoder, exported)
+        if graph_kind(spec) == "fused_int8":
+            recorded, cosine = _own_probes(encoder, exported)
+            (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, recorded, 0.0, cosine))
+        else:
+            worst = _check_parity(encoder, exported)
+            recorded = (exported.reference_vectors, exported.document_vectors)
+            (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, recorded, worst, None))
 
     outcome = publish_directory(
         final, write_data, write_manifest, on_step=on_step, validate=lambda tmp: _verified(tmp, spec, threads)
@@ -228,29 +280,83 @@ def publish_graph(
     return final, outcome
 
 
-def _check_parity(encoder: OnnxQueryEncoder, exported: ExportedGraph) -> float:
-    """The worst component difference between ``encoder`` and the reference over the probes;
-    ``QueryGraphError`` at the first probe tokenized differently or beyond the tolerance."""
-    prefix = exported.spec.query_prefix
-    worst = 0.0
-    for probe, expected, tokens in zip(PARITY_PROBES, exported.reference_vectors, exported.reference_tokens):
-        got = tuple(encoder.token_ids(prefix + probe))
+def _check_tokens(encoder: OnnxEncoder, exported: ExportedGraph) -> None:
+    """``QueryGraphError`` at the first probe the model's tokenizer file tokenizes otherwise than
+    sentence-transformers does (query prefix, and document prefix for a fused graph)."""
+    spec = exported.spec
+    expected = [(spec.query_prefix + p, t) for p, t in zip(PARITY_PROBES, exported.reference_tokens)]
+    expected += [(spec.document_prefix + p, t) for p, t in zip(PARITY_PROBES, exported.document_tokens)]
+    for text, tokens in expected:
+        got = tuple(encoder.token_ids(text))
         if got != tokens:
             raise QueryGraphError(
-                f"the model's {TOKENIZER} tokenizes probe {probe[:40]!r} into other token IDs than sentence-transformers "
-                f"({len(got)} vs {len(tokens)} tokens); use query_embedding.runtime: sentence_transformers"
+                f"the model's {TOKENIZER} tokenizes probe {text[:40]!r} into other token IDs than sentence-transformers "
+                f"({len(got)} vs {len(tokens)} tokens); {_fallback(spec)}"
             )
-        difference = float(np.abs(encoder.embed_query(probe) - expected).max())
+
+
+def _probe_vectors(encoder: OnnxEncoder, documents: bool) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """``encoder``'s query vectors of the probes, and its document vectors when ``documents``."""
+    queries = tuple(encoder.embed_query(probe) for probe in PARITY_PROBES)
+    return queries, tuple(encoder.embed_document(probe) for probe in PARITY_PROBES) if documents else ()
+
+
+def _check_parity(encoder: OnnxEncoder, exported: ExportedGraph) -> float:
+    """The worst component difference between ``encoder`` and the reference over the probes;
+    ``QueryGraphError`` at the first probe beyond the tolerance."""
+    queries, documents = _probe_vectors(encoder, bool(exported.document_vectors))
+    pairs = zip((*queries, *documents), (*exported.reference_vectors, *exported.document_vectors))
+    worst = 0.0
+    for index, (got, expected) in enumerate(pairs):
+        difference = float(np.abs(got - expected).max())
         if not difference <= PARITY_TOLERANCE:
+            probe = PARITY_PROBES[index % len(PARITY_PROBES)]
+            side = "query" if index < len(PARITY_PROBES) else "document"
             raise QueryGraphError(
-                f"onnxruntime query vectors differ from sentence-transformers by {difference:.3g} "
-                f"(> {PARITY_TOLERANCE}) on probe {probe[:40]!r}; use query_embedding.runtime: sentence_transformers"
+                f"onnxruntime {side} vectors differ from sentence-transformers by {difference:.3g} "
+                f"(> {PARITY_TOLERANCE}) on probe {probe[:40]!r}; {_fallback(exported.spec)}"
             )
         worst = max(worst, difference)
     return worst
 
 
-def _manifest_bytes(folder: Path, exported: ExportedGraph, worst: float) -> bytes:
+def _own_probes(
+    encoder: OnnxEncoder, exported: ExportedGraph
+) -> tuple[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]], float]:
+    """An int8 graph's own probe vectors (what later loads must reproduce) and their least cosine
+    to torch's; ``QueryGraphError`` below ``INT8_MIN_COSINE``."""
+    queries, documents = _probe_vectors(encoder, True)
+    references = (*exported.reference_vectors, *exported.document_vectors)
+    cosine = min(
+        float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+        for a, b in zip((*queries, *documents), references)
+    )
+    if not cosine >= INT8_MIN_COSINE:
+        raise QueryGraphError(
+            f"the int8 graph's probe vectors are at cosine {cosine:.4f} from torch's (< {INT8_MIN_COSINE}): "
+            "the quantisation broke this model; use quantization: none"
+        )
+    return (queries, documents), cosine
+
+
+def _fallback(spec: EmbedderSpec) -> str:
+    """What to do when the onnxruntime graph of ``spec`` cannot be used."""
+    if spec.runtime == "onnxruntime":
+        return "use embedder runtime: sentence_transformers"
+    return "use query_embedding.runtime: sentence_transformers"
+
+
+def _probes(vectors: tuple[np.ndarray, ...]) -> tuple[Probe, ...]:
+    return tuple(Probe(text=t, vector=tuple(float(x) for x in v)) for t, v in zip(PARITY_PROBES, vectors))
+
+
+def _manifest_bytes(
+    folder: Path,
+    exported: ExportedGraph,
+    recorded: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
+    worst: float,
+    cosine: float | None,
+) -> bytes:
     spec = exported.spec
     manifest = QueryGraphManifest(
         kind=MANIFEST_KIND,
@@ -262,22 +368,24 @@ def _manifest_bytes(folder: Path, exported: ExportedGraph, worst: float) -> byte
         max_seq_length=spec.max_seq_length,
         query_prefix=spec.query_prefix,
         files={name: _file_facts((folder / name).read_bytes()) for name in PAYLOAD},
-        probes=tuple(
-            Probe(text=text, vector=tuple(float(x) for x in vector))
-            for text, vector in zip(PARITY_PROBES, exported.reference_vectors)
-        ),
+        probes=_probes(recorded[0]),
         parity_tolerance=PARITY_TOLERANCE,
         max_difference=worst,
         created_with=exported.created_with,
+        graph=graph_kind(spec),
+        document_probes=_probes(recorded[1]),
+        min_cosine_to_torch=cosine,
     )
-    return json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True).encode() + b"\n"
+    return (
+        json.dumps(manifest.model_dump(mode="json", exclude_defaults=True), indent=1, sort_keys=True).encode() + b"\n"
+    )
 
 
 def _file_facts(data: bytes) -> EntryFile:
     return EntryFile(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
 
 
-def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxQueryEncoder:
+def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
     """The encoder of the entry in ``folder`` (published, or the temp folder being published)
     once every load rule holds."""
 
@@ -289,18 +397,22 @@ def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxQueryEncode
     _check_identity(manifest, spec, refuse)
     payload = _read_payload(folder, manifest, refuse)
     try:
-        encoder = OnnxQueryEncoder(spec, payload[MODEL], payload[TOKENIZER].decode("utf-8"), threads)
+        encoder = OnnxEncoder(spec, payload[MODEL], payload[TOKENIZER].decode("utf-8"), threads)
     except Exception as exc:  # onnxruntime and tokenizers raise their own types for bytes they cannot parse
         raise refuse(None, f"cannot be loaded ({_first_line(exc)})") from None
     worst = 0.0
-    for probe in manifest.probes:
+    source = "its own recorded" if manifest.graph == "fused_int8" else "the recorded sentence-transformers"
+    checks = [(probe, encoder.embed_query) for probe in manifest.probes]
+    checks += [(probe, encoder.embed_document) for probe in manifest.document_probes]
+    for probe, embed in checks:
         expected = np.asarray(probe.vector, dtype=np.float32)
-        difference = float(np.abs(encoder.embed_query(probe.text) - expected).max())
+        difference = float(np.abs(embed(probe.text) - expected).max())
         if not difference <= PARITY_TOLERANCE:
+            side = "query" if embed == encoder.embed_query else "document"
             raise refuse(
                 None,
-                f"{MODEL} and {TOKENIZER} give probe {probe.text[:40]!r} a vector {difference:.3g} away from "
-                f"the recorded sentence-transformers vector (> {PARITY_TOLERANCE})",
+                f"{MODEL} and {TOKENIZER} give {side} probe {probe.text[:40]!r} a vector {difference:.3g} away from "
+                f"{source} vector (> {PARITY_TOLERANCE})",
             )
         worst = max(worst, difference)
     encoder.entry = Path(folder)
@@ -329,13 +441,19 @@ def _check_identity(manifest: QueryGraphManifest, spec: EmbedderSpec, refuse: Re
         "dimensions": spec.dimensions,
         "max_seq_length": spec.max_seq_length,
         "query_prefix": spec.query_prefix,
+        "graph": graph_kind(spec),
     }
     for field, value in expected.items():
         if getattr(manifest, field) != value:
             raise refuse(MANIFEST, f"{field} {getattr(manifest, field)!r} is not the embedder's {value!r}")
     if tuple(p.text for p in manifest.probes) != PARITY_PROBES:
         raise refuse(MANIFEST, "its probes are not the parity probes of this version")
-    if any(len(p.vector) != spec.dimensions for p in manifest.probes):
+    documents = () if manifest.graph == "exported" else PARITY_PROBES
+    if tuple(p.text for p in manifest.document_probes) != documents:
+        raise refuse(MANIFEST, "its document probes are not the parity probes a fused graph records")
+    if (manifest.min_cosine_to_torch is None) != (manifest.graph != "fused_int8"):
+        raise refuse(MANIFEST, "min_cosine_to_torch is recorded for int8 graphs, and only for them")
+    if any(len(p.vector) != spec.dimensions for p in (*manifest.probes, *manifest.document_probes)):
         raise refuse(MANIFEST, f"a probe vector does not have {spec.dimensions} components")
 
 
@@ -363,19 +481,20 @@ def _read_payload(folder: Path, manifest: QueryGraphManifest, refuse: Refuse) ->
     return payload
 
 
-def _export(st: SentenceTransformerEmbedder) -> bytes:
-    """The ONNX graph of ``st``'s model: transformer, mean pooling, L2 normalisation (per spec or model)."""
+def _export(st: SentenceTransformerEmbedder, attention: str | None = None) -> bytes:
+    """The ONNX graph of ``st``'s model: transformer, mean pooling, L2 normalisation (per spec or
+    model); ``attention``: the transformers attention implementation to trace (None: the model's)."""
     import torch
 
     model = st.model
     kinds = [type(m).__name__ for m in model]
     if kinds[:2] != ["Transformer", "Pooling"] or set(kinds[2:]) - {"Normalize"}:
         raise QueryGraphError(
-            f"onnxruntime query runtime supports Transformer + Pooling (+ Normalize) models, not {kinds}"
+            f"the onnxruntime runtime supports Transformer + Pooling (+ Normalize) models, not {kinds}"
         )
     pooling = model[1].get_config_dict().get("pooling_mode")
     if pooling != "mean":
-        raise QueryGraphError(f"onnxruntime query runtime supports mean pooling only, model uses {pooling!r}")
+        raise QueryGraphError(f"the onnxruntime runtime supports mean pooling only, model uses {pooling!r}")
     normalize = st.spec.normalize or "Normalize" in kinds
     transformer = model[0].auto_model.eval()
 
@@ -392,7 +511,20 @@ def _export(st: SentenceTransformerEmbedder) -> bytes:
             pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, p=2, dim=1) if normalize else pooled
 
-    encoded = model.tokenizer(["example query"], return_tensors="np")
+    configured = transformer.config._attn_implementation
+    if attention is not None:
+        transformer.config._attn_implementation = attention
+    try:
+        return _traced(MeanPooled().eval(), model.tokenizer)
+    finally:
+        transformer.config._attn_implementation = configured
+
+
+def _traced(module, tokenizer) -> bytes:
+    """torch's ONNX export of ``module`` (inputs ``INPUTS``, dynamic batch and token axes)."""
+    import torch
+
+    encoded = tokenizer(["example query"], return_tensors="np")
     example = tuple(torch.tensor(np.asarray(encoded[k], dtype=np.int64)) for k in INPUTS)
     buffer = io.BytesIO()
     # The tracer's warnings are about shapes it treats as constants; the parity check (not the
@@ -400,7 +532,7 @@ def _export(st: SentenceTransformerEmbedder) -> bytes:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            MeanPooled().eval(),
+            module,
             example,
             buffer,
             input_names=list(INPUTS),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from functools import lru_cache
 
 from ragpipe.corpus.snapshot import read_snapshot_documents
@@ -49,11 +50,18 @@ def shard_count() -> int:
 
 
 @lru_cache(maxsize=2)
-def spec_embedder(spec: PipelineSpec):
-    """The spec's local model, loaded once per process (torch is heavy: imported on first use)."""
+def spec_embedder(spec: PipelineSpec, graphs: Path):
+    """The spec's local model, loaded once per process: sentence-transformers (torch, imported on
+    first use), or for ``runtime: onnxruntime`` the verified graph of the cache under ``graphs``
+    (``ragpipe.embedding.query_graph``; created on first use, with torch)."""
+    threads = spec.execution.torch_threads
+    if spec.embedder.runtime == "onnxruntime":
+        from ragpipe.embedding.query_graph import query_encoder
+
+        return query_encoder(graphs, spec.embedder, threads=threads)
     from ragpipe.embedding.embedder import SentenceTransformerEmbedder
 
-    return SentenceTransformerEmbedder(spec.embedder, spec.execution.embed_batch_size, spec.execution.torch_threads)
+    return SentenceTransformerEmbedder(spec.embedder, spec.execution.embed_batch_size, threads)
 
 
 def check_disclosure(
@@ -114,7 +122,7 @@ def embed_revision(
     cannot be read) are ``StageError`` in one line; finished batches stay cached."""
     cache = embedding_cache(ws, spec)
     if not spec.embedder.remote:
-        return compute_embeddings(reps, cache, lambda: spec_embedder(spec), progress=progress)
+        return compute_embeddings(reps, cache, lambda: spec_embedder(spec, ws.query_graphs), progress=progress)
     from ragpipe.embedding.remote import RemoteEmbedder, RemoteEmbeddingStep
 
     check_disclosure(ws, revision, spec, representations, reps if revision_reps is None else revision_reps)

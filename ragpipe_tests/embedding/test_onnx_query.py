@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ragpipe.embedding.embedder import EmbedderError, SentenceTransformerEmbedder
-from ragpipe.embedding.onnx_query import PARITY_TOLERANCE, OnnxQueryEncoder
+from ragpipe.embedding.onnx_query import PARITY_TOLERANCE, OnnxEncoder
 from ragpipe.embedding.query_graph import create_entry, entry_dir, load_entry
 from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.spec import load_pipeline_spec
@@ -114,7 +114,7 @@ def test_retriever_embeds_queries_with_the_plan_runtime(scoped_bundles, graph_ro
     first = onnx_side.query("aspirin", trace=True).trace["timings_ms"]
     again = onnx_side.query("aspirin", trace=True).trace["timings_ms"]
     assert (set(first), set(again)) == ({"embedder_load", "lexical", "vector"}, {"lexical", "vector"})  # names only
-    assert type(onnx_side.embedder()) is OnnxQueryEncoder
+    assert type(onnx_side.embedder()) is OnnxEncoder
     assert onnx_side.embedder().entry == entry_dir(graph_root, onnx_side.embedder_spec)
     assert type(torch_side.embedder()) is SentenceTransformerEmbedder
     for query in ("aspirin stroke", "statins cholesterol", "who may read a document"):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ragpipe.embedding.embedder import SentenceTransformerEmbedder, model_directory
-from ragpipe.embedding.onnx_query import PARITY_PROBES, PARITY_TOLERANCE, OnnxQueryEncoder
+from ragpipe.embedding.onnx_query import PARITY_PROBES, PARITY_TOLERANCE, OnnxEncoder
 from ragpipe.embedding.query_graph import (
     MANIFEST,
     MODEL,
@@ -113,7 +113,7 @@ def test_entry_is_created_once_then_reused(spec, tmp_path: Path):
     assert {n: (s.st_ino, s.st_mtime_ns) for n, s in before.items()} == {
         n: (s.st_ino, s.st_mtime_ns) for n, s in after.items()
     }
-    assert type(first) is type(again) is OnnxQueryEncoder and again.entry == entry
+    assert type(first) is type(again) is OnnxEncoder and again.entry == entry
     assert np.array_equal(first.embed_query("aspirin stroke"), again.embed_query("aspirin stroke"))
 
 
@@ -187,7 +187,7 @@ def test_warm_load_imports_no_torch(scoped_bundles, warm_root: Path, st_embedder
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen["heavy"] == [] and seen["embedder"] == "OnnxQueryEncoder"
+    assert seen["heavy"] == [] and seen["embedder"] == "OnnxEncoder"
     plan = load_plan()
     torch_plan = plan.model_copy(
         update={"query_embedding": plan.query_embedding.model_copy(update={"runtime": "sentence_transformers"})}
@@ -227,7 +227,7 @@ def test_release_query_loads_the_cached_graph_without_torch(
     shutil.copytree(entry_dir(warm_root, spec), entry_dir(ws.query_graphs, spec))
     retriever = retriever_for_release(home=ws.home)
     try:
-        assert type(retriever.embedder()) is OnnxQueryEncoder
+        assert type(retriever.embedder()) is OnnxEncoder
         assert retriever.embedder().entry == entry_dir(ws.query_graphs, spec)
         expected = retriever.query("signing keys", k=3, trace=True)
         assert set(expected.trace["timings_ms"]) == {"lexical", "vector"}  # no embedder_load: loaded already
@@ -357,7 +357,7 @@ def test_flipped_byte_is_refused(entry_copy: Path, spec):
 def _probe_refusal(entry: Path) -> str:
     return re.escape(refusal(entry, None, "@")).replace(
         "@",
-        f"{MODEL} and {TOKENIZER} give probe 'aspirin' a vector "
+        f"{MODEL} and {TOKENIZER} give query probe 'aspirin' a vector "
         + r"[0-9.e+-]+"
         + re.escape(f" away from the recorded sentence-transformers vector (> {PARITY_TOLERANCE})"),
     )
