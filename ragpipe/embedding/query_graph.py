@@ -1,4 +1,15 @@
-"""The query-graph cache: an embedder's query-side ONNX graph, exported once, verified on every load.
+"""The query-graph cache: an embedder's ONNX graph, exported once, verified on every load.
+
+Every local embedder's entry serves queries (plan ``query_embedding.runtime: onnxruntime``); an
+embedder whose *documents* run on onnxruntime (``embedder.runtime: onnxruntime``, its own spec ID)
+gets an entry of its own whose graph is fused (``graph_kind``: torch's export with eager attention,
+then onnxruntime's BERT operator fusions, and with ``quantization: int8`` int8 weights) and whose
+manifest records document probes as well. An fp32 graph's probes are torch's vectors, checked to
+``PARITY_TOLERANCE`` at creation and on every load. An int8 graph cannot be within that of torch
+(it is another model, judged by the gate on the suite): its probes are its own vectors at creation
+— at least ``INT8_MIN_COSINE`` from torch's, or creation is refused — and every load must reproduce
+them to ``PARITY_TOLERANCE``, so an altered graph or a host whose kernels compute it differently is
+refused, never used.
 
 Exporting the query model to ONNX needs torch and sentence-transformers (seconds of imports, a
 second of tracing); running it needs only onnxruntime and ``tokenizers``. One cache entry per

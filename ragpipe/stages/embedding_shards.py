@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from functools import lru_cache
+from pathlib import Path
 
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.embedding.cache import EmbeddingCache
