@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragpipe.kernel.workspace import Workspace, default_home
-from ragpipe.release.manifest import resolve_release_id
-from ragpipe.release.serving import ServedRelease, served_release
-from ragpipe.release.store import ReleaseStore
 from ragpipe.retrieval.authz import Subject
 from ragpipe.spec import EmbedderSpec
 
 if TYPE_CHECKING:
     from ragpipe.answer.answering import answer, make_generator
     from ragpipe.embedding.onnx_query import OnnxEncoder
+    from ragpipe.release.serving import ServedRelease
     from ragpipe.retrieval.retriever import Retriever
 
 __all__ = ["Retriever", "Subject", "answer", "make_generator", "retriever_for_release"]
@@ -65,11 +63,18 @@ def retriever_for_release(
     verify."""
     ws = Workspace(Path(home) if home else default_home())
     if release_id is not None:  # a unique prefix of 12+ hex digits names the release too
+        from ragpipe.release.manifest import resolve_release_id
+        from ragpipe.release.store import ReleaseStore
+
         release_id = resolve_release_id(ReleaseStore(ws), release_id)
     options.setdefault("query_graph_dir", ws.query_graphs)
     early = None
     if "embedder" not in options:
         early = _start_early_load(ws, target, release_id, Path(options["query_graph_dir"]), options)
+    # Imported after the graph started loading: verifying the release needs the release and
+    # bundle layers (~0.15 s of imports), which the loading thread overlaps.
+    from ragpipe.release.serving import served_release
+
     served = served_release(ws, target, release_id)
     if early is not None and early.serves(served):
         options["embedder"] = early.loading.result()

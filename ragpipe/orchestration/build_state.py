@@ -30,7 +30,7 @@ from ragpipe.experiment.change import Change, change_text
 from ragpipe.experiment.comparison import ALL
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.evidence import run_dir
+from ragpipe.release.replica import run_dir
 from ragpipe.release.status import what_happens_next
 from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpec, PipelineSpecError, load_pipeline_spec
 from ragpipe.stages.eval_steps import recorded_skip_reasons

@@ -19,13 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.approvals import approval_refusal
-from ragpipe.release.automatic import WAIVED, automatic_refusal
-from ragpipe.release.evidence import evaluation_evidence, load_run
-from ragpipe.release.gate_evidence import gate_problems
 from ragpipe.release.history import History, now_iso
 from ragpipe.release.manifest import ReleaseManifest, load_manifest
 from ragpipe.release.pointer import Pointer, check_generation, current_generation, read_pointer, write_pointer
@@ -36,6 +32,7 @@ from ragpipe.release.time_order import refuse_untimely
 
 if TYPE_CHECKING:
     from ragpipe.bundle.verify import VerifiedBundle
+    from ragpipe.experiment.arms import ArmRun
 
 ChildCheck = Callable[[Workspace, ReleaseManifest], list[str]]
 ACTIVATION_STEPS = (
@@ -65,6 +62,12 @@ class SwapResult:
             "previous": self.previous,
             "changed": self.changed,
         }
+
+
+def _waived_text() -> str:
+    from ragpipe.release.automatic import WAIVED
+
+    return WAIVED
 
 
 def _noop(_: str) -> None:
@@ -140,6 +143,11 @@ def verified_release(
         )
     if not evidence:
         return (None, problems) if problems else (VerifiedRelease(manifest, bundle, None), problems)
+    # Imported here: the evaluation and gate machinery (~0.3 s of imports) is needed to verify a
+    # release in full, not to serve one whose verification is remembered (``verified_record``).
+    from ragpipe.release.evidence import evaluation_evidence, load_run
+    from ragpipe.release.gate_evidence import gate_problems
+
     arm, found = evaluation_evidence(ws, manifest)
     problems += found
     # The decision is made again from a run that verifies but is not the release's too: the
@@ -227,7 +235,7 @@ def swap(
             "previous": previous,
             "by": by,
             "at": now_iso(),
-            **({"waived": WAIVED} if waived else {}),
+            **({"waived": _waived_text()} if waived else {}),
         },
     )
     step("intent_appended")
@@ -283,6 +291,8 @@ def activate(
         raise ReleaseError(f"release {release_id} {refused}")
     waived = False
     if automatic:
+        from ragpipe.release.automatic import automatic_refusal  # gate evidence: only when automatic
+
         not_automatic, waived = automatic_refusal(store, name, spec, manifest)
         if not_automatic:
             raise ReleaseError(f"release {release_id} is not activated automatically: {not_automatic}")

@@ -13,37 +13,12 @@ store keeps copies, because ``ragpipe gc`` may collect the stage folder they wer
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ragpipe.experiment.arm_source import ArmSourceError, load_arm
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.manifest import ReleaseManifest
-from ragpipe.release.replica import fetch_run
+from ragpipe.release.replica import evaluation_run_dir, run_dir
 from ragpipe.release.store import ReleaseError
-
-
-def run_dir(ws: Workspace, run_id: str) -> Path:
-    """``evaluations/<run id>``, fetched from the object store when this home lacks it
-    (``ragpipe.release.replica``); ``ReleaseError`` for a run ID that is not a plain folder name (run
-    IDs come from manifests and decisions, which are input: they must not point outside)."""
-    if not isinstance(run_id, str) or run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
-        raise ReleaseError(f"evaluation run ID {run_id!r} is not a folder name")
-    if (
-        len(run_id.encode("utf-8", "surrogatepass")) > 200
-    ):  # run IDs are UUIDs; a long one would fail in the file system
-        raise ReleaseError(f"evaluation run ID {run_id[:40]!r}… is longer than 200 bytes")
-    folder = ws.home / "evaluations" / run_id
-    fetch_run(folder)
-    return folder
-
-
-def evaluation_run_dir(ws: Workspace, manifest: ReleaseManifest) -> Path:
-    """The folder of the run ``manifest`` binds (``run_dir``)."""
-    try:
-        return run_dir(ws, manifest.evaluation.run_id)
-    except ReleaseError as exc:
-        raise ReleaseError(f"release {manifest.release_id}: {exc}") from None
 
 
 def load_run(ws: Workspace, run_id: str) -> ArmRun:

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import write_file_atomic
@@ -42,6 +43,9 @@ from ragpipe.release.store import ReleaseError
 from ragpipe.storage.blobs import LISTING, folder_files, listing_of, pull_folder, push_folder, read_listing
 from ragpipe.storage.location import store_from_env
 from ragpipe.storage.objects import ObjectStore, StorageError
+
+if TYPE_CHECKING:
+    from ragpipe.release.manifest import ReleaseManifest
 
 log = logging.getLogger(__name__)
 FILE_NAME = re.compile(r"[0-9a-f]{64}\.json")
@@ -157,3 +161,26 @@ def fetch_run(folder: Path) -> None:
         pull_folder(store, _run_key(folder.name), folder)
     except (StorageError, ValueError) as exc:  # ValueError: a run ID that is no store key
         raise ReleaseError(f"evaluation run {folder.name}: cannot be fetched from the store: {exc}") from None
+
+
+def run_dir(ws: Workspace, run_id: str) -> Path:
+    """``evaluations/<run id>``, fetched from the object store when this home lacks it
+    (``ragpipe.release.replica``); ``ReleaseError`` for a run ID that is not a plain folder name (run
+    IDs come from manifests and decisions, which are input: they must not point outside)."""
+    if not isinstance(run_id, str) or run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
+        raise ReleaseError(f"evaluation run ID {run_id!r} is not a folder name")
+    if (
+        len(run_id.encode("utf-8", "surrogatepass")) > 200
+    ):  # run IDs are UUIDs; a long one would fail in the file system
+        raise ReleaseError(f"evaluation run ID {run_id[:40]!r}… is longer than 200 bytes")
+    folder = ws.home / "evaluations" / run_id
+    fetch_run(folder)
+    return folder
+
+
+def evaluation_run_dir(ws: Workspace, manifest: ReleaseManifest) -> Path:
+    """The folder of the run ``manifest`` binds (``run_dir``)."""
+    try:
+        return run_dir(ws, manifest.evaluation.run_id)
+    except ReleaseError as exc:
+        raise ReleaseError(f"release {manifest.release_id}: {exc}") from None

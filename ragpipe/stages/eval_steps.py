@@ -28,8 +28,7 @@ from ragpipe.evaluation.runner import new_run_id, run_evaluation
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.evidence import run_dir
-from ragpipe.release.replica import push_run
+from ragpipe.release.replica import push_run, run_dir
 from ragpipe.retrieval.vector_engine import VectorEngine
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.release_chain_ids import chain_plan
