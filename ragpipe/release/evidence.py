@@ -16,8 +16,8 @@ from __future__ import annotations
 from ragpipe.experiment.arm_source import ArmSourceError, load_arm
 from ragpipe.experiment.arms import ArmRun
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.manifest import ReleaseManifest
-from ragpipe.release.replica import evaluation_run_dir, run_dir
+from ragpipe.release.manifest import ReleaseManifest, evaluation_run_dir
+from ragpipe.release.replica import run_dir
 from ragpipe.release.store import ReleaseError
 
 

@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
@@ -29,8 +29,11 @@ from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.seals import SEAL, SealKey, configured_key, sealed, unsealed
-from ragpipe.release.replica import fetch_file, fetch_folder_files, push_file
+from ragpipe.release.replica import fetch_file, fetch_folder_files, push_file, run_dir
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
+
+if TYPE_CHECKING:
+    from ragpipe.kernel.workspace import Workspace
 
 SHA = r"^sha256:[0-9a-f]{64}$"
 RELEASE_SCHEMA = "ragpipe.release/v1"
@@ -237,3 +240,11 @@ def resolve_release_id(store: ReleaseStore, text: str) -> str:
     if len(found) > 1:
         raise ReleaseError(f"release ID prefix {digits} is ambiguous: {', '.join(found)} (give more digits)")
     return found[0]
+
+
+def evaluation_run_dir(ws: Workspace, manifest: ReleaseManifest) -> Path:
+    """The folder of the run ``manifest`` binds (``run_dir``)."""
+    try:
+        return run_dir(ws, manifest.evaluation.run_id)
+    except ReleaseError as exc:
+        raise ReleaseError(f"release {manifest.release_id}: {exc}") from None

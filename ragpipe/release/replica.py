@@ -33,7 +33,6 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import write_file_atomic
@@ -43,9 +42,6 @@ from ragpipe.release.store import ReleaseError
 from ragpipe.storage.blobs import LISTING, folder_files, listing_of, pull_folder, push_folder, read_listing
 from ragpipe.storage.location import store_from_env
 from ragpipe.storage.objects import ObjectStore, StorageError
-
-if TYPE_CHECKING:
-    from ragpipe.release.manifest import ReleaseManifest
 
 log = logging.getLogger(__name__)
 FILE_NAME = re.compile(r"[0-9a-f]{64}\.json")
@@ -176,11 +172,3 @@ def run_dir(ws: Workspace, run_id: str) -> Path:
     folder = ws.home / "evaluations" / run_id
     fetch_run(folder)
     return folder
-
-
-def evaluation_run_dir(ws: Workspace, manifest: ReleaseManifest) -> Path:
-    """The folder of the run ``manifest`` binds (``run_dir``)."""
-    try:
-        return run_dir(ws, manifest.evaluation.run_id)
-    except ReleaseError as exc:
-        raise ReleaseError(f"release {manifest.release_id}: {exc}") from None

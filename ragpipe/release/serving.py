@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import VerifiedRelease, verified_release
 from ragpipe.release.live import live_release
-from ragpipe.release.manifest import ReleaseManifest, load_manifest
-from ragpipe.release.replica import evaluation_run_dir
+from ragpipe.release.manifest import ReleaseManifest, evaluation_run_dir, load_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 from ragpipe.release.targets import TargetsConfig
 

@@ -48,9 +48,9 @@ from ragpipe.experiment.gating import gate_runs, needs_reevaluation
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.change_basis import basis_of, release_basis
-from ragpipe.release.manifest import ReleaseManifest
+from ragpipe.release.manifest import ReleaseManifest, evaluation_run_dir
 from ragpipe.release.pointer import read_pointer
-from ragpipe.release.replica import evaluation_run_dir, push_run, run_dir
+from ragpipe.release.replica import push_run, run_dir
 from ragpipe.release.status import resolve_active_run
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets

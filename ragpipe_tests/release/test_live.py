@@ -226,8 +226,7 @@ def test_a_pointer_whose_previous_differs_from_its_intent_is_refused(ws: Workspa
 def test_a_release_gated_with_lance_scores_is_refused_with_what_to_do(ws: Workspace, bundle: Path):
     """A release evaluated before exact vector scores bound a plan without ``vector_search``: its
     scores cannot be computed any more, so serving it is refused in words, not as a plan mismatch."""
-    from ragpipe.release.manifest import load_manifest
-    from ragpipe.release.replica import evaluation_run_dir
+    from ragpipe.release.manifest import evaluation_run_dir, load_manifest
     from ragpipe.release.serving import PLAN_COPY, gated_plan
 
     a = publish(ws, bundle, "r1")
