@@ -242,8 +242,10 @@ def check_vector_table(root: Path, manifest: BundleManifest, expected: list[Inde
     if not problems:
         problems += check_vectors([str(r["representation_id"]) for r in stored], _matrix(table), manifest)
     if not problems:
-        metric = VectorIndexSpec.model_validate(manifest.semantic.specs["vector_index"].spec).metric
-        problems += search_path_problems(root / "vector", metric, [row.access_scopes for row in expected])
+        spec = VectorIndexSpec.model_validate(manifest.semantic.specs["vector_index"].spec, context=RECORDED)
+        problems += search_path_problems(
+            root / "vector", spec.metric, [row.access_scopes for row in expected], spec.ann
+        )
     return problems
 
 
