@@ -40,8 +40,6 @@ T = TypeVar("T")
 TABLE_NAME = "representations"
 VECTOR_INDEX_NAME = "vector_idx"
 ANN_INDEX_NAME = "vector_ann"
-# The spec's ANN kind -> lance's name of that index type (``index_stats(...).index_type``).
-LANCE_ANN_TYPES = {"ivf_hnsw_sq": "IVF_HNSW_SQ", "ivf_pq": "IVF_PQ"}
 PQ_8BIT_MIN_ROWS = 256  # an 8-bit product quantiser's codebook has 256 centroids per sub-vector
 
 
@@ -185,9 +183,13 @@ class VectorSearcher:
         self.ann_indexed = ANN_INDEX_NAME in names
         self.dimension: int = run(self.table.schema()).field("vector").type.list_size
         # lancedb row IDs -> our row positions, read once: a search then returns only _rowid and
-        # _distance, and skips the per-search read of the ``row`` column (~0.4 ms).
+        # _distance, and skips the per-search read of the ``row`` column (~0.4 ms). Two sorted
+        # arrays, not a dict: 16 bytes a row (a million-row table's dict would take ~100 MB).
         ids = run(self.table.query().select(["row"]).with_row_id().to_arrow())
-        self._row_of = dict(zip(ids.column("_rowid").to_pylist(), ids.column("row").to_pylist()))
+        rowids = ids.column("_rowid").to_numpy().astype(np.uint64)
+        order = np.argsort(rowids, kind="stable")
+        self._rowids = rowids[order]
+        self._row_at = ids.column("row").to_numpy().astype(np.intp)[order]
 
     @staticmethod
     async def _open(directory: Path):
@@ -214,24 +216,55 @@ class VectorSearcher:
             query = query.nprobes(self.nprobes)
         elif self.ann_indexed:
             query = query.bypass_vector_index()
-        predicate = scope_predicate(scopes)
-        if source_roles:
-            predicate = f"{predicate} AND {role_predicate(source_roles)}"
-        if selection is not None and not selection.everything:
-            predicate = f"{predicate} AND {selection.compiled('lancedb', lambda: selection_predicate(selection))}"
-        if exclude_documents:
-            predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
         # where() on a vector query is a prefilter unless postfilter() is asked for
+        predicate = _predicate(scopes, exclude_documents, source_roles, selection)
         query = query.where(predicate).select(["_distance"]).with_row_id().limit(k)
         result = self._loops.run(query.to_arrow())
-        row_of, rows = self._row_of, self.rows
+        rows = self.rows
+        positions = self._positions(result.column("_rowid").to_numpy()).tolist()
         distances = result.column("_distance").to_pylist()
         # cosine/dot distances are 1 - similarity; l2 is a distance: negate so higher is better.
         sign, offset = (-1.0, 0.0) if self.metric == "l2" else (-1.0, 1.0)
-        return [
-            Hit("vector", *rows[row_of[rowid]], offset + sign * d)
-            for rowid, d in zip(result.column("_rowid").to_pylist(), distances)
-        ]
+        return [Hit("vector", *rows[i], offset + sign * d) for i, d in zip(positions, distances)]
+
+    def ann_rows(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        scopes: tuple[str, ...],
+        exclude_documents: Collection[str] = (),
+        source_roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
+        *,
+        nprobes: int,
+        ef: int,
+    ) -> np.ndarray:
+        """Positions of up to ``limit`` rows the table's ANN index finds nearest to ``vector``,
+        probing ``nprobes`` IVF partitions (exactly: lance's adaptive extra probing is off) with
+        ``ef`` graph candidates (HNSW; raised to ``limit``, the most a graph search returns),
+        prefiltered like ``search``. Candidates, not a ranking: their order and distances are the
+        index's quantised ones, which callers do not use (``ragpipe.index.vector_ann``)."""
+        if not self.ann_indexed:
+            raise ValueError("this vector table has no ANN index")
+        if not scopes or (selection is not None and selection.empty):
+            return np.empty(0, dtype=np.intp)
+        query = (
+            self.table.query()
+            .nearest_to(vector.astype(np.float32))
+            .distance_type(self.metric)
+            .nprobes(nprobes)  # minimum and maximum: lance probes no more on a narrow filter
+            .ef(max(ef, limit))
+        )
+        predicate = _predicate(scopes, exclude_documents, source_roles, selection)
+        query = query.where(predicate).select(["_distance"]).with_row_id().limit(limit)
+        return self._positions(self._loops.run(query.to_arrow()).column("_rowid").to_numpy())
+
+    def _positions(self, rowids: np.ndarray) -> np.ndarray:
+        """Our row positions of lancedb row IDs (every one a row of this table)."""
+        found = np.searchsorted(self._rowids, rowids.astype(np.uint64))
+        if found.size and (found.max() >= len(self._rowids) or (self._rowids[found] != rowids).any()):
+            raise ValueError("lancedb returned a row ID the table did not hold when it was opened")
+        return self._row_at[found]
 
     @property
     def indexed(self) -> bool:
@@ -252,6 +285,23 @@ class VectorSearcher:
     def close(self) -> None:
         """Close the event loops. Call once no search is in flight."""
         self._loops.close()
+
+
+def _predicate(
+    scopes: tuple[str, ...],
+    exclude_documents: Collection[str],
+    source_roles: tuple[str, ...],
+    selection: Selection | None,
+) -> str:
+    """The lancedb prefilter of a search: scopes, roles, metadata selection, excluded documents."""
+    predicate = scope_predicate(scopes)
+    if source_roles:
+        predicate = f"{predicate} AND {role_predicate(source_roles)}"
+    if selection is not None and not selection.everything:
+        predicate = f"{predicate} AND {selection.compiled('lancedb', lambda: selection_predicate(selection))}"
+    if exclude_documents:
+        predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
+    return predicate
 
 
 def read_vector_rows(directory: Path) -> pa.Table:

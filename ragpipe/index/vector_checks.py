@@ -21,8 +21,9 @@ from pathlib import Path
 import lancedb
 import numpy as np
 
+from ragpipe.index.ivf import ANN_INDEX_TYPES
 from ragpipe.index.predicates import scope_predicate
-from ragpipe.index.vector import ANN_INDEX_NAME, LANCE_ANN_TYPES, TABLE_NAME, VECTOR_INDEX_NAME, ivf_partitions
+from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, ivf_partitions
 from ragpipe.spec import HnswSqIndex, PqIndex
 
 LABEL = "vector"
@@ -80,7 +81,7 @@ def ann_index_problems(table, metric: str, ann: HnswSqIndex | PqIndex | None, ro
     if others:
         problems.append(f"{LABEL}: vector index {others[0]!r} beside the ANN index (a query could use it instead)")
     stats = table.index_stats(ANN_INDEX_NAME)
-    wanted = LANCE_ANN_TYPES[ann.kind]
+    wanted = ANN_INDEX_TYPES[ann.kind]
     if stats.index_type != wanted:
         problems.append(f"{LABEL}: the ANN index is {stats.index_type}, the spec declares {wanted} ({ann.kind})")
     if stats.distance_type != metric:

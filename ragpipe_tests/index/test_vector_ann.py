@@ -11,10 +11,14 @@ from pathlib import Path
 import lancedb
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, build_vector_index
+from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, VectorSearcher, build_vector_index
+from ragpipe.index.vector_ann import ApproximateVectorSearcher, open_approximate_searcher
 from ragpipe.index.vector_checks import search_path_problems
+from ragpipe.index.vector_memory import MemoryVectorSearcher, exact_scores
 from ragpipe.spec import HnswSqIndex, PqIndex
 
 SCOPES = (("public",), ("staff",), ("public", "staff"), ("secret",))
@@ -122,3 +126,169 @@ def test_a_pq_index_records_its_quantiser_and_small_tables_are_refused(tmp_path:
     with pytest.raises(ValueError) as err:
         build_vector_index(tmp_path / "empty", [], np.zeros((0, 16), np.float32), "cosine", HNSW)
     assert str(err.value) == "vector_index.ann: a ivf_hnsw_sq index trains on the table's vectors, and there are none"
+
+
+# --- approximate search: candidates from the index, ranked by the exact scores -----------------
+
+ROLES = ("primary", "appendix")
+
+
+def row_ids(rows: list[IndexRow]) -> list[tuple[str, str, str]]:
+    return [(r.representation_id, r.chunk_id, r.document_id) for r in rows]
+
+
+def exact_searcher(rows: list[IndexRow], vectors: np.ndarray, metric: str = "cosine") -> MemoryVectorSearcher:
+    roles = [ROLES[i % 7 == 0] for i in range(len(rows))]  # every 7th row an appendix
+    return MemoryVectorSearcher(metric, row_ids(rows), scopes_of(rows), vectors.copy(), roles)
+
+
+class FakeIndex:
+    """An ANN index that returns ``found`` whatever is asked, and records the requests."""
+
+    def __init__(self, found):
+        self.found, self.calls, self.closed = np.asarray(found, dtype=np.intp), [], False
+
+    def ann_rows(self, vector, limit, scopes, exclude_documents=(), source_roles=(), selection=None, *, nprobes, ef):
+        self.calls.append((limit, tuple(scopes), tuple(sorted(exclude_documents)), source_roles, nprobes, ef))
+        return self.found
+
+    def close(self):
+        self.closed = True
+
+
+def bits(hits) -> list[tuple[str, bytes]]:
+    return [(h.representation_id, np.float64(h.score).tobytes()) for h in hits]
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple[list[IndexRow], np.ndarray]:
+    return table_rows(120), unit_vectors(120, 8, seed=3)
+
+
+def test_the_index_can_narrow_the_candidates_never_widen_them(small):
+    rows, vectors = small
+    exact = exact_searcher(rows, vectors)
+    query = unit_vectors(1, 8, seed=4)[0]
+    everything = FakeIndex(np.arange(len(rows))[::-1])  # hidden rows included, in any order
+    searcher = ApproximateVectorSearcher(exact, everything, kind="ivf_hnsw_sq", nprobes=3, ef=7, refine_factor=2)
+    for scopes in (("public",), ("staff", "secret"), ("nobody",)):
+        assert bits(searcher.search(query, 5, scopes)) == bits(exact.search(query, 5, scopes))
+    assert everything.calls[0] == (10, ("public",), (), (), 3, 7)
+    searcher.search(query, 4, ("staff",), exclude_documents={"d00002"}, source_roles=("primary",))
+    assert everything.calls[-1] == (8, ("staff",), ("d00002",), ("primary",), 3, 7)
+
+
+def test_candidates_are_ranked_by_exact_scores_and_a_short_answer_is_exact(small):
+    rows, vectors = small
+    exact = exact_searcher(rows, vectors)
+    query = unit_vectors(1, 8, seed=5)[0]
+    visible = exact.prepare(query, 3, ("public",))[1]
+    chosen = visible[::3][:12]  # 12 visible candidates, plus hidden ones the searcher must drop
+    hidden = np.setdiff1d(np.arange(len(rows)), visible)[:5]
+    searcher = ApproximateVectorSearcher(
+        exact, FakeIndex(np.concatenate([hidden, chosen])), kind="ivf_pq", nprobes=1, ef=1, refine_factor=4
+    )
+    hits = searcher.search(query, 3, ("public",))
+    scores = exact_scores("cosine", vectors[chosen], query)
+    best = chosen[np.lexsort((chosen, -scores))[:3]]
+    assert [h.representation_id for h in hits] == [rows[i].representation_id for i in best]
+    assert bits(hits) == [
+        (rows[i].representation_id, np.float64(scores[list(chosen).index(i)]).tobytes()) for i in best
+    ]
+    assert "approximate" in searcher.why and searcher.approximate and not exact.approximate
+    # 12 visible candidates for k = 4 and refine_factor 4: fewer than the 16 asked, so exact search answers
+    assert bits(searcher.search(query, 4, ("public",))) == bits(exact.search(query, 4, ("public",)))
+    searcher.close()
+    assert searcher.index.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        searcher.search(query, 3, ("public",))
+
+
+def test_arguments_are_checked_as_exact_search_checks_them(small):
+    rows, vectors = small
+    searcher = ApproximateVectorSearcher(
+        exact_searcher(rows, vectors), FakeIndex([]), kind="ivf_hnsw_sq", nprobes=1, ef=1, refine_factor=1
+    )
+    query = vectors[0]
+    assert searcher.search(query, 3, ()) == []
+    with pytest.raises(ValueError, match="invalid scope name"):
+        searcher.search(query, 3, ("x') OR true --",))
+    with pytest.raises(ValueError, match="k must be positive"):
+        searcher.search(query, 0, ("public",))
+    with pytest.raises(ValueError, match="query has 4 dimensions"):
+        searcher.search(query[:4], 3, ("public",))
+    with pytest.raises(ValueError, match="must be >= 1"):
+        ApproximateVectorSearcher(searcher.exact, FakeIndex([]), kind="ivf_pq", nprobes=0, ef=1, refine_factor=1)
+
+
+@pytest.fixture(scope="module")
+def hnsw_searchers(hnsw_table):
+    folder, rows, vectors = hnsw_table
+    exact = exact_searcher(rows, vectors)
+    index = VectorSearcher(folder, "cosine", row_ids(rows))
+    searcher = ApproximateVectorSearcher(exact, index, kind="ivf_hnsw_sq", nprobes=1, ef=10, refine_factor=2)
+    yield exact, searcher
+    index.close()
+
+
+SUBJECTS = st.lists(st.sampled_from(["public", "staff", "secret", "nobody"]), min_size=1, max_size=3, unique=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    scopes=SUBJECTS,
+    k=st.integers(1, 80),
+    excluded=st.lists(st.integers(0, 366), max_size=20),
+    roles=st.sampled_from([(), ("primary",), ("appendix",)]),
+)
+def test_laws_of_approximate_search_on_a_real_hnsw_index(hnsw_searchers, seed, scopes, k, excluded, roles):
+    """For any build: hits are visible rows with exact search's score bits, in exact search's
+    order, ``min(k, visible)`` of them, never better rank for rank than exact search's, and exact
+    search's own whenever refine_factor × k reaches the visible rows."""
+    exact, searcher = hnsw_searchers
+    query = unit_vectors(1, 16, seed=seed)[0]
+    args = (tuple(scopes), {f"d{d:05d}" for d in excluded}, roles)
+    approximate = searcher.search(query, k, *args)
+    everything = exact.search(query, len(exact.rows), *args)  # every visible row, exactly ranked
+    score_of = dict(bits(everything))
+    position = {r[0]: i for i, r in enumerate(exact.rows)}
+    assert len(approximate) == min(k, len(everything))
+    assert all(score_of[rep] == score for rep, score in bits(approximate))  # visible, the same bits
+    keys = [(-h.score, position[h.representation_id]) for h in approximate]
+    assert keys == sorted(keys)  # exact search's ranking rule and tie order
+    assert all(a.score <= e.score for a, e in zip(approximate, everything))  # a subset's i-th best
+    if k * searcher.refine_factor >= len(everything):
+        assert bits(approximate) == bits(everything[:k])
+
+
+def test_with_every_partition_probed_a_pq_index_returns_every_visible_row_asked_for(tmp_path: Path):
+    """IVF_PQ scans the codes of every probed partition: probing all of them, the index returns
+    ``min(limit, visible)`` candidates for any build, so a request whose limit covers the visible
+    rows is answered from the index with exact search's result."""
+    rows, vectors = table_rows(300), unit_vectors(300, 16, seed=6)
+    build_vector_index(tmp_path / "pq", rows, vectors, "cosine", PQ)
+    exact = exact_searcher(rows, vectors)
+    index = VectorSearcher(tmp_path / "pq", "cosine", row_ids(rows))
+    searcher = ApproximateVectorSearcher(exact, index, kind="ivf_pq", nprobes=PQ.num_partitions, ef=1, refine_factor=3)
+    try:
+        for seed in range(5):
+            query = unit_vectors(1, 16, seed=100 + seed)[0]
+            for scopes, k in ((("public",), 10), (("secret",), 30), (("public", "staff", "secret"), 20)):
+                query32, visible = exact.prepare(query, k, scopes)
+                found = searcher.candidates(query32, k, visible, scopes)
+                assert len(found) == min(3 * k, len(visible))
+                if 3 * k >= len(visible):
+                    assert found.tolist() == visible.tolist()
+                    assert bits(searcher.search(query, k, scopes)) == bits(exact.search(query, k, scopes))
+    finally:
+        index.close()
+
+
+def test_a_table_without_an_ann_index_cannot_serve_approximately(tmp_path: Path, small):
+    rows, vectors = small
+    build_vector_index(tmp_path / "v", rows, vectors, "cosine")
+    with pytest.raises(ValueError, match="has no ANN index"):
+        open_approximate_searcher(
+            exact_searcher(rows, vectors), tmp_path / "v", kind="ivf_hnsw_sq", nprobes=1, ef=1, refine_factor=1
+        )
