@@ -41,6 +41,8 @@ class QueryResult:
     source_roles: tuple[str, ...] | None = None  # the roles the query was filtered on, if any
     release_id: str | None = None  # the release served, when the bundle was reached through one
     filter: dict[str, object] | None = None  # the metadata filter applied, canonical JSON, if any
+    # the vector channel ranked candidates from an ANN index (docs/retrieval.md, "Approximate vector search")
+    approximate: bool = False
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -56,6 +58,8 @@ class QueryResult:
             out["source_roles"] = list(self.source_roles)
         if self.filter is not None:
             out["filter"] = self.filter
+        if self.approximate:  # absent for exact search: its results read as they always did
+            out["approximate"] = True
         if self.trace is not None:
             out["trace"] = self.trace
         return out

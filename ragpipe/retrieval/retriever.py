@@ -41,7 +41,7 @@ from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
 from ragpipe.retrieval.results import QueryError, QueryResult, Rankings
 from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
-from ragpipe.retrieval.vector_engine import VectorEngine, engine_of, open_bundle_vectors
+from ragpipe.retrieval.vector_engine import VectorEngine, check_vector_search, engine_of, open_bundle_vectors
 from ragpipe.spec import EmbedderSpec, own_spec_id
 
 T = TypeVar("T")
@@ -100,6 +100,8 @@ class Retriever:
 
             reranker = CrossEncoderReranker(self.plan.reranker.model_path, self.plan.reranker.model_digest)
         self.reranker = reranker
+        if self.plan.approximate:  # refused before anything is opened: one line, naming the bundle
+            check_vector_search(self.bundle, self.plan.vector_search)
         root = self.bundle.path
         sem = self.bundle.manifest.semantic
         # the tables as verified (parsed from the digested bytes, never re-read from the store)
@@ -133,6 +135,8 @@ class Retriever:
             index_rows,
             # a bundle opened with its lance table's checks deferred gets them before it is read
             before_lance=partial(check_vector_table, self.bundle),
+            # an approximate plan is served from the bundle's ANN index; an exact one never reads it
+            vector_search=self.plan.vector_search if self.plan.approximate else None,
         )
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._lock = threading.Lock()  # guards the lazily built state below
@@ -150,6 +154,11 @@ class Retriever:
     @property
     def bundle_id(self) -> str:
         return self.bundle.bundle_id
+
+    @property
+    def approximate(self) -> bool:
+        """Whether the vector channel is served approximately (the plan asks, the bundle has an ANN index)."""
+        return bool(getattr(self.vector, "approximate", False))
 
     @property
     def vector_engine(self) -> VectorEngine | None:
@@ -303,6 +312,7 @@ class Retriever:
             source_roles=roles or None,
             release_id=self.release_id,
             filter=None if resolved is None else resolved.shown(),
+            approximate="vector" in plan.channels and self.approximate,
         )
         if rankings:
             result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
