@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ragpipe.index.hits import Hit, recall_of
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.context import Evidence
 from ragpipe.retrieval.fusion.order import FusedHit, RankedHit
@@ -26,6 +27,29 @@ class Rankings:
 
     channels: dict[str, list[RankedHit]]
     fused: list[FusedHit]
+
+
+@dataclass(frozen=True)
+class AnnComparison:
+    """One query's vector search done twice on the same query vector, subject, source roles and
+    metadata filter: the approximate searcher's top ``k`` rows and exact search's
+    (``Retriever.ann_comparison``), each best first."""
+
+    approximate: list[Hit]
+    exact: list[Hit]
+
+    @property
+    def approximate_ids(self) -> list[str]:
+        return [h.representation_id for h in self.approximate]
+
+    @property
+    def exact_ids(self) -> list[str]:
+        return [h.representation_id for h in self.exact]
+
+    @property
+    def recall(self) -> float:
+        """``recall_of(approximate, exact)``: the share of exact search's top rows found."""
+        return recall_of(self.approximate_ids, self.exact_ids)
 
 
 @dataclass

@@ -39,7 +39,7 @@ from ragpipe.retrieval.fusion import fuse
 from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
-from ragpipe.retrieval.results import QueryError, QueryResult, Rankings
+from ragpipe.retrieval.results import AnnComparison, QueryError, QueryResult, Rankings
 from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
 from ragpipe.retrieval.vector_engine import VectorEngine, check_vector_search, engine_of, open_bundle_vectors
 from ragpipe.spec import EmbedderSpec, own_spec_id
@@ -326,6 +326,37 @@ class Retriever:
                 **query_trace(plan, self.policy.policy_id, subject, k, ranked, fused, rerank_trace, timings, facts),
             }
         return result
+
+    def ann_comparison(
+        self,
+        text: str,
+        subject: Subject | None = None,
+        k: int = 10,
+        source_roles: tuple[str, ...] | None = None,
+        filter: object | None = None,
+    ) -> AnnComparison:
+        """The approximate vector search's top ``k`` rows and exact search's top ``k`` for one query
+        (``AnnComparison``): the query embedded once, both searches over the rows ``subject`` may
+        see under ``source_roles`` and ``filter``, exactly as ``query``'s vector channel restricts
+        them. What ``ann_recall@10`` compares in every evaluation of an approximate plan
+        (``ragpipe.evaluation.ann``). ``QueryError`` when this retriever searches exactly."""
+        if self._closed:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
+        if not self.approximate:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} searches vectors exactly: nothing to compare")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise QueryError(f"k must be an integer >= 1, got {k!r}")
+        if not isinstance(text, str) or not text.strip():
+            raise QueryError(EMPTY_QUERY)
+        subject = subject or Subject.default()
+        roles = self._check_roles(source_roles)
+        audience = self.lexical.audience(subject)
+        resolved = None if filter is None else self.filters.resolve(filter, audience.groups)
+        selection = None if resolved is None else resolved.selection
+        vector = self._embed_query(self.embedder(), text)
+        approximate = self.vector.search(vector, k, subject.scopes, (), roles, selection)
+        exact = self.vector.exact.search(vector, k, subject.scopes, (), roles, selection)
+        return AnnComparison(approximate, exact)
 
     def _selected_rows(self, groups: Collection[tuple[str, ...]], roles: tuple[str, ...], selection: Selection) -> int:
         """The rows a subject seeing ``groups`` may find under ``roles`` and ``selection``: each
