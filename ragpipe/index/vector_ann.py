@@ -147,7 +147,13 @@ class ApproximateVectorSearcher:
             nprobes=self.nprobes,
             ef=self.ef,
         )
-        return np.intersect1d(np.asarray(found, dtype=np.intp), visible)
+        found = np.unique(np.asarray(found, dtype=np.intp))
+        # membership by binary search in the sorted ``visible``: O(candidates · log rows), where
+        # np.intersect1d would sort every visible row on every search
+        at = np.searchsorted(visible, found)
+        inside = at < visible.size
+        inside[inside] = visible[at[inside]] == found[inside]
+        return found[inside]
 
     def close(self) -> None:
         """Drop the matrix and close the lance table's event loops; later searches raise
