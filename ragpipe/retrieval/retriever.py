@@ -254,12 +254,7 @@ class Retriever:
         rows, like the scopes); the result names them. ``filter``: a metadata filter (JSON form,
         ``ragpipe.corpus.metadata_filter``) checked against the bundle's fields and applied
         inside both channels likewise; the result names it in canonical form."""
-        if self._closed:
-            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise QueryError(f"k must be an integer >= 1, got {k!r}")
-        if not isinstance(text, str) or not text.strip():
-            raise QueryError(EMPTY_QUERY)
+        self._check_request(text, k)
         subject = subject or Subject.default()
         roles = self._check_roles(source_roles)
         plan, mode, plan_id = self._plan_for(mode)
@@ -340,14 +335,9 @@ class Retriever:
         see under ``source_roles`` and ``filter``, exactly as ``query``'s vector channel restricts
         them. What ``ann_recall@10`` compares in every evaluation of an approximate plan
         (``ragpipe.evaluation.ann``). ``QueryError`` when this retriever searches exactly."""
-        if self._closed:
-            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
+        self._check_request(text, k)
         if not self.approximate:
             raise QueryError(f"this Retriever of bundle {self.bundle_id} searches vectors exactly: nothing to compare")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise QueryError(f"k must be an integer >= 1, got {k!r}")
-        if not isinstance(text, str) or not text.strip():
-            raise QueryError(EMPTY_QUERY)
         subject = subject or Subject.default()
         roles = self._check_roles(source_roles)
         audience = self.lexical.audience(subject)
@@ -357,6 +347,14 @@ class Retriever:
         approximate = self.vector.search(vector, k, subject.scopes, (), roles, selection)
         exact = self.vector.exact.search(vector, k, subject.scopes, (), roles, selection)
         return AnnComparison(approximate, exact)
+
+    def _check_request(self, text: str, k: int) -> None:
+        if self._closed:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise QueryError(f"k must be an integer >= 1, got {k!r}")
+        if not isinstance(text, str) or not text.strip():
+            raise QueryError(EMPTY_QUERY)
 
     def _selected_rows(self, groups: Collection[tuple[str, ...]], roles: tuple[str, ...], selection: Selection) -> int:
         """The rows a subject seeing ``groups`` may find under ``roles`` and ``selection``: each

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ragpipe.bundle.verify import open_bundle
+from ragpipe.index.hits import recall_of
 from ragpipe.index.vector_ann import ApproximateVectorSearcher
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.authz import Subject
@@ -150,3 +151,16 @@ def test_with_every_partition_probed_on_a_small_table_approximate_equals_exact(a
         got = approximate.query(text, PUBLIC, k=20, mode=mode).hits
         want = exact.query(text, PUBLIC, k=20, mode=mode).hits
         assert [(h["chunk_id"], h["score"]) for h in got] == [(h["chunk_id"], h["score"]) for h in want]
+
+
+def test_the_comparison_helper_returns_both_top_lists(retrievers):
+    with pytest.raises(QueryError, match="searches vectors exactly: nothing to compare"):
+        retrievers["exact"].ann_comparison("aspirin")
+    narrow = retrievers["narrow"]
+    comparison = narrow.ann_comparison("aspirin and stroke", PUBLIC, k=10)
+    vector = narrow.embedder().embed_query("aspirin and stroke")
+    assert comparison.exact == narrow.vector.exact.search(vector, 10, PUBLIC.scopes)
+    assert len(comparison.approximate) == 10
+    assert comparison.recall == recall_of(comparison.approximate_ids, comparison.exact_ids)
+    with pytest.raises(QueryError, match="k must be an integer >= 1"):
+        narrow.ann_comparison("aspirin", k=0)
