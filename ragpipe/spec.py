@@ -31,6 +31,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ragpipe.kernel.ids import SpecId, content_id
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
@@ -445,10 +446,57 @@ class LexicalIndexSpec(_Spec):
     bm25_b: Literal[0.75] = 0.75
 
 
+class HnswSqIndex(_Spec):
+    """lancedb's IVF_HNSW_SQ index: IVF partitions (k-means), one HNSW graph per partition over
+    8-bit scalar-quantised vectors. ``num_partitions``: IVF partitions (lance recommends few: one
+    graph per partition); ``m``: graph edges per node; ``ef_construction``: candidates kept while
+    the graph is built. lancedb's own defaults for the last two."""
+
+    kind: Literal["ivf_hnsw_sq"]
+    num_partitions: int = Field(1, ge=1, le=65_536)
+    m: int = Field(20, ge=2, le=512)
+    ef_construction: int = Field(300, ge=1, le=100_000)
+
+
+class PqIndex(_Spec):
+    """lancedb's IVF_PQ index: IVF partitions (k-means) over product-quantised vectors, each split
+    into ``num_sub_vectors`` sub-vectors (which must divide the embedder's dimensions) encoded in
+    ``num_bits`` bits (4 or 8; 8-bit codebooks train on at least 256 rows)."""
+
+    kind: Literal["ivf_pq"]
+    num_partitions: int = Field(ge=1, le=65_536)
+    num_sub_vectors: int = Field(ge=1, le=65_536)
+    num_bits: Literal[4, 8] = 8
+
+
+# Which approximate-nearest-neighbour index a vector table carries, by ``kind``.
+AnnIndex = Annotated[HnswSqIndex | PqIndex, Field(discriminator="kind")]
+ANN_KINDS = ("ivf_hnsw_sq", "ivf_pq")
+
+
 class VectorIndexSpec(_Spec):
     # enabled: false builds lexical-only bundles (embeddings are then not computed at all).
     enabled: bool = True
     metric: Literal["cosine", "dot", "l2"] = "cosine"
+    # An approximate-nearest-neighbour index built into the lance table (docs/retrieval.md,
+    # "Approximate vector search"). It changes which rows an approximate query plan can find, so it
+    # is semantic; left out of the dump when None, so a spec without one keeps its ID.
+    ann: AnnIndex | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_ann(self, handler) -> dict:
+        out = handler(self)
+        if out.get("ann", 0) is None:
+            del out["ann"]
+        return out
+
+
+def ann_dimension_problem(ann: HnswSqIndex | PqIndex | None, dimensions: int) -> str | None:
+    """Why ``ann`` cannot index vectors of ``dimensions`` (None: it can): a product quantiser
+    splits each vector into ``num_sub_vectors`` equal parts."""
+    if isinstance(ann, PqIndex) and dimensions % ann.num_sub_vectors:
+        return f"{ann.num_sub_vectors} does not divide the embedder's {dimensions} dimensions (embedder.dimensions)"
+    return None
 
 
 class GenerationExecution(ExecutionPolicy):
@@ -612,6 +660,20 @@ class PipelineSpec(_Spec):
     def _generation_identity(cls, data: object) -> object:
         return _with_generation_identity(data)
 
+    @model_validator(mode="after")
+    def _ann_fits_the_embedder(self) -> PipelineSpec:
+        """A product-quantised index needs sub-vectors that divide the embedder's dimensions
+        (refused naming ``vector_index.ann.num_sub_vectors``)."""
+        problem = ann_dimension_problem(self.vector_index.ann, self.embedder.dimensions)
+        if problem is not None:
+            detail = InitErrorDetails(
+                type=PydanticCustomError("ann_dimensions", problem),
+                loc=("vector_index", "ann", "num_sub_vectors"),
+                input=self.vector_index.ann.num_sub_vectors,  # type: ignore[union-attr]
+            )
+            raise ValidationError.from_exception_data(type(self).__name__, [detail])
+        return self
+
     def stage_spec(self, stage: str) -> _Spec | None:
         """The semantic spec owned by ``stage`` (``None`` for stages with no parameters)."""
         return {
@@ -736,6 +798,15 @@ def read_yaml_file(path: Path, what: str, error: type[Exception]) -> object:
         raise error(strict_yaml_error_text(exc, what)) from None
 
 
+def _spec_path(loc: tuple) -> tuple:
+    """The error location as the spec file spells it: pydantic puts the selected ANN kind into the
+    path of the discriminated union (``vector_index.ann.ivf_pq.num_bits``); the file says
+    ``vector_index.ann.num_bits``."""
+    if loc[:2] == ("vector_index", "ann") and len(loc) > 2 and loc[2] in ANN_KINDS:
+        return (*loc[:2], *loc[3:])
+    return loc
+
+
 def pipeline_spec_path(path: Path | None = None) -> Path:
     """The spec a build uses: ``path``, else ``$RAGPIPE_PIPELINE_SPEC``, else the checked-in one."""
     return Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
@@ -753,7 +824,7 @@ def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
     try:
         spec = PipelineSpec.model_validate(raw, context={"base": path.resolve().parent})
     except ValidationError as exc:
-        raise PipelineSpecError(f"{path}: invalid pipeline spec: {validation_error_text(exc)}") from None
+        raise PipelineSpecError(f"{path}: invalid pipeline spec: {validation_error_text(exc, _spec_path)}") from None
     for kind in spec.representations.generated_kinds:
         if spec.representations.generated[kind].prompt_text is None:  # type: ignore[index]
             raise PipelineSpecError(

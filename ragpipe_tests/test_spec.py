@@ -55,3 +55,104 @@ def test_a_syntax_error_keeps_its_wording(tmp_path: Path):
     assert refusal(tmp_path, text) == (
         f": cannot read pipeline spec: invalid YAML at line {line}, column 18: mapping values are not allowed here"
     )
+
+
+# --- the ANN index of the vector-index spec (docs/retrieval.md, "Approximate vector search") ----
+
+VECTOR_INDEX = "vector_index:\n  metric: cosine\n"
+DEFAULT_VECTOR_INDEX_ID = "sha256:60487fa7d0498c116f40bd0549820291af02783d5962bfd138805a634dfac0bd"  # test_golden
+
+
+def with_ann(tmp_path: Path, ann: str, name: str = "pipeline.yaml"):
+    assert DEFAULT.count(VECTOR_INDEX) == 1
+    path = tmp_path / name
+    path.write_text(DEFAULT.replace(VECTOR_INDEX, VECTOR_INDEX + f"  ann: {ann}\n"), encoding="utf-8")
+    return load_pipeline_spec(path)
+
+
+def test_without_ann_every_spec_id_is_unchanged(tmp_path: Path):
+    from ragpipe.spec import VectorIndexSpec
+
+    default = load_pipeline_spec()
+    assert "ann" not in VectorIndexSpec().model_dump(mode="json")
+    assert default.own_spec_ids["vector_index"] == DEFAULT_VECTOR_INDEX_ID
+    explicit = with_ann(tmp_path, "null")
+    assert explicit.vector_index.ann is None
+    assert explicit.own_spec_ids == default.own_spec_ids and explicit.spec_ids == default.spec_ids
+
+
+def test_the_ann_index_is_in_the_vector_index_spec_id(tmp_path: Path):
+    default = load_pipeline_spec()
+    hnsw = with_ann(tmp_path, "{kind: ivf_hnsw_sq}", "a.yaml")
+    wider = with_ann(tmp_path, "{kind: ivf_hnsw_sq, m: 32}", "b.yaml")
+    pq = with_ann(tmp_path, "{kind: ivf_pq, num_partitions: 4, num_sub_vectors: 48}", "c.yaml")
+    assert hnsw.vector_index.ann.model_dump() == {
+        "kind": "ivf_hnsw_sq",
+        "num_partitions": 1,
+        "m": 20,
+        "ef_construction": 300,
+    }
+    ids = [s.own_spec_ids["vector_index"] for s in (default, hnsw, wider, pq)]
+    assert len(set(ids)) == 4
+    # downstream of it: the bundle; upstream and beside it: unchanged
+    assert hnsw.spec_ids["index_bundle"] != default.spec_ids["index_bundle"]
+    for stage in ("embeddings", "lexical_index"):
+        assert hnsw.spec_ids[stage] == default.spec_ids[stage]
+    # the dump the ID is computed from holds every parameter, defaults included
+    assert pq.vector_index.model_dump(mode="json")["ann"] == {
+        "kind": "ivf_pq",
+        "num_partitions": 4,
+        "num_sub_vectors": 48,
+        "num_bits": 8,
+    }
+
+
+def test_pq_sub_vectors_must_divide_the_embedder_dimensions(tmp_path: Path):
+    text = DEFAULT.replace(
+        VECTOR_INDEX, VECTOR_INDEX + "  ann: {kind: ivf_pq, num_partitions: 4, num_sub_vectors: 7}\n"
+    )
+    assert refusal(tmp_path, text) == (
+        ": invalid pipeline spec: vector_index.ann.num_sub_vectors: "
+        "7 does not divide the embedder's 384 dimensions (embedder.dimensions)"
+    )
+
+
+def test_an_ann_field_is_named_as_the_file_spells_it(tmp_path: Path):
+    text = DEFAULT.replace(
+        VECTOR_INDEX, VECTOR_INDEX + "  ann: {kind: ivf_pq, num_partitions: 4, num_sub_vectors: 8, num_bits: 5}\n"
+    )
+    assert refusal(tmp_path, text) == ": invalid pipeline spec: vector_index.ann.num_bits: Input should be 4 or 8"
+    text = DEFAULT.replace(VECTOR_INDEX, VECTOR_INDEX + "  ann: {kind: flat}\n")
+    assert refusal(tmp_path, text).startswith(
+        ": invalid pipeline spec: vector_index.ann: Input tag 'flat' found using 'kind' does not match any of the expected tags"
+    )
+
+
+def test_a_manifest_whose_pq_index_cannot_fit_its_embedder_is_refused():
+    from ragpipe.bundle.manifest import BundleCounts, BundleSemantic, StageSpecRecord, make_manifest
+    from ragpipe.bundle.payload_checks import check_specs
+    from ragpipe.spec import SEMANTIC, VectorIndexSpec, own_spec_id
+
+    default = load_pipeline_spec()
+    vector = VectorIndexSpec.model_validate({"ann": {"kind": "ivf_pq", "num_partitions": 2, "num_sub_vectors": 5}})
+    specs = {
+        "embeddings": StageSpecRecord(
+            spec_id=default.own_spec_ids["embeddings"], spec=default.embedder.model_dump(mode="json", context=SEMANTIC)
+        ),
+        "vector_index": StageSpecRecord(
+            spec_id=own_spec_id("vector_index", vector), spec=vector.model_dump(mode="json", context=SEMANTIC)
+        ),
+    }
+    sem = BundleSemantic(
+        corpus_digest="sha256:" + "1" * 64,
+        default_scope="public",
+        specs=specs,
+        chunk_set_digest="sha256:" + "3" * 64,
+        representation_set_digest="sha256:" + "4" * 64,
+        has_vector_index=True,
+        counts=BundleCounts(documents=1, chunks=1, representations=1, lexical_documents=1, vectors=1),
+    )
+    assert check_specs(make_manifest(sem, None, [], None)) == [
+        "manifest.json: specs.vector_index: ann.num_sub_vectors: 5 does not divide the embedder's 384 dimensions "
+        "(embedder.dimensions)"
+    ]

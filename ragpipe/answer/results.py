@@ -78,4 +78,5 @@ class AnswerResult:
             "plan_id": self.query.plan_id,
             "bundle_id": self.query.bundle_id,
             "subject": self.query.subject.as_dict(),
+            **({"approximate": True} if self.query.approximate else {}),  # the evidence came through ANN search
         }

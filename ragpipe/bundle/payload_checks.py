@@ -37,6 +37,7 @@ from ragpipe.spec import (
     RepresentationSpec,
     SnapshotSpec,
     VectorIndexSpec,
+    ann_dimension_problem,
     own_spec_id,
 )
 
@@ -76,7 +77,18 @@ def check_specs(manifest: BundleManifest) -> list[str]:
             problems.append(
                 f"manifest.json: specs.{stage}: spec_id {record.spec_id} does not recompute from its spec ({actual})"
             )
-    return problems
+    return problems or _ann_problems(manifest)
+
+
+def _ann_problems(manifest: BundleManifest) -> list[str]:
+    """The vector index's ANN index fits the embedder's dimensions (``spec.ann_dimension_problem``)."""
+    specs = manifest.semantic.specs
+    if "vector_index" not in specs or "embeddings" not in specs:
+        return []
+    ann = VectorIndexSpec.model_validate(specs["vector_index"].spec, context=RECORDED).ann
+    dimensions = EmbedderSpec.model_validate(specs["embeddings"].spec, context=RECORDED).dimensions
+    problem = ann_dimension_problem(ann, dimensions)
+    return [] if problem is None else [f"manifest.json: specs.vector_index: ann.num_sub_vectors: {problem}"]
 
 
 def check_documents(documents: list[Document], manifest: BundleManifest) -> list[str]:
@@ -230,8 +242,10 @@ def check_vector_table(root: Path, manifest: BundleManifest, expected: list[Inde
     if not problems:
         problems += check_vectors([str(r["representation_id"]) for r in stored], _matrix(table), manifest)
     if not problems:
-        metric = VectorIndexSpec.model_validate(manifest.semantic.specs["vector_index"].spec).metric
-        problems += search_path_problems(root / "vector", metric, [row.access_scopes for row in expected])
+        spec = VectorIndexSpec.model_validate(manifest.semantic.specs["vector_index"].spec, context=RECORDED)
+        problems += search_path_problems(
+            root / "vector", spec.metric, [row.access_scopes for row in expected], spec.ann
+        )
     return problems
 
 

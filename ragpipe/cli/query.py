@@ -176,6 +176,7 @@ def query(
         emit_json(data)
         return
     served = f" · release {data['release_id'][:19]}…" if "release_id" in data else ""
+    served += " · approximate vector search" if data.get("approximate") else ""
     out.print(
         f"[bold]{len(data['hits'])} hits[/] · mode {data['mode']} · scopes {', '.join(result.subject.scopes)} · plan {data['plan_id'][:19]}…{served}"
     )

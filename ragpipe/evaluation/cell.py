@@ -12,7 +12,9 @@ retriever's own objects.
 Metrics per cell: the ranking metrics of the spec on the final hits collapsed to the case's target
 level (answerable cases only: an unanswerable case has no relevant target), the safety metric
 over every hit (and, with answers, every evidence item and citation the subject was shown), and
-the answer metrics when the run generates answers. Latency is the query's wall time in ms
+the answer metrics when the run generates answers, and ``ann_recall@10`` when its plan searches
+vectors approximately (``ragpipe.evaluation.ann``: both top-10 lists go into the trace). Latency is
+the query's wall time in ms
 (execution data: recorded and reported, never in an ID); ``answer_ms`` is the answer step's and
 ``answer_usage`` what it took from a model (``ragpipe.answer.results.AnswerUsage``: calls,
 tokens, micros — a cached answer's are those of the call that produced it).
@@ -28,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from ragpipe.answer.answering import answer as answer_question
+from ragpipe.evaluation.ann import ANN_RECALL_K, ann_recall, measures_ann
 from ragpipe.evaluation.eval_spec import SpecBody
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.run_state import CellKey, cell_dict
@@ -128,10 +131,22 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> 
             seen += [(document, scopes) for _, document, scopes in shown]
             outcome = "abstained" if answer["abstained"] else "success"
         metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, seen, default_scopes=body.scopes)
+        comparison = None
+        if measures_ann(body.metrics):  # after the timed query: latency stays the query's own
+            comparison = retriever.ann_comparison(case.query, subject, k=ANN_RECALL_K, filter=case.filter)
+            metrics.update(ann_recall(comparison.approximate_ids, comparison.exact_ids))
         record = {"cell": cell, "outcome": outcome, "metrics": metrics, "latency_ms": latency, **extra}
         if result.rankings is None:
             raise RuntimeError("the retriever returned no rankings for a query that asked for them")
-        rows = hit_table(cell, result.rankings, result.hits, hit_scopes, shown, reranked=retriever.reranker is not None)
+        rows = hit_table(
+            cell,
+            result.rankings,
+            result.hits,
+            hit_scopes,
+            shown,
+            reranked=retriever.reranker is not None,
+            ann=comparison,
+        )
     except Exception as exc:  # a cell's failure is recorded and counted; the run goes on
         return CellRun(
             "CellFailed", {"cell": cell, "outcome": "failure", "error": _nfc(f"{type(exc).__name__}: {exc}")}

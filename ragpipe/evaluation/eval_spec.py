@@ -4,7 +4,8 @@
 plan ID (its answer plan included), the mode, the subject's scopes (the run's default; a case's
 own subject overrides it), the retrieval depth ``k``, the metric specs with their cutoffs, the
 repeats, the arm label, whether answers are generated, and the evaluator version. The spec ID is
-``content_id("evaluation-spec", 1, body)``. Never in it: the run folder, the run ID, time, host,
+``content_id("evaluation-spec", 1, body)``; a plan that searches vectors approximately adds the
+metric ``ann_recall@10`` (``ragpipe.evaluation.ann``), an exact one adds nothing. Never in it: the run folder, the run ID, time, host,
 thread counts, the bundle's path (a bundle is named by its ID) or the subject's principal (policy
 scope-intersection/v1 decides on scopes only).
 
@@ -22,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragpipe.corpus.models import SCOPE_PATTERN
+from ragpipe.evaluation.ann import ann_metric_specs
 from ragpipe.evaluation.metrics import MetricSpec, default_metric_specs
 from ragpipe.evaluation.safety import answer_metric_specs, safety_metric_specs
 from ragpipe.evaluation.suite import Suite
@@ -74,10 +76,24 @@ class SpecBody(BaseModel):
         return tuple(m for m in self.metrics if m.is_ranking)
 
 
-def metric_specs(cutoffs: Mapping[str, int] | None = None, answers: bool = False) -> tuple[MetricSpec, ...]:
-    """Ranking metrics (``cutoffs`` per family), the safety metric, and the answer metrics when
-    the run generates answers — in that fixed order."""
-    return default_metric_specs(cutoffs) + safety_metric_specs() + (answer_metric_specs() if answers else ())
+def metric_specs(
+    cutoffs: Mapping[str, int] | None = None, answers: bool = False, ann: bool = False
+) -> tuple[MetricSpec, ...]:
+    """Ranking metrics (``cutoffs`` per family), the safety metric, the answer metrics when the
+    run generates answers, and ``ann_recall@10`` when its plan searches vectors approximately
+    (``ragpipe.evaluation.ann``) — in that fixed order."""
+    return (
+        default_metric_specs(cutoffs)
+        + safety_metric_specs()
+        + (answer_metric_specs() if answers else ())
+        + (ann_metric_specs() if ann else ())
+    )
+
+
+def searches_approximately(plan: QueryPlan, mode: str) -> bool:
+    """Whether queries of ``mode`` under ``plan`` search vectors approximately (and so a run
+    measures ``ann_recall@10``)."""
+    return plan.approximate and mode in ("hybrid", "vector")
 
 
 @dataclass(frozen=True)
@@ -118,7 +134,7 @@ class EvaluationSpec:
             mode=mode,
             scopes=tuple(scopes),
             k=k,
-            metrics=metric_specs(cutoffs, answers),
+            metrics=metric_specs(cutoffs, answers, searches_approximately(plan, mode)),
             repeats=repeats,
             arm=arm,
             answers=answers,

@@ -13,7 +13,10 @@ from its trace (already checked against the record's digest) and the run's bound
   the case's judgments — all cells in one ``score_cases`` call;
 * ``unauthorized_disclosures`` equals the count over the final and shown rows and their scopes;
 * with answers, the answer metrics equal ``safety.answer_metrics`` of the recorded answer, and
-  the outcome is ``abstained`` exactly when the answer abstained.
+  the outcome is ``abstained`` exactly when the answer abstained;
+* in a run that measures ``ann_recall@10`` (an approximate plan), it equals ``recall_of`` the
+  trace's ``ann_approximate`` and ``ann_exact`` lists, which must be lists one comparison could
+  produce (``ragpipe.evaluation.ann.check_ann_rows``); in any other run no cell may claim it.
 
 Not recomputable, and so never a reason to trust a run: the latencies (observations), and whether
 a trace's rows are what the retriever would return today (the bundle's determinism, not custody;
@@ -32,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ragpipe.evaluation.ann import ANN_STAGES, ann_recall, check_ann_rows, measures_ann
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.ledger import LEDGER, Record
 from ragpipe.evaluation.metrics import collapse, score_cases
@@ -45,14 +49,25 @@ RECORD_ONLY = ("hits", "trace")  # record keys the trace's metadata does not rep
 
 
 ROW_FIELDS = ["stage", "rank", "chunk_id", "document_id", "access_scopes"]
+ANN_FIELDS = ["stage", "rank", "representation_id", "score"]  # read only for runs that measure ANN recall
 
 
-def _stage(table: pa.Table, stage: str) -> dict[str, list[Any]]:
+def _stage(table: pa.Table, stage: str, fields: Sequence[str] = ROW_FIELDS) -> dict[str, list[Any]]:
     """The columns of one stage's rows, by rank (filtered and sorted in Arrow, columns to Python
     lists: a cell has ~5,000 rows at k = 1000, and one dict per row was a third of the time)."""
     part = table.filter(pc.equal(table["stage"], stage))
     part = part.take(pc.sort_indices(part["rank"]))
-    return {name: part[name].to_pylist() for name in ROW_FIELDS}
+    return {name: part[name].to_pylist() for name in fields}
+
+
+def _ann_metrics(table: pa.Table, where: str) -> dict[str, float]:
+    """``ann_recall@10`` recomputed from the cell's two top-10 lists, after checking that one
+    comparison could have produced them (``ragpipe.evaluation.ann.check_ann_rows``)."""
+    approximate, exact = (_stage(table, stage, ANN_FIELDS) for stage in ANN_STAGES)
+    problem = check_ann_rows(approximate, exact)
+    if problem is not None:
+        raise TraceError(f"{where}: {problem}")
+    return ann_recall(approximate["representation_id"], exact["representation_id"])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -156,7 +171,8 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
     judged: dict[str, Mapping[str, int]] = {}
     ranked: dict[str, list[str]] = {}
     completed = [r for r in records if r.kind == "CellCompleted"]
-    traces = TraceReader(run, ROW_FIELDS)
+    ann = measures_ann(body.metrics)
+    traces = TraceReader(run, ROW_FIELDS + ANN_FIELDS if ann else ROW_FIELDS)
     for record in completed:
         where = f"{run / LEDGER}: record {record.seq}"
         case = cases.get(record.payload["cell"]["case"])
@@ -177,6 +193,8 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
         elif answer is not None or record.payload["outcome"] != "success":
             raise TraceError(f"{where}: an answer or abstention in a run that generates no answers")
         metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)
+        if ann:
+            metrics.update(_ann_metrics(table, where))
         if case.answerability == "answerable":
             judged[str(record.seq)], ranked[str(record.seq)] = case.judgments, targets
         recomputed[record.seq] = metrics

@@ -12,7 +12,11 @@ Rows (``HIT_SCHEMA``), one per ranked item, each naming its cell (``case_id``, `
 * ``final`` — the hits returned for the query (after any reranker), rank 1..k, with each hit's
   ``access_scopes`` (canonical JSON list);
 * ``shown`` — what the answer step showed the subject beyond the hits (the context's evidence,
-  then the cited sources), rank 1..n, with ``access_scopes``; absent without answers.
+  then the cited sources), rank 1..n, with ``access_scopes``; absent without answers;
+* ``ann_approximate`` and ``ann_exact`` — in runs whose plan searches vectors approximately, the
+  approximate searcher's top 10 rows and exact search's for the cell's query (channel ``vector``,
+  rank, representation, chunk, document, exact score): what ``ann_recall@10`` is computed from
+  (``ragpipe.evaluation.ann``).
 
 What the metrics were computed on — the final hits collapsed to the case's target level — is
 not stored: verification derives it from the ``final`` rows (``recompute.py``).
@@ -40,10 +44,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragpipe.evaluation.ann import APPROXIMATE_STAGE, EXACT_STAGE
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.kernel.publish import write_file_atomic
-from ragpipe.retrieval.results import Rankings
+from ragpipe.retrieval.results import AnnComparison, Rankings
 
 TRACES = "traces"
 CELLS_METADATA_KEY = b"ragpipe.cells"
@@ -101,10 +106,11 @@ def hit_table(
     shown: Sequence[Shown] = (),
     *,
     reranked: bool = False,
+    ann: AnnComparison | None = None,
 ) -> pa.Table:
     """The rows of one cell (module docstring) from a query's rankings, its hits (with the access
     scopes of each, in order) and the items the answer step showed; the fused list only when
-    ``reranked``.
+    ``reranked``; the two top-10 lists of ``ann`` (a run of an approximate plan).
 
     Columns are transposed with ``zip`` over the hits' tuples — in C, not a Python loop per row:
     this runs for ~3,000 rows per cell at k = 1000 (docs/benchmarks.md, evaluation runs)."""
@@ -115,12 +121,16 @@ def hit_table(
     chunk: list[Any] = []
     doc: list[Any] = []
     score: list[Any] = []
-    for name, ranked in rankings.channels.items():
+    blocks = [("channel", name, ranked) for name, ranked in rankings.channels.items()]
+    if ann is not None:  # rows with representation IDs come first: see the column below
+        for stage, found in ((APPROXIMATE_STAGE, ann.approximate), (EXACT_STAGE, ann.exact)):
+            blocks.append((stage, "vector", list(enumerate(found, start=1))))
+    for stage, name, ranked in blocks:
         if not ranked:
             continue
         ranks, found = zip(*ranked)
         _, p, c, d, sc = zip(*found)  # Hit: channel, representation, chunk, document, score
-        stages.append(("channel", len(ranked)))
+        stages.append((stage, len(ranked)))
         channels.append((name, len(ranked)))
         rank += ranks
         rep += p

@@ -2,9 +2,15 @@
 
 Names are the evaluation report's: the ranking families ``ndcg``, ``recall``, ``mrr``, ``precision``, ``hit``
 and ``relevant_recall`` at any positive cutoff (``ndcg@10``), the safety count
-``unauthorized_disclosures`` and the answer rates. A policy naming anything else is refused at
-load (a typo must not silently disable a check); a run declaring a known metric with another
-direction is refused at decision time.
+``unauthorized_disclosures``, the answer rates and ``ann_recall@10`` (runs of an approximate query
+plan). A policy naming anything else is refused at load (a typo must not silently disable a
+check); a run declaring a known metric with another direction is refused at decision time.
+
+``ARM_ONLY`` metrics describe how one arm serves — the recall of its ANN index against exact
+search — not a paired measurement of the cases: one arm may declare them when the other does not
+(an exact incumbent and an approximate challenger still pair), so a policy bounds them under
+``hard`` or ``bootstrap_floors`` (read from the challenger alone), never as a target or a
+regression limit.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ NAMED: dict[str, KnownMetric] = {
         KnownMetric("abstention_rate", "lower", 0.0, 1.0),
         KnownMetric("correct_abstention_rate", "higher", 0.0, 1.0),
         KnownMetric("citation_precision", "higher", 0.0, 1.0),
+        KnownMetric("ann_recall@10", "higher", 0.0, 1.0),
     )
 }
+ARM_ONLY = frozenset({"ann_recall@10"})
 
 KNOWN_NAMES = "ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, " + ", ".join(NAMED)
 

@@ -214,14 +214,17 @@ def outcome(checks: tuple[Check, ...]) -> tuple[bool, str | None]:
     return decisive is None, decisive
 
 
-def _hard(policy: GatePolicy, arm: ArmSummary, coords: Coordinates, gap: str | None = None) -> list[Check]:
+def _hard(policy: GatePolicy, arm: ArmSummary, gap: str | None = None) -> list[Check]:
+    """The hard bounds on the challenger's aggregates (``arm``: its summary, whose metrics are
+    the ones it declares)."""
     out = []
     for name, bound in sorted(policy.hard.items()):
         for op, threshold in ((">=", bound.min), ("<=", bound.max)):
             if threshold is None:
                 continue
             key = "min" if op == ">=" else "max"
-            if bound.if_measured and coords.metric(name) is None:
+            # the challenger's own declarations: an arm-only metric (ANN recall) need not be shared
+            if bound.if_measured and name not in arm.aggregates:
                 label = f"hard {key} {name}"
                 out.append(
                     Check(
@@ -336,7 +339,7 @@ def _floors(name: str, summary: ArmSummary, floors: dict[str, float], missing: s
 
 
 def _paired(policy: GatePolicy, c: Comparison, gap: str | None = None, change: Change | None = None) -> list[Check]:
-    checks = _hard(policy, c.challenger, c.coordinates, gap)
+    checks = _hard(policy, c.challenger, gap)
     new_cells = c.new_coverage.cells if c.new_coverage is not None else 0
     checks.append(
         check("coverage", "paired_cells", float(len(c.certificate.cells)), "==", float(c.challenger.cells - new_cells))
@@ -495,7 +498,7 @@ def _build_cost(policy: GatePolicy, challenger: ArmSummary, incumbent: ArmSummar
 
 def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
     summary, gap = summarize(arm), no_evaluable_case(arm)
-    checks = _hard(policy, summary, arm.coordinates, gap)
+    checks = _hard(policy, summary, gap)
     checks.append(check("coverage", "terminal_cells", float(summary.cells), "==", float(len(arm.expected))))
     checks += _failed_rates(policy, {"challenger": summary}, gap)
     checks.append(
@@ -514,6 +517,8 @@ def _check_fit(policy: GatePolicy, coords: Coordinates, comparison: Comparison |
             )
     optional = {name for name, bound in policy.hard.items() if bound.if_measured}
     declared = {m.name for m in coords.metrics}
+    if comparison is not None:  # an arm-only metric (ANN recall) the challenger alone measures
+        declared |= set(comparison.challenger.aggregates)
     unknown = sorted(policy.metrics() - optional - declared)
     if unknown:
         raise GateError(

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_serializer
 
-from ragpipe.experiment.catalog import KNOWN_NAMES, known_metric
+from ragpipe.experiment.catalog import ARM_ONLY, KNOWN_NAMES, known_metric
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml_lines
@@ -215,6 +215,17 @@ class _Reader:
             raise self.fail(path, f"unknown metric {name!r} (known: {KNOWN_NAMES})")
         return known
 
+    def paired_metric(self, name: Any, path: str):
+        """A metric compared case by case between the arms (a target or a regression limit)."""
+        known = self.metric(name, path)
+        if known.name in ARM_ONLY:
+            raise self.fail(
+                path,
+                f"{known.name} describes one arm's index, not a paired measurement of the cases: "
+                "bound it under hard (or bootstrap_floors)",
+            )
+        return known
+
     def in_range(self, name: str, value: Any, path: str) -> float:
         """A threshold on metric ``name``: finite and inside the metric's range."""
         known = self.metric(name, path)
@@ -225,7 +236,7 @@ class _Reader:
         return number
 
     def loss(self, name: str, value: Any, path: str) -> float:
-        known = self.metric(name, path)
+        known = self.paired_metric(name, path)
         width = None if known.hi is None else known.hi - known.lo
         number = self.number(value, path, 0.0)
         if width is not None and number > width:
@@ -287,7 +298,7 @@ def _refresh(r: _Reader, raw: Any, metric: str) -> RefreshPolicy:
 def _target(r: _Reader, raw: Any) -> TargetPolicy:
     keys = ("metric", "min_improvement", "evidence", "alpha")
     spec = r.mapping(raw, "target", keys, keys)
-    r.metric(spec["metric"], "target.metric")
+    r.paired_metric(spec["metric"], "target.metric")
     if spec["evidence"] not in ("ci_lower", "p_value"):
         raise r.fail("target.evidence", f"must be ci_lower or p_value, got {spec['evidence']!r}")
     return TargetPolicy(

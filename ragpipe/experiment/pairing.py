@@ -3,7 +3,8 @@
 ``pair(incumbent, challenger)`` refuses, with a ``PairingError`` naming the arm and the cell or
 coordinate, in this order: the same run on both sides; arm labels that contradict the roles
 (a run labelled ``incumbent`` passed as the challenger, or the reverse); differing comparison
-coordinates (first differing field, in declaration order); an arm whose cells are not exactly
+coordinates (first differing field, in declaration order; an arm-only metric such as ANN recall
+that only one run declares is left out: ``shared_coordinates``); an arm whose cells are not exactly
 its expected cells (a duplicate, a missing or an unexpected cell, a cell of a skipped case);
 differing skipped cases; differing expected cells; differing tags of a case.
 
@@ -29,6 +30,7 @@ from pydantic import model_serializer
 
 from ragpipe.evaluation.suite import MISSING_TARGETS, NO_POSITIVE_JUDGMENT
 from ragpipe.experiment.arms import ArmRef, ArmRun, CellKey, CellOutcome, Coordinates
+from ragpipe.experiment.catalog import ARM_ONLY
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 
@@ -85,7 +87,18 @@ def _check_roles(incumbent: ArmRun, challenger: ArmRun) -> None:
             raise PairingError(f"{_label(side, arm)} is labelled {other!r}: the arguments are swapped")
 
 
+def shared_coordinates(incumbent: Coordinates, challenger: Coordinates) -> Coordinates:
+    """``incumbent`` without the arm-only metrics (``catalog.ARM_ONLY``: ANN recall) that only one
+    of the two runs declares: what a pairing compares. Equal coordinates are their own."""
+    one_sided = ARM_ONLY & ({m.name for m in incumbent.metrics} ^ {m.name for m in challenger.metrics})
+    if not one_sided:
+        return incumbent
+    return incumbent.model_copy(update={"metrics": tuple(m for m in incumbent.metrics if m.name not in one_sided)})
+
+
 def _check_coordinates(incumbent: Coordinates, challenger: Coordinates) -> None:
+    # an arm-only metric declared by one run only is that run's own (an exact incumbent, an approximate challenger)
+    incumbent, challenger = shared_coordinates(incumbent, challenger), shared_coordinates(challenger, incumbent)
     for name in Coordinates.model_fields:
         a, b = getattr(incumbent, name), getattr(challenger, name)
         if a != b and name == "metrics":
@@ -206,7 +219,8 @@ class Pairing:
 
     @property
     def coordinates(self) -> Coordinates:
-        return self.incumbent.coordinates
+        """What both runs declare alike (``shared_coordinates``)."""
+        return shared_coordinates(self.incumbent.coordinates, self.challenger.coordinates)
 
     def case_tags(self, case_id: str) -> tuple[str, ...]:
         return tuple(sorted(set(self.incumbent.tags.get(case_id, ()))))
@@ -238,7 +252,7 @@ def pair(incumbent: ArmRun, challenger: ArmRun, *, coverage_change: bool = False
     certificate = PairingCertificate(
         incumbent=incumbent.ref(),
         challenger=challenger.ref(),
-        coordinates_id=coordinates_id(incumbent.coordinates),
+        coordinates_id=coordinates_id(shared_coordinates(incumbent.coordinates, challenger.coordinates)),
         cells=keys,
         skipped=tuple(sorted((c, r) for c, r in incumbent.skipped.items() if c not in new)),
         failures=tuple(

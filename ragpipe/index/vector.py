@@ -8,6 +8,11 @@ scores are the project's own (``ragpipe.index.vector_memory``), because lance's 
 are chosen per CPU at run time and round differently from one host to another. Tables of
 ``IVF_MIN_ROWS`` rows or more get an IVF_FLAT index (full vectors, no quantisation) that
 ``VectorSearcher`` probes in full, so its searches rank every vector by lance's own distances.
+
+A vector-index spec with ``ann`` gets that approximate-nearest-neighbour index instead (named
+``ANN_INDEX_NAME``: IVF_HNSW_SQ or IVF_PQ, with the spec's parameters; no IVF_FLAT beside it, so
+lance never has two vector indexes to choose from). It serves only approximate query plans
+(``ragpipe.index.vector_ann``), as a source of candidates; ``VectorSearcher.search`` bypasses it.
 """
 
 from __future__ import annotations
@@ -22,23 +27,36 @@ from typing import Any, TypeVar
 import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.index import IvfFlat, LabelList
+from lancedb.index import HnswSq, IvfFlat, IvfPq, LabelList
 
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate, selection_predicate
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.selection import Selection
+from ragpipe.spec import HnswSqIndex, PqIndex
 
 T = TypeVar("T")
 TABLE_NAME = "representations"
 VECTOR_INDEX_NAME = "vector_idx"
+ANN_INDEX_NAME = "vector_ann"
+PQ_8BIT_MIN_ROWS = 256  # an 8-bit product quantiser's codebook has 256 centroids per sub-vector
 
 
-def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarray, metric: str = "cosine") -> int:
-    """Write the lancedb table into folder ``directory``; returns its row count."""
+def build_vector_index(
+    directory: Path,
+    rows: list[IndexRow],
+    vectors: np.ndarray,
+    metric: str = "cosine",
+    ann: HnswSqIndex | PqIndex | None = None,
+) -> int:
+    """Write the lancedb table into folder ``directory``; returns its row count. ``ann``: the
+    spec's approximate-nearest-neighbour index, built instead of IVF_FLAT (``ValueError``, one
+    line, when lance cannot build it over every row)."""
     if len(rows) != len(vectors):
         raise ValueError(f"{len(rows)} rows but {len(vectors)} vectors")
+    if ann is not None and not rows:
+        raise ValueError(f"vector_index.ann: a {ann.kind} index trains on the table's vectors, and there are none")
     dim = vectors.shape[1]
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
     table = pa.table(
@@ -56,11 +74,40 @@ def build_vector_index(directory: Path, rows: list[IndexRow], vectors: np.ndarra
     db = lancedb.connect(str(directory))
     created = db.create_table(TABLE_NAME, data=table)
     created.create_index("access_scopes", config=LabelList())
-    if (partitions := ivf_partitions(len(rows))) is not None:
+    if ann is not None:
+        _create_ann_index(created, metric, ann, len(rows))
+    elif (partitions := ivf_partitions(len(rows))) is not None:
         created.create_index(
             "vector", config=IvfFlat(distance_type=metric, num_partitions=partitions), name=VECTOR_INDEX_NAME
         )
     return vector_row_count(directory)
+
+
+def _create_ann_index(table, metric: str, ann: HnswSqIndex | PqIndex, rows: int) -> None:
+    """Build the spec's ANN index (lance's k-means and graph builds are not seeded: the index files
+    differ from build to build, never the rows or vectors) and check that it covers every row —
+    lance creates an 8-bit IVF_PQ index over fewer than 256 rows without indexing any."""
+    if isinstance(ann, HnswSqIndex):
+        config: HnswSq | IvfPq = HnswSq(
+            distance_type=metric, num_partitions=ann.num_partitions, m=ann.m, ef_construction=ann.ef_construction
+        )
+    else:
+        config = IvfPq(
+            distance_type=metric,
+            num_partitions=ann.num_partitions,
+            num_sub_vectors=ann.num_sub_vectors,
+            num_bits=ann.num_bits,
+        )
+    table.create_index("vector", config=config, name=ANN_INDEX_NAME)
+    stats = table.index_stats(ANN_INDEX_NAME)
+    if stats is None or stats.num_indexed_rows != rows or stats.num_unindexed_rows:
+        indexed = 0 if stats is None else stats.num_indexed_rows
+        hint = (
+            f" (an 8-bit product quantiser trains on at least {PQ_8BIT_MIN_ROWS} rows: use num_bits: 4)"
+            if isinstance(ann, PqIndex) and ann.num_bits == 8 and rows < PQ_8BIT_MIN_ROWS
+            else ""
+        )
+        raise ValueError(f"vector_index.ann: lance's {ann.kind} index covers {indexed} of {rows} rows{hint}")
 
 
 def vector_row_count(directory: Path) -> int:
@@ -129,14 +176,20 @@ class VectorSearcher:
         self._loops = _ThreadLoops()
         run = self._loops.run
         self.table = run(self._open(directory))
-        indexed = any(i.name == VECTOR_INDEX_NAME for i in run(self.table.list_indices()))
+        names = {i.name for i in run(self.table.list_indices())}
         # probing every partition keeps the search exact (see module docstring)
-        self.nprobes = ivf_partitions(run(self.table.count_rows())) if indexed else None
+        self.nprobes = ivf_partitions(run(self.table.count_rows())) if VECTOR_INDEX_NAME in names else None
+        # an ANN index is searched only through ``ann_rows``; ``search`` scans past it
+        self.ann_indexed = ANN_INDEX_NAME in names
         self.dimension: int = run(self.table.schema()).field("vector").type.list_size
         # lancedb row IDs -> our row positions, read once: a search then returns only _rowid and
-        # _distance, and skips the per-search read of the ``row`` column (~0.4 ms).
+        # _distance, and skips the per-search read of the ``row`` column (~0.4 ms). Two sorted
+        # arrays, not a dict: 16 bytes a row (a million-row table's dict would take ~100 MB).
         ids = run(self.table.query().select(["row"]).with_row_id().to_arrow())
-        self._row_of = dict(zip(ids.column("_rowid").to_pylist(), ids.column("row").to_pylist()))
+        rowids = ids.column("_rowid").to_numpy().astype(np.uint64)
+        order = np.argsort(rowids, kind="stable")
+        self._rowids = rowids[order]
+        self._row_at = ids.column("row").to_numpy().astype(np.intp)[order]
 
     @staticmethod
     async def _open(directory: Path):
@@ -161,24 +214,57 @@ class VectorSearcher:
         query = self.table.query().nearest_to(vector.astype(np.float32)).distance_type(self.metric)
         if self.nprobes is not None:
             query = query.nprobes(self.nprobes)
-        predicate = scope_predicate(scopes)
-        if source_roles:
-            predicate = f"{predicate} AND {role_predicate(source_roles)}"
-        if selection is not None and not selection.everything:
-            predicate = f"{predicate} AND {selection.compiled('lancedb', lambda: selection_predicate(selection))}"
-        if exclude_documents:
-            predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
+        elif self.ann_indexed:
+            query = query.bypass_vector_index()
         # where() on a vector query is a prefilter unless postfilter() is asked for
+        predicate = _predicate(scopes, exclude_documents, source_roles, selection)
         query = query.where(predicate).select(["_distance"]).with_row_id().limit(k)
         result = self._loops.run(query.to_arrow())
-        row_of, rows = self._row_of, self.rows
+        rows = self.rows
+        positions = self._positions(result.column("_rowid").to_numpy()).tolist()
         distances = result.column("_distance").to_pylist()
         # cosine/dot distances are 1 - similarity; l2 is a distance: negate so higher is better.
         sign, offset = (-1.0, 0.0) if self.metric == "l2" else (-1.0, 1.0)
-        return [
-            Hit("vector", *rows[row_of[rowid]], offset + sign * d)
-            for rowid, d in zip(result.column("_rowid").to_pylist(), distances)
-        ]
+        return [Hit("vector", *rows[i], offset + sign * d) for i, d in zip(positions, distances)]
+
+    def ann_rows(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        scopes: tuple[str, ...],
+        exclude_documents: Collection[str] = (),
+        source_roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
+        *,
+        nprobes: int,
+        ef: int,
+    ) -> np.ndarray:
+        """Positions of up to ``limit`` rows the table's ANN index finds nearest to ``vector``,
+        probing ``nprobes`` IVF partitions (exactly: lance's adaptive extra probing is off) with
+        ``ef`` graph candidates (HNSW; raised to ``limit``, the most a graph search returns),
+        prefiltered like ``search``. Candidates, not a ranking: their order and distances are the
+        index's quantised ones, which callers do not use (``ragpipe.index.vector_ann``)."""
+        if not self.ann_indexed:
+            raise ValueError("this vector table has no ANN index")
+        if not scopes or (selection is not None and selection.empty):
+            return np.empty(0, dtype=np.intp)
+        query = (
+            self.table.query()
+            .nearest_to(vector.astype(np.float32))
+            .distance_type(self.metric)
+            .nprobes(nprobes)  # minimum and maximum: lance probes no more on a narrow filter
+            .ef(max(ef, limit))
+        )
+        predicate = _predicate(scopes, exclude_documents, source_roles, selection)
+        query = query.where(predicate).select(["_distance"]).with_row_id().limit(limit)
+        return self._positions(self._loops.run(query.to_arrow()).column("_rowid").to_numpy())
+
+    def _positions(self, rowids: np.ndarray) -> np.ndarray:
+        """Our row positions of lancedb row IDs (every one a row of this table)."""
+        found = np.searchsorted(self._rowids, rowids.astype(np.uint64))
+        if found.size and (found.max() >= len(self._rowids) or (self._rowids[found] != rowids).any()):
+            raise ValueError("lancedb returned a row ID the table did not hold when it was opened")
+        return self._row_at[found]
 
     @property
     def indexed(self) -> bool:
@@ -199,6 +285,23 @@ class VectorSearcher:
     def close(self) -> None:
         """Close the event loops. Call once no search is in flight."""
         self._loops.close()
+
+
+def _predicate(
+    scopes: tuple[str, ...],
+    exclude_documents: Collection[str],
+    source_roles: tuple[str, ...],
+    selection: Selection | None,
+) -> str:
+    """The lancedb prefilter of a search: scopes, roles, metadata selection, excluded documents."""
+    predicate = scope_predicate(scopes)
+    if source_roles:
+        predicate = f"{predicate} AND {role_predicate(source_roles)}"
+    if selection is not None and not selection.everything:
+        predicate = f"{predicate} AND {selection.compiled('lancedb', lambda: selection_predicate(selection))}"
+    if exclude_documents:
+        predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
+    return predicate
 
 
 def read_vector_rows(directory: Path) -> pa.Table:

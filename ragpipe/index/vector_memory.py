@@ -99,6 +99,7 @@ class MemoryVectorSearcher:
     source role."""
 
     engine = "memory"  # which engine serves (``ragpipe.retrieval.vector_engine``): in no ID
+    approximate = False  # every search ranks all visible rows (``vector_ann`` ranks candidates)
 
     def __init__(
         self,
@@ -146,11 +147,38 @@ class MemoryVectorSearcher:
         out); every filter applies before the top ``k``. A row is visible if its scopes intersect
         ``scopes``; scope and role names are checked as the lancedb prefilter checks them
         (``ValueError``). Order: score descending, then row; rows whose score is not finite are left out."""
-        tables = self._tables
-        if tables is None:
-            raise RuntimeError("vector searcher is closed")
-        if not scopes:
+        tables = self._tables_or_closed()  # one reference: a search finishes on the state it started with
+        prepared = self._prepare(tables, vector, k, scopes, exclude_documents, source_roles, selection)
+        if prepared is None:
             return []
+        chosen, scores = self._best(tables, *prepared, k)
+        return self._hits(chosen, scores)
+
+    def prepare(
+        self,
+        vector: np.ndarray,
+        k: int,
+        scopes: tuple[str, ...],
+        exclude_documents: Collection[str] = (),
+        source_roles: tuple[str, ...] = (),
+        selection: Selection | None = None,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A search's arguments checked as ``search`` checks them: (the float32 query, the
+        ascending positions of the visible rows), or None when no row is visible."""
+        return self._prepare(self._tables_or_closed(), vector, k, scopes, exclude_documents, source_roles, selection)
+
+    def _prepare(
+        self,
+        tables: _Tables,
+        vector: np.ndarray,
+        k: int,
+        scopes: tuple[str, ...],
+        exclude_documents: Collection[str],
+        source_roles: tuple[str, ...],
+        selection: Selection | None,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        if not scopes:
+            return None
         scope_predicate(scopes)  # the same validation, and error, as the lancedb prefilter
         if source_roles:
             role_predicate(source_roles)
@@ -164,17 +192,36 @@ class MemoryVectorSearcher:
         if selection is not None and len(selection.rows) != len(self.rows):
             raise ValueError(f"selection covers {len(selection.rows)} rows, this searcher has {len(self.rows)}")
         visible = _visible(tables, scopes, exclude_documents, source_roles, selection)
-        if visible.size == 0:
-            return []
-        chosen, scores = self._best(tables, query, visible, k)
+        return None if visible.size == 0 else (query, visible)
+
+    def ranked(self, query: np.ndarray, candidates: np.ndarray, k: int) -> list[Hit]:
+        """The ``k`` best of the ``candidates`` rows (distinct positions among ``prepare``'s
+        visible rows) by exact score: the ranking rule and tie order of ``search`` applied to a
+        subset, with the same score bits for the same row and query."""
+        return self._hits(*self._rank(self._tables_or_closed(), query, candidates, k))
+
+    def _hits(self, chosen: np.ndarray, scores: np.ndarray) -> list[Hit]:
         rows = self.rows
         return [Hit("vector", *rows[i], s) for i, s in zip(chosen.tolist(), scores.tolist())]
+
+    def _tables_or_closed(self) -> _Tables:
+        tables = self._tables
+        if tables is None:
+            raise RuntimeError("vector searcher is closed")
+        return tables
 
     def _best(self, tables: _Tables, query: np.ndarray, visible: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, exact scores) of the ``k`` best of ``visible``, by (score descending, row)."""
         # a zero or non-finite query or row gives NaN or infinite scores: no warnings for them
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             candidates = _candidates(self.metric, tables, query, visible, k) if k < visible.size else visible
+        return self._rank(tables, query, candidates, k)
+
+    def _rank(
+        self, tables: _Tables, query: np.ndarray, candidates: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, exact scores) of the ``k`` best ``candidates``, by (score descending, row)."""
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             scores = _exact_in_blocks(self.metric, tables, query, candidates)
         kept = np.isfinite(scores)  # a hit's score is a number: NaN and infinities are no ranking
         candidates, scores = candidates[kept], scores[kept]

@@ -131,13 +131,51 @@ class VectorSearchPlan(_Plan):
     scores: Literal["float64_sequential/v1"] = "float64_sequential/v1"
 
 
+ExactVectorSearchPlan = VectorSearchPlan
+
+
+class ApproximateVectorSearchPlan(_Plan):
+    """Approximate vector search (``ragpipe.index.vector_ann``) on a bundle whose vector index has
+    an ANN index: ``refine_factor × k`` candidates from that index — ``nprobes`` IVF partitions
+    probed, ``ef`` HNSW candidates (raised to the request's size) — ranked by the same exact
+    ``scores`` as exact search. Only which rows are candidates is approximate; a bundle without
+    an ANN index refuses this plan."""
+
+    kind: Literal["approximate"]
+    nprobes: int = Field(20, ge=1, le=65_536)
+    ef: int = Field(100, ge=1, le=1_000_000)
+    refine_factor: int = Field(4, ge=1, le=1000)
+    scores: Literal["float64_sequential/v1"] = "float64_sequential/v1"
+
+
+VECTOR_SEARCH_KINDS = ("exact", "approximate")
+
+
+def _vector_search_kind(value: object) -> object:
+    """``kind`` selects the model; omitted, it is ``exact``."""
+    if isinstance(value, dict):
+        return value.get("kind", "exact")
+    return getattr(value, "kind", None)
+
+
+# An exact plan's dump, hence the default plan's ID, is what it was before approximate search existed.
+VectorSearch = Annotated[
+    Annotated[VectorSearchPlan, Tag("exact")] | Annotated[ApproximateVectorSearchPlan, Tag("approximate")],
+    Discriminator(
+        _vector_search_kind,
+        custom_error_type="vector_search_kind",
+        custom_error_message="Input should be a mapping whose kind is 'exact' or 'approximate'",
+    ),
+]
+
+
 class QueryPlan(_Plan):
     plan_schema: Literal["ragpipe.query_plan/v1"] = Field("ragpipe.query_plan/v1", alias="schema")
     channels: dict[ChannelName, ChannelPlan] = Field(min_length=1)
     depth_policy: DepthPolicy = DepthPolicy()
     fusion: FusionPlan = RrfFusionPlan()
     collapse: Literal["chunk", "document"] = "chunk"
-    vector_search: VectorSearchPlan = VectorSearchPlan()
+    vector_search: VectorSearch = VectorSearchPlan()
     query_embedding: QueryEmbeddingPlan = QueryEmbeddingPlan()
     reranker: RerankerPlan | None = None
     context: ContextPlan = ContextPlan()
@@ -146,6 +184,11 @@ class QueryPlan(_Plan):
     @property
     def plan_id(self) -> str:
         return content_id("query-plan", 1, self.model_dump(mode="json", by_alias=True))
+
+    @property
+    def approximate(self) -> bool:
+        """Whether the vector channel (if the plan has one) searches approximately."""
+        return self.vector_search.kind == "approximate" and "vector" in self.channels
 
     def with_channels(self, names: tuple[str, ...]) -> QueryPlan:
         """The same plan restricted to ``names`` (``--mode``); its ID changes accordingly."""
@@ -169,9 +212,12 @@ def parse_plan(raw: object, where: str) -> QueryPlan:
 
 
 def _field_path(loc: tuple) -> tuple:
-    """The error location as the plan file spells it: pydantic puts the selected fusion kind
-    into the path of a discriminated union (``fusion.weighted_rrf.k``); the file says ``fusion.k``."""
-    if len(loc) >= 2 and loc[0] == "fusion" and loc[1] in FUSION_KINDS:
+    """The error location as the plan file spells it: pydantic puts the selected fusion (or
+    vector search) kind into the path of a discriminated union (``fusion.weighted_rrf.k``); the
+    file says ``fusion.k``."""
+    if len(loc) >= 2 and (
+        (loc[0] == "fusion" and loc[1] in FUSION_KINDS) or (loc[0] == "vector_search" and loc[1] in VECTOR_SEARCH_KINDS)
+    ):
         return (loc[0], *loc[2:])
     return loc
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ragpipe.index.hits import Hit, recall_of
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.context import Evidence
 from ragpipe.retrieval.fusion.order import FusedHit, RankedHit
@@ -28,6 +29,29 @@ class Rankings:
     fused: list[FusedHit]
 
 
+@dataclass(frozen=True)
+class AnnComparison:
+    """One query's vector search done twice on the same query vector, subject, source roles and
+    metadata filter: the approximate searcher's top ``k`` rows and exact search's
+    (``Retriever.ann_comparison``), each best first."""
+
+    approximate: list[Hit]
+    exact: list[Hit]
+
+    @property
+    def approximate_ids(self) -> list[str]:
+        return [h.representation_id for h in self.approximate]
+
+    @property
+    def exact_ids(self) -> list[str]:
+        return [h.representation_id for h in self.exact]
+
+    @property
+    def recall(self) -> float:
+        """``recall_of(approximate, exact)``: the share of exact search's top rows found."""
+        return recall_of(self.approximate_ids, self.exact_ids)
+
+
 @dataclass
 class QueryResult:
     plan_id: str
@@ -41,6 +65,8 @@ class QueryResult:
     source_roles: tuple[str, ...] | None = None  # the roles the query was filtered on, if any
     release_id: str | None = None  # the release served, when the bundle was reached through one
     filter: dict[str, object] | None = None  # the metadata filter applied, canonical JSON, if any
+    # the vector channel ranked candidates from an ANN index (docs/retrieval.md, "Approximate vector search")
+    approximate: bool = False
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -56,6 +82,8 @@ class QueryResult:
             out["source_roles"] = list(self.source_roles)
         if self.filter is not None:
             out["filter"] = self.filter
+        if self.approximate:  # absent for exact search: its results read as they always did
+            out["approximate"] = True
         if self.trace is not None:
             out["trace"] = self.trace
         return out

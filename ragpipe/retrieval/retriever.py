@@ -39,9 +39,9 @@ from ragpipe.retrieval.fusion import fuse
 from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
-from ragpipe.retrieval.results import QueryError, QueryResult, Rankings
+from ragpipe.retrieval.results import AnnComparison, QueryError, QueryResult, Rankings
 from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
-from ragpipe.retrieval.vector_engine import VectorEngine, engine_of, open_bundle_vectors
+from ragpipe.retrieval.vector_engine import VectorEngine, check_vector_search, engine_of, open_bundle_vectors
 from ragpipe.spec import EmbedderSpec, own_spec_id
 
 T = TypeVar("T")
@@ -100,6 +100,8 @@ class Retriever:
 
             reranker = CrossEncoderReranker(self.plan.reranker.model_path, self.plan.reranker.model_digest)
         self.reranker = reranker
+        if self.plan.approximate:  # refused before anything is opened: one line, naming the bundle
+            check_vector_search(self.bundle, self.plan.vector_search)
         root = self.bundle.path
         sem = self.bundle.manifest.semantic
         # the tables as verified (parsed from the digested bytes, never re-read from the store)
@@ -133,6 +135,8 @@ class Retriever:
             index_rows,
             # a bundle opened with its lance table's checks deferred gets them before it is read
             before_lance=partial(check_vector_table, self.bundle),
+            # an approximate plan is served from the bundle's ANN index; an exact one never reads it
+            vector_search=self.plan.vector_search if self.plan.approximate else None,
         )
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._lock = threading.Lock()  # guards the lazily built state below
@@ -150,6 +154,11 @@ class Retriever:
     @property
     def bundle_id(self) -> str:
         return self.bundle.bundle_id
+
+    @property
+    def approximate(self) -> bool:
+        """Whether the vector channel is served approximately (the plan asks, the bundle has an ANN index)."""
+        return bool(getattr(self.vector, "approximate", False))
 
     @property
     def vector_engine(self) -> VectorEngine | None:
@@ -245,12 +254,7 @@ class Retriever:
         rows, like the scopes); the result names them. ``filter``: a metadata filter (JSON form,
         ``ragpipe.corpus.metadata_filter``) checked against the bundle's fields and applied
         inside both channels likewise; the result names it in canonical form."""
-        if self._closed:
-            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise QueryError(f"k must be an integer >= 1, got {k!r}")
-        if not isinstance(text, str) or not text.strip():
-            raise QueryError(EMPTY_QUERY)
+        self._check_request(text, k)
         subject = subject or Subject.default()
         roles = self._check_roles(source_roles)
         plan, mode, plan_id = self._plan_for(mode)
@@ -303,6 +307,7 @@ class Retriever:
             source_roles=roles or None,
             release_id=self.release_id,
             filter=None if resolved is None else resolved.shown(),
+            approximate="vector" in plan.channels and self.approximate,
         )
         if rankings:
             result.rankings = Rankings({n: r.ranked for n, r in ranked.items()}, fused[: fused_shown(k)])
@@ -316,6 +321,40 @@ class Retriever:
                 **query_trace(plan, self.policy.policy_id, subject, k, ranked, fused, rerank_trace, timings, facts),
             }
         return result
+
+    def ann_comparison(
+        self,
+        text: str,
+        subject: Subject | None = None,
+        k: int = 10,
+        source_roles: tuple[str, ...] | None = None,
+        filter: object | None = None,
+    ) -> AnnComparison:
+        """The approximate vector search's top ``k`` rows and exact search's top ``k`` for one query
+        (``AnnComparison``): the query embedded once, both searches over the rows ``subject`` may
+        see under ``source_roles`` and ``filter``, exactly as ``query``'s vector channel restricts
+        them. What ``ann_recall@10`` compares in every evaluation of an approximate plan
+        (``ragpipe.evaluation.ann``). ``QueryError`` when this retriever searches exactly."""
+        self._check_request(text, k)
+        if not self.approximate:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} searches vectors exactly: nothing to compare")
+        subject = subject or Subject.default()
+        roles = self._check_roles(source_roles)
+        audience = self.lexical.audience(subject)
+        resolved = None if filter is None else self.filters.resolve(filter, audience.groups)
+        selection = None if resolved is None else resolved.selection
+        vector = self._embed_query(self.embedder(), text)
+        approximate = self.vector.search(vector, k, subject.scopes, (), roles, selection)
+        exact = self.vector.exact.search(vector, k, subject.scopes, (), roles, selection)
+        return AnnComparison(approximate, exact)
+
+    def _check_request(self, text: str, k: int) -> None:
+        if self._closed:
+            raise QueryError(f"this Retriever of bundle {self.bundle_id} is closed")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise QueryError(f"k must be an integer >= 1, got {k!r}")
+        if not isinstance(text, str) or not text.strip():
+            raise QueryError(EMPTY_QUERY)
 
     def _selected_rows(self, groups: Collection[tuple[str, ...]], roles: tuple[str, ...], selection: Selection) -> int:
         """The rows a subject seeing ``groups`` may find under ``roles`` and ``selection``: each

@@ -73,7 +73,7 @@ def query_trace(
             dropped_by_recheck=audit.dropped_by_recheck,
             lexical_statistics=audit.lexical_statistics,
         )
-    return {
+    out: dict[str, object] = {
         "channels": {
             name: [
                 {
@@ -115,3 +115,7 @@ def query_trace(
         "reranker": rerank,
         "timings_ms": timings,
     }
+    if "vector" in ranked and plan.vector_search.kind == "approximate":
+        # the vector channel's candidates came from an ANN index: say so, with its parameters
+        out["vector_search"] = {**plan.vector_search.model_dump(mode="json"), "approximate": True}
+    return out

@@ -2,9 +2,11 @@
 
 Exact vector search is defined by the project (``ragpipe.index.vector_memory``: the same scores
 on every CPU) and computed in memory from the bundle's verified vectors; lancedb stays the store of
-record. What an operator needs is to *see* what serves and from where, so the searcher carries a
-sentence saying so (``VectorEngine``): in the build summary, ``ragpipe bundle inspect`` and the
-server's ``/readyz``. Operational: in no ID.
+record. A query plan with ``vector_search: {kind: approximate}`` on a bundle with an ANN index is
+served by ``ragpipe.index.vector_ann`` instead: candidates from that index, ranked by the same
+exact scores (``engine`` ``memory+ann``). What an operator needs is to *see* what serves and from
+where, so the searcher carries a sentence saying so (``VectorEngine``): in the build summary,
+``ragpipe bundle inspect`` and the server's ``/readyz``. Operational: in no ID.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from ragpipe.bundle.verify import VerifiedBundle
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.vector_memory import open_vector_searcher
+from ragpipe.retrieval.plan import ApproximateVectorSearchPlan, VectorSearchPlan
+from ragpipe.retrieval.results import QueryError
+from ragpipe.spec import RECORDED, VectorIndexSpec
 
 
 @dataclass(frozen=True)
@@ -28,19 +33,42 @@ class VectorEngine:
         return {"engine": self.engine, "why": self.why}
 
 
+def ann_spec(bundle: VerifiedBundle):
+    """The ANN index the bundle's vector-index spec declares (None: none, or no vector index)."""
+    sem = bundle.manifest.semantic
+    if not sem.has_vector_index:
+        return None
+    return VectorIndexSpec.model_validate(sem.specs["vector_index"].spec, context=RECORDED).ann
+
+
+def check_vector_search(bundle: VerifiedBundle, vector_search: VectorSearchPlan | ApproximateVectorSearchPlan) -> None:
+    """Refuse (``QueryError``, one line) approximate search on a bundle without an ANN index."""
+    if vector_search.kind == "approximate" and bundle.manifest.semantic.has_vector_index and ann_spec(bundle) is None:
+        raise QueryError(
+            f"the query plan asks for approximate vector search (vector_search.kind: approximate), but bundle "
+            f"{bundle.bundle_id} has no ANN index (its vector-index spec declares no ann)"
+        )
+
+
 def open_bundle_vectors(
     bundle: VerifiedBundle,
     rows: Sequence[IndexRow],
     *,
     before_lance: Callable[[], None] | None = None,
+    vector_search: VectorSearchPlan | ApproximateVectorSearchPlan | None = None,
 ):
     """The vector searcher of ``bundle`` (None when it has no vector index) over its index
     ``rows``; ``before_lance`` runs before its lance table is read (a bundle without
-    ``vectors.arrow``). The searcher's ``engine`` and ``why`` say what serves and how."""
+    ``vectors.arrow``, or an approximate searcher, which queries the table's ANN index).
+    ``vector_search``: the plan's; approximate search needs the bundle's ANN index
+    (``check_vector_search``), exact search (the default) never reads it. The searcher's
+    ``engine`` and ``why`` say what serves and how."""
     sem = bundle.manifest.semantic
     if not sem.has_vector_index:
         return None
-    return open_vector_searcher(
+    if vector_search is not None:
+        check_vector_search(bundle, vector_search)
+    exact = open_vector_searcher(
         bundle.path / "vector",
         sem.specs["vector_index"].spec["metric"],
         [(r.representation_id, r.chunk_id, r.document_id) for r in rows],
@@ -50,6 +78,23 @@ def open_bundle_vectors(
         vectors=bundle.tables.vectors,
         before_lance=before_lance,
     )
+    if vector_search is None or vector_search.kind != "approximate":
+        return exact
+    from ragpipe.index.vector_ann import open_approximate_searcher
+
+    try:
+        return open_approximate_searcher(
+            exact,
+            bundle.path / "vector",
+            kind=ann_spec(bundle).kind,  # type: ignore[union-attr]
+            nprobes=vector_search.nprobes,
+            ef=vector_search.ef,
+            refine_factor=vector_search.refine_factor,
+            before_lance=before_lance,
+        )
+    except BaseException:
+        exact.close()
+        raise
 
 
 def engine_of(searcher) -> VectorEngine | None:

@@ -178,6 +178,7 @@ def search(
         "release_id": in_service.release_id,
         "bundle_id": in_service.served.bundle.bundle_id,
         "ledger_scope": ledger.scope,
+        **({"approximate": True} if result.approximate else {}),
     }
 
 

@@ -156,6 +156,22 @@ def _check_chain(path: Path, spec: PipelineSpec) -> ChainPlan:
         metric_specs(section.cutoffs, section.answers)
     except ValueError as exc:
         raise ConfigurationError(f"{path}: evaluation.cutoffs: {exc}") from None
+    if (
+        chain.plan.approximate
+        and section.mode in ("hybrid", "vector")
+        and spec.vector_index.enabled
+        and spec.vector_index.ann is None
+    ):  # every bundle this spec builds would refuse the plan at the evaluation step
+        raise ConfigurationError(
+            _named_file_problem(
+                path,
+                section,
+                "query_plan",
+                DEFAULT_PLAN_PATH,
+                "asks for approximate vector search (vector_search.kind: approximate), but vector_index "
+                "declares no ann index",
+            )
+        )
     try:
         chain.code_versions()
     except ValidationError as exc:  # the evaluation spec body the section makes (e.g. a bad scope name)

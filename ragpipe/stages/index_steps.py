@@ -100,7 +100,11 @@ def run_vector_index(
             raise StageError(
                 f"embeddings for revision {revision!r} do not match its representations: re-materialize embeddings"
             )
-        if (built := build_vector_index(tmp / "index", rows, vectors, spec.vector_index.metric)) != len(rows):
+        try:
+            built = build_vector_index(tmp / "index", rows, vectors, spec.vector_index.metric, spec.vector_index.ann)
+        except ValueError as exc:  # an ANN index lance cannot build over every row: one line, nothing published
+            raise StageError(f"revision {revision!r}: {exc}") from None
+        if built != len(rows):
             raise StageError(f"vector index holds {built} rows, expected {len(rows)}")
 
     version = content_id(
@@ -114,7 +118,12 @@ def run_vector_index(
         t0,
         version_dir(ws, revision, "vector_index", out.data_version),
         n_reps,
-        {"enabled": True, "rows": n_reps, "metric": spec.vector_index.metric},
+        {
+            "enabled": True,
+            "rows": n_reps,
+            "metric": spec.vector_index.metric,
+            **({"ann": spec.vector_index.ann.kind} if spec.vector_index.ann is not None else {}),
+        },
     )
 
 

@@ -132,6 +132,28 @@ def suite_duplicate_judgment(cfg: Path) -> str:
     )
 
 
+def spec_pq_sub_vectors(cfg: Path) -> str:
+    edit(
+        cfg / "pipeline.yaml",
+        "  metric: cosine\n",
+        "  metric: cosine\n  ann: {kind: ivf_pq, num_partitions: 4, num_sub_vectors: 7}\n",
+    )
+    return (
+        f"{cfg}/pipeline.yaml: invalid pipeline spec: vector_index.ann.num_sub_vectors: "
+        "7 does not divide the embedder's 384 dimensions (embedder.dimensions)"
+    )
+
+
+def plan_approximate_without_ann(cfg: Path) -> str:
+    """Every bundle this spec builds would refuse the plan at the evaluation step: refused up front."""
+    edit(cfg / "pipeline.yaml", "  query_plan: null ", "  query_plan: query_plan.yaml ")
+    edit(cfg / "query_plan.yaml", "  kind: exact\n", "  kind: approximate\n")
+    return (
+        f"{cfg}/pipeline.yaml: evaluation.query_plan: 'query_plan.yaml' (resolved to {cfg}/query_plan.yaml): "
+        "asks for approximate vector search (vector_search.kind: approximate), but vector_index declares no ann index"
+    )
+
+
 def plan_invalid(cfg: Path) -> str:
     edit(cfg / "pipeline.yaml", "  query_plan: null ", "  query_plan: query_plan.yaml ")
     edit(cfg / "query_plan.yaml", "  lexical: {depth: 100, weight: 1.0}", "  lexical: {depth: 0, weight: 1.0}")
@@ -224,10 +246,12 @@ CASES: dict[str, Breaker] = {
         spec_unknown_field,
         spec_invalid_fields,
         spec_bad_scope,
+        spec_pq_sub_vectors,
         suite_missing,
         suite_malformed_line,
         suite_duplicate_judgment,
         plan_invalid,
+        plan_approximate_without_ann,
         plan_missing_default_named,
         policy_invalid,
         policy_duplicate_key,

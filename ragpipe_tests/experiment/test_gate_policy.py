@@ -104,13 +104,13 @@ MALFORMED = [
         "unknown metric in target",
         edit("metric: ndcg@10", "metric: ndcg@x"),
         "10: target.metric: unknown metric 'ndcg@x' (known: ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, "
-        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision)",
+        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10)",
     ),
     (
         "unknown metric in hard",
         edit("  unauthorized_disclosures: {max: 0}", "  leaks: {max: 0}"),
         "4: hard.leaks: unknown metric 'leaks' (known: ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, "
-        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision)",
+        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10)",
     ),
     (
         "NaN threshold",
@@ -219,7 +219,7 @@ MALFORMED = [
         "unknown metric in a protected slice",
         edit("tags: {}", "tags: {rare: {ndcg@0: 0.1}}"),
         "16: regression.tags.rare.ndcg@0: unknown metric 'ndcg@0' (known: ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, "
-        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision)",
+        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10)",
     ),
 ]
 
