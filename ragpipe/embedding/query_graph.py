@@ -232,8 +232,8 @@ def export_graph(st: SentenceTransformerEmbedder) -> ExportedGraph:
     tokenizer = folder / TOKENIZER
     if not tokenizer.is_file():
         raise QueryGraphError(
-            f"{tokenizer.parent} has no {TOKENIZER}: the onnxruntime query runtime tokenizes with the "
-            "model's fast-tokenizer file; use query_embedding.runtime: sentence_transformers"
+            f"{tokenizer.parent} has no {TOKENIZER}: the onnxruntime runtime tokenizes with the "
+            f"model's fast-tokenizer file; {_fallback(st.spec)}"
         )
     texts = [st.spec.query_prefix + probe for probe in PARITY_PROBES]
     kind = graph_kind(st.spec)

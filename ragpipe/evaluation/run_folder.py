@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
+from ragpipe.evaluation.ann import ANN_RECALL, measures_ann
+from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody, searches_approximately
 from ragpipe.evaluation.ledger import LEDGER, LedgerError, read_ledger, reduce_records
 from ragpipe.evaluation.recompute import check_cells
 from ragpipe.evaluation.report import build_report, write_reports
@@ -70,6 +71,16 @@ def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
         )
     if plan.plan_id != body.plan_id:
         raise RunError(f"{run / INPUTS['query_plan']}: plan ID {plan.plan_id} differs from the spec's {body.plan_id}")
+    approximate = searches_approximately(plan, body.mode)
+    if measures_ann(body.metrics) != approximate:
+        # every run of an approximate plan measures its recall, and only such runs: a run that
+        # left the metric out would pass a gate bound with if_measured unmeasured
+        rule = (
+            "searches approximately but does not measure"
+            if approximate
+            else "does not search approximately but measures"
+        )
+        raise RunError(f"{run / INPUTS['spec']}: mode {body.mode!r} under plan {plan.plan_id} {rule} {ANN_RECALL}")
     _check_bundle_binding(where, records, state.inputs.get(BUNDLE_INPUT), body)
     # Relative to the run folder (runs before that stored it absolute: ``/`` keeps those as they are).
     return EvaluationSpec(body, suite, plan, (run / state.created["bundle_path"]).resolve())

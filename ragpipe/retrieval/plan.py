@@ -119,6 +119,8 @@ class QueryEmbeddingPlan(_Plan):
     # Which runtime embeds the query with the bundle's embedder (same weights, prefix, pooling,
     # normalisation): sentence-transformers on torch, or an in-memory ONNX export of that model on
     # onnxruntime (~2x faster for one query; checked at load to match within 1e-5 per component).
+    # An int8 embedder (``embedder.quantization: int8``) is another model: its queries run on its
+    # own onnxruntime graph only; sentence_transformers is refused for it.
     runtime: Literal["onnxruntime", "sentence_transformers"] = "onnxruntime"
 
 

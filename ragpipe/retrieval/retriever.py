@@ -192,6 +192,13 @@ class Retriever:
                     from ragpipe.embedding.query_graph import query_encoder
 
                     embedder = query_encoder(self.query_graph_dir, self.embedder_spec, threads=self.threads)
+                elif self.embedder_spec.quantization != "none":
+                    # torch would embed the queries with the fp32 model: another model than the
+                    # int8 graph the documents were embedded with
+                    raise QueryError(
+                        "the bundle's embedder runs int8 weights on onnxruntime: its queries are embedded by "
+                        "the same graph (query_embedding.runtime: onnxruntime), not by sentence_transformers"
+                    )
                 else:
                     from ragpipe.embedding.embedder import SentenceTransformerEmbedder
 

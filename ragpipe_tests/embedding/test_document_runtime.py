@@ -214,3 +214,28 @@ def test_a_build_stores_the_onnxruntime_vectors_and_serves_them(tmp_path: Path):
     assert retriever.embedder_spec.runtime == "onnxruntime"
     result = retriever.query("rotate the signing keys", Subject("ops", ("public", "staff")), k=3, mode="vector")
     assert len(result.hits) == 3
+
+
+def test_an_int8_build_is_queried_through_its_own_graph_only(tmp_path: Path):
+    from ragpipe.retrieval.plan import QueryEmbeddingPlan, load_plan
+    from ragpipe.retrieval.results import QueryError
+
+    spec = runtime_pipeline(runtime="onnxruntime", quantization="int8")
+    corpus = write_tree(tmp_path / "handbook", HANDBOOK)
+    ws, spec, bundle = build_all_stages(tmp_path / "home", "hb", corpus, "markdown", spec=spec)
+    graph = query_encoder(ws.query_graphs, spec.embedder)
+    ids, vectors = read_embeddings(read_output(ws, "hb", "embeddings", spec).path / "embeddings.parquet")
+    reps = read_representations(read_output(ws, "hb", "representations", spec).path / "representations.parquet")
+    text_of = {str(r.representation_id): r.text for r in reps}
+    assert np.array_equal(vectors, graph.embed([text_of[i] for i in ids]))
+    subject = Subject("ops", ("public", "staff"))
+    served = Retriever(bundle, query_graph_dir=ws.query_graphs)
+    assert len(served.query("rotate the signing keys", subject, k=3, mode="vector").hits) == 3
+    torch_plan = load_plan().model_copy(update={"query_embedding": QueryEmbeddingPlan(runtime="sentence_transformers")})
+    refused = Retriever(bundle, plan=torch_plan, query_graph_dir=ws.query_graphs)
+    with pytest.raises(QueryError) as info:
+        refused.query("rotate the signing keys", subject, k=3, mode="vector")
+    assert str(info.value) == (
+        "the bundle's embedder runs int8 weights on onnxruntime: its queries are embedded by the same graph "
+        "(query_embedding.runtime: onnxruntime), not by sentence_transformers"
+    )

@@ -231,3 +231,23 @@ def test_the_gate_bounds_ann_recall(runs):
         assert ann_check(decision)[0] == verdict
         if verdict == "fail":
             assert decision.decisive_phase == "hard"
+
+
+def test_an_approximate_run_that_leaves_out_its_recall_is_refused(runs, ann_bundle, tmp_path: Path):  # noqa: F811
+    """A run of an approximate plan whose spec drops ``ann_recall@10`` would pass a gate bound with
+    ``if_measured`` unmeasured: its bound inputs are refused, whether the run is made or verified."""
+    from ragpipe.evaluation.run_folder import RunError
+
+    retriever = runs["retrievers"]["adversarial"]
+    spec = EvaluationSpec.build(load_suite(ann_bundle[1]), retriever.plan, ann_bundle[0], retriever.bundle_id, k=20)
+    body = spec.body.model_copy(update={"metrics": tuple(m for m in spec.body.metrics if m.name != ANN_RECALL)})
+    out = tmp_path / "no-recall"
+    with pytest.raises(RunError) as info:
+        run_evaluation(
+            EvaluationSpec(body, spec.suite, spec.plan, spec.bundle_path), out, retriever_factory=lambda _: retriever
+        )
+        verify_run(out)
+    assert str(info.value) == (
+        f"{out / 'inputs' / 'spec.json'}: mode 'hybrid' under plan {retriever.plan.plan_id} "
+        f"searches approximately but does not measure {ANN_RECALL}"
+    )
