@@ -23,6 +23,7 @@ rank (the i-th best of a subset is never better than the i-th best of the whole)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,9 +60,13 @@ def ann_recall(approximate_ids: Sequence[str], exact_ids: Sequence[str]) -> dict
     return {ANN_RECALL: recall_of(approximate_ids, exact_ids)}
 
 
-def check_ann_rows(approximate: Mapping[str, list[Any]], exact: Mapping[str, list[Any]]) -> str | None:
+def check_ann_rows(
+    approximate: Mapping[str, list[Any]], exact: Mapping[str, list[Any]], vector_units: int = 0
+) -> str | None:
     """Why the trace's two lists (columns ``rank``, ``representation_id``, ``score``, each by
-    rank) cannot be the lists of one comparison (module docstring); None when they can."""
+    rank) cannot be the lists of one comparison (module docstring); None when they can.
+    ``vector_units``: the rows the cell's vector channel ranked — each stands for at least one
+    visible representation, so with ``ANN_RECALL_K`` or more of them exact search's list is full."""
     for name, rows in ((APPROXIMATE_STAGE, approximate), (EXACT_STAGE, exact)):
         n = len(rows["rank"])
         if rows["rank"] != list(range(1, n + 1)):
@@ -71,8 +76,13 @@ def check_ann_rows(approximate: Mapping[str, list[Any]], exact: Mapping[str, lis
         ids = rows["representation_id"]
         if any(not isinstance(i, str) for i in ids) or len(set(ids)) != n:
             return f"the trace's {name} rows do not name {n} distinct representations"
-        if any(not isinstance(s, float) for s in rows["score"]):
-            return f"the trace's {name} rows lack a score"
+        if any(not isinstance(s, float) or not math.isfinite(s) for s in rows["score"]):
+            return f"the trace's {name} rows lack a finite score"
+    if vector_units >= ANN_RECALL_K and len(exact["rank"]) != ANN_RECALL_K:
+        return (
+            f"the trace lists {len(exact['rank'])} {EXACT_STAGE} rows, but its vector channel ranked "
+            f"{vector_units} units: exact search returns {ANN_RECALL_K}"
+        )
     if len(approximate["rank"]) != len(exact["rank"]):
         return (
             f"the trace lists {len(approximate['rank'])} {APPROXIMATE_STAGE} rows and {len(exact['rank'])} "

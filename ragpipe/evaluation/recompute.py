@@ -50,6 +50,7 @@ RECORD_ONLY = ("hits", "trace")  # record keys the trace's metadata does not rep
 
 ROW_FIELDS = ["stage", "rank", "chunk_id", "document_id", "access_scopes"]
 ANN_FIELDS = ["stage", "rank", "representation_id", "score"]  # read only for runs that measure ANN recall
+ANN_READ = [*ANN_FIELDS, "channel"]  # and the channel column, to count the vector channel's rows
 
 
 def _stage(table: pa.Table, stage: str, fields: Sequence[str] = ROW_FIELDS) -> dict[str, list[Any]]:
@@ -64,7 +65,8 @@ def _ann_metrics(table: pa.Table, where: str) -> dict[str, float]:
     """``ann_recall@10`` recomputed from the cell's two top-10 lists, after checking that one
     comparison could have produced them (``ragpipe.evaluation.ann.check_ann_rows``)."""
     approximate, exact = (_stage(table, stage, ANN_FIELDS) for stage in ANN_STAGES)
-    problem = check_ann_rows(approximate, exact)
+    vector = table.filter(pc.and_(pc.equal(table["stage"], "channel"), pc.equal(table["channel"], "vector")))
+    problem = check_ann_rows(approximate, exact, vector.num_rows)
     if problem is not None:
         raise TraceError(f"{where}: {problem}")
     return ann_recall(approximate["representation_id"], exact["representation_id"])
@@ -172,7 +174,7 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
     ranked: dict[str, list[str]] = {}
     completed = [r for r in records if r.kind == "CellCompleted"]
     ann = measures_ann(body.metrics)
-    traces = TraceReader(run, ROW_FIELDS + ANN_FIELDS if ann else ROW_FIELDS)
+    traces = TraceReader(run, list(dict.fromkeys(ROW_FIELDS + ANN_READ)) if ann else ROW_FIELDS)
     for record in completed:
         where = f"{run / LEDGER}: record {record.seq}"
         case = cases.get(record.payload["cell"]["case"])

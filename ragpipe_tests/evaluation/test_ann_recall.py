@@ -251,3 +251,35 @@ def test_an_approximate_run_that_leaves_out_its_recall_is_refused(runs, ann_bund
         f"{out / 'inputs' / 'spec.json'}: mode 'hybrid' under plan {retriever.plan.plan_id} "
         f"searches approximately but does not measure {ANN_RECALL}"
     )
+
+
+def test_lists_shorter_than_the_vector_channel_allows_are_refused(adversarial: Path):
+    """Both lists dropped and recall 1.0 claimed: the cell's vector channel ranked at least ten
+    units, so exact search's list cannot have been shorter than ten."""
+
+    def drop_lists(table: pa.Table) -> pa.Table:
+        rows = [r for r in table.to_pylist() if r["stage"] not in (APPROXIMATE_STAGE, EXACT_STAGE)]
+        return pa.Table.from_pylist(rows, schema=table.schema)
+
+    def edit(payloads: Payloads) -> None:
+        payload = completed(payloads, lambda p: p["metrics"].get(ANN_RECALL) == 0.0)
+        payload["metrics"][ANN_RECALL] = 1.0
+        retrace(adversarial, payloads, payload, drop_lists, lambda m: m["metrics"].update({ANN_RECALL: 1.0}))
+
+    rewrite(adversarial, edit)
+    with pytest.raises(
+        TraceError,
+        match=r"record \d+: the trace lists 0 ann_exact rows, but its vector channel ranked \d+ units: exact search returns 10",
+    ):
+        verify_run(adversarial)
+
+
+def test_a_non_finite_score_in_the_lists_is_refused(adversarial: Path):
+    def nan_score(table: pa.Table) -> pa.Table:
+        rows = table.to_pylist()
+        next(r for r in rows if r["stage"] == EXACT_STAGE and r["rank"] == 3)["score"] = float("nan")
+        return pa.Table.from_pylist(rows, schema=table.schema)
+
+    rewrite(adversarial, lambda p: retrace(adversarial, p, completed(p), nan_score, lambda m: None))
+    with pytest.raises(TraceError, match=r"record \d+: the trace's ann_exact rows lack a finite score"):
+        verify_run(adversarial)
