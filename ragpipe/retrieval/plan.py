@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -63,18 +64,23 @@ class ScoreFusionPlan(_Plan):
 FUSION_KINDS = ("weighted_rrf", "normalized_convex")
 
 
-def _fusion_kind(value: object) -> object:
-    """``kind`` selects the model; omitted, it is ``weighted_rrf`` (as before score fusion)."""
-    if isinstance(value, dict):
-        return value.get("kind", "weighted_rrf")
-    return getattr(value, "kind", None)
+def _kind(default: str) -> Callable[[object], object]:
+    """The discriminator of a union selected by ``kind``; omitted, ``kind`` is ``default`` (the
+    model the section had before the union existed)."""
+
+    def kind(value: object) -> object:
+        if isinstance(value, dict):
+            return value.get("kind", default)
+        return getattr(value, "kind", None)
+
+    return kind
 
 
 # An RRF plan's dump, hence the default plan's ID, is what it was before score fusion existed.
 FusionPlan = Annotated[
     Annotated[RrfFusionPlan, Tag("weighted_rrf")] | Annotated[ScoreFusionPlan, Tag("normalized_convex")],
     Discriminator(
-        _fusion_kind,
+        _kind("weighted_rrf"),
         custom_error_type="fusion_kind",
         custom_error_message="Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'",
     ),
@@ -133,9 +139,6 @@ class VectorSearchPlan(_Plan):
     scores: Literal["float64_sequential/v1"] = "float64_sequential/v1"
 
 
-ExactVectorSearchPlan = VectorSearchPlan
-
-
 class ApproximateVectorSearchPlan(_Plan):
     """Approximate vector search (``ragpipe.index.vector_ann``) on a bundle whose vector index has
     an ANN index: ``refine_factor × k`` candidates from that index — ``nprobes`` IVF partitions
@@ -153,18 +156,11 @@ class ApproximateVectorSearchPlan(_Plan):
 VECTOR_SEARCH_KINDS = ("exact", "approximate")
 
 
-def _vector_search_kind(value: object) -> object:
-    """``kind`` selects the model; omitted, it is ``exact``."""
-    if isinstance(value, dict):
-        return value.get("kind", "exact")
-    return getattr(value, "kind", None)
-
-
 # An exact plan's dump, hence the default plan's ID, is what it was before approximate search existed.
 VectorSearch = Annotated[
     Annotated[VectorSearchPlan, Tag("exact")] | Annotated[ApproximateVectorSearchPlan, Tag("approximate")],
     Discriminator(
-        _vector_search_kind,
+        _kind("exact"),
         custom_error_type="vector_search_kind",
         custom_error_message="Input should be a mapping whose kind is 'exact' or 'approximate'",
     ),
