@@ -63,6 +63,7 @@ class OnnxEncoder:
     thread_safe = True
     entry: Path | None = None  # the cache entry it was loaded from (set by query_graph)
     max_difference: float | None = None  # worst probe difference against sentence-transformers, at load
+    min_cosine_to_torch: float | None = None  # an int8 graph's: its probes' least cosine to torch's, at creation
 
     def __init__(self, spec: EmbedderSpec, graph: bytes, tokenizer_json: str, threads: int = 2):
         import onnxruntime as ort

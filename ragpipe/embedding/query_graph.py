@@ -9,7 +9,9 @@ manifest records document probes as well. An fp32 graph's probes are torch's vec
 (it is another model, judged by the gate on the suite): its probes are its own vectors at creation
 — at least ``INT8_MIN_COSINE`` from torch's, or creation is refused — and every load must reproduce
 them to ``PARITY_TOLERANCE``, so an altered graph or a host whose kernels compute it differently is
-refused, never used.
+refused, never used. Which int8 graph is meant is the spec's: ``graph_sha256`` pins the graph
+file's bytes (``pin_graph`` makes this host's and returns the spec pinning it); creation refuses to
+publish another graph (``check_pin``) and a load refuses an entry holding another.
 
 Exporting the query model to ONNX needs torch and sentence-transformers (seconds of imports, a
 second of tracing); running it needs only onnxruntime and ``tokenizers``. One cache entry per
@@ -226,28 +228,42 @@ def create_entry(
     return publish_graph(root, export_graph(st), threads=threads, on_step=on_step)
 
 
-def export_graph(st: SentenceTransformerEmbedder) -> ExportedGraph:
-    """The graph and tokenizer of ``st``'s model with its own probe vectors and token IDs (torch)."""
+def export_graph(
+    st: SentenceTransformerEmbedder, spec: EmbedderSpec | None = None, graph: bytes | None = None
+) -> ExportedGraph:
+    """The graph and tokenizer of ``spec``'s entry (default ``st.spec``; another runtime or
+    quantisation of ``st``'s model) with torch's probe vectors and token IDs. ``graph``: the int8
+    graph to publish, made already (``pin_graph``) or adopted from an entry being rebuilt, instead
+    of quantising here."""
+    spec = spec or st.spec
+    if _model_fields(spec) != _model_fields(st.spec):
+        raise ValueError(f"the sentence-transformers model is not the model of {own_spec_id('embeddings', spec)}")
     folder = getattr(st, "model_dir", None) or model_directory(st.spec)  # verified when st was loaded
     tokenizer = folder / TOKENIZER
     if not tokenizer.is_file():
         raise QueryGraphError(
             f"{tokenizer.parent} has no {TOKENIZER}: the onnxruntime runtime tokenizes with the "
-            f"model's fast-tokenizer file; {_fallback(st.spec)}"
+            f"model's fast-tokenizer file; {_fallback(spec)}"
         )
-    texts = [st.spec.query_prefix + probe for probe in PARITY_PROBES]
-    kind = graph_kind(st.spec)
+    texts = [spec.query_prefix + probe for probe in PARITY_PROBES]
+    kind = graph_kind(spec)
     documents = () if kind == "exported" else PARITY_PROBES
     return ExportedGraph(
-        spec=st.spec,
-        graph=_graph(st, kind),
+        spec=spec,
+        graph=graph if graph is not None and kind == "fused_int8" else _graph(st, kind),
         tokenizer=tokenizer.read_bytes(),
         reference_vectors=tuple(st.embed_query(probe) for probe in PARITY_PROBES),
         reference_tokens=tuple(_st_token_ids(st, text) for text in texts),
         created_with=_versions("torch", "sentence-transformers", "onnxruntime", "onnx", "tokenizers"),
         document_vectors=tuple(st.embed([probe])[0] for probe in documents),
-        document_tokens=tuple(_st_token_ids(st, st.spec.document_prefix + probe) for probe in documents),
+        document_tokens=tuple(_st_token_ids(st, spec.document_prefix + probe) for probe in documents),
     )
+
+
+def _model_fields(spec: EmbedderSpec) -> dict:
+    """What a sentence-transformers model loaded for ``spec`` computes: the spec without its
+    document runtime, quantisation and graph pin."""
+    return spec.model_dump(exclude={"runtime", "quantization", "graph_sha256"})
 
 
 def _graph(st: SentenceTransformerEmbedder, kind: GraphKind) -> bytes:
@@ -260,6 +276,45 @@ def _graph(st: SentenceTransformerEmbedder, kind: GraphKind) -> bytes:
     return quantize_int8(fused) if kind == "fused_int8" else fused
 
 
+def graph_digest(graph: bytes) -> str:
+    """``sha256:<hex>`` of a graph file's bytes: what ``graph_sha256`` pins."""
+    return "sha256:" + hashlib.sha256(graph).hexdigest()
+
+
+def pin_graph(
+    root: Path, spec: EmbedderSpec, threads: int = 2, st_embedder: SentenceTransformerEmbedder | None = None
+) -> tuple[EmbedderSpec, OnnxEncoder]:
+    """This host's int8 graph of ``spec``'s model (its runtime, quantisation and pin are ignored),
+    published under ``root`` as the entry of the embedder spec that pins it, and that spec with
+    the verified encoder: ``ragpipe embedder pin-graph``. Creation's checks apply (token IDs,
+    cosine to torch at least ``INT8_MIN_COSINE``). The graph is made every time (its digest names
+    the entry); an entry already there is loaded, not published again."""
+    data = {**_model_fields(spec), "runtime": "onnxruntime"}
+    model = EmbedderSpec.model_validate(data)
+    st = st_embedder or SentenceTransformerEmbedder(model, threads=threads)
+    graph = _graph(st, "fused_int8")
+    pinned = EmbedderSpec.model_validate({**data, "quantization": "int8", "graph_sha256": graph_digest(graph)})
+    if not entry_dir(root, pinned).exists():
+        publish_graph(root, export_graph(st, pinned, graph), threads=threads)
+    return pinned, load_entry(root, pinned, threads=threads)
+
+
+def check_pin(spec: EmbedderSpec, graph: bytes) -> None:
+    """``QueryGraphError`` unless ``graph`` is the int8 graph ``spec`` pins (nothing to check for
+    other graphs): one line with both digests and what to do."""
+    if graph_kind(spec) != "fused_int8":
+        return
+    made = graph_digest(graph)
+    if made != spec.graph_sha256:
+        key = entry_key(spec).removeprefix("sha256:")
+        raise QueryGraphError(
+            f"embedder graph_sha256: the int8 graph of {spec.label} made here is {made}, the spec pins "
+            f"{spec.graph_sha256} (onnxruntime {_versions('onnxruntime')['onnxruntime']} quantises it otherwise than "
+            f"where it was pinned); copy query_graphs/{key}/ from a home that has the pinned graph, or pin {made} "
+            "(`ragpipe embedder pin-graph`: another embedder, whose documents are embedded again)"
+        )
+
+
 def publish_graph(
     root: Path, exported: ExportedGraph, threads: int = 2, on_step: StepHook | None = None
 ) -> tuple[Path, PublishOutcome]:
@@ -268,6 +323,7 @@ def publish_graph(
     checks, before it becomes visible."""
     spec = exported.spec
     final = entry_dir(root, spec)
+    check_pin(spec, exported.graph)
 
     def write_data(tmp: Path) -> None:
         (tmp / MODEL).write_bytes(exported.graph)
@@ -407,6 +463,9 @@ def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
     manifest = _read_manifest(folder, refuse)
     _check_identity(manifest, spec, refuse)
     payload = _read_payload(folder, manifest, refuse)
+    recorded = manifest.files[MODEL].sha256  # the bytes' digest: _read_payload checked it
+    if manifest.graph == "fused_int8" and recorded != spec.graph_sha256:
+        raise refuse(MODEL, f"sha256 {recorded} is not the graph the embedder pins (graph_sha256 {spec.graph_sha256})")
     try:
         encoder = OnnxEncoder(spec, payload[MODEL], payload[TOKENIZER].decode("utf-8"), threads)
     except Exception as exc:  # onnxruntime and tokenizers raise their own types for bytes they cannot parse
@@ -428,6 +487,7 @@ def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
         worst = max(worst, difference)
     encoder.entry = Path(folder)
     encoder.max_difference = worst
+    encoder.min_cosine_to_torch = manifest.min_cosine_to_torch
     return encoder
 
 

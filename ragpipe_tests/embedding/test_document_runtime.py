@@ -1,6 +1,7 @@
 """Documents encoded by onnxruntime (``embedder.runtime: onnxruntime``): the spec's identity, the
-fused fp32 graph within the parity tolerance of torch, the int8 graph as its own model, entries
-refused when altered, and a build whose stored vectors are the graph's."""
+fused fp32 graph within the parity tolerance of torch, the int8 graph as its own model pinned by
+its digest (``graph_sha256``), entries refused when altered, and builds whose stored vectors are
+the graph's."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ from ragpipe.embedding.query_graph import (
     MODEL,
     QueryGraphError,
     entry_dir,
+    entry_key,
+    graph_digest,
     load_entry,
+    pin_graph,
     query_encoder,
 )
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import read_representations
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
@@ -37,6 +42,8 @@ TEXTS = [
     "Café crème, naïve résumé — 日本語のテキスト 🎉",
     "word " * 300,  # truncated at max_seq_length
 ]
+# a well-formed pin of no graph this host makes
+OTHER_PIN = "sha256:" + "1" * 64
 
 
 def with_runtime(spec: EmbedderSpec, **fields) -> EmbedderSpec:
@@ -54,13 +61,20 @@ def fused_spec(torch_spec) -> EmbedderSpec:
 
 
 @pytest.fixture(scope="module")
-def int8_spec(torch_spec) -> EmbedderSpec:
-    return with_runtime(torch_spec, runtime="onnxruntime", quantization="int8")
+def graphs(tmp_path_factory) -> Path:
+    """The query-graph cache of a home (``<home>/query_graphs``)."""
+    return Workspace(tmp_path_factory.mktemp("home")).query_graphs
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("graphs")
+def pinned(graphs, torch_spec) -> tuple[EmbedderSpec, object]:
+    """``ragpipe embedder pin-graph``'s work: this host's int8 graph, and the spec pinning it."""
+    return pin_graph(graphs, torch_spec)
+
+
+@pytest.fixture(scope="module")
+def int8_spec(pinned) -> EmbedderSpec:
+    return pinned[0]
 
 
 @pytest.fixture(scope="module")
@@ -81,28 +95,55 @@ def operators(root: Path, spec: EmbedderSpec) -> set[str]:
     return {node.op_type for node in onnx.load(entry_dir(root, spec) / MODEL).graph.node}
 
 
-def test_the_runtime_is_part_of_the_embedder_identity(torch_spec):
-    assert "runtime" not in torch_spec.model_dump() and "quantization" not in torch_spec.model_dump()
+def test_the_runtime_and_the_int8_graph_are_part_of_the_embedder_identity(torch_spec):
+    dump = torch_spec.model_dump()
+    assert "runtime" not in dump and "quantization" not in dump and "graph_sha256" not in dump
     ids = {
         own_spec_id("embeddings", spec)
         for spec in (
             torch_spec,
             with_runtime(torch_spec, runtime="onnxruntime"),
-            with_runtime(torch_spec, runtime="onnxruntime", quantization="int8"),
+            with_runtime(torch_spec, runtime="onnxruntime", quantization="int8", graph_sha256=OTHER_PIN),
+            with_runtime(torch_spec, runtime="onnxruntime", quantization="int8", graph_sha256="sha256:" + "2" * 64),
         )
     }
-    assert len(ids) == 3
+    assert len(ids) == 4  # two int8 graphs are two embedders: their vectors never share a cache or a bundle
     # the default written out is the same spec as the default left out
-    explicit = with_runtime(torch_spec, runtime="sentence_transformers", quantization="none")
+    explicit = with_runtime(torch_spec, runtime="sentence_transformers", quantization="none", graph_sha256=None)
     assert own_spec_id("embeddings", explicit) == own_spec_id("embeddings", torch_spec)
+
+
+def test_the_ids_of_specs_without_int8_are_unchanged(torch_spec):
+    """Golden: the IDs these specs had before graph_sha256 existed (the default spec's own is
+    pinned in ragpipe_tests/test_golden.py)."""
+    fp32 = with_runtime(torch_spec, runtime="onnxruntime")
+    assert own_spec_id("embeddings", fp32) == "sha256:58442ef8c2412184b57106267dd5bd846aedfb7b9f0e5cae1796d386d2114223"
+    prefixed = with_runtime(fp32, document_prefix="passage: ")
+    assert own_spec_id("embeddings", prefixed) == (
+        "sha256:489b813f300409068d2154ca1e6b893834e663fe5ff7311b18626a700635a4e2"
+    )
 
 
 def test_int8_without_onnxruntime_and_a_remote_runtime_are_refused(torch_spec):
     with pytest.raises(ValueError, match="quantization: int8 weights run on runtime: onnxruntime only"):
-        with_runtime(torch_spec, quantization="int8")
+        with_runtime(torch_spec, quantization="int8", graph_sha256=OTHER_PIN)
     remote = {"provider": "litellm", "model": "openai/text-embedding-3-small", "dimensions": 8, "normalize": True}
     with pytest.raises(ValueError, match="runtime: not used by a litellm embedder"):
         EmbedderSpec.model_validate({**remote, "runtime": "onnxruntime"})
+    with pytest.raises(ValueError, match="graph_sha256: not used by a litellm embedder"):
+        EmbedderSpec.model_validate({**remote, "graph_sha256": OTHER_PIN})
+
+
+def test_an_int8_spec_pins_its_graph_and_only_an_int8_spec_does(torch_spec):
+    with pytest.raises(ValueError) as info:
+        with_runtime(torch_spec, runtime="onnxruntime", quantization="int8")
+    assert (
+        "graph_sha256: an int8 embedder pins its int8 graph's digest "
+        "(`ragpipe embedder pin-graph` makes this host's graph and prints it)"
+    ) in str(info.value)
+    for runtime in ("onnxruntime", "sentence_transformers"):
+        with pytest.raises(ValueError, match="graph_sha256: pins an int8 graph; not used without quantization: int8"):
+            with_runtime(torch_spec, runtime=runtime, graph_sha256=OTHER_PIN)
 
 
 def test_the_fused_graph_encodes_documents_within_the_tolerance_of_torch(graphs, fused, fused_spec):
@@ -140,6 +181,9 @@ def test_the_int8_graph_is_its_own_model(graphs, int8, int8_spec, torch_spec):
     assert {"DynamicQuantizeMatMul", "MatMulInteger"} & operators(graphs, int8_spec)
     manifest = manifest_of(graphs, int8_spec)
     assert manifest["graph"] == "fused_int8"
+    # the graph is the one the spec pins
+    assert manifest["files"][MODEL]["sha256"] == int8_spec.graph_sha256
+    assert graph_digest((entry_dir(graphs, int8_spec) / MODEL).read_bytes()) == int8_spec.graph_sha256
     assert INT8_MIN_COSINE <= manifest["min_cosine_to_torch"] < 1.0
     # the recorded probes are the int8 graph's own vectors, which a load reproduces
     for probe in manifest["document_probes"]:
@@ -147,6 +191,58 @@ def test_the_int8_graph_is_its_own_model(graphs, int8, int8_spec, torch_spec):
     st = SentenceTransformerEmbedder(torch_spec, threads=2)
     difference = np.abs(int8.embed(TEXTS[:1])[0] - st.embed(TEXTS[:1])[0]).max()
     assert difference > 100 * PARITY_TOLERANCE  # not torch's vectors: the gate judges its quality
+
+
+def test_a_spec_pinning_another_int8_graph_is_refused_when_its_graph_is_made(graphs, int8_spec, tmp_path: Path):
+    """This host makes the graph ``int8_spec`` pins, not the one ``wrong`` pins: nothing is published."""
+    wrong = with_runtime(int8_spec, graph_sha256=OTHER_PIN)
+    root = tmp_path / "query_graphs"
+    with pytest.raises(QueryGraphError) as info:
+        query_encoder(root, wrong)
+    assert str(info.value) == (
+        f"embedder graph_sha256: the int8 graph of all-MiniLM-L6-v2 made here is {int8_spec.graph_sha256}, "
+        f"the spec pins {OTHER_PIN} (onnxruntime {onnxruntime_version()} quantises it otherwise than where it was "
+        f"pinned); copy query_graphs/{entry_key(wrong).removeprefix('sha256:')}/ from a home that has the pinned "
+        f"graph, or pin {int8_spec.graph_sha256} (`ragpipe embedder pin-graph`: another embedder, whose documents "
+        "are embedded again)"
+    )
+    assert not root.exists()  # refused before anything was written
+
+
+def test_ragpipe_embedder_pin_graph_prints_the_pin(pinned, tmp_path: Path, monkeypatch):
+    """The command quantises the pipeline spec's model whatever its runtime says, and finds the
+    entry pin_graph made; the spec lines it prints load as a pinned int8 embedder."""
+    from typer.testing import CliRunner
+
+    from ragpipe.cli.app import app
+    from ragpipe.spec import load_model_embedder
+
+    spec, encoder = pinned
+    monkeypatch.setenv("RAGPIPE_HOME", str(encoder.entry.parent.parent))
+    result = CliRunner().invoke(app, ["embedder", "pin-graph", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert (body["graph_sha256"], body["entry"]) == (spec.graph_sha256, str(encoder.entry))
+    assert body["embedder_spec_id"] == own_spec_id("embeddings", spec)
+    assert INT8_MIN_COSINE <= body["min_cosine_to_torch"] < 1
+    edits = dict(e.removeprefix("embeddings.").split("=", 1) for e in body["set"][1::2])
+    assert with_runtime(load_model_embedder(), **edits) == spec
+    # a spec file whose int8 embedder is not pinned yet: refused by a build, read by pin-graph
+    raw = load_pipeline_spec().model_dump(mode="json", by_alias=True, exclude={"evaluation"})
+    raw["embedder"] |= {"runtime": "onnxruntime", "quantization": "int8"}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(json.dumps(raw))
+    from ragpipe.spec import PipelineSpecError
+
+    with pytest.raises(PipelineSpecError, match=r"embedder: graph_sha256: an int8 embedder pins"):
+        load_pipeline_spec(path)
+    assert load_model_embedder(path) == load_model_embedder()
+
+
+def onnxruntime_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("onnxruntime")
 
 
 def copy_entry(root: Path, spec: EmbedderSpec, tmp_path: Path) -> Path:
@@ -220,9 +316,12 @@ def test_an_int8_build_is_queried_through_its_own_graph_only(tmp_path: Path):
     from ragpipe.retrieval.plan import QueryEmbeddingPlan, load_plan
     from ragpipe.retrieval.results import QueryError
 
-    spec = runtime_pipeline(runtime="onnxruntime", quantization="int8")
+    # as a user would: pin this host's graph (ragpipe embedder pin-graph), then build with the pin
+    pinned, _ = pin_graph(Workspace(tmp_path / "home").query_graphs, load_pipeline_spec().embedder)
+    spec = runtime_pipeline(runtime="onnxruntime", quantization="int8", graph_sha256=pinned.graph_sha256)
     corpus = write_tree(tmp_path / "handbook", HANDBOOK)
     ws, spec, bundle = build_all_stages(tmp_path / "home", "hb", corpus, "markdown", spec=spec)
+    assert spec.embedder == pinned
     graph = query_encoder(ws.query_graphs, spec.embedder)
     ids, vectors = read_embeddings(read_output(ws, "hb", "embeddings", spec).path / "embeddings.parquet")
     reps = read_representations(read_output(ws, "hb", "representations", spec).path / "representations.parquet")
