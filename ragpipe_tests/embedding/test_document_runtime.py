@@ -6,6 +6,8 @@ the graph's."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from ragpipe.embedding.query_graph import (
     MANIFEST,
     MODEL,
     QueryGraphError,
+    UntrustedManifest,
     entry_dir,
     entry_key,
     graph_digest,
@@ -34,6 +37,7 @@ from ragpipe.retrieval.retriever import Retriever
 from ragpipe.spec import EmbedderSpec, PipelineSpec, load_pipeline_spec, own_spec_id
 from ragpipe.stages.stage_store import read_output
 from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.query_graphs import copy_entry, edit_manifest
 
 TEXTS = [
     "Does aspirin prevent stroke?",
@@ -245,12 +249,8 @@ def onnxruntime_version() -> str:
     return metadata.version("onnxruntime")
 
 
-def copy_entry(root: Path, spec: EmbedderSpec, tmp_path: Path) -> Path:
-    import shutil
-
-    target = tmp_path / "root"
-    shutil.copytree(entry_dir(root, spec), entry_dir(target, spec))
-    return target
+def another_home(tmp_path: Path) -> Path:
+    return Workspace(tmp_path / "home").query_graphs
 
 
 @pytest.mark.parametrize(
@@ -262,33 +262,104 @@ def copy_entry(root: Path, spec: EmbedderSpec, tmp_path: Path) -> Path:
             lambda m: m.update(min_cosine_to_torch=0.99),
             "min_cosine_to_torch is recorded for int8 graphs, and only for them",
         ),
-        (
-            lambda m: m["document_probes"][1]["vector"].__setitem__(0, m["document_probes"][1]["vector"][0] + 1e-3),
-            "give document probe 'Does low-dose aspirin reduce the risk of' a vector 0.001 away from the recorded "
-            "sentence-transformers vector (> 1e-05)",
-        ),
     ],
 )
-def test_an_edited_fused_manifest_is_refused(graphs, fused, fused_spec, tmp_path: Path, edit, rule: str):
-    root = copy_entry(graphs, fused_spec, tmp_path)
-    path = entry_dir(root, fused_spec) / MANIFEST
-    manifest = json.loads(path.read_text())
-    edit(manifest)
-    path.write_text(json.dumps(manifest))
+def test_a_fused_manifest_not_describing_its_entry_is_not_trusted(
+    graphs, fused, fused_spec, tmp_path: Path, edit, rule: str
+):
+    """Edits sealed again with the key (only a key holder could): still not this entry's manifest."""
+    entry = copy_entry(graphs, fused_spec, another_home(tmp_path))
+    edit_manifest(entry, edit, reseal=True)
+    with pytest.raises(UntrustedManifest) as info:
+        load_entry(entry.parent, fused_spec)
+    assert str(info.value) == f"query graph {entry}/{MANIFEST}: {rule}"
+
+
+def test_a_fused_manifest_with_other_probe_vectors_is_refused_by_the_probes(graphs, fused, fused_spec, tmp_path: Path):
+    entry = copy_entry(graphs, fused_spec, another_home(tmp_path))
+    edit_manifest(
+        entry,
+        lambda m: m["document_probes"][1]["vector"].__setitem__(0, m["document_probes"][1]["vector"][0] + 1e-3),
+        reseal=True,
+    )
     with pytest.raises(QueryGraphError) as info:
-        load_entry(root, fused_spec)
-    assert rule in str(info.value)
-    assert str(info.value).endswith(f"remove {entry_dir(root, fused_spec)} to re-create it")
+        load_entry(entry.parent, fused_spec)
+    assert str(info.value) == (
+        f"query graph {entry}: {MODEL} and tokenizer.json give document probe 'Does low-dose aspirin reduce the risk of' "
+        f"a vector 0.001 away from the recorded sentence-transformers vector (> 1e-05); remove {entry} to re-create it"
+    )
 
 
-def test_an_int8_entry_under_an_fp32_spec_key_is_refused(graphs, int8, int8_spec, fused_spec, tmp_path: Path):
+def test_an_int8_entry_under_an_fp32_spec_key_is_not_trusted(graphs, int8, int8_spec, fused_spec, tmp_path: Path):
     """An int8 graph renamed into the fp32 spec's folder: the manifest's key gives it away."""
-    import shutil
+    entry = copy_entry(graphs, int8_spec, another_home(tmp_path), dst_spec=fused_spec)
+    with pytest.raises(UntrustedManifest, match="is not this embedder's key"):
+        load_entry(entry.parent, fused_spec)
 
-    root = tmp_path / "root"
-    shutil.copytree(entry_dir(graphs, int8_spec), entry_dir(root, fused_spec))
-    with pytest.raises(QueryGraphError, match="is not this embedder's key"):
-        load_entry(root, fused_spec)
+
+def test_an_entry_holding_another_int8_graph_is_refused_and_not_rebuilt_from_it(
+    graphs, int8, int8_spec, tmp_path: Path, caplog
+):
+    """The int8 entry relabelled as the entry of a spec pinning another graph. Sealed with the key
+    (a key holder's mistake), the load compares the graph with the pin and refuses; unsealed, the
+    entry is rebuilt — and this host makes the graph ``int8_spec`` pins, not the one pinned."""
+    wrong = with_runtime(int8_spec, graph_sha256=OTHER_PIN)
+    entry = copy_entry(graphs, int8_spec, another_home(tmp_path), dst_spec=wrong)
+    relabel = {"key": entry_key(wrong), "embedder_spec_id": own_spec_id("embeddings", wrong)}
+    edit_manifest(entry, lambda m: m.update(relabel), reseal=True)
+    with pytest.raises(QueryGraphError) as info:
+        load_entry(entry.parent, wrong)
+    assert str(info.value) == (
+        f"query graph {entry}/{MODEL}: sha256 {int8_spec.graph_sha256} is not the graph the embedder pins "
+        f"(graph_sha256 {OTHER_PIN}); remove {entry} to re-create it"
+    )
+    edit_manifest(entry, lambda m: None, reseal=False)
+    with (
+        caplog.at_level(logging.WARNING, logger="ragpipe.embedding.query_graph"),
+        pytest.raises(QueryGraphError) as info,
+    ):
+        query_encoder(entry.parent, wrong)
+    assert str(info.value).startswith(
+        f"embedder graph_sha256: the int8 graph of all-MiniLM-L6-v2 made here is {int8_spec.graph_sha256}, the spec pins {OTHER_PIN}"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"query graph {entry}/{MANIFEST}: is not sealed (written before manifests were sealed, or by someone without "
+        "the key); the entry is rebuilt"
+    ]
+    assert not entry.exists()
+
+
+def test_a_copied_entry_of_the_pinned_int8_graph_is_adopted(graphs, int8, int8_spec, tmp_path: Path, caplog):
+    """A graph this host does not make (one weight moved) pinned by a spec and published in one
+    home; its entry copied to another home, whose key did not seal it: rebuilt there around the
+    copied graph — the bytes the spec pins — with this host's own probes, not refused for the
+    graph this host would make."""
+    import onnx
+    from onnx import numpy_helper
+
+    from ragpipe.embedding.query_graph import export_graph, publish_graph
+
+    model = onnx.load_from_string((entry_dir(graphs, int8_spec) / MODEL).read_bytes())
+    bias = next(i for i in model.graph.initializer if i.name.endswith("dense.bias"))
+    values = numpy_helper.to_array(bias).copy()
+    values[0] += 1e-3
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    other = model.SerializeToString()
+    spec = with_runtime(int8_spec, graph_sha256=graph_digest(other))
+    first = Workspace(tmp_path / "first").query_graphs
+    publish_graph(first, export_graph(SentenceTransformerEmbedder(spec, threads=2), graph=other))
+    copied = entry_dir(another_home(tmp_path), spec)
+    shutil.copytree(entry_dir(first, spec), copied)
+    with caplog.at_level(logging.WARNING, logger="ragpipe.embedding.query_graph"):
+        encoder = query_encoder(copied.parent, spec)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        f"query graph {copied}/{MANIFEST}: no verification key exists in this home: it cannot have been sealed here; "
+        "the entry is rebuilt"
+    )
+    assert (copied / MODEL).read_bytes() == other and encoder.entry == copied
+    assert INT8_MIN_COSINE <= encoder.min_cosine_to_torch < 1
+    load_entry(copied.parent, spec)
 
 
 def runtime_pipeline(**embedder) -> PipelineSpec:
