@@ -276,12 +276,14 @@ def test_a_fused_manifest_not_describing_its_entry_is_not_trusted(
 
 
 def test_a_fused_manifest_with_other_probe_vectors_is_refused_by_the_probes(graphs, fused, fused_spec, tmp_path: Path):
+    """Where the probes did not pass yet (another onnxruntime, here) a load runs them."""
     entry = copy_entry(graphs, fused_spec, another_home(tmp_path))
-    edit_manifest(
-        entry,
-        lambda m: m["document_probes"][1]["vector"].__setitem__(0, m["document_probes"][1]["vector"][0] + 1e-3),
-        reseal=True,
-    )
+
+    def edit(m: dict) -> None:
+        m["document_probes"][1]["vector"][0] += 1e-3
+        m["probes_passed_on"]["onnxruntime"] = "0.0.1"
+
+    edit_manifest(entry, edit, reseal=True)
     with pytest.raises(QueryGraphError) as info:
         load_entry(entry.parent, fused_spec)
     assert str(info.value) == (

@@ -448,13 +448,55 @@ def test_a_forgery_with_every_digest_and_probe_recomputed_is_refused_then_rebuil
     load_entry(entry_copy.parent, spec)  # trusted now
 
 
+def test_a_load_where_the_probes_passed_skips_them(warm_root: Path, spec):
+    """The sealed manifest records where the probes passed at creation (onnxruntime, tokenizers,
+    CPU); a load there hashes the files and trusts that record instead of running them again."""
+    from ragpipe.embedding.onnx_query import runtime_host
+
+    manifest = read_manifest(entry_dir(warm_root, spec))
+    assert manifest["probes_passed_on"] == runtime_host()
+    assert set(runtime_host()) == {"onnxruntime", "tokenizers", "machine", "cpu"}
+    encoder = load_entry(warm_root, spec)
+    assert encoder.probes_run is False and encoder.max_difference == manifest["max_difference"]
+
+
+ELSEWHERE = [
+    pytest.param({"cpu": "sha256:" + "0" * 16}, id="another_cpu"),
+    pytest.param({"onnxruntime": "0.0.1"}, id="another_onnxruntime"),
+    pytest.param({"tokenizers": "0.0.1"}, id="another_tokenizers"),
+    pytest.param(None, id="not_recorded"),
+]
+
+
+@pytest.mark.parametrize("elsewhere", ELSEWHERE)
+def test_a_load_elsewhere_runs_the_probes(entry_copy: Path, spec, elsewhere):
+    from ragpipe.embedding.onnx_query import runtime_host
+
+    def moved(m: dict) -> None:
+        if elsewhere is None:
+            del m["probes_passed_on"]
+        else:
+            m["probes_passed_on"] |= elsewhere
+
+    edit_manifest(entry_copy, moved, reseal=True)
+    encoder = load_entry(entry_copy.parent, spec)
+    assert encoder.probes_run is True and encoder.max_difference <= PARITY_TOLERANCE
+    assert read_manifest(entry_copy).get("probes_passed_on") != runtime_host()  # not rewritten
+
+
 @pytest.mark.parametrize(("name", "make"), [(MODEL, forged_graph), (TOKENIZER, forged_tokenizer)])
-def test_a_forgery_sealed_with_the_key_but_old_probes_is_refused_by_the_probes(entry_copy: Path, spec, name, make):
-    """A key holder who records another file's digests but not the probe vectors it gives: the
-    probes, re-run on the files, refuse it."""
+def test_a_file_whose_probes_do_not_reproduce_elsewhere_is_refused(entry_copy: Path, spec, name, make):
+    """Another file behind recorded digests (a key holder's record) on a host where the probes
+    did not pass yet: they run, and refuse it — as they refuse a graph this host's onnxruntime or
+    CPU computes otherwise than where the entry was made."""
     (entry_copy / name).write_bytes(make(entry_copy))
     data = (entry_copy / name).read_bytes()
-    edit_manifest(entry_copy, lambda m: m["files"].update({name: {"bytes": len(data), "sha256": sha256(data)}}), True)
+
+    def record(m: dict) -> None:
+        m["files"][name] = {"bytes": len(data), "sha256": sha256(data)}
+        m["probes_passed_on"]["cpu"] = "sha256:" + "0" * 16
+
+    edit_manifest(entry_copy, record, reseal=True)
     with pytest.raises(QueryGraphError) as info:
         load_entry(entry_copy.parent, spec)
     assert re.fullmatch(_probe_refusal(entry_copy), str(info.value)), str(info.value)
