@@ -5,11 +5,11 @@ embedder whose *documents* run on onnxruntime (``embedder.runtime: onnxruntime``
 gets an entry of its own whose graph is fused (``graph_kind``: torch's export with eager attention,
 then onnxruntime's BERT operator fusions, and with ``quantization: int8`` int8 weights) and whose
 manifest records document probes as well. An fp32 graph's probes are torch's vectors, checked to
-``PARITY_TOLERANCE`` at creation and on every load. An int8 graph cannot be within that of torch
-(it is another model, judged by the gate on the suite): its probes are its own vectors at creation
-— at least ``INT8_MIN_COSINE`` from torch's, or creation is refused — and every load must reproduce
-them to ``PARITY_TOLERANCE``, so an altered graph or a host whose kernels compute it differently is
-refused, never used. Which int8 graph is meant is the spec's: ``graph_sha256`` pins the graph
+``PARITY_TOLERANCE`` at creation and by loads (below: where they have not passed yet). An int8
+graph cannot be within that of torch (it is another model, judged by the gate on the suite): its
+probes are its own vectors at creation — at least ``INT8_MIN_COSINE`` from torch's, or creation is
+refused — and a load elsewhere must reproduce them to ``PARITY_TOLERANCE``, so a host whose
+kernels compute it differently is refused, never used. Which int8 graph is meant is the spec's: ``graph_sha256`` pins the graph
 file's bytes (``pin_graph`` makes this host's and returns the spec pinning it); creation refuses to
 publish another graph (``check_pin``) and a load refuses an entry holding another.
 
@@ -51,7 +51,7 @@ duplicate keys, nesting beyond 64 levels and NaN refused), not an object, not se
 another key, edited after sealing, not a manifest, or sealed for another entry (key, spec ID,
 format, probes) — is ``UntrustedManifest``: nothing it says is believed, and ``query_encoder`` logs
 one warning line and **rebuilds** the entry (removed, then created as if missing; seconds, with
-torch). That is also how entries written before manifests were sealed, or under another key, are
+torch; under the entry's lock, so concurrent rebuilders make it once). That is also how entries written before manifests were sealed, or under another key, are
 replaced. An int8 entry being rebuilt keeps its graph if it is the pinned one (its bytes are what
 the spec means, whoever copied them there): an entry copied from a home whose onnxruntime made the
 pinned graph is adopted, its probes computed here.
@@ -65,9 +65,9 @@ records ``probes_passed_on`` (onnxruntime and tokenizers versions, machine, CPU 
 the bytes it has just hashed (~55 ms of probes saved on an idle core, ~0.2 s under load; hashing
 the 90 MB graph costs ~50 ms and is kept: it binds the bytes to the record and catches a damaged
 file). Another onnxruntime, tokenizers or CPU — an upgrade, a home on shared storage — runs them
-on every load, as an entry of a manifest without the field does. An entry whose trusted manifest its files do not match
-(a truncated, flipped or replaced file, a stray file, probes that no longer reproduce) is refused
-and **never re-created automatically**: a published entry that fails verification was altered or
+on every load, as an entry of a manifest without the field does. An entry whose trusted manifest
+its files do not match (a truncated, flipped or replaced file, a stray file, probes that no
+longer reproduce) is refused and **never re-created automatically**: a published entry that fails verification was altered or
 damaged after it passed every check, which is worth an operator's attention, not a silent
 10-second repair on the serving path. The message names the file and the rule and says to remove
 the entry folder, after which the next query re-creates it.
@@ -106,6 +106,7 @@ from ragpipe.embedding.onnx_query import (
 )
 from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.publish import PublishOutcome, StepHook, discard, publish_directory
 from ragpipe.kernel.seals import SEAL, SealKey, SealKeyError, home_sealing_key, sealed, unsealed
@@ -241,14 +242,30 @@ def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncod
         return load_entry(root, spec, threads=threads)
     except UntrustedManifest as exc:
         log.warning("%s; the entry is rebuilt", exc)
-    adopted = _pinned_graph(path, spec)
-    try:
-        discard(path)
-    except FileNotFoundError:
-        pass  # a concurrent rebuild removed it first
-    except OSError as exc:
-        raise QueryGraphError(f"query graph {path}: cannot be removed to rebuild it ({exc.strerror or exc})") from None
-    create_entry(root, spec, threads=threads, graph=adopted)
+    return _rebuilt(root, spec, threads)
+
+
+def _rebuilt(root: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
+    """``spec``'s entry created again in place of one whose manifest is not trusted, under the
+    entry's lock (``<home>/locks/query-graph-<key hex>.lock``): a process that finds the entry
+    trusted by then (rebuilt by another) uses it instead of removing it."""
+    path = entry_dir(root, spec)
+    with file_lock(Workspace(Path(root).parent).locks / f"query-graph-{path.name}.lock", exclusive=True):
+        adopted = None
+        if path.is_dir() and not path.is_symlink():
+            try:
+                return load_entry(root, spec, threads=threads)
+            except UntrustedManifest:
+                adopted = _pinned_graph(path, spec)
+            try:
+                discard(path)
+            except FileNotFoundError:
+                pass  # removed by hand meanwhile
+            except OSError as exc:
+                raise QueryGraphError(
+                    f"query graph {path}: cannot be removed to rebuild it ({exc.strerror or exc})"
+                ) from None
+        create_entry(root, spec, threads=threads, graph=adopted)
     return load_entry(root, spec, threads=threads)
 
 
@@ -378,7 +395,7 @@ def pin_graph(
     pinned = EmbedderSpec.model_validate({**data, "quantization": "int8", "graph_sha256": graph_digest(graph)})
     if not entry_dir(root, pinned).exists():
         publish_graph(root, export_graph(st, pinned, graph), threads=threads)
-    return pinned, load_entry(root, pinned, threads=threads)
+    return pinned, query_encoder(root, pinned, threads=threads)
 
 
 def check_pin(spec: EmbedderSpec, graph: bytes) -> None:

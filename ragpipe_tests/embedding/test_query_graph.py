@@ -648,6 +648,29 @@ def test_a_manifest_sealed_with_the_key_but_not_for_this_entry_is_refused(entry_
         assert type(info.value) is UntrustedManifest and str(info.value) == untrusted(entry_copy, rule)
 
 
+def test_racing_rebuilders_rebuild_once_and_both_load(entry_copy: Path, spec, caplog):
+    """Two loads find the manifest unsealed at once: the entry's lock lets one rebuild it, and the
+    other loads that rebuilt entry instead of removing it."""
+    write_manifest(entry_copy, read_manifest(entry_copy), reseal=False)
+    barrier = threading.Barrier(2)
+    loaded: list[OnnxEncoder] = []
+
+    def load() -> None:
+        barrier.wait()
+        loaded.append(query_encoder(entry_copy.parent, spec))
+
+    with caplog.at_level(logging.WARNING, logger="ragpipe.embedding.query_graph"):
+        threads = [threading.Thread(target=load) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [e.entry for e in loaded] == [entry_copy, entry_copy]
+    # each load that found the old manifest says so (the second may start after the rebuild)
+    assert len(caplog.records) in (1, 2) and os.listdir(entry_copy.parent) == [entry_copy.name]
+    assert load_entry(entry_copy.parent, spec).probes_run is False
+
+
 def test_a_stray_file_is_refused(entry_copy: Path, spec):
     (entry_copy / "notes.txt").write_text("x")
     with pytest.raises(QueryGraphError) as info:
