@@ -62,9 +62,9 @@ that it is the pinned one, and builds the session from the verified bytes. The p
 through it against the stored vectors only where they have not passed: the sealed manifest
 records ``probes_passed_on`` (onnxruntime and tokenizers versions, machine, CPU flags:
 ``onnx_query.runtime_host``) at creation, and a load that finds the same trusts that record for
-the bytes it has just hashed (~55 ms of probes saved on an idle core, ~0.2 s under load; hashing
-the 90 MB graph costs ~50 ms and is kept: it binds the bytes to the record and catches a damaged
-file). Another onnxruntime, tokenizers or CPU — an upgrade, a home on shared storage — runs them
+the bytes it has just hashed (the probes cost 55 ms on 2 free cores, ~180 ms with one busy;
+hashing the 90 MB graph costs ~50 ms and is kept: it binds the bytes to the record and catches a
+damaged file). Another onnxruntime, tokenizers or CPU — an upgrade, a home on shared storage — runs them
 on every load, as an entry of a manifest without the field does. An entry whose trusted manifest
 its files do not match (a truncated, flipped or replaced file, a stray file, probes that no
 longer reproduce) is refused and **never re-created automatically**: a published entry that fails verification was altered or
