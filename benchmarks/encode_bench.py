@@ -7,7 +7,8 @@ sentence-transformers), ``onnxruntime`` (the BERT-fused fp32 graph, one text per
 ``onnxruntime`` + ``quantization: int8`` — in alternating rounds; the median time per arm and the
 median per-round ratio to torch are reported, with the largest component difference from torch's
 vectors (fp32) and the least cosine to them (int8). The graphs are created first, in a temporary
-cache (their creation time is reported apart: a build pays it once per embedder).
+cache (their creation time is reported apart: a build pays it once per embedder); the int8 graph is
+this host's, and its digest (the ``graph_sha256`` that pins it) is reported.
 
 Quality (``--quality``): every SciFact abstract (title and text) and every query of ``--split``
 is embedded by each runtime; the vector channel's nDCG@10 (exact cosine ranking, ``ir_measures``)
@@ -32,35 +33,31 @@ from ir_measures import nDCG
 
 from benchmarks.build_bench import representation_texts
 from ragpipe.embedding.embedder import SentenceTransformerEmbedder
-from ragpipe.embedding.query_graph import query_encoder
+from ragpipe.embedding.query_graph import pin_graph, query_encoder
 from ragpipe.spec import EmbedderSpec, load_pipeline_spec
 
 ARMS = ("torch", "onnxruntime", "onnxruntime_int8")
 
 
-def arm_specs(base: EmbedderSpec) -> dict[str, EmbedderSpec]:
-    data = base.model_dump()
-    return {
-        "onnxruntime": EmbedderSpec.model_validate({**data, "runtime": "onnxruntime"}),
-        "onnxruntime_int8": EmbedderSpec.model_validate({**data, "runtime": "onnxruntime", "quantization": "int8"}),
-    }
-
-
-def load_arms(root: Path) -> tuple[dict[str, object], dict[str, float]]:
+def load_arms(root: Path) -> tuple[dict[str, object], dict[str, float], str]:
+    """The three arms; the int8 arm's graph is this host's, pinned as ``ragpipe embedder
+    pin-graph`` pins it (its digest is in the report)."""
     spec = load_pipeline_spec()
+    threads = spec.execution.torch_threads
     arms: dict[str, object] = {
-        "torch": SentenceTransformerEmbedder(
-            spec.embedder, spec.execution.embed_batch_size, spec.execution.torch_threads
-        )
+        "torch": SentenceTransformerEmbedder(spec.embedder, spec.execution.embed_batch_size, threads)
     }
     created = {}
-    for name, arm_spec in arm_specs(spec.embedder).items():
-        t0 = time.perf_counter()
-        arms[name] = query_encoder(root, arm_spec, threads=spec.execution.torch_threads)
-        created[name] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fp32 = EmbedderSpec.model_validate({**spec.embedder.model_dump(), "runtime": "onnxruntime"})
+    arms["onnxruntime"] = query_encoder(root, fp32, threads=threads)
+    created["onnxruntime"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pinned, arms["onnxruntime_int8"] = pin_graph(root, spec.embedder, threads=threads, st_embedder=arms["torch"])
+    created["onnxruntime_int8"] = time.perf_counter() - t0
     for arm in arms.values():
         arm.embed(["warm up"])
-    return arms, created
+    return arms, created, pinned.graph_sha256
 
 
 def speed(arms: dict[str, object], texts: list[str], rounds: int) -> dict:
@@ -116,9 +113,9 @@ def main() -> None:
     parser.add_argument("--split", default="train")
     args = parser.parse_args()
     texts = [text for _, text in sorted(representation_texts((args.scifact / "corpus.jsonl.gz").resolve()).items())]
-    with tempfile.TemporaryDirectory() as root:
-        arms, created = load_arms(Path(root))
-        report = {"graph_creation_seconds": {k: round(v, 1) for k, v in created.items()}}
+    with tempfile.TemporaryDirectory() as home:
+        arms, created, pin = load_arms(Path(home) / "query_graphs")
+        report = {"graph_creation_seconds": {k: round(v, 1) for k, v in created.items()}, "int8_graph_sha256": pin}
         report["speed"] = speed(arms, texts[: args.texts], args.rounds)
         if args.quality:
             report["quality"] = quality(arms, args.scifact.resolve(), args.split)

@@ -58,7 +58,8 @@ def retriever_for_release(
     When the bundle's query graph is cached, it is loaded (every check of
     ``ragpipe.embedding.query_graph.load_entry``) on a worker thread *while* the release is
     verified, and handed to the retriever if the verified bundle and plan call for exactly that
-    embedder with the onnxruntime runtime; a refused entry then raises here (``QueryGraphError``).
+    embedder with the onnxruntime runtime; a refused entry then raises here (``QueryGraphError``),
+    while an entry whose manifest is not trusted is left to the retriever, which rebuilds it.
     Raises ``ragpipe.release.store.ReleaseError`` when nothing is active or the release does not
     verify."""
     ws = Workspace(Path(home) if home else default_home())
@@ -77,7 +78,12 @@ def retriever_for_release(
 
     served = served_release(ws, target, release_id)
     if early is not None and early.serves(served):
-        options["embedder"] = early.loading.result()
+        from ragpipe.embedding.query_graph import UntrustedManifest
+
+        try:
+            options["embedder"] = early.loading.result()
+        except UntrustedManifest:
+            pass  # the Retriever's query_encoder says why, once, and rebuilds the entry
     from ragpipe.retrieval.retriever import Retriever
 
     retriever = Retriever(served.bundle, plan=served.plan, **options)

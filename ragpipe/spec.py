@@ -290,7 +290,11 @@ class EmbedderSpec(_Spec):
     bundle never mixes them; the onnxruntime graph is proved within ``PARITY_TOLERANCE`` of torch
     on probes when it is created and every time it is loaded. ``quantization: int8`` (onnxruntime
     only) runs that graph with int8 weights: another model in effect, faster and less exact, whose
-    quality the gate judges on the suite like any experiment (docs/embedders.md).
+    quality the gate judges on the suite like any experiment (docs/embedders.md). Quantising can
+    give other bytes under another onnxruntime or on another host, so an int8 embedder pins its
+    graph as ``weights_sha256`` pins weights: ``graph_sha256``, the SHA-256 of the int8 graph file
+    (``ragpipe embedder pin-graph`` makes this host's graph and prints it); required with int8,
+    refused without.
 
     Every form has ``dimensions``, ``normalize`` and the two prefixes. A field a form does not use
     is refused, and a field at its default is left out of the dump, so a packaged-model spec has
@@ -313,6 +317,7 @@ class EmbedderSpec(_Spec):
     send_dimensions: bool = False
     runtime: Literal["sentence_transformers", "onnxruntime"] = "sentence_transformers"
     quantization: Literal["none", "int8"] = "none"
+    graph_sha256: str | None = Field(None, pattern=_DIGEST)
 
     @model_validator(mode="before")
     @classmethod
@@ -368,6 +373,7 @@ class EmbedderSpec(_Spec):
                     "files_sha256": None,
                     "runtime": "sentence_transformers",
                     "quantization": "none",
+                    "graph_sha256": None,
                 },
                 "a litellm embedder",
             )
@@ -377,6 +383,13 @@ class EmbedderSpec(_Spec):
             raise ValueError("model_name: a sentence_transformers embedder names its model")
         if self.quantization != "none" and self.runtime != "onnxruntime":
             raise ValueError("quantization: int8 weights run on runtime: onnxruntime only")
+        if self.quantization == "int8" and self.graph_sha256 is None:
+            raise ValueError(
+                "graph_sha256: an int8 embedder pins its int8 graph's digest "
+                "(`ragpipe embedder pin-graph` makes this host's graph and prints it)"
+            )
+        if self.quantization != "int8" and self.graph_sha256 is not None:
+            raise ValueError("graph_sha256: pins an int8 graph; not used without quantization: int8")
         if self.max_seq_length is None:
             raise ValueError("max_seq_length: a sentence_transformers embedder declares it")
         packaged = self.package is not None or self.weights_sha256 is not None
@@ -436,6 +449,7 @@ _EMBEDDER_DEFAULTS: dict[str, object] = {
     "send_dimensions": False,
     "runtime": "sentence_transformers",
     "quantization": "none",
+    "graph_sha256": None,
 }
 
 
@@ -834,3 +848,27 @@ def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:
     if spec.evaluation is not None:
         spec = spec.model_copy(update={"evaluation": spec.evaluation.resolved(path.resolve().parent)})
     return spec
+
+
+def load_model_embedder(path: Path | None = None) -> EmbedderSpec:
+    """The local model the pipeline spec file's embedder names, as the spec of its fused fp32
+    onnxruntime graph (the file's ``runtime``, ``quantization`` and ``graph_sha256`` left out):
+    what ``ragpipe embedder pin-graph`` quantises. Only the ``embedder`` section is read, so a file
+    whose int8 embedder is not pinned yet — which ``load_pipeline_spec`` refuses — is read too.
+    ``PipelineSpecError`` in one line, as ``load_pipeline_spec``'s."""
+    path = pipeline_spec_path(path)
+    raw = read_yaml_file(path, "pipeline spec", PipelineSpecError)
+    embedder = raw.get("embedder") if isinstance(raw, Mapping) else None
+    if not isinstance(embedder, Mapping):
+        raise PipelineSpecError(f"{path}: invalid pipeline spec: embedder: a mapping is required")
+    if embedder.get("provider") == "litellm":
+        raise PipelineSpecError(f"{path}: embedder: a litellm embedder has no local model to quantise")
+    fields = {k: v for k, v in embedder.items() if k not in ("runtime", "quantization", "graph_sha256")}
+    try:
+        return EmbedderSpec.model_validate(
+            {**fields, "runtime": "onnxruntime"}, context={"base": path.resolve().parent}
+        )
+    except ValidationError as exc:
+        raise PipelineSpecError(
+            f"{path}: invalid pipeline spec: {validation_error_text(exc, lambda loc: ('embedder', *loc))}"
+        ) from None

@@ -1,4 +1,5 @@
-"""``ragpipe embedder pin``: the digest that pins a sentence-transformers model folder."""
+"""``ragpipe embedder pin``: the digest that pins a sentence-transformers model folder;
+``ragpipe embedder pin-graph``: the digest that pins an int8 graph of the pipeline spec's model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import typer
 
 from ragpipe.cli.common import JsonOpt, emit_json, fail, out
 
-embedder_app = typer.Typer(help="Pin embedder model folders.", no_args_is_help=True)
+embedder_app = typer.Typer(help="Pin embedder model folders and int8 graphs.", no_args_is_help=True)
 
 
 @embedder_app.command("pin")
@@ -52,3 +53,50 @@ def embedder_pin(
                   highlight=False, markup=False, soft_wrap=True)  # fmt: skip
     out.print(f"embedder:\n  model_name: {path.resolve().name}\n  model_path: {path.resolve()}\n  files_sha256: {digest}",
               highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+
+
+@embedder_app.command("pin-graph")
+def embedder_pin_graph(
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="The pipeline spec file whose embedder's model is quantised (default: $RAGPIPE_PIPELINE_SPEC, "
+            "else the checked-in spec).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make this host's int8 graph of the pipeline spec's model (seconds: torch exports it,
+    onnxruntime fuses and quantises it), keep it in $RAGPIPE_HOME/query_graphs/, and print its
+    graph_sha256 with the embedder lines (and the candidate --set edits) that pin it
+    (docs/embedders.md). The spec file's own runtime, quantization and graph_sha256 are ignored."""
+    from ragpipe.embedding.embedder import EmbedderError
+    from ragpipe.embedding.query_graph import pin_graph
+    from ragpipe.kernel.workspace import Workspace, default_home
+    from ragpipe.spec import PipelineSpecError, load_model_embedder, own_spec_id
+
+    try:
+        model = load_model_embedder(spec_file)
+        pinned, encoder = pin_graph(Workspace(default_home()).query_graphs, model)
+    except (PipelineSpecError, EmbedderError) as exc:
+        fail(str(exc))
+    lines = ("runtime: onnxruntime", "quantization: int8", f"graph_sha256: {pinned.graph_sha256}")
+    edits = " ".join(f"--set embeddings.{line.replace(': ', '=')}" for line in lines)
+    if as_json:
+        emit_json(
+            {
+                "graph_sha256": pinned.graph_sha256,
+                "embedder_spec_id": own_spec_id("embeddings", pinned),
+                "entry": str(encoder.entry),
+                "min_cosine_to_torch": encoder.min_cosine_to_torch,
+                "set": edits.split(" "),
+            }
+        )
+        return
+    text = (
+        f"graph_sha256: {pinned.graph_sha256}  (the int8 graph of {pinned.label} made here; probes at cosine "
+        f">= {encoder.min_cosine_to_torch:.4f} to torch; entry {encoder.entry})\n"
+        "embedder:\n" + "".join(f"  {line}\n" for line in lines) + f"a candidate: {edits}"
+    )
+    out.print(text, highlight=False, markup=False, soft_wrap=True)

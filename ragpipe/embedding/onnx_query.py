@@ -22,10 +22,13 @@ documents get. Length-sorted padded batches of 8 or 16 were no faster in a probe
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import platform
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +65,9 @@ class OnnxEncoder:
 
     thread_safe = True
     entry: Path | None = None  # the cache entry it was loaded from (set by query_graph)
-    max_difference: float | None = None  # worst probe difference against sentence-transformers, at load
+    max_difference: float | None = None  # worst probe difference (at load, or recorded if the probes were skipped)
+    probes_run: bool = False  # whether the load ran the probes (query_graph: skipped where they passed)
+    min_cosine_to_torch: float | None = None  # an int8 graph's: its probes' least cosine to torch's, at creation
 
     def __init__(self, spec: EmbedderSpec, graph: bytes, tokenizer_json: str, threads: int = 2):
         import onnxruntime as ort
@@ -112,6 +117,42 @@ class OnnxEncoder:
         if not texts:
             return np.zeros((0, self.dimensions), np.float32)
         return np.stack([self.embed_document(text) for text in texts])
+
+
+def runtime_host() -> dict[str, str]:
+    """What decides the vectors a graph gives here besides its bytes: the onnxruntime and
+    tokenizers versions, and the CPU — its architecture and instruction-set flags, which select
+    onnxruntime's kernels (AVX2, AVX-512, VNNI int8 dot products …): ``cpu`` is a digest of the
+    sorted flags (``/proc/cpuinfo``, else the processor's name). The query-graph cache records it
+    where an entry's probes passed, and skips them on a load that finds the same."""
+    return dict(_runtime_host())
+
+
+@cache
+def _runtime_host() -> tuple[tuple[str, str], ...]:
+    import onnxruntime
+    import tokenizers
+
+    return (
+        ("onnxruntime", onnxruntime.__version__),
+        ("tokenizers", tokenizers.__version__),
+        ("machine", platform.machine()),
+        ("cpu", "sha256:" + hashlib.sha256(_cpu_flags().encode()).hexdigest()[:16]),
+    )
+
+
+def _cpu_flags() -> str:
+    """The CPU's instruction-set flags, sorted (the first processor's ``flags``, or ``Features``
+    on ARM, in ``/proc/cpuinfo``); the processor's name where there is no such file."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    return " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def fuse_bert(graph: bytes, num_heads: int, hidden_size: int) -> bytes:

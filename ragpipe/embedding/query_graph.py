@@ -5,11 +5,13 @@ embedder whose *documents* run on onnxruntime (``embedder.runtime: onnxruntime``
 gets an entry of its own whose graph is fused (``graph_kind``: torch's export with eager attention,
 then onnxruntime's BERT operator fusions, and with ``quantization: int8`` int8 weights) and whose
 manifest records document probes as well. An fp32 graph's probes are torch's vectors, checked to
-``PARITY_TOLERANCE`` at creation and on every load. An int8 graph cannot be within that of torch
-(it is another model, judged by the gate on the suite): its probes are its own vectors at creation
-— at least ``INT8_MIN_COSINE`` from torch's, or creation is refused — and every load must reproduce
-them to ``PARITY_TOLERANCE``, so an altered graph or a host whose kernels compute it differently is
-refused, never used.
+``PARITY_TOLERANCE`` at creation and by loads (below: where they have not passed yet). An int8
+graph cannot be within that of torch (it is another model, judged by the gate on the suite): its
+probes are its own vectors at creation — at least ``INT8_MIN_COSINE`` from torch's, or creation is
+refused — and a load elsewhere must reproduce them to ``PARITY_TOLERANCE``, so a host whose
+kernels compute it differently is refused, never used. Which int8 graph is meant is the spec's: ``graph_sha256`` pins the graph
+file's bytes (``pin_graph`` makes this host's and returns the spec pinning it); creation refuses to
+publish another graph (``check_pin``) and a load refuses an entry holding another.
 
 Exporting the query model to ONNX needs torch and sentence-transformers (seconds of imports, a
 second of tracing); running it needs only onnxruntime and ``tokenizers``. One cache entry per
@@ -21,7 +23,8 @@ embedder holds what the fast path needs::
                                       version, size and sha256 of both files, max_seq_length, query
                                       prefix, the sentence-transformers vector of every parity
                                       probe, the worst parity difference, and (execution facts,
-                                      in no ID) the library versions that created it
+                                      in no ID) the library versions that created it and where
+                                      its probes passed (``runtime_host``); sealed
 
 ``key = content_id("query_graph", 1, {format_version, embedder_spec_id, weights_sha256})``: the
 embedder spec ID covers the model, prefix, truncation and normalisation, the weights digest (a
@@ -37,14 +40,37 @@ vectors are within ``PARITY_TOLERANCE``. The entry is published atomically
 (``ragpipe.kernel.publish.publish_directory``) after the loader's own checks passed on the temp
 folder; a concurrent creator that loses the race uses the winner's entry.
 
-Loading (``load_entry``) reads the manifest, checks that it is this embedder's entry, checks the
-size and sha256 of every file (and that no other file is there), builds the session from the
-verified bytes and re-runs the probes through it against the stored vectors (~50 ms; catches a
-different graph behind consistently forged digests). A refused entry is never used and **never
-re-created automatically**: a published entry that fails verification was altered or damaged after
-it passed every check, which is worth an operator's attention, not a silent 10-second repair on the
-serving path. The message names the file and the rule and says to remove the entry folder, after
-which the next query re-creates it.
+**Sealed.** The manifest carries a ``seal`` (HMAC-SHA256 of its canonical form, domain
+``SEAL_DOMAIN``; ``ragpipe.kernel.seals``) made with the configured key, else with the home key of
+the home that holds the cache (``<home>/verified/home.key``, ``home_sealing_key``: ``root`` is
+``<home>/query_graphs``). Digests and probes anyone can recompute; the seal only a key holder can
+make, so someone who can write ``query_graphs/`` but not the key cannot make this home trust
+another graph, tokenizer or probe vector. A manifest that does not vouch for its entry — missing,
+not a regular file, larger than ``MAX_MANIFEST_BYTES``, not UTF-8, not JSON (strictly read:
+duplicate keys, nesting beyond 64 levels and NaN refused), not an object, not sealed, sealed with
+another key, edited after sealing, not a manifest, or sealed for another entry (key, spec ID,
+format, probes) — is ``UntrustedManifest``: nothing it says is believed, and ``query_encoder`` logs
+one warning line and **rebuilds** the entry (removed, then created as if missing; seconds, with
+torch; under the entry's lock, so concurrent rebuilders make it once). That is also how entries written before manifests were sealed, or under another key, are
+replaced. An int8 entry being rebuilt keeps its graph if it is the pinned one (its bytes are what
+the spec means, whoever copied them there): an entry copied from a home whose onnxruntime made the
+pinned graph is adopted, its probes computed here.
+
+Loading (``load_entry``) reads and unseals the manifest, checks that it is this embedder's entry,
+checks the size and sha256 of every file (and that no other file is there) and, for an int8 graph,
+that it is the pinned one, and builds the session from the verified bytes. The probes are re-run
+through it against the stored vectors only where they have not passed: the sealed manifest
+records ``probes_passed_on`` (onnxruntime and tokenizers versions, machine, CPU flags:
+``onnx_query.runtime_host``) at creation, and a load that finds the same trusts that record for
+the bytes it has just hashed (the probes cost 55 ms on 2 free cores, ~180 ms with one busy;
+hashing the 90 MB graph costs ~50 ms and is kept: it binds the bytes to the record and catches a
+damaged file). Another onnxruntime, tokenizers or CPU — an upgrade, a home on shared storage — runs them
+on every load, as an entry of a manifest without the field does. An entry whose trusted manifest
+its files do not match (a truncated, flipped or replaced file, a stray file, probes that no
+longer reproduce) is refused and **never re-created automatically**: a published entry that fails verification was altered or
+damaged after it passed every check, which is worth an operator's attention, not a silent
+10-second repair on the serving path. The message names the file and the rule and says to remove
+the entry folder, after which the next query re-creates it.
 
 torch is imported only by ``_export`` (lazily), sentence-transformers only through
 ``ragpipe.embedding.embedder`` on the creation path; onnxruntime only by
@@ -57,6 +83,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -75,11 +102,19 @@ from ragpipe.embedding.onnx_query import (
     OnnxEncoder,
     fuse_bert,
     quantize_int8,
+    runtime_host,
 )
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.models import FrozenModel
-from ragpipe.kernel.publish import PublishOutcome, StepHook, publish_directory
+from ragpipe.kernel.publish import PublishOutcome, StepHook, discard, publish_directory
+from ragpipe.kernel.seals import SEAL, SealKey, SealKeyError, home_sealing_key, sealed, unsealed
+from ragpipe.kernel.strict_load import StrictLoadError, load_json
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import EmbedderSpec, own_spec_id
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MODEL = "model.onnx"
@@ -87,6 +122,9 @@ TOKENIZER = "tokenizer.json"
 MANIFEST = "manifest.json"
 PAYLOAD = (MODEL, TOKENIZER)
 MANIFEST_KIND = "ragpipe.query_graph"
+SEAL_DOMAIN = "query-graph-manifest"
+MAX_MANIFEST_BYTES = 16 << 20  # ten probe vectors of up to 65,536 components, as JSON
+MAX_GRAPH_BYTES = 1 << 32
 # builds the one-line refusal of an entry: (file in the entry or None, the rule broken)
 Refuse = Callable[[str | None, str], "QueryGraphError"]
 # Which graph an entry holds (``graph_kind``): torch's plain export (queries only), or for an
@@ -101,6 +139,12 @@ INT8_MIN_COSINE = 0.95
 
 class QueryGraphError(EmbedderError):
     """A query graph that cannot be created, or a cache entry that is refused."""
+
+
+class UntrustedManifest(QueryGraphError):
+    """An entry whose manifest does not vouch for it: missing, unreadable, malformed, not sealed
+    with this home's key, or sealed for another entry. Nothing it says is believed;
+    ``query_encoder`` rebuilds the entry."""
 
 
 class EntryFile(FrozenModel):
@@ -134,6 +178,8 @@ class QueryGraphManifest(FrozenModel):
     graph: GraphKind = "exported"  # entries written before fused graphs existed hold the plain export
     document_probes: tuple[Probe, ...] = ()
     min_cosine_to_torch: float | None = None
+    # where the probes passed when the entry was created (``runtime_host``): a load there skips them
+    probes_passed_on: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +237,49 @@ def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncod
     path = entry_dir(root, spec)
     if not (path.exists() or path.is_symlink()):
         create_entry(root, spec, threads=threads)
+        return load_entry(root, spec, threads=threads)
+    try:
+        return load_entry(root, spec, threads=threads)
+    except UntrustedManifest as exc:
+        log.warning("%s; the entry is rebuilt", exc)
+    return _rebuilt(root, spec, threads)
+
+
+def _rebuilt(root: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
+    """``spec``'s entry created again in place of one whose manifest is not trusted, under the
+    entry's lock (``<home>/locks/query-graph-<key hex>.lock``): a process that finds the entry
+    trusted by then (rebuilt by another) uses it instead of removing it."""
+    path = entry_dir(root, spec)
+    with file_lock(Workspace(Path(root).parent).locks / f"query-graph-{path.name}.lock", exclusive=True):
+        adopted = None
+        if path.is_dir() and not path.is_symlink():
+            try:
+                return load_entry(root, spec, threads=threads)
+            except UntrustedManifest:
+                adopted = _pinned_graph(path, spec)
+            try:
+                discard(path)
+            except FileNotFoundError:
+                pass  # removed by hand meanwhile
+            except OSError as exc:
+                raise QueryGraphError(
+                    f"query graph {path}: cannot be removed to rebuild it ({exc.strerror or exc})"
+                ) from None
+        create_entry(root, spec, threads=threads, graph=adopted)
     return load_entry(root, spec, threads=threads)
+
+
+def _pinned_graph(folder: Path, spec: EmbedderSpec) -> bytes | None:
+    """The graph file of an entry being rebuilt, if it is the int8 graph ``spec`` pins: its bytes
+    are what the spec means whoever wrote the entry, so the rebuild publishes them (a graph copied
+    from a home whose onnxruntime made the pinned bytes) instead of quantising again."""
+    if graph_kind(spec) != "fused_int8":
+        return None
+    try:
+        data = read_regular(folder / MODEL, MAX_GRAPH_BYTES)
+    except OSError:
+        return None
+    return data if graph_digest(data) == spec.graph_sha256 else None
 
 
 def load_entry(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncoder:
@@ -202,7 +290,18 @@ def load_entry(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncoder:
         raise QueryGraphError(f"query graph {path}: is not an entry folder; remove {path} to re-create it")
     if not path.is_dir():
         raise QueryGraphError(f"query graph {path}: no such entry (query_encoder creates it)")
-    return _verified(path, spec, threads)
+    return _verified(path, spec, threads, sealing_key(root, create=False))
+
+
+def sealing_key(root: Path, create: bool) -> SealKey | None:
+    """The key that seals the manifests of the cache ``root``: the configured key, else the home
+    key of the home that holds the cache (``root`` is ``<home>/query_graphs``;
+    ``ragpipe.kernel.seals.home_sealing_key``), created when ``create``. A key that cannot be read
+    or made is a ``QueryGraphError``."""
+    try:
+        return home_sealing_key(Workspace(Path(root).parent), create=create)
+    except (OSError, SealKeyError) as exc:
+        raise QueryGraphError(f"query graph {root}: no usable sealing key: {exc}") from None
 
 
 def create_entry(
@@ -211,10 +310,12 @@ def create_entry(
     st_embedder: SentenceTransformerEmbedder | None = None,
     threads: int = 2,
     on_step: StepHook | None = None,
+    graph: bytes | None = None,
 ) -> tuple[Path, PublishOutcome]:
     """Export ``spec``'s query graph and publish it under ``root``; ``existing`` (nothing loaded,
     nothing written) when the entry is already there — the caller verifies it by loading.
-    ``st_embedder``: the model, already loaded (loaded here when None)."""
+    ``st_embedder``: the model, already loaded (loaded here when None); ``graph``: the int8 graph
+    to publish instead of quantising here (``export_graph``)."""
     path = entry_dir(root, spec)
     if path.exists() or path.is_symlink():
         return path, PublishOutcome.existing
@@ -223,31 +324,45 @@ def create_entry(
         raise ValueError(
             f"the sentence-transformers model is of spec {own_spec_id('embeddings', st.spec)}, not of {own_spec_id('embeddings', spec)}"
         )
-    return publish_graph(root, export_graph(st), threads=threads, on_step=on_step)
+    return publish_graph(root, export_graph(st, graph=graph), threads=threads, on_step=on_step)
 
 
-def export_graph(st: SentenceTransformerEmbedder) -> ExportedGraph:
-    """The graph and tokenizer of ``st``'s model with its own probe vectors and token IDs (torch)."""
+def export_graph(
+    st: SentenceTransformerEmbedder, spec: EmbedderSpec | None = None, graph: bytes | None = None
+) -> ExportedGraph:
+    """The graph and tokenizer of ``spec``'s entry (default ``st.spec``; another runtime or
+    quantisation of ``st``'s model) with torch's probe vectors and token IDs. ``graph``: the int8
+    graph to publish, made already (``pin_graph``) or adopted from an entry being rebuilt, instead
+    of quantising here."""
+    spec = spec or st.spec
+    if _model_fields(spec) != _model_fields(st.spec):
+        raise ValueError(f"the sentence-transformers model is not the model of {own_spec_id('embeddings', spec)}")
     folder = getattr(st, "model_dir", None) or model_directory(st.spec)  # verified when st was loaded
     tokenizer = folder / TOKENIZER
     if not tokenizer.is_file():
         raise QueryGraphError(
             f"{tokenizer.parent} has no {TOKENIZER}: the onnxruntime runtime tokenizes with the "
-            f"model's fast-tokenizer file; {_fallback(st.spec)}"
+            f"model's fast-tokenizer file; {_fallback(spec)}"
         )
-    texts = [st.spec.query_prefix + probe for probe in PARITY_PROBES]
-    kind = graph_kind(st.spec)
+    texts = [spec.query_prefix + probe for probe in PARITY_PROBES]
+    kind = graph_kind(spec)
     documents = () if kind == "exported" else PARITY_PROBES
     return ExportedGraph(
-        spec=st.spec,
-        graph=_graph(st, kind),
+        spec=spec,
+        graph=graph if graph is not None and kind == "fused_int8" else _graph(st, kind),
         tokenizer=tokenizer.read_bytes(),
         reference_vectors=tuple(st.embed_query(probe) for probe in PARITY_PROBES),
         reference_tokens=tuple(_st_token_ids(st, text) for text in texts),
         created_with=_versions("torch", "sentence-transformers", "onnxruntime", "onnx", "tokenizers"),
         document_vectors=tuple(st.embed([probe])[0] for probe in documents),
-        document_tokens=tuple(_st_token_ids(st, st.spec.document_prefix + probe) for probe in documents),
+        document_tokens=tuple(_st_token_ids(st, spec.document_prefix + probe) for probe in documents),
     )
+
+
+def _model_fields(spec: EmbedderSpec) -> dict:
+    """What a sentence-transformers model loaded for ``spec`` computes: the spec without its
+    document runtime, quantisation and graph pin."""
+    return spec.model_dump(exclude={"runtime", "quantization", "graph_sha256"})
 
 
 def _graph(st: SentenceTransformerEmbedder, kind: GraphKind) -> bytes:
@@ -260,6 +375,45 @@ def _graph(st: SentenceTransformerEmbedder, kind: GraphKind) -> bytes:
     return quantize_int8(fused) if kind == "fused_int8" else fused
 
 
+def graph_digest(graph: bytes) -> str:
+    """``sha256:<hex>`` of a graph file's bytes: what ``graph_sha256`` pins."""
+    return "sha256:" + hashlib.sha256(graph).hexdigest()
+
+
+def pin_graph(
+    root: Path, spec: EmbedderSpec, threads: int = 2, st_embedder: SentenceTransformerEmbedder | None = None
+) -> tuple[EmbedderSpec, OnnxEncoder]:
+    """This host's int8 graph of ``spec``'s model (its runtime, quantisation and pin are ignored),
+    published under ``root`` as the entry of the embedder spec that pins it, and that spec with
+    the verified encoder: ``ragpipe embedder pin-graph``. Creation's checks apply (token IDs,
+    cosine to torch at least ``INT8_MIN_COSINE``). The graph is made every time (its digest names
+    the entry); an entry already there is loaded, not published again."""
+    data = {**_model_fields(spec), "runtime": "onnxruntime"}
+    model = EmbedderSpec.model_validate(data)
+    st = st_embedder or SentenceTransformerEmbedder(model, threads=threads)
+    graph = _graph(st, "fused_int8")
+    pinned = EmbedderSpec.model_validate({**data, "quantization": "int8", "graph_sha256": graph_digest(graph)})
+    if not entry_dir(root, pinned).exists():
+        publish_graph(root, export_graph(st, pinned, graph), threads=threads)
+    return pinned, query_encoder(root, pinned, threads=threads)
+
+
+def check_pin(spec: EmbedderSpec, graph: bytes) -> None:
+    """``QueryGraphError`` unless ``graph`` is the int8 graph ``spec`` pins (nothing to check for
+    other graphs): one line with both digests and what to do."""
+    if graph_kind(spec) != "fused_int8":
+        return
+    made = graph_digest(graph)
+    if made != spec.graph_sha256:
+        key = entry_key(spec).removeprefix("sha256:")
+        raise QueryGraphError(
+            f"embedder graph_sha256: the int8 graph of {spec.label} made here is {made}, the spec pins "
+            f"{spec.graph_sha256} (onnxruntime {_versions('onnxruntime')['onnxruntime']} quantises it otherwise than "
+            f"where it was pinned); copy query_graphs/{key}/ from a home that has the pinned graph, or pin {made} "
+            "(`ragpipe embedder pin-graph`: another embedder, whose documents are embedded again)"
+        )
+
+
 def publish_graph(
     root: Path, exported: ExportedGraph, threads: int = 2, on_step: StepHook | None = None
 ) -> tuple[Path, PublishOutcome]:
@@ -268,6 +422,8 @@ def publish_graph(
     checks, before it becomes visible."""
     spec = exported.spec
     final = entry_dir(root, spec)
+    check_pin(spec, exported.graph)
+    key = sealing_key(root, create=True)
 
     def write_data(tmp: Path) -> None:
         (tmp / MODEL).write_bytes(exported.graph)
@@ -279,14 +435,14 @@ def publish_graph(
         _check_tokens(encoder, exported)
         if graph_kind(spec) == "fused_int8":
             recorded, cosine = _own_probes(encoder, exported)
-            (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, recorded, 0.0, cosine))
+            (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, recorded, 0.0, cosine, key))
         else:
             worst = _check_parity(encoder, exported)
             recorded = (exported.reference_vectors, exported.document_vectors)
-            (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, recorded, worst, None))
+            (tmp / MANIFEST).write_bytes(_manifest_bytes(tmp, exported, recorded, worst, None, key))
 
     outcome = publish_directory(
-        final, write_data, write_manifest, on_step=on_step, validate=lambda tmp: _verified(tmp, spec, threads)
+        final, write_data, write_manifest, on_step=on_step, validate=lambda tmp: _verified(tmp, spec, threads, key)
     )
     return final, outcome
 
@@ -367,7 +523,9 @@ def _manifest_bytes(
     recorded: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
     worst: float,
     cosine: float | None,
+    key: SealKey,
 ) -> bytes:
+    """The manifest, sealed with ``key`` (HMAC-SHA256 of its canonical form: ``SEAL_DOMAIN``)."""
     spec = exported.spec
     manifest = QueryGraphManifest(
         kind=MANIFEST_KIND,
@@ -386,31 +544,50 @@ def _manifest_bytes(
         graph=graph_kind(spec),
         document_probes=_probes(recorded[1]),
         min_cosine_to_torch=cosine,
+        probes_passed_on=runtime_host(),
     )
-    return (
-        json.dumps(manifest.model_dump(mode="json", exclude_defaults=True), indent=1, sort_keys=True).encode() + b"\n"
-    )
+    document = sealed(manifest.model_dump(mode="json", exclude_defaults=True), SEAL_DOMAIN, key)
+    return json.dumps(document, indent=1, sort_keys=True).encode() + b"\n"
 
 
 def _file_facts(data: bytes) -> EntryFile:
     return EntryFile(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
 
 
-def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
+def _verified(folder: Path, spec: EmbedderSpec, threads: int, key: SealKey | None) -> OnnxEncoder:
     """The encoder of the entry in ``folder`` (published, or the temp folder being published)
-    once every load rule holds."""
+    once every load rule holds: ``UntrustedManifest`` unless its manifest is sealed with ``key``
+    and describes this entry, ``QueryGraphError`` when the files are not what it describes."""
 
     def refuse(file: str | None, rule: str) -> QueryGraphError:
         where = f"{folder}/{file}" if file else str(folder)
         return QueryGraphError(f"query graph {where}: {rule}; remove {folder} to re-create it")
 
-    manifest = _read_manifest(folder, refuse)
-    _check_identity(manifest, spec, refuse)
+    def untrusted(_file: str | None, rule: str) -> QueryGraphError:
+        return UntrustedManifest(f"query graph {folder}/{MANIFEST}: {rule}")
+
+    manifest = _read_manifest(folder, key, untrusted)
+    _check_identity(manifest, spec, untrusted)
     payload = _read_payload(folder, manifest, refuse)
+    recorded = manifest.files[MODEL].sha256  # the bytes' digest: _read_payload checked it
+    if manifest.graph == "fused_int8" and recorded != spec.graph_sha256:
+        raise refuse(MODEL, f"sha256 {recorded} is not the graph the embedder pins (graph_sha256 {spec.graph_sha256})")
     try:
         encoder = OnnxEncoder(spec, payload[MODEL], payload[TOKENIZER].decode("utf-8"), threads)
     except Exception as exc:  # onnxruntime and tokenizers raise their own types for bytes they cannot parse
         raise refuse(None, f"cannot be loaded ({_first_line(exc)})") from None
+    encoder.entry = Path(folder)
+    encoder.min_cosine_to_torch = manifest.min_cosine_to_torch
+    encoder.probes_run = manifest.probes_passed_on != runtime_host()
+    # The sealed manifest says these exact bytes (hashed above) passed the probes under this
+    # onnxruntime, tokenizers and CPU: running them again would only repeat that.
+    encoder.max_difference = _probe(encoder, manifest, refuse) if encoder.probes_run else manifest.max_difference
+    return encoder
+
+
+def _probe(encoder: OnnxEncoder, manifest: QueryGraphManifest, refuse: Refuse) -> float:
+    """The worst difference between ``encoder``'s probe vectors and the recorded ones; refused at
+    the first beyond ``PARITY_TOLERANCE``."""
     worst = 0.0
     source = "its own recorded" if manifest.graph == "fused_int8" else "the recorded sentence-transformers"
     checks = [(probe, encoder.embed_query) for probe in manifest.probes]
@@ -426,17 +603,41 @@ def _verified(folder: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
                 f"{source} vector (> {PARITY_TOLERANCE})",
             )
         worst = max(worst, difference)
-    encoder.entry = Path(folder)
-    encoder.max_difference = worst
-    return encoder
+    return worst
 
 
-def _read_manifest(folder: Path, refuse: Refuse) -> QueryGraphManifest:
+def _read_manifest(folder: Path, key: SealKey | None, refuse: Refuse) -> QueryGraphManifest:
+    """The manifest, once it is read strictly (one descriptor, no link, at most
+    ``MAX_MANIFEST_BYTES``; JSON without duplicate keys, within 64 levels) and its seal proves it
+    was written with ``key``."""
+    path = folder / MANIFEST
     try:
-        return QueryGraphManifest.model_validate_json((folder / MANIFEST).read_bytes())
+        data = read_regular(path, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise refuse(MANIFEST, "is missing") from None
     except OSError as exc:
         raise refuse(MANIFEST, f"cannot be read ({exc.strerror or exc})") from None
-    except ValueError as exc:  # pydantic's ValidationError, for malformed JSON too
+    try:
+        document = load_json(data.decode("utf-8"), MANIFEST)
+    except UnicodeDecodeError as exc:
+        raise refuse(MANIFEST, f"is not UTF-8 (byte {exc.start + 1})") from None
+    except StrictLoadError as exc:
+        raise refuse(MANIFEST, f"is not a sealed manifest (line {exc.line}: {exc.rule})") from None
+    if not isinstance(document, dict):
+        raise refuse(MANIFEST, f"is not a sealed manifest (a JSON {type(document).__name__}, not an object)")
+    if SEAL not in document:
+        raise refuse(MANIFEST, "is not sealed (written before manifests were sealed, or by someone without the key)")
+    if key is None:
+        raise refuse(MANIFEST, "no verification key exists in this home: it cannot have been sealed here")
+    try:
+        content, problem = unsealed(document, SEAL_DOMAIN, key)
+    except ValueError as exc:  # content without a canonical form (kernel.canonical): never sealed
+        raise refuse(MANIFEST, f"is not a sealed manifest ({_first_line(exc)})") from None
+    if problem is not None:
+        raise refuse(MANIFEST, problem)
+    try:
+        return QueryGraphManifest.model_validate(content)
+    except ValueError as exc:  # pydantic's ValidationError
         raise refuse(MANIFEST, f"is not a query-graph manifest ({_first_error(exc)})") from None
 
 

@@ -1,6 +1,6 @@
 """Advisory file locks (``fcntl.flock``) that keep concurrent ragpipe processes out of each other's way.
 
-Two locks exist, both files under ``$RAGPIPE_HOME/locks/``:
+Three locks exist, all files under ``$RAGPIPE_HOME/locks/``:
 
 - ``workspace.lock``: every stage materialization holds it *shared* while it reads its inputs and
   publishes its output; garbage collection holds it *exclusive*. So collection never runs while a
@@ -8,6 +8,9 @@ Two locks exist, both files under ``$RAGPIPE_HOME/locks/``:
   materialization has just stopped pointing at.
 - ``build-<revision>.lock``: held exclusively by ``ragpipe build`` for one revision, so two builds
   of one revision run one after the other (the second finds the first's bundle up to date).
+- ``query-graph-<key hex>.lock``: held exclusively while a query-graph entry whose manifest is not
+  trusted is rebuilt (``ragpipe.embedding.query_graph``), so concurrent processes rebuild it once
+  and never remove the entry another has just rebuilt.
 
 ``flock`` locks belong to an open file description and vanish when the process dies, so a killed
 holder never leaves a lock behind. They are advisory: only ragpipe code takes them.

@@ -15,6 +15,13 @@ seal made with that key over exactly its content, in its domain; without one, a 
 refused too (it cannot be checked, so it is not trusted); without a key, an unsealed record is
 what it always was. A seal is ``{"key_id", "mac"}``: ``key_id`` names the key (a hash, never the
 key), so a record sealed with another key gets a precise refusal.
+
+Records that only this home reads and writes — the remembered verification of a live release
+(``ragpipe.release.verified_record``), the manifests of the query-graph cache
+(``ragpipe.embedding.query_graph``) — are sealed by ``home_sealing_key``: the configured key when
+there is one, else the home's own key, ``verified/home.key`` (32 random bytes created once with
+mode 0600 by the first writer, never copied to an object store), so that whoever can write the
+record's folder but not the key cannot make a record this home trusts.
 """
 
 from __future__ import annotations
@@ -22,18 +29,24 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ragpipe.kernel.canonical import canonical_bytes
+from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import domain_digest
+from ragpipe.kernel.publish import rename_noreplace
+from ragpipe.kernel.workspace import Workspace
 
 KEY_ENV = "RAGPIPE_BUNDLE_KEY"
 KEY_FILE_ENV = "RAGPIPE_BUNDLE_KEY_FILE"
 MIN_KEY_BYTES = 32
 SEAL = "seal"  # the member a sealed document carries beside its content
+HOME_KEY = "home.key"  # under the home's verified/ folder
+HOME_KEY_BYTES = 32
 
 
 class SealKeyError(ValueError):
@@ -126,3 +139,43 @@ def configured_key(environ: Mapping[str, str] | None = None) -> SealKey | None:
     if len(secret) < MIN_KEY_BYTES:
         raise SealKeyError(f"{source}: key has {len(secret)} bytes, at least {MIN_KEY_BYTES} are required")
     return SealKey(secret)
+
+
+def home_sealing_key(ws: Workspace, *, create: bool) -> SealKey | None:
+    """The configured key, else the home's own key ``verified/home.key`` (created when ``create``;
+    None if it does not exist yet, so nothing sealed with it can verify). ``OSError`` when the key
+    file is not a regular file of ``HOME_KEY_BYTES`` bytes or cannot be created; ``SealKeyError``
+    when the configuration is unusable."""
+    key = configured_key()
+    if key is not None:
+        return key
+    path = ws.verified / HOME_KEY
+    try:
+        secret = read_regular(path, 1024)
+    except FileNotFoundError:
+        if not create:
+            return None
+        secret = _create_home_key(path)
+    if len(secret) != HOME_KEY_BYTES:
+        raise OSError(f"{path}: {len(secret)} bytes, not a {HOME_KEY_BYTES}-byte verification key")
+    return SealKey(secret)
+
+
+def _create_home_key(path: Path) -> bytes:
+    """32 random bytes in ``path``, mode 0600: written whole to a private temporary file, then
+    renamed without replacing, so a reader never sees a partial key and of two racing processes
+    the first key stays (the other reads it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_bytes(HOME_KEY_BYTES)
+    tmp = path.with_name(f".{HOME_KEY}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secret)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if not rename_noreplace(tmp, path):
+            return read_regular(path, 1024)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return secret

@@ -10,11 +10,13 @@ work/<key>/<stage>/latest.json       the revision's latest materialization of th
 embedding_cache/<spec hex>/          embedding cache shards, shared by all revisions
 generation_cache/<kind>/             generated representations: one verified entry per request
                                      (ragpipe.work.entries), shared by all revisions
-query_graphs/<key hex>/              exported query-side ONNX graphs, one per embedder (verified
-                                     on every load; ragpipe.embedding.query_graph)
+query_graphs/<key hex>/              exported query-side ONNX graphs, one per embedder (sealed
+                                     manifest, verified on every load; ragpipe.embedding.query_graph)
 bundles/<bundle id hex>/             published, immutable index bundles
 verified/<target>.json               the live release's full verification, remembered per target
                                      generation (sealed; ragpipe.release.verified_record)
+verified/home.key                    the home's own sealing key (0600), for the two records above
+                                     when no key is configured (ragpipe.kernel.seals)
 locks/                               flock files (workspace.lock, build-<key>.lock)
 ```
 

@@ -28,8 +28,9 @@ checks only for a manifest with exactly that digest (``ragpipe.bundle.verify.tru
 
 **Sealed.** The record is sealed (HMAC-SHA256, ``ragpipe.kernel.seals``) with the configured key
 when there is one, else with this home's own verification key (``verified/home.key``, 32 random
-bytes created once with mode 0600, never copied to an object store): a record whose seal, key or
-bytes do not check is refused — logged as a warning naming the file and the rule — and the full
+bytes created once with mode 0600, never copied to an object store; ``home_sealing_key``, which
+seals the query-graph cache's manifests too): a record whose seal, key or bytes do not check is
+refused — logged as a warning naming the file and the rule — and the full
 verification runs again and writes a new one. A record is only ever written after a full
 verification passed, inside the process that made it. Records are read through one descriptor
 that never follows a link or blocks (``read_regular``, at most ``MAX_RECORD_BYTES``).
@@ -41,8 +42,6 @@ costs one full verification per target on the next open.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,8 +49,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.files import read_regular
-from ragpipe.kernel.publish import rename_noreplace, write_file_atomic
-from ragpipe.kernel.seals import SealKey, configured_key, sealed, unsealed
+from ragpipe.kernel.publish import write_file_atomic
+from ragpipe.kernel.seals import home_sealing_key, sealed, unsealed
 from ragpipe.kernel.strict_load import StrictLoadError, load_json
 from ragpipe.kernel.workspace import Workspace
 
@@ -60,8 +59,6 @@ log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 DOMAIN = "release-verified"
 MAX_RECORD_BYTES = 16 * 1024
-HOME_KEY = "home.key"
-HOME_KEY_BYTES = 32
 
 
 class VerifiedKey(BaseModel):
@@ -100,8 +97,8 @@ def remembered(ws: Workspace, key: VerifiedKey) -> str | None:
         document = load_json(data.decode("utf-8"), str(path))
         if not isinstance(document, dict):
             raise ValueError("not a JSON object")
-        content, problem = unsealed(document, DOMAIN, _sealing_key(ws, create=False))
-        if problem is None and _sealing_key(ws, create=False) is None:
+        content, problem = unsealed(document, DOMAIN, home_sealing_key(ws, create=False))
+        if problem is None and home_sealing_key(ws, create=False) is None:
             problem = "no verification key exists in this home: the record cannot have been sealed here"
         if problem is not None:
             raise ValueError(problem)
@@ -127,45 +124,7 @@ def remember(ws: Workspace, key: VerifiedKey, bundle_manifest: str) -> None:
         "verified_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     try:
-        document = sealed(content, DOMAIN, _sealing_key(ws, create=True))
+        document = sealed(content, DOMAIN, home_sealing_key(ws, create=True))
         write_file_atomic(record_path(ws, key.target), canonical_bytes(document), sync=False)
     except OSError as exc:
         log.warning("%s: verification record not written: %s", record_path(ws, key.target), exc)
-
-
-def _sealing_key(ws: Workspace, *, create: bool) -> SealKey | None:
-    """The configured key, else this home's verification key (created when ``create``; None if
-    it does not exist yet, so no record can verify)."""
-    key = configured_key()
-    if key is not None:
-        return key
-    path = ws.verified / HOME_KEY
-    try:
-        secret = read_regular(path, 1024)
-    except FileNotFoundError:
-        if not create:
-            return None
-        secret = _create_home_key(path)
-    if len(secret) != HOME_KEY_BYTES:
-        raise OSError(f"{path}: {len(secret)} bytes, not a {HOME_KEY_BYTES}-byte verification key")
-    return SealKey(secret)
-
-
-def _create_home_key(path: Path) -> bytes:
-    """32 random bytes in ``path``, mode 0600: written whole to a private temporary file, then
-    renamed without replacing, so a reader never sees a partial key and of two racing processes
-    the first key stays (the other reads it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    secret = secrets.token_bytes(HOME_KEY_BYTES)
-    tmp = path.with_name(f".{HOME_KEY}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secret)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if not rename_noreplace(tmp, path):
-            return read_regular(path, 1024)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return secret

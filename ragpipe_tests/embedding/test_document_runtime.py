@@ -1,10 +1,13 @@
 """Documents encoded by onnxruntime (``embedder.runtime: onnxruntime``): the spec's identity, the
-fused fp32 graph within the parity tolerance of torch, the int8 graph as its own model, entries
-refused when altered, and a build whose stored vectors are the graph's."""
+fused fp32 graph within the parity tolerance of torch, the int8 graph as its own model pinned by
+its digest (``graph_sha256``), entries refused when altered, and builds whose stored vectors are
+the graph's."""
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +22,22 @@ from ragpipe.embedding.query_graph import (
     MANIFEST,
     MODEL,
     QueryGraphError,
+    UntrustedManifest,
     entry_dir,
+    entry_key,
+    graph_digest,
     load_entry,
+    pin_graph,
     query_encoder,
 )
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import read_representations
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 from ragpipe.spec import EmbedderSpec, PipelineSpec, load_pipeline_spec, own_spec_id
 from ragpipe.stages.stage_store import read_output
 from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.query_graphs import copy_entry, edit_manifest
 
 TEXTS = [
     "Does aspirin prevent stroke?",
@@ -37,6 +46,8 @@ TEXTS = [
     "Café crème, naïve résumé — 日本語のテキスト 🎉",
     "word " * 300,  # truncated at max_seq_length
 ]
+# a well-formed pin of no graph this host makes
+OTHER_PIN = "sha256:" + "1" * 64
 
 
 def with_runtime(spec: EmbedderSpec, **fields) -> EmbedderSpec:
@@ -54,13 +65,20 @@ def fused_spec(torch_spec) -> EmbedderSpec:
 
 
 @pytest.fixture(scope="module")
-def int8_spec(torch_spec) -> EmbedderSpec:
-    return with_runtime(torch_spec, runtime="onnxruntime", quantization="int8")
+def graphs(tmp_path_factory) -> Path:
+    """The query-graph cache of a home (``<home>/query_graphs``)."""
+    return Workspace(tmp_path_factory.mktemp("home")).query_graphs
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("graphs")
+def pinned(graphs, torch_spec) -> tuple[EmbedderSpec, object]:
+    """``ragpipe embedder pin-graph``'s work: this host's int8 graph, and the spec pinning it."""
+    return pin_graph(graphs, torch_spec)
+
+
+@pytest.fixture(scope="module")
+def int8_spec(pinned) -> EmbedderSpec:
+    return pinned[0]
 
 
 @pytest.fixture(scope="module")
@@ -81,28 +99,55 @@ def operators(root: Path, spec: EmbedderSpec) -> set[str]:
     return {node.op_type for node in onnx.load(entry_dir(root, spec) / MODEL).graph.node}
 
 
-def test_the_runtime_is_part_of_the_embedder_identity(torch_spec):
-    assert "runtime" not in torch_spec.model_dump() and "quantization" not in torch_spec.model_dump()
+def test_the_runtime_and_the_int8_graph_are_part_of_the_embedder_identity(torch_spec):
+    dump = torch_spec.model_dump()
+    assert "runtime" not in dump and "quantization" not in dump and "graph_sha256" not in dump
     ids = {
         own_spec_id("embeddings", spec)
         for spec in (
             torch_spec,
             with_runtime(torch_spec, runtime="onnxruntime"),
-            with_runtime(torch_spec, runtime="onnxruntime", quantization="int8"),
+            with_runtime(torch_spec, runtime="onnxruntime", quantization="int8", graph_sha256=OTHER_PIN),
+            with_runtime(torch_spec, runtime="onnxruntime", quantization="int8", graph_sha256="sha256:" + "2" * 64),
         )
     }
-    assert len(ids) == 3
+    assert len(ids) == 4  # two int8 graphs are two embedders: their vectors never share a cache or a bundle
     # the default written out is the same spec as the default left out
-    explicit = with_runtime(torch_spec, runtime="sentence_transformers", quantization="none")
+    explicit = with_runtime(torch_spec, runtime="sentence_transformers", quantization="none", graph_sha256=None)
     assert own_spec_id("embeddings", explicit) == own_spec_id("embeddings", torch_spec)
+
+
+def test_the_ids_of_specs_without_int8_are_unchanged(torch_spec):
+    """Golden: the IDs these specs had before graph_sha256 existed (the default spec's own is
+    pinned in ragpipe_tests/test_golden.py)."""
+    fp32 = with_runtime(torch_spec, runtime="onnxruntime")
+    assert own_spec_id("embeddings", fp32) == "sha256:58442ef8c2412184b57106267dd5bd846aedfb7b9f0e5cae1796d386d2114223"
+    prefixed = with_runtime(fp32, document_prefix="passage: ")
+    assert own_spec_id("embeddings", prefixed) == (
+        "sha256:489b813f300409068d2154ca1e6b893834e663fe5ff7311b18626a700635a4e2"
+    )
 
 
 def test_int8_without_onnxruntime_and_a_remote_runtime_are_refused(torch_spec):
     with pytest.raises(ValueError, match="quantization: int8 weights run on runtime: onnxruntime only"):
-        with_runtime(torch_spec, quantization="int8")
+        with_runtime(torch_spec, quantization="int8", graph_sha256=OTHER_PIN)
     remote = {"provider": "litellm", "model": "openai/text-embedding-3-small", "dimensions": 8, "normalize": True}
     with pytest.raises(ValueError, match="runtime: not used by a litellm embedder"):
         EmbedderSpec.model_validate({**remote, "runtime": "onnxruntime"})
+    with pytest.raises(ValueError, match="graph_sha256: not used by a litellm embedder"):
+        EmbedderSpec.model_validate({**remote, "graph_sha256": OTHER_PIN})
+
+
+def test_an_int8_spec_pins_its_graph_and_only_an_int8_spec_does(torch_spec):
+    with pytest.raises(ValueError) as info:
+        with_runtime(torch_spec, runtime="onnxruntime", quantization="int8")
+    assert (
+        "graph_sha256: an int8 embedder pins its int8 graph's digest "
+        "(`ragpipe embedder pin-graph` makes this host's graph and prints it)"
+    ) in str(info.value)
+    for runtime in ("onnxruntime", "sentence_transformers"):
+        with pytest.raises(ValueError, match="graph_sha256: pins an int8 graph; not used without quantization: int8"):
+            with_runtime(torch_spec, runtime=runtime, graph_sha256=OTHER_PIN)
 
 
 def test_the_fused_graph_encodes_documents_within_the_tolerance_of_torch(graphs, fused, fused_spec):
@@ -140,6 +185,9 @@ def test_the_int8_graph_is_its_own_model(graphs, int8, int8_spec, torch_spec):
     assert {"DynamicQuantizeMatMul", "MatMulInteger"} & operators(graphs, int8_spec)
     manifest = manifest_of(graphs, int8_spec)
     assert manifest["graph"] == "fused_int8"
+    # the graph is the one the spec pins
+    assert manifest["files"][MODEL]["sha256"] == int8_spec.graph_sha256
+    assert graph_digest((entry_dir(graphs, int8_spec) / MODEL).read_bytes()) == int8_spec.graph_sha256
     assert INT8_MIN_COSINE <= manifest["min_cosine_to_torch"] < 1.0
     # the recorded probes are the int8 graph's own vectors, which a load reproduces
     for probe in manifest["document_probes"]:
@@ -149,12 +197,60 @@ def test_the_int8_graph_is_its_own_model(graphs, int8, int8_spec, torch_spec):
     assert difference > 100 * PARITY_TOLERANCE  # not torch's vectors: the gate judges its quality
 
 
-def copy_entry(root: Path, spec: EmbedderSpec, tmp_path: Path) -> Path:
-    import shutil
+def test_a_spec_pinning_another_int8_graph_is_refused_when_its_graph_is_made(graphs, int8_spec, tmp_path: Path):
+    """This host makes the graph ``int8_spec`` pins, not the one ``wrong`` pins: nothing is published."""
+    wrong = with_runtime(int8_spec, graph_sha256=OTHER_PIN)
+    root = tmp_path / "query_graphs"
+    with pytest.raises(QueryGraphError) as info:
+        query_encoder(root, wrong)
+    assert str(info.value) == (
+        f"embedder graph_sha256: the int8 graph of all-MiniLM-L6-v2 made here is {int8_spec.graph_sha256}, "
+        f"the spec pins {OTHER_PIN} (onnxruntime {onnxruntime_version()} quantises it otherwise than where it was "
+        f"pinned); copy query_graphs/{entry_key(wrong).removeprefix('sha256:')}/ from a home that has the pinned "
+        f"graph, or pin {int8_spec.graph_sha256} (`ragpipe embedder pin-graph`: another embedder, whose documents "
+        "are embedded again)"
+    )
+    assert not root.exists()  # refused before anything was written
 
-    target = tmp_path / "root"
-    shutil.copytree(entry_dir(root, spec), entry_dir(target, spec))
-    return target
+
+def test_ragpipe_embedder_pin_graph_prints_the_pin(pinned, tmp_path: Path, monkeypatch):
+    """The command quantises the pipeline spec's model whatever its runtime says, and finds the
+    entry pin_graph made; the spec lines it prints load as a pinned int8 embedder."""
+    from typer.testing import CliRunner
+
+    from ragpipe.cli.app import app
+    from ragpipe.spec import load_model_embedder
+
+    spec, encoder = pinned
+    monkeypatch.setenv("RAGPIPE_HOME", str(encoder.entry.parent.parent))
+    result = CliRunner().invoke(app, ["embedder", "pin-graph", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert (body["graph_sha256"], body["entry"]) == (spec.graph_sha256, str(encoder.entry))
+    assert body["embedder_spec_id"] == own_spec_id("embeddings", spec)
+    assert INT8_MIN_COSINE <= body["min_cosine_to_torch"] < 1
+    edits = dict(e.removeprefix("embeddings.").split("=", 1) for e in body["set"][1::2])
+    assert with_runtime(load_model_embedder(), **edits) == spec
+    # a spec file whose int8 embedder is not pinned yet: refused by a build, read by pin-graph
+    raw = load_pipeline_spec().model_dump(mode="json", by_alias=True, exclude={"evaluation"})
+    raw["embedder"] |= {"runtime": "onnxruntime", "quantization": "int8"}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(json.dumps(raw))
+    from ragpipe.spec import PipelineSpecError
+
+    with pytest.raises(PipelineSpecError, match=r"embedder: graph_sha256: an int8 embedder pins"):
+        load_pipeline_spec(path)
+    assert load_model_embedder(path) == load_model_embedder()
+
+
+def onnxruntime_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("onnxruntime")
+
+
+def another_home(tmp_path: Path) -> Path:
+    return Workspace(tmp_path / "home").query_graphs
 
 
 @pytest.mark.parametrize(
@@ -166,33 +262,106 @@ def copy_entry(root: Path, spec: EmbedderSpec, tmp_path: Path) -> Path:
             lambda m: m.update(min_cosine_to_torch=0.99),
             "min_cosine_to_torch is recorded for int8 graphs, and only for them",
         ),
-        (
-            lambda m: m["document_probes"][1]["vector"].__setitem__(0, m["document_probes"][1]["vector"][0] + 1e-3),
-            "give document probe 'Does low-dose aspirin reduce the risk of' a vector 0.001 away from the recorded "
-            "sentence-transformers vector (> 1e-05)",
-        ),
     ],
 )
-def test_an_edited_fused_manifest_is_refused(graphs, fused, fused_spec, tmp_path: Path, edit, rule: str):
-    root = copy_entry(graphs, fused_spec, tmp_path)
-    path = entry_dir(root, fused_spec) / MANIFEST
-    manifest = json.loads(path.read_text())
-    edit(manifest)
-    path.write_text(json.dumps(manifest))
+def test_a_fused_manifest_not_describing_its_entry_is_not_trusted(
+    graphs, fused, fused_spec, tmp_path: Path, edit, rule: str
+):
+    """Edits sealed again with the key (only a key holder could): still not this entry's manifest."""
+    entry = copy_entry(graphs, fused_spec, another_home(tmp_path))
+    edit_manifest(entry, edit, reseal=True)
+    with pytest.raises(UntrustedManifest) as info:
+        load_entry(entry.parent, fused_spec)
+    assert str(info.value) == f"query graph {entry}/{MANIFEST}: {rule}"
+
+
+def test_a_fused_manifest_with_other_probe_vectors_is_refused_by_the_probes(graphs, fused, fused_spec, tmp_path: Path):
+    """Where the probes did not pass yet (another onnxruntime, here) a load runs them."""
+    entry = copy_entry(graphs, fused_spec, another_home(tmp_path))
+
+    def edit(m: dict) -> None:
+        m["document_probes"][1]["vector"][0] += 1e-3
+        m["probes_passed_on"]["onnxruntime"] = "0.0.1"
+
+    edit_manifest(entry, edit, reseal=True)
     with pytest.raises(QueryGraphError) as info:
-        load_entry(root, fused_spec)
-    assert rule in str(info.value)
-    assert str(info.value).endswith(f"remove {entry_dir(root, fused_spec)} to re-create it")
+        load_entry(entry.parent, fused_spec)
+    assert str(info.value) == (
+        f"query graph {entry}: {MODEL} and tokenizer.json give document probe 'Does low-dose aspirin reduce the risk of' "
+        f"a vector 0.001 away from the recorded sentence-transformers vector (> 1e-05); remove {entry} to re-create it"
+    )
 
 
-def test_an_int8_entry_under_an_fp32_spec_key_is_refused(graphs, int8, int8_spec, fused_spec, tmp_path: Path):
+def test_an_int8_entry_under_an_fp32_spec_key_is_not_trusted(graphs, int8, int8_spec, fused_spec, tmp_path: Path):
     """An int8 graph renamed into the fp32 spec's folder: the manifest's key gives it away."""
-    import shutil
+    entry = copy_entry(graphs, int8_spec, another_home(tmp_path), dst_spec=fused_spec)
+    with pytest.raises(UntrustedManifest, match="is not this embedder's key"):
+        load_entry(entry.parent, fused_spec)
 
-    root = tmp_path / "root"
-    shutil.copytree(entry_dir(graphs, int8_spec), entry_dir(root, fused_spec))
-    with pytest.raises(QueryGraphError, match="is not this embedder's key"):
-        load_entry(root, fused_spec)
+
+def test_an_entry_holding_another_int8_graph_is_refused_and_not_rebuilt_from_it(
+    graphs, int8, int8_spec, tmp_path: Path, caplog
+):
+    """The int8 entry relabelled as the entry of a spec pinning another graph. Sealed with the key
+    (a key holder's mistake), the load compares the graph with the pin and refuses; unsealed, the
+    entry is rebuilt — and this host makes the graph ``int8_spec`` pins, not the one pinned."""
+    wrong = with_runtime(int8_spec, graph_sha256=OTHER_PIN)
+    entry = copy_entry(graphs, int8_spec, another_home(tmp_path), dst_spec=wrong)
+    relabel = {"key": entry_key(wrong), "embedder_spec_id": own_spec_id("embeddings", wrong)}
+    edit_manifest(entry, lambda m: m.update(relabel), reseal=True)
+    with pytest.raises(QueryGraphError) as info:
+        load_entry(entry.parent, wrong)
+    assert str(info.value) == (
+        f"query graph {entry}/{MODEL}: sha256 {int8_spec.graph_sha256} is not the graph the embedder pins "
+        f"(graph_sha256 {OTHER_PIN}); remove {entry} to re-create it"
+    )
+    edit_manifest(entry, lambda m: None, reseal=False)
+    with (
+        caplog.at_level(logging.WARNING, logger="ragpipe.embedding.query_graph"),
+        pytest.raises(QueryGraphError) as info,
+    ):
+        query_encoder(entry.parent, wrong)
+    assert str(info.value).startswith(
+        f"embedder graph_sha256: the int8 graph of all-MiniLM-L6-v2 made here is {int8_spec.graph_sha256}, the spec pins {OTHER_PIN}"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"query graph {entry}/{MANIFEST}: is not sealed (written before manifests were sealed, or by someone without "
+        "the key); the entry is rebuilt"
+    ]
+    assert not entry.exists()
+
+
+def test_a_copied_entry_of_the_pinned_int8_graph_is_adopted(graphs, int8, int8_spec, tmp_path: Path, caplog):
+    """A graph this host does not make (one weight moved) pinned by a spec and published in one
+    home; its entry copied to another home, whose key did not seal it: rebuilt there around the
+    copied graph — the bytes the spec pins — with this host's own probes, not refused for the
+    graph this host would make."""
+    import onnx
+    from onnx import numpy_helper
+
+    from ragpipe.embedding.query_graph import export_graph, publish_graph
+
+    model = onnx.load_from_string((entry_dir(graphs, int8_spec) / MODEL).read_bytes())
+    bias = next(i for i in model.graph.initializer if i.name.endswith("dense.bias"))
+    values = numpy_helper.to_array(bias).copy()
+    values[0] += 1e-3
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    other = model.SerializeToString()
+    spec = with_runtime(int8_spec, graph_sha256=graph_digest(other))
+    first = Workspace(tmp_path / "first").query_graphs
+    publish_graph(first, export_graph(SentenceTransformerEmbedder(spec, threads=2), graph=other))
+    copied = entry_dir(another_home(tmp_path), spec)
+    shutil.copytree(entry_dir(first, spec), copied)
+    with caplog.at_level(logging.WARNING, logger="ragpipe.embedding.query_graph"):
+        encoder = query_encoder(copied.parent, spec)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        f"query graph {copied}/{MANIFEST}: no verification key exists in this home: it cannot have been sealed here; "
+        "the entry is rebuilt"
+    )
+    assert (copied / MODEL).read_bytes() == other and encoder.entry == copied
+    assert INT8_MIN_COSINE <= encoder.min_cosine_to_torch < 1
+    load_entry(copied.parent, spec)
 
 
 def runtime_pipeline(**embedder) -> PipelineSpec:
@@ -220,9 +389,12 @@ def test_an_int8_build_is_queried_through_its_own_graph_only(tmp_path: Path):
     from ragpipe.retrieval.plan import QueryEmbeddingPlan, load_plan
     from ragpipe.retrieval.results import QueryError
 
-    spec = runtime_pipeline(runtime="onnxruntime", quantization="int8")
+    # as a user would: pin this host's graph (ragpipe embedder pin-graph), then build with the pin
+    pinned, _ = pin_graph(Workspace(tmp_path / "home").query_graphs, load_pipeline_spec().embedder)
+    spec = runtime_pipeline(runtime="onnxruntime", quantization="int8", graph_sha256=pinned.graph_sha256)
     corpus = write_tree(tmp_path / "handbook", HANDBOOK)
     ws, spec, bundle = build_all_stages(tmp_path / "home", "hb", corpus, "markdown", spec=spec)
+    assert spec.embedder == pinned
     graph = query_encoder(ws.query_graphs, spec.embedder)
     ids, vectors = read_embeddings(read_output(ws, "hb", "embeddings", spec).path / "embeddings.parquet")
     reps = read_representations(read_output(ws, "hb", "representations", spec).path / "representations.parquet")

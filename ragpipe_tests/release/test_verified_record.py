@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.kernel.canonical import canonical_bytes
-from ragpipe.kernel.seals import SealKey, sealed
+from ragpipe.kernel.seals import HOME_KEY, SealKey, sealed
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
 from ragpipe.release.live import live_release
@@ -23,7 +23,6 @@ from ragpipe.release.manifest import load_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.verified_record import (
     DOMAIN,
-    HOME_KEY,
     VerifiedKey,
     record_path,
     remembered,
