@@ -61,7 +61,17 @@ class ScoreFusionPlan(_Plan):
     normalization: Literal["min_max", "z_score"]
 
 
-FUSION_KINDS = ("weighted_rrf", "normalized_convex")
+class BoundedScoreFusionPlan(_Plan):
+    """``normalized_convex`` where each channel has a say over its first ``depth`` units only: its
+    window is always ``depth`` scores (a channel with fewer hits fills it with its floor: 0 for the
+    lexical channel, whose unreturned documents match no term), and an item below the window, or
+    not returned, gets the floor (``fusion/convex.py``, "bounded"). The checked-in fusion."""
+
+    kind: Literal["bounded_convex"]
+    normalization: Literal["min_max", "z_score"]
+
+
+FUSION_KINDS = ("weighted_rrf", "normalized_convex", "bounded_convex")
 
 
 def _kind(default: str) -> Callable[[object], object]:
@@ -78,11 +88,15 @@ def _kind(default: str) -> Callable[[object], object]:
 
 # An RRF plan's dump, hence the default plan's ID, is what it was before score fusion existed.
 FusionPlan = Annotated[
-    Annotated[RrfFusionPlan, Tag("weighted_rrf")] | Annotated[ScoreFusionPlan, Tag("normalized_convex")],
+    Annotated[RrfFusionPlan, Tag("weighted_rrf")]
+    | Annotated[ScoreFusionPlan, Tag("normalized_convex")]
+    | Annotated[BoundedScoreFusionPlan, Tag("bounded_convex")],
     Discriminator(
         _kind("weighted_rrf"),
         custom_error_type="fusion_kind",
-        custom_error_message="Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'",
+        custom_error_message=(
+            "Input should be a mapping whose kind is 'weighted_rrf', 'normalized_convex' or 'bounded_convex'"
+        ),
     ),
 ]
 

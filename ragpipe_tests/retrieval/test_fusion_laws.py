@@ -3,6 +3,7 @@ fusion (hypothesis)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from ragpipe.index.hits import Hit
 from ragpipe.retrieval.fusion import fuse
-from ragpipe.retrieval.fusion.convex import affine, normalized_convex
+from ragpipe.retrieval.fusion.convex import affine, affine_of, bounded_window, normalized_convex
 from ragpipe.retrieval.fusion.order import collapse, hit_key, order_key
 from ragpipe.retrieval.fusion.rrf import weighted_rrf
 from ragpipe.retrieval.plan import load_plan, parse_plan
@@ -297,3 +298,118 @@ def test_fuse_dispatches_on_the_plan(lex, vec, depth, level):
         ranked, {"lexical": 1.0, "vector": 2.0}, {"lexical": depth, "vector": depth}, "z_score", level
     )
     assert fuse(parse_plan(raw, "x"), ranked) == expected
+    raw["fusion"] = {"kind": "bounded_convex", "normalization": "z_score"}
+    expected = bounded_convex(
+        ranked, {"lexical": 1.0, "vector": 2.0}, {"lexical": depth, "vector": depth}, "z_score", level
+    )
+    assert fuse(parse_plan(raw, "x"), ranked) == expected
+
+
+# --- bounded convex fusion (fusion/convex.py, "bounded") ---------------------------------------
+
+bounded_convex = functools.partial(normalized_convex, bounded=True)
+
+
+def _bounded(lex, vec, wl, wv, win_l, win_v, norm, level):
+    ranked = {"lexical": collapse(lex, level), "vector": collapse(vec, level)}
+    return ranked, bounded_convex(
+        ranked, {"lexical": wl, "vector": wv}, {"lexical": win_l, "vector": win_v}, norm, level
+    )
+
+
+@given(
+    st.one_of(hits("lexical"), free_hits("lexical")),
+    st.one_of(hits("vector"), free_hits("vector")),
+    weights,
+    weights,
+    windows,
+    windows,
+    norms,
+    levels,
+)
+def test_bounded_convex_laws(lex, vec, wl, wv, win_l, win_v, norm, level):
+    ranked, fused = _bounded(lex, vec, wl, wv, win_l, win_v, norm, level)
+    w = {"lexical": wl, "vector": wv}
+    win = {"lexical": win_l, "vector": win_v}
+    assert (
+        bounded_convex(dict(reversed(list(ranked.items()))), dict(reversed(list(w.items()))), win, norm, level) == fused
+    )
+    assert sorted(f.key for f in fused) == sorted({_key(r.hit, level) for rs in ranked.values() for r in rs})
+    live = sorted(n for n, rs in ranked.items() if rs)
+    for f in fused:
+        assert f.score == math.fsum(f.contributions.values()) and math.isfinite(f.score)
+        assert list(f.contributions) == live
+        for name in live:
+            scores, floor = bounded_window(name, ranked[name], win[name])
+            # the window is always exactly its size; a short channel is filled with its floor
+            assert len(scores) == win[name] and floor == min(scores)
+            if len(ranked[name]) < win[name]:
+                lowest = ranked[name][-1].hit.score
+                assert floor == (min(0.0, lowest) if name == "lexical" else lowest)
+            n = affine_of(scores, norm)
+            coefficient = w[name] / (wl + wv)
+            rank = f.channel_ranks.get(name)
+            if rank is not None and rank <= win[name]:
+                (r,) = [r for r in ranked[name] if _key(r.hit, level) == f.key]
+                assert f.contributions[name] == coefficient * n(r.hit.score)
+            else:  # below the window, or not returned: the floor — no further say
+                assert f.contributions[name] == coefficient * n(floor)
+    keys = [(-f.score, min(f.channel_ranks.values()), f.document_id, f.chunk_id, f.representation_id) for f in fused]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+
+
+@given(
+    st.one_of(hits("lexical"), free_hits("lexical")),
+    st.one_of(hits("vector"), free_hits("vector")),
+    windows,
+    windows,
+    norms,
+    levels,
+    st.integers(0, 12),
+)
+def test_bounded_convex_does_not_depend_on_how_deep_channels_were_read(lex, vec, win_l, win_v, norm, level, extra):
+    """Any reading at least a window deep gives every item it holds the same fused score, and the
+    same order among them: the query's k never changes a fused score."""
+    ranked = {"lexical": collapse(lex, level), "vector": collapse(vec, level)}
+    win = {"lexical": win_l, "vector": win_v}
+    w = {"lexical": 1.0, "vector": 1.0}
+    deep = bounded_convex(ranked, w, win, norm, level)
+    cut = {n: rs[: win[n] + extra] for n, rs in ranked.items()}
+    shallow = bounded_convex(cut, w, win, norm, level)
+    by_key = {f.key: f.score for f in deep}
+    assert {f.key: f.score for f in shallow} == {k: by_key[k] for k in (f.key for f in shallow)}
+    order = [f.key for f in deep if f.key in {g.key for g in shallow}]
+    assert [f.key for f in shallow] == order
+
+
+@given(st.one_of(hits("lexical"), free_hits("lexical")), weights, windows, norms, levels)
+def test_bounded_one_channel_keeps_its_own_order(lex, w, win, norm, level):
+    ranked = collapse(lex, level)
+    alone = bounded_convex({"lexical": ranked}, {"lexical": w}, {"lexical": win}, norm, level)
+    assert [f.key for f in alone] == [_key(r.hit, level) for r in ranked]
+
+
+def test_bounded_convex_examples():
+    """A lexical channel that matched two documents is judged over its whole window (the rest score
+    0): its first document outranks the vector channel's first, where plain z-scoring over the two
+    returned scores (+1, -1) lets the vector channel's pick win."""
+    lex = collapse([Hit("lexical", "r1", "c1", "d1", 8.0), Hit("lexical", "r2", "c2", "d2", 2.0)], "chunk")
+    # the vector channel ranks c3..c11 first and the lexical channel's c1 tenth (scores 1.0 .. 0.55)
+    order = [3, 4, 5, 6, 7, 8, 9, 10, 11, 1]
+    vec = collapse([Hit("vector", f"v{i}", f"c{i}", f"d{i}", 1.0 - 0.05 * j) for j, i in enumerate(order)], "chunk")
+    channels, weights_, win = (
+        {"lexical": lex, "vector": vec},
+        {"lexical": 1.0, "vector": 1.0},
+        {"lexical": 10, "vector": 10},
+    )
+    assert [f.chunk_id for f in normalized_convex(channels, weights_, win, "z_score", "chunk")][:2] == ["c3", "c4"]
+    bounded = bounded_convex(channels, weights_, win, "z_score", "chunk")
+    assert [f.chunk_id for f in bounded][:2] == ["c1", "c3"]
+    # lexical window [8, 2, 0 x 8]: mean 1, population std sqrt((49 + 1 + 8) / 10)
+    assert bounded[0].contributions["lexical"] == 0.5 * (8.0 - 1.0) / math.sqrt(5.8)
+    assert bounded[1].contributions["lexical"] == 0.5 * (0.0 - 1.0) / math.sqrt(5.8)
+    # a vector item below a window of 2 gets the window's lowest score
+    fused = bounded_convex({"vector": vec}, {"vector": 1.0}, {"vector": 2}, "min_max", "chunk")
+    assert [(f.chunk_id, f.score) for f in fused][:4] == [("c3", 1.0), ("c4", 0.0), ("c5", 0.0), ("c6", 0.0)]
+    with pytest.raises(ValueError, match=r"^normalisation window must be >= 1, got 0$"):
+        bounded_convex({"vector": vec}, {"vector": 1.0}, {"vector": 0}, "min_max", "chunk")

@@ -106,11 +106,13 @@ def test_a_plan_with_a_key_twice_or_nested_past_the_bound_is_one_line(tmp_path: 
 
 # --- fusion kinds ---------------------------------------------------------------------------
 
-# Golden IDs: the checked-in plan (z-score convex fusion, chosen by `ragpipe tune` on SciFact
-# train; exact vector scores float64_sequential/v1) and the same plan with weighted RRF, k = 60
-# (the default before; docs/retrieval.md "Fusion").
+# Golden IDs: the checked-in plan (bounded z-score convex fusion; exact vector scores
+# float64_sequential/v1), the same plan with plain z-score convex fusion (chosen by `ragpipe tune`
+# on SciFact train, the default before) and with weighted RRF, k = 60 (the default before that;
+# docs/retrieval.md "Fusion").
 RRF60_PLAN_ID = "sha256:220a4473696f4442c7ad0eae9a70073b0b8cf67d25b4709c48f17e157e21ba5f"
 ZSCORE_PLAN_ID = "sha256:3b13cbdd158eb75c21f9cdfda6bd9ae703ca2ffa87a41d211ef92cb98ff2b21a"
+BOUNDED_PLAN_ID = "sha256:d7f05dc21de8984f75875c98f491ccc11627788c7bb741343e99131b308ef0f6"
 
 
 def _with_fusion(fusion: object) -> dict:
@@ -121,7 +123,7 @@ def _with_fusion(fusion: object) -> dict:
 
 def test_rrf_plans_keep_their_encoding_and_id():
     """An RRF fusion dumps as before, and a fusion without ``kind`` is still weighted RRF."""
-    assert load_plan().plan_id == ZSCORE_PLAN_ID
+    assert load_plan().plan_id == BOUNDED_PLAN_ID
     plan = parse_plan(_with_fusion({"kind": "weighted_rrf", "k": 60}), "x")
     assert plan.plan_id == RRF60_PLAN_ID
     assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {"kind": "weighted_rrf", "k": 60.0}
@@ -131,10 +133,11 @@ def test_rrf_plans_keep_their_encoding_and_id():
 
 def test_score_fusion_is_in_the_plan_id():
     ids = {
-        parse_plan(_with_fusion({"kind": "normalized_convex", "normalization": norm}), "x").plan_id
+        parse_plan(_with_fusion({"kind": kind, "normalization": norm}), "x").plan_id
         for norm in ("min_max", "z_score")
+        for kind in ("normalized_convex", "bounded_convex")
     }
-    assert len(ids) == 2 and RRF60_PLAN_ID not in ids
+    assert len(ids) == 4 and RRF60_PLAN_ID not in ids and BOUNDED_PLAN_ID in ids
     plan = parse_plan(_with_fusion({"kind": "normalized_convex", "normalization": "z_score"}), "x")
     assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {
         "kind": "normalized_convex",
@@ -150,9 +153,20 @@ def test_score_fusion_is_in_the_plan_id():
 @pytest.mark.parametrize(
     ("fusion", "message"),
     [
-        ({"kind": "borda"}, "fusion: Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'"),
-        ("rrf", "fusion: Input should be a mapping whose kind is 'weighted_rrf' or 'normalized_convex'"),
+        (
+            {"kind": "borda"},
+            "fusion: Input should be a mapping whose kind is 'weighted_rrf', 'normalized_convex' or 'bounded_convex'",
+        ),
+        (
+            "rrf",
+            "fusion: Input should be a mapping whose kind is 'weighted_rrf', 'normalized_convex' or 'bounded_convex'",
+        ),
         ({"kind": "normalized_convex"}, "fusion.normalization: Field required"),
+        ({"kind": "bounded_convex"}, "fusion.normalization: Field required"),
+        (
+            {"kind": "bounded_convex", "normalization": "z_score", "k": 60},
+            "fusion.k: Extra inputs are not permitted",
+        ),
         (
             {"kind": "normalized_convex", "normalization": "rank"},
             "fusion.normalization: Input should be 'min_max' or 'z_score'",
@@ -172,7 +186,8 @@ def test_invalid_fusions_are_refused_with_the_field_named(fusion, message):
     assert str(info.value) == f"plan.yaml: invalid query plan: {message}"
 
 
-def test_a_score_fusion_plan_serves_queries(scoped_bundles):
+@pytest.mark.parametrize("kind", ["normalized_convex", "bounded_convex"])
+def test_a_score_fusion_plan_serves_queries(scoped_bundles, kind):
     """On a real bundle: hybrid hits are the plan's fusion of the channels the trace shows; one
     channel keeps its own order; the trace names the fusion and its windows."""
     from benchmarks.plan_cache import rankings_from_trace
@@ -180,7 +195,7 @@ def test_a_score_fusion_plan_serves_queries(scoped_bundles):
     from ragpipe.retrieval.fusion import fuse
     from ragpipe.retrieval.retriever import Retriever
 
-    raw = _with_fusion({"kind": "normalized_convex", "normalization": "z_score"})
+    raw = _with_fusion({"kind": kind, "normalization": "z_score"})
     raw["channels"] = {"lexical": {"depth": 3, "weight": 1.0}, "vector": {"depth": 4, "weight": 1.0}}
     plan = parse_plan(raw, "x")
     r = Retriever(scoped_bundles[0], plan=plan)
@@ -191,7 +206,7 @@ def test_a_score_fusion_plan_serves_queries(scoped_bundles):
         fused = fuse(plan, rankings_from_trace(result.trace))
         assert [(h["chunk_id"], h["score"]) for h in result.hits] == [(f.chunk_id, f.score) for f in fused[:5]]
         assert {k: v for k, v in result.trace["fusion"].items() if k != "items"} == {
-            "kind": "normalized_convex",
+            "kind": kind,
             "normalization": "z_score",
             "weights": {"lexical": 1.0, "vector": 1.0},
             "normalization_windows": {"lexical": 3, "vector": 4},

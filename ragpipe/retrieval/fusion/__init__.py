@@ -1,7 +1,7 @@
 """Fusion of collapsed channel rankings: one method per module, chosen by the plan.
 
 ``order``: the total order and collapse every method shares; ``rrf``: weighted reciprocal-rank
-fusion; ``convex``: score-normalised convex combination. ``fuse`` is the one dispatch the query
+fusion; ``convex``: score-normalised convex combination (plain or bounded). ``fuse`` is the one dispatch the query
 path and the plan-search benchmark both use.
 """
 
@@ -22,4 +22,5 @@ def fuse(plan: QueryPlan, channels: Mapping[str, list[RankedHit]]) -> list[Fused
     if plan.fusion.kind == "weighted_rrf":
         return weighted_rrf(dict(channels), weights, plan.fusion.k, plan.collapse)
     windows = {name: plan.channels[name].depth for name in channels}
-    return normalized_convex(channels, weights, windows, plan.fusion.normalization, plan.collapse)
+    bounded = plan.fusion.kind == "bounded_convex"
+    return normalized_convex(channels, weights, windows, plan.fusion.normalization, plan.collapse, bounded=bounded)

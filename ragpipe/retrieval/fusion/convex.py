@@ -22,6 +22,18 @@ Hybrid Retrieval", ACM TOIS 2023) keeps that information. Contract:
   document, chunk, representation ID — never by raw score, whose scales differ between channels.
   With one channel the fused order is exactly that channel's order (normalisation is increasing),
   and scaling a channel's scores by a positive factor changes nothing.
+
+**Bounded** (``bounded_convex``, the checked-in fusion) differs in two ways, both about what a
+channel says outside its window. (1) The window is always ``window_a`` scores: a channel that
+returned fewer units has no more hits, and the rest of its window is its floor (``bounded_window``:
+0 for the lexical channel — BM25 gives a document matching no query term exactly 0 — else its
+lowest score). Without this, a lexical channel that matched two documents is z-scored over two
+scores (+1, −1), and the document matching every rare query term counts no more than the vector
+channel's fifth hit. (2) Below its window a channel has no further say: an item it ranks below
+``window_a``, or did not return, gets the floor — so how deep a query read the channels (its
+``k``) never changes the fused scores. Measured on suites the fusion was not tuned on
+(``benchmarks/fusion_bench.py``, docs/retrieval.md "Fusion"), both cut the loss against the
+better channel where one channel is far weaker.
 """
 
 from __future__ import annotations
@@ -33,6 +45,9 @@ from ragpipe.index.hits import Hit
 from ragpipe.retrieval.fusion.order import FusedHit, RankedHit
 
 Normalizer = Callable[[float], float]
+# The score of a unit a channel did not return, where one is known: tantivy's BM25 idf is > 0, so a
+# document matching any query term scores > 0 and one matching none scores exactly 0.
+EXHAUSTED_SCORE = {"lexical": 0.0}
 
 
 def affine(ranked: list[RankedHit], window: int, normalization: str) -> Normalizer:
@@ -40,7 +55,11 @@ def affine(ranked: list[RankedHit], window: int, normalization: str) -> Normaliz
     units; the zero map when the window's scores are all equal."""
     if window < 1:
         raise ValueError(f"normalisation window must be >= 1, got {window}")
-    scores = [r.hit.score for r in ranked[:window]]
+    return affine_of([r.hit.score for r in ranked[:window]], normalization)
+
+
+def affine_of(scores: list[float], normalization: str) -> Normalizer:
+    """The increasing map ``n`` fixed by ``scores`` (a window's, non-empty)."""
     if normalization == "min_max":
         low, high = min(scores), max(scores)
         centre, scale = low, high - low
@@ -58,15 +77,36 @@ def affine(ranked: list[RankedHit], window: int, normalization: str) -> Normaliz
     return lambda s: (s - centre) / scale
 
 
+def bounded_window(name: str, ranked: list[RankedHit], window: int) -> tuple[list[float], float]:
+    """``bounded_convex``'s window of one channel: exactly ``window`` scores, and its floor.
+
+    The first ``window`` units' scores; a channel that returned fewer units has no more hits
+    (``settled_units/v1`` stops short of a channel's depth only when the backend is exhausted), so
+    the rest of its window is the floor: for the lexical channel the smaller of 0 and its lowest
+    score (a document tantivy did not return matches no query term, and BM25 gives it 0), for any
+    other its lowest returned score (no bound is known). Otherwise the floor is the window's
+    lowest score."""
+    if window < 1:
+        raise ValueError(f"normalisation window must be >= 1, got {window}")
+    scores = [r.hit.score for r in ranked[:window]]
+    if len(scores) < window:
+        floor = min(EXHAUSTED_SCORE.get(name, scores[-1]), scores[-1])
+        return scores + [floor] * (window - len(scores)), floor
+    return scores, scores[-1]
+
+
 def normalized_convex(
     channels: Mapping[str, list[RankedHit]],
     weights: Mapping[str, float],
     windows: Mapping[str, int],
     normalization: str,
     level: str,
+    *,
+    bounded: bool = False,
 ) -> list[FusedHit]:
     """Fuse collapsed channel rankings (see module docstring). ``windows``: units per channel
-    whose scores fix its normalisation (the plan's channel depth)."""
+    whose scores fix its normalisation (the plan's channel depth). ``bounded``: each channel has a
+    say over its window only (``bounded_convex``; module docstring, "Bounded")."""
     for name in channels:
         w = weights[name]
         if not (math.isfinite(w) and w > 0):
@@ -80,13 +120,20 @@ def normalized_convex(
         ranked = channels[name]
         if not ranked:
             continue  # a channel with no hits shifts every item equally: it contributes nothing
-        n = affine(ranked, windows[name], normalization)
+        if bounded:
+            scores, floor = bounded_window(name, ranked, windows[name])
+            n, say = affine_of(scores, normalization), windows[name]
+        else:
+            n, floor, say = affine(ranked, windows[name], normalization), ranked[-1].hit.score, len(ranked)
         coefficient = weights[name] / total
-        floors[name] = _finite(coefficient * n(ranked[-1].hit.score), f"channel {name!r}")
+        floors[name] = _finite(coefficient * n(floor), f"channel {name!r}")
         for r in ranked:
             h = r.hit
             key = h.chunk_id if level == "chunk" else h.document_id
-            contributions.setdefault(key, {})[name] = _finite(coefficient * n(h.score), f"channel {name!r}")
+            if r.rank <= say:  # bounded: below its window a channel has no further say
+                contributions.setdefault(key, {})[name] = _finite(coefficient * n(h.score), f"channel {name!r}")
+            else:
+                contributions.setdefault(key, {})
             ranks.setdefault(key, {})[name] = r.rank
             current = rep.get(key)
             if current is None or (r.rank, _ids(h)) < (ranks[key][current.channel], _ids(current)):
