@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, VectorSearcher, build_vector_index
+from ragpipe.index.vector import (
+    ANN_INDEX_NAME,
+    TABLE_NAME,
+    VECTOR_INDEX_NAME,
+    VectorSearcher,
+    ann_partitions,
+    build_vector_index,
+)
 from ragpipe.index.vector_ann import ApproximateVectorSearcher, open_approximate_searcher
 from ragpipe.index.vector_checks import search_path_problems
 from ragpipe.index.vector_memory import MemoryVectorSearcher, exact_scores
@@ -310,3 +317,18 @@ def test_a_table_without_an_ann_index_cannot_serve_approximately(tmp_path: Path,
         open_approximate_searcher(
             exact_searcher(rows, vectors), tmp_path / "v", kind="ivf_hnsw_sq", nprobes=1, ef=1, refine_factor=1
         )
+
+
+def test_ann_partitions_reads_the_partition_count_lance_built(hnsw_table, small, tmp_path: Path):
+    """``ann_partitions``: the IVF partitions of the index a query uses, from lance's executed plan
+    (its index statistics leave them out); None when no IVF index answers (a flat table)."""
+    folder, _, _ = hnsw_table
+    table = lancedb.connect(str(folder)).open_table(TABLE_NAME)
+    assert ann_partitions(table, "cosine") == HNSW.num_partitions
+    rows, vectors = small
+    build_vector_index(tmp_path / "flat", rows, vectors, "cosine")  # 120 rows: no vector index at all
+    assert ann_partitions(lancedb.connect(str(tmp_path / "flat")).open_table(TABLE_NAME), "cosine") is None
+    rows, vectors = table_rows(600), unit_vectors(600, 16, seed=8)
+    three = HNSW.model_copy(update={"num_partitions": 3})
+    build_vector_index(tmp_path / "three", rows, vectors, "cosine", three)
+    assert ann_partitions(lancedb.connect(str(tmp_path / "three")).open_table(TABLE_NAME), "cosine") == 3
