@@ -36,7 +36,7 @@ from typing import Any
 
 from ragpipe.bundle.manifest import BundleManifest
 from ragpipe.evaluation.cell import CellRun, run_cell, score_group
-from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody
+from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody, searches_approximately
 from ragpipe.evaluation.ledger import LEDGER, MAX_CELLS_PER_COMMIT, Ledger
 from ragpipe.evaluation.report import build_report, write_reports
 from ragpipe.evaluation.run_folder import (
@@ -95,6 +95,10 @@ def _check_retriever(retriever: Retriever, body: SpecBody) -> None:
         raise RunError(f"bundle {retriever.bundle_id} is not the spec's bundle {body.bundle_id}")
     if retriever.plan.plan_id != body.plan_id:
         raise RunError(f"query plan {retriever.plan.plan_id} is not the spec's plan {body.plan_id}")
+    if searches_approximately(retriever.plan, body.mode):
+        # a bundle without an ANN index refuses every query of this mode: refused before the run
+        # exists (``QueryError``), not cell by cell; a lexical run of the same plan is served
+        retriever.check_mode(body.mode)
 
 
 def _input_bytes(spec: EvaluationSpec) -> dict[str, bytes]:

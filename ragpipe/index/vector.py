@@ -18,6 +18,7 @@ lance never has two vector indexes to choose from). It serves only approximate q
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import weakref
 from collections.abc import Collection, Coroutine, Sequence
@@ -41,6 +42,9 @@ TABLE_NAME = "representations"
 VECTOR_INDEX_NAME = "vector_idx"
 ANN_INDEX_NAME = "vector_ann"
 PQ_8BIT_MIN_ROWS = 256  # an 8-bit product quantiser's codebook has 256 centroids per sub-vector
+PQ_ROWS_PER_PARTITION = 256  # lance trains at most rows // 256 IVF_PQ partitions (at least one)
+# lance's executed plan of an ANN query: the IVF node ranks every centroid of the index
+_RANKED = re.compile(r"ANNIvfPartition: .*partitions_ranked=(\d+)")
 
 
 def build_vector_index(
@@ -108,6 +112,35 @@ def _create_ann_index(table, metric: str, ann: HnswSqIndex | PqIndex, rows: int)
             else ""
         )
         raise ValueError(f"vector_index.ann: lance's {ann.kind} index covers {indexed} of {rows} rows{hint}")
+    trained = ann_partitions(table, metric)
+    if trained != ann.num_partitions:  # lance trains fewer IVF_PQ partitions than asked on a small table
+        most = max(1, rows // PQ_ROWS_PER_PARTITION)
+        hint = (
+            f" (lance trains at most one IVF_PQ partition per {PQ_ROWS_PER_PARTITION} rows: "
+            f"use num_partitions: {most} or fewer)"
+            if isinstance(ann, PqIndex) and ann.num_partitions > most
+            else ""
+        )
+        raise ValueError(
+            f"vector_index.ann.num_partitions: lance's {ann.kind} index over {rows} rows has {trained} IVF "
+            f"partitions, the spec declares {ann.num_partitions}{hint}"
+        )
+
+
+def ann_partitions(table, metric: str) -> int | None:
+    """How many IVF partitions the lance table's ANN index holds (None: lance did not say).
+
+    lance's index statistics do not report it; its executed query plan does: an ANN query ranks
+    every partition's centroid before probing the nearest (``partitions_ranked`` of the
+    ``ANNIvfPartition`` node, one node per index segment). One probed partition, one row asked
+    for: the cost of one small query. A lance upgrade that renames the metric makes this None,
+    which the checks refuse (``ragpipe.index.vector_checks``)."""
+    dimension = table.schema.field("vector").type.list_size
+    probe = np.zeros(dimension, dtype=np.float32)
+    probe[0] = 1.0
+    query = table.search(probe).distance_type(metric).nprobes(1).select(["row", "_distance"]).limit(1)
+    found = _RANKED.findall(query.analyze_plan())
+    return int(found[0]) if len(found) == 1 else None
 
 
 def vector_row_count(directory: Path) -> int:

@@ -9,8 +9,11 @@ table with an ANN index, through a flat scan (an approximate index promises no r
 return is restricted and scored from the verified tables, ``ragpipe.index.vector_ann``).
 
 ``ann_index_problems``: the table's vector index is exactly the one its spec declares — the ANN
-index with the spec's kind, metric and graph or quantiser parameters, covering every row, and no
-other vector index beside it — or, without ``ann`` in the spec, no ANN index at all.
+index with the spec's kind, metric, IVF partition count and graph or quantiser parameters, as lance
+recorded them, in one segment covering every row, and no other vector index beside it — or,
+without ``ann`` in the spec, no ANN index at all. A mismatch is one line naming the spec's field,
+its value and the index's: ``vector: vector_index.ann.num_partitions is 2 in the spec, 3 in the
+lance index``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 from ragpipe.index.ivf import ANN_INDEX_TYPES
 from ragpipe.index.predicates import scope_predicate
-from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, ivf_partitions
+from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, ann_partitions, ivf_partitions
 from ragpipe.spec import HnswSqIndex, PqIndex
 
 LABEL = "vector"
@@ -82,27 +85,47 @@ def ann_index_problems(table, metric: str, ann: HnswSqIndex | PqIndex | None, ro
         problems.append(f"{LABEL}: vector index {others[0]!r} beside the ANN index (a query could use it instead)")
     stats = table.index_stats(ANN_INDEX_NAME)
     wanted = ANN_INDEX_TYPES[ann.kind]
-    if stats.index_type != wanted:
-        problems.append(f"{LABEL}: the ANN index is {stats.index_type}, the spec declares {wanted} ({ann.kind})")
+    if stats.index_type != wanted:  # another kind's parameters would not compare: this line says it all
+        found_kind = next((k for k, t in ANN_INDEX_TYPES.items() if t == stats.index_type), None)
+        shown = stats.index_type if found_kind is None else f"{found_kind} ({stats.index_type})"
+        return problems + [_mismatch("vector_index.ann.kind", f"{ann.kind} ({wanted})", shown)]
     if stats.distance_type != metric:
-        problems.append(
-            f"{LABEL}: the ANN index measures {stats.distance_type!r} distances, the spec's metric is {metric!r}"
-        )
+        problems.append(_mismatch("vector_index.metric", repr(metric), repr(stats.distance_type)))
     if stats.num_indexed_rows != rows or stats.num_unindexed_rows:
         problems.append(
             f"{LABEL}: the ANN index covers {stats.num_indexed_rows} of {rows} rows "
             f"({stats.num_unindexed_rows} unindexed)"
         )
+    if stats.num_indices != 1:  # a build writes one segment; the partition count below is per index
+        problems.append(f"{LABEL}: the ANN index is in {stats.num_indices} segments, a build writes one")
+    if not others:  # a query reads one vector index: with another beside it, not necessarily this one
+        problems += _partition_problems(table, stats.distance_type, ann.num_partitions)
     details = found.index_details or {}
     if isinstance(ann, HnswSqIndex):
-        graph = details.get("hnsw") or {}
-        declared = {"max_connections": ann.m, "construction_ef": ann.ef_construction}
+        recorded = details.get("hnsw") or {}
+        declared = {"m": ("max_connections", ann.m), "ef_construction": ("construction_ef", ann.ef_construction)}
     else:
-        graph = details.get("compression") or {}
-        declared = {"num_sub_vectors": ann.num_sub_vectors, "num_bits": ann.num_bits}
-    for name, value in declared.items():
-        if graph.get(name) != value:
-            problems.append(
-                f"{LABEL}: the ANN index was built with {name} {graph.get(name)!r}, the spec declares {value}"
-            )
+        recorded = details.get("compression") or {}
+        declared = {
+            "num_sub_vectors": ("num_sub_vectors", ann.num_sub_vectors),
+            "num_bits": ("num_bits", ann.num_bits),
+        }
+    for field, (name, value) in declared.items():
+        if recorded.get(name) != value:
+            note = "" if name == field else f" (lance's {name})"
+            problems.append(_mismatch(f"vector_index.ann.{field}", value, repr(recorded.get(name)), note))
     return problems
+
+
+def _partition_problems(table, metric: str, declared: int) -> list[str]:
+    partitions = ann_partitions(table, metric)
+    if partitions is None:
+        return [
+            f"{LABEL}: lance's query plan does not report the ANN index's IVF partitions "
+            "(vector_index.ann.num_partitions cannot be checked)"
+        ]
+    return [] if partitions == declared else [_mismatch("vector_index.ann.num_partitions", declared, partitions)]
+
+
+def _mismatch(field: str, declared: object, found: object, note: str = "") -> str:
+    return f"{LABEL}: {field} is {declared} in the spec, {found} in the lance index{note}"

@@ -158,7 +158,7 @@ class ApproximateVectorSearchPlan(_Plan):
     an ANN index: ``refine_factor × k`` candidates from that index — ``nprobes`` IVF partitions
     probed, ``ef`` HNSW candidates (raised to the request's size) — ranked by the same exact
     ``scores`` as exact search. Only which rows are candidates is approximate; a bundle without
-    an ANN index refuses this plan."""
+    an ANN index refuses every query of this plan that searches vectors (a lexical query is served)."""
 
     kind: Literal["approximate"]
     nprobes: int = Field(20, ge=1, le=65_536)

@@ -41,7 +41,7 @@ from ragpipe.retrieval.plan import PlanError, QueryPlan, load_plan
 from ragpipe.retrieval.rerank import Reranker, rerank_fused
 from ragpipe.retrieval.results import AnnComparison, QueryError, QueryResult, Rankings
 from ragpipe.retrieval.trace import AuditFacts, fused_shown, query_trace
-from ragpipe.retrieval.vector_engine import VectorEngine, check_vector_search, engine_of, open_bundle_vectors
+from ragpipe.retrieval.vector_engine import VectorEngine, engine_of, open_bundle_vectors, vector_search_refusal
 from ragpipe.spec import EmbedderSpec, own_spec_id
 
 T = TypeVar("T")
@@ -100,8 +100,12 @@ class Retriever:
 
             reranker = CrossEncoderReranker(self.plan.reranker.model_path, self.plan.reranker.model_digest)
         self.reranker = reranker
-        if self.plan.approximate:  # refused before anything is opened: one line, naming the bundle
-            check_vector_search(self.bundle, self.plan.vector_search)
+        # An approximate plan on a bundle without an ANN index: its vector channel cannot be served,
+        # so every query of a mode that searches vectors is refused with this line (``_resolve_plan``);
+        # a lexical query does not need the vector index and is served.
+        self._vector_refusal = (
+            vector_search_refusal(self.bundle, self.plan.vector_search) if self.plan.approximate else None
+        )
         root = self.bundle.path
         sem = self.bundle.manifest.semantic
         # the tables as verified (parsed from the digested bytes, never re-read from the store)
@@ -130,13 +134,17 @@ class Retriever:
         self._row_groups = np.array([self._group_ids[tuple(sorted(set(r.access_scopes)))] for r in index_rows])
         self._row_roles = np.array([r.source_role for r in index_rows], dtype=object)
         self.filters = BundleFilters(docs, index_rows)
-        self.vector = open_bundle_vectors(
-            self.bundle,
-            index_rows,
-            # a bundle opened with its lance table's checks deferred gets them before it is read
-            before_lance=partial(check_vector_table, self.bundle),
-            # an approximate plan is served from the bundle's ANN index; an exact one never reads it
-            vector_search=self.plan.vector_search if self.plan.approximate else None,
+        self.vector = (
+            None  # nothing a query may use: the vectors are not even loaded
+            if self._vector_refusal is not None
+            else open_bundle_vectors(
+                self.bundle,
+                index_rows,
+                # a bundle opened with its lance table's checks deferred gets them before it is read
+                before_lance=partial(check_vector_table, self.bundle),
+                # an approximate plan is served from the bundle's ANN index; an exact one never reads it
+                vector_search=self.plan.vector_search if self.plan.approximate else None,
+            )
         )
         self.embedder_spec = EmbedderSpec.model_validate(sem.specs["embeddings"].spec) if sem.has_vector_index else None
         self._lock = threading.Lock()  # guards the lazily built state below
@@ -221,8 +229,14 @@ class Retriever:
                 found = self._plans.setdefault(mode, (plan, name, plan.plan_id))
         return found
 
+    def check_mode(self, mode: str | None) -> str:
+        """The name of the mode queries in ``mode`` (None: the plan's channels) run in, or the
+        ``QueryError`` each such query would raise — for a caller that knows its mode before any
+        query runs (an evaluation, before it creates its run)."""
+        return self._plan_for(mode)[1]
+
     def _resolve_plan(self, mode: str | None) -> tuple[QueryPlan, str]:
-        if mode is None and self.vector is None and "lexical" in self.plan.channels:
+        if mode is None and self.vector is None and self._vector_refusal is None and "lexical" in self.plan.channels:
             mode = "lexical"  # a lexical-only bundle answers the plan's lexical channel by default
         if mode is None:
             names = tuple(self.plan.channels)
@@ -236,7 +250,9 @@ class Retriever:
             except PlanError as exc:
                 raise QueryError(str(exc)) from None
         if "vector" in plan.channels and self.vector is None:
-            raise QueryError(f"bundle {self.bundle_id} is lexical-only: mode {mode!r} needs a vector index")
+            raise QueryError(
+                self._vector_refusal or f"bundle {self.bundle_id} is lexical-only: mode {mode!r} needs a vector index"
+            )
         return plan, mode
 
     def query(
@@ -343,6 +359,8 @@ class Retriever:
         them. What ``ann_recall@10`` compares in every evaluation of an approximate plan
         (``ragpipe.evaluation.ann``). ``QueryError`` when this retriever searches exactly."""
         self._check_request(text, k)
+        if self._vector_refusal is not None:
+            raise QueryError(self._vector_refusal)
         if not self.approximate:
             raise QueryError(f"this Retriever of bundle {self.bundle_id} searches vectors exactly: nothing to compare")
         subject = subject or Subject.default()

@@ -41,13 +41,24 @@ def ann_spec(bundle: VerifiedBundle):
     return VectorIndexSpec.model_validate(sem.specs["vector_index"].spec, context=RECORDED).ann
 
 
-def check_vector_search(bundle: VerifiedBundle, vector_search: VectorSearchPlan | ApproximateVectorSearchPlan) -> None:
-    """Refuse (``QueryError``, one line) approximate search on a bundle without an ANN index."""
+def vector_search_refusal(
+    bundle: VerifiedBundle, vector_search: VectorSearchPlan | ApproximateVectorSearchPlan
+) -> str | None:
+    """Why ``bundle`` cannot serve ``vector_search`` (one line), or None: approximate search needs
+    the bundle's ANN index."""
     if vector_search.kind == "approximate" and bundle.manifest.semantic.has_vector_index and ann_spec(bundle) is None:
-        raise QueryError(
+        return (
             f"the query plan asks for approximate vector search (vector_search.kind: approximate), but bundle "
             f"{bundle.bundle_id} has no ANN index (its vector-index spec declares no ann)"
         )
+    return None
+
+
+def check_vector_search(bundle: VerifiedBundle, vector_search: VectorSearchPlan | ApproximateVectorSearchPlan) -> None:
+    """Refuse (``QueryError``, ``vector_search_refusal``'s line) what the bundle cannot serve."""
+    refusal = vector_search_refusal(bundle, vector_search)
+    if refusal is not None:
+        raise QueryError(refusal)
 
 
 def open_bundle_vectors(

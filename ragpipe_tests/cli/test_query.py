@@ -317,3 +317,40 @@ def test_a_scope_no_document_carries_is_warned_about_on_the_cli(built_workspace,
     ]
     fine = ragpipe("query", "signing keys", "--bundle", bundle, "--scope", "public", "--json", home=tmp_path)
     assert fine.returncode == 0 and "warning:" not in fine.stderr
+
+
+def test_an_approximate_plan_serves_lexical_queries_on_a_bundle_without_an_ann_index(scoped_bundles, tmp_path):
+    """``--plan <approximate plan> --mode lexical`` on a bundle without an ANN index: served (a
+    lexical query does not need the vector index), as by the checked-in plan; every mode that
+    searches vectors — the plan's own hybrid included — is refused, exit 1, in one line."""
+    from ragpipe.bundle.verify import open_bundle
+    from ragpipe.retrieval.plan import DEFAULT_PLAN_PATH
+
+    bundle = str(scoped_bundles[0])
+    checked_in = DEFAULT_PLAN_PATH.read_text(encoding="utf-8")
+    assert checked_in.count("  kind: exact\n  scores:") == 1
+    plan = tmp_path / "approximate.yaml"
+    plan.write_text(checked_in.replace("  kind: exact\n  scores:", "  kind: approximate\n  scores:"), encoding="utf-8")
+    args = ("query", "aspirin stroke", "--bundle", bundle, "--k", "3")
+    served = ragpipe(*args, "--plan", str(plan), "--mode", "lexical", "--json", home=tmp_path)
+    assert served.returncode == 0, served.stderr
+    data = json.loads(served.stdout)
+    assert data["mode"] == "lexical" and "approximate" not in data and data["hits"]
+    exact = json.loads(ragpipe(*args, "--mode", "lexical", "--json", home=tmp_path).stdout)
+    assert [(h["chunk_id"], h["score"]) for h in data["hits"]] == [(h["chunk_id"], h["score"]) for h in exact["hits"]]
+    human = ragpipe(*args, "--plan", str(plan), "--mode", "lexical", home=tmp_path)
+    assert human.returncode == 0, human.stderr
+    assert f"{len(data['hits'])} hits · mode lexical" in human.stdout and "approximate" not in human.stdout
+    answered = ragpipe(
+        "answer", "Does aspirin reduce stroke?", "--bundle", bundle, "--plan", str(plan), "--mode", "lexical",
+        "--json", home=tmp_path,
+    )  # fmt: skip
+    assert answered.returncode == 0, answered.stderr
+    assert json.loads(answered.stdout)["citations"]
+    refusal = (
+        "error: the query plan asks for approximate vector search (vector_search.kind: approximate), but bundle "
+        f"{open_bundle(scoped_bundles[0]).bundle_id} has no ANN index (its vector-index spec declares no ann)"
+    )
+    for mode in ((), ("--mode", "hybrid"), ("--mode", "vector")):
+        out = ragpipe(*args, "--plan", str(plan), *mode, "--json", home=tmp_path)
+        assert (out.returncode, out.stdout, " ".join(out.stderr.split())) == (1, "", refusal)

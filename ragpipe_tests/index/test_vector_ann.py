@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragpipe.index.rows import IndexRow
-from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, VectorSearcher, build_vector_index
+from ragpipe.index.vector import (
+    ANN_INDEX_NAME,
+    TABLE_NAME,
+    VECTOR_INDEX_NAME,
+    VectorSearcher,
+    ann_partitions,
+    build_vector_index,
+)
 from ragpipe.index.vector_ann import ApproximateVectorSearcher, open_approximate_searcher
 from ragpipe.index.vector_checks import search_path_problems
 from ragpipe.index.vector_memory import MemoryVectorSearcher, exact_scores
@@ -78,17 +85,20 @@ def test_the_checks_refuse_an_index_the_spec_does_not_declare(hnsw_table, tmp_pa
     ]
     other = HNSW.model_copy(update={"m": 9, "ef_construction": 65})
     assert search_path_problems(folder, "cosine", scopes, other) == [
-        "vector: the ANN index was built with max_connections 8, the spec declares 9",
-        "vector: the ANN index was built with construction_ef 64, the spec declares 65",
+        "vector: vector_index.ann.m is 9 in the spec, 8 in the lance index (lance's max_connections)",
+        "vector: vector_index.ann.ef_construction is 65 in the spec, 64 in the lance index (lance's construction_ef)",
     ]
+    # the IVF partition count lance's statistics leave out, read from its executed query plan
+    assert search_path_problems(folder, "cosine", scopes, HNSW.model_copy(update={"num_partitions": 3})) == [
+        "vector: vector_index.ann.num_partitions is 3 in the spec, 2 in the lance index"
+    ]
+    # another kind: its parameters would not compare, one line says it
     assert search_path_problems(folder, "cosine", scopes, PQ) == [
-        "vector: the ANN index is IVF_HNSW_SQ, the spec declares IVF_PQ (ivf_pq)",
-        "vector: the ANN index was built with num_sub_vectors None, the spec declares 4",
-        "vector: the ANN index was built with num_bits 8, the spec declares 4",  # SQ: 8-bit scalars
+        "vector: vector_index.ann.kind is ivf_pq (IVF_PQ) in the spec, ivf_hnsw_sq (IVF_HNSW_SQ) in the lance index"
     ]
-    assert search_path_problems(folder, "dot", scopes, HNSW)[0] == (
-        "vector: the ANN index measures 'cosine' distances, the spec's metric is 'dot'"
-    )
+    assert search_path_problems(folder, "dot", scopes, HNSW) == [
+        "vector: vector_index.metric is 'dot' in the spec, 'cosine' in the lance index"
+    ]
     plain = tmp_path / "plain"
     build_vector_index(plain, rows, vectors, "cosine")
     assert VECTOR_INDEX_NAME in indices(plain)
@@ -111,10 +121,25 @@ def _hnsw():
 
 
 def test_a_pq_index_records_its_quantiser_and_small_tables_are_refused(tmp_path: Path):
-    rows, vectors = table_rows(300), unit_vectors(300, 16, seed=1)
-    assert build_vector_index(tmp_path / "pq", rows, vectors, "cosine", PQ) == 300
-    assert search_path_problems(tmp_path / "pq", "cosine", scopes_of(rows), PQ) == []
+    rows, vectors = table_rows(600), unit_vectors(600, 16, seed=1)
+    assert build_vector_index(tmp_path / "pq", rows, vectors, "cosine", PQ) == 600
+    scopes = scopes_of(rows)
+    assert search_path_problems(tmp_path / "pq", "cosine", scopes, PQ) == []
     assert indices(tmp_path / "pq")[ANN_INDEX_NAME].index_type == "IVF_PQ"
+    assert search_path_problems(tmp_path / "pq", "cosine", scopes, PQ.model_copy(update={"num_sub_vectors": 8})) == [
+        "vector: vector_index.ann.num_sub_vectors is 8 in the spec, 4 in the lance index"
+    ]
+    assert search_path_problems(tmp_path / "pq", "cosine", scopes, PQ.model_copy(update={"num_bits": 8})) == [
+        "vector: vector_index.ann.num_bits is 8 in the spec, 4 in the lance index"
+    ]
+    # lance trains at most one IVF_PQ partition per 256 rows, silently: the build refuses the
+    # index rather than publish one the spec (and so the bundle ID) misdescribes
+    with pytest.raises(ValueError) as err:
+        build_vector_index(tmp_path / "few", rows[:300], vectors[:300], "cosine", PQ)
+    assert str(err.value) == (
+        "vector_index.ann.num_partitions: lance's ivf_pq index over 300 rows has 1 IVF partitions, the spec "
+        "declares 2 (lance trains at most one IVF_PQ partition per 256 rows: use num_partitions: 1 or fewer)"
+    )
     # lance builds an 8-bit IVF_PQ index over fewer than 256 rows without indexing any row
     eight = PQ.model_copy(update={"num_bits": 8})
     with pytest.raises(ValueError) as err:
@@ -266,7 +291,7 @@ def test_with_every_partition_probed_a_pq_index_returns_every_visible_row_asked_
     """IVF_PQ scans the codes of every probed partition: probing all of them, the index returns
     ``min(limit, visible)`` candidates for any build, so a request whose limit covers the visible
     rows is answered from the index with exact search's result."""
-    rows, vectors = table_rows(300), unit_vectors(300, 16, seed=6)
+    rows, vectors = table_rows(600), unit_vectors(600, 16, seed=6)
     build_vector_index(tmp_path / "pq", rows, vectors, "cosine", PQ)
     exact = exact_searcher(rows, vectors)
     index = VectorSearcher(tmp_path / "pq", "cosine", row_ids(rows))
@@ -274,7 +299,7 @@ def test_with_every_partition_probed_a_pq_index_returns_every_visible_row_asked_
     try:
         for seed in range(5):
             query = unit_vectors(1, 16, seed=100 + seed)[0]
-            for scopes, k in ((("public",), 10), (("secret",), 30), (("public", "staff", "secret"), 20)):
+            for scopes, k in ((("public",), 10), (("secret",), 50), (("public", "staff", "secret"), 20)):
                 query32, visible = exact.prepare(query, k, scopes)
                 found = searcher.candidates(query32, k, visible, scopes)
                 assert len(found) == min(3 * k, len(visible))
@@ -292,3 +317,18 @@ def test_a_table_without_an_ann_index_cannot_serve_approximately(tmp_path: Path,
         open_approximate_searcher(
             exact_searcher(rows, vectors), tmp_path / "v", kind="ivf_hnsw_sq", nprobes=1, ef=1, refine_factor=1
         )
+
+
+def test_ann_partitions_reads_the_partition_count_lance_built(hnsw_table, small, tmp_path: Path):
+    """``ann_partitions``: the IVF partitions of the index a query uses, from lance's executed plan
+    (its index statistics leave them out); None when no IVF index answers (a flat table)."""
+    folder, _, _ = hnsw_table
+    table = lancedb.connect(str(folder)).open_table(TABLE_NAME)
+    assert ann_partitions(table, "cosine") == HNSW.num_partitions
+    rows, vectors = small
+    build_vector_index(tmp_path / "flat", rows, vectors, "cosine")  # 120 rows: no vector index at all
+    assert ann_partitions(lancedb.connect(str(tmp_path / "flat")).open_table(TABLE_NAME), "cosine") is None
+    rows, vectors = table_rows(600), unit_vectors(600, 16, seed=8)
+    three = HNSW.model_copy(update={"num_partitions": 3})
+    build_vector_index(tmp_path / "three", rows, vectors, "cosine", three)
+    assert ann_partitions(lancedb.connect(str(tmp_path / "three")).open_table(TABLE_NAME), "cosine") == 3

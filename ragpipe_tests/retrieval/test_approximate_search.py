@@ -14,6 +14,11 @@ import numpy as np
 import pytest
 
 from ragpipe.bundle.verify import open_bundle
+from ragpipe.evaluation.ann import ANN_RECALL
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.ledger import read_ledger
+from ragpipe.evaluation.runner import run_evaluation
+from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.index.hits import recall_of
 from ragpipe.index.vector_ann import ApproximateVectorSearcher
 from ragpipe.index.vector_memory import MemoryVectorSearcher
@@ -79,16 +84,68 @@ def test_the_approximate_plan_is_a_plan_field_and_the_default_plan_stays_exact()
 
 
 def test_approximate_search_on_a_bundle_without_an_ann_index_is_refused_in_one_line(eval_bundle):  # noqa: F811
-    bundle, _ = eval_bundle
-    with pytest.raises(QueryError) as err:
-        Retriever(bundle, plan=approximate_plan())
+    """Every query of a mode that searches vectors (the plan's own hybrid included) is refused with
+    one line naming the bundle; a lexical query does not need the vector index and is served, as
+    the exact plan serves it."""
+    bundle, suite = eval_bundle
     bundle_id = open_bundle(bundle).bundle_id
-    assert str(err.value) == (
+    refusal = (
         "the query plan asks for approximate vector search (vector_search.kind: approximate), but bundle "
         f"{bundle_id} has no ANN index (its vector-index spec declares no ann)"
     )
-    # a plan whose channels never search vectors does not need one
+    retriever = Retriever(bundle, plan=approximate_plan())
+    exact = Retriever(bundle, plan=load_plan())
+    try:
+        assert retriever.vector is None and retriever.vector_engine is None and not retriever.approximate
+        for mode in (None, "hybrid", "vector"):
+            with pytest.raises(QueryError) as err:
+                retriever.query("aspirin", PUBLIC, k=5, mode=mode)
+            assert str(err.value) == refusal
+            with pytest.raises(QueryError) as err:
+                retriever.check_mode(mode)
+            assert str(err.value) == refusal
+        with pytest.raises(QueryError) as err:
+            retriever.ann_comparison("aspirin", PUBLIC)
+        assert str(err.value) == refusal
+        assert retriever.check_mode("lexical") == "lexical"
+        for text in queries(suite, 5):
+            served = retriever.query(text, PUBLIC, k=10, mode="lexical", trace=True).as_dict()
+            wanted = exact.query(text, PUBLIC, k=10, mode="lexical", trace=True).as_dict()
+            assert served["mode"] == "lexical" and "approximate" not in served
+            assert list(served["trace"]["channels"]) == ["lexical"] and "vector_search" not in served["trace"]
+            assert [(h["chunk_id"], h["score"]) for h in served["hits"]] == [
+                (h["chunk_id"], h["score"]) for h in wanted["hits"]
+            ]
+        # the server's warm-up queries every mode the retriever serves: here, lexical only
+        from ragpipe.server.follower import warm
+
+        warm(retriever)
+    finally:
+        retriever.close()
+        exact.close()
+    # a plan whose channels never search vectors does not need one either
     Retriever(bundle, plan=approximate_plan().with_channels(("lexical",))).close()
+
+
+def test_an_evaluation_of_an_approximate_plan_on_a_bundle_without_an_ann_index(eval_bundle, tmp_path: Path):  # noqa: F811
+    """A lexical run of the plan is made (it declares no ann_recall@10); a hybrid or vector run is
+    refused before its run folder exists, with the query's line, not cell by cell."""
+    bundle, suite_path = eval_bundle
+    suite = load_suite(suite_path)
+    retriever = Retriever(bundle, plan=approximate_plan())
+    try:
+        for mode in ("hybrid", "vector"):
+            spec = EvaluationSpec.build(suite, retriever.plan, bundle, retriever.bundle_id, mode=mode, k=10)
+            with pytest.raises(QueryError, match="has no ANN index"):
+                run_evaluation(spec, tmp_path / mode, retriever_factory=lambda _: retriever)
+            assert not (tmp_path / mode).exists()
+        spec = EvaluationSpec.build(suite, retriever.plan, bundle, retriever.bundle_id, mode="lexical", k=10)
+        run_evaluation(spec, tmp_path / "lexical", retriever_factory=lambda _: retriever)
+        assert ANN_RECALL not in [m.name for m in spec.body.metrics]
+        kinds = [r.kind for r in read_ledger(tmp_path / "lexical").records]
+        assert kinds[-1] == "RunCompleted" and "CellFailed" not in kinds and "CellCompleted" in kinds
+    finally:
+        retriever.close()
 
 
 def test_an_ann_bundle_verifies_and_says_what_serves(ann_bundle, retrievers):  # noqa: F811
