@@ -354,7 +354,12 @@ def test_bounded_convex_laws(lex, vec, wl, wv, win_l, win_v, norm, level):
                 assert f.contributions[name] == coefficient * n(r.hit.score)
             else:  # below the window, or not returned: the floor — no further say
                 assert f.contributions[name] == coefficient * n(floor)
-    keys = [(-f.score, min(f.channel_ranks.values()), f.document_id, f.chunk_id, f.representation_id) for f in fused]
+
+    # ties: the best rank inside a window before any rank below one, then the representative's IDs
+    def standing(f):
+        return min((0 if rank <= win[name] else 1, rank) for name, rank in f.channel_ranks.items())
+
+    keys = [(-f.score, standing(f), f.document_id, f.chunk_id, f.representation_id) for f in fused]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
 
 
@@ -368,18 +373,49 @@ def test_bounded_convex_laws(lex, vec, wl, wv, win_l, win_v, norm, level):
     st.integers(0, 12),
 )
 def test_bounded_convex_does_not_depend_on_how_deep_channels_were_read(lex, vec, win_l, win_v, norm, level, extra):
-    """Any reading at least a window deep gives every item it holds the same fused score, and the
-    same order among them: the query's k never changes a fused score."""
+    """Every item inside some channel's window has the same fused score, representative and order
+    however deep the channels were read (a query's k), and comes before every item inside none."""
     ranked = {"lexical": collapse(lex, level), "vector": collapse(vec, level)}
     win = {"lexical": win_l, "vector": win_v}
     w = {"lexical": 1.0, "vector": 1.0}
     deep = bounded_convex(ranked, w, win, norm, level)
-    cut = {n: rs[: win[n] + extra] for n, rs in ranked.items()}
-    shallow = bounded_convex(cut, w, win, norm, level)
-    by_key = {f.key: f.score for f in deep}
-    assert {f.key: f.score for f in shallow} == {k: by_key[k] for k in (f.key for f in shallow)}
-    order = [f.key for f in deep if f.key in {g.key for g in shallow}]
-    assert [f.key for f in shallow] == order
+    shallow = bounded_convex({n: rs[: win[n] + extra] for n, rs in ranked.items()}, w, win, norm, level)
+
+    def inside(fused):
+        keys = {_key(r.hit, level) for n, rs in ranked.items() for r in rs[: win[n]]}
+        head = [(f.key, f.score, f.chunk_id, f.representation_id) for f in fused if f.key in keys]
+        assert [f.key for f in fused[: len(head)]] == [h[0] for h in head]  # before every other item
+        return head
+
+    assert inside(shallow) == inside(deep)
+
+
+def test_bounded_convex_depth_law_examples():
+    """Unequal windows, all scores tied (a case Hypothesis found against the first version, which let
+    a rank below a window break ties): reading deeper changes nothing inside the windows."""
+    lex = collapse([Hit("lexical", "a:0:r0", "a:0", "a", 0.5), Hit("lexical", "c:1:r0", "c:1", "c", 0.5)], "chunk")
+    vec = collapse(
+        [Hit("vector", f"{c}:r0", c, c[0], 0.5) for c in ("a:1", "b:0", "c:1", "d:0", "e:0")],
+        "chunk",
+    )
+    win = {"lexical": 1, "vector": 4}
+    w = {"lexical": 1.0, "vector": 1.0}
+    deep = bounded_convex({"lexical": lex, "vector": vec}, w, win, "z_score", "chunk")
+    shallow = bounded_convex({"lexical": lex[:1], "vector": vec[:4]}, w, win, "z_score", "chunk")
+    assert [f.key for f in shallow] == ["a:0", "a:1", "b:0", "c:1", "d:0"]
+    assert [f.key for f in deep] == ["a:0", "a:1", "b:0", "c:1", "d:0", "e:0"]
+    # document level: a document's representative is its best hit inside a window, not a deeper one
+    lexd = collapse([Hit("lexical", f"{d}:r", f"{d}:x", d, 3.0 - i) for i, d in enumerate("PQRD")], "document")
+    vecd = collapse(
+        [Hit("vector", f"{d}:r", f"{d}:y" if d == "D" else f"{d}:x", d, 1.0 - i / 10) for i, d in enumerate("STUVWD")],
+        "document",
+    )
+    win = {"lexical": 2, "vector": 6}
+    deep = bounded_convex({"lexical": lexd, "vector": vecd}, w, win, "min_max", "document")
+    shallow = bounded_convex({"lexical": lexd[:2], "vector": vecd}, w, win, "min_max", "document")
+    (d_deep,) = [f for f in deep if f.key == "D"]
+    (d_shallow,) = [f for f in shallow if f.key == "D"]
+    assert (d_deep.chunk_id, d_deep.score) == (d_shallow.chunk_id, d_shallow.score) == ("D:y", d_shallow.score)
 
 
 @given(st.one_of(hits("lexical"), free_hits("lexical")), weights, windows, norms, levels)

@@ -212,6 +212,11 @@ def test_a_score_fusion_plan_serves_queries(scoped_bundles, kind):
             "normalization_windows": {"lexical": 3, "vector": 4},
         }
         assert result.trace["fusion"]["items"][0]["contributions"] == fused[0].contributions
+        if kind == "bounded_convex":  # a deeper query reads the channels deeper: same first hits, same scores
+            deeper = r.query("aspirin stroke", subject, k=40, mode="hybrid")
+            assert [(h["chunk_id"], h["score"]) for h in deeper.hits[:5]] == [
+                (h["chunk_id"], h["score"]) for h in result.hits
+            ]
         for mode in ("lexical", "vector"):
             one = r.query("aspirin stroke", subject, k=5, mode=mode, trace=True)
             assert [h["chunk_id"] for h in one.hits] == [c["chunk_id"] for c in one.trace["channels"][mode]][:5]

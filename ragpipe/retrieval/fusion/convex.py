@@ -29,9 +29,15 @@ returned fewer units has no more hits, and the rest of its window is its floor (
 0 for the lexical channel — BM25 gives a document matching no query term exactly 0 — else its
 lowest score). Without this, a lexical channel that matched two documents is z-scored over two
 scores (+1, −1), and the document matching every rare query term counts no more than the vector
-channel's fifth hit. (2) Below its window a channel has no further say: an item it ranks below
-``window_a``, or did not return, gets the floor — so how deep a query read the channels (its
-``k``) never changes the fused scores. Measured on suites the fusion was not tuned on
+channel's fifth hit. The price: a lone lexical match z-scores to √(window − 1) (≈ 9.95 at depth
+100), whatever its BM25 score — the channel depth weighs a short lexical list. (2) Below its
+window a channel has no further say: an item it ranks below ``window_a``, or did not return, gets
+the floor, and that rank neither picks the item's representative nor breaks a tie before an item
+inside a window. So every item inside some channel's window has the same fused score, order and
+representative however deep the channels were read (a query's ``k``), and comes before every item
+inside none. Known gap: the lexical floor is 0 only when the channel returned fewer units than its
+window; a lexical channel exhausted at exactly ``window`` units keeps its lowest score as the floor
+(the fusion is not told whether a full list was complete). Measured on suites beside SciFact train
 (``benchmarks/fusion_bench.py``, docs/retrieval.md "Fusion"), both cut the loss against the
 better channel where one channel is far weaker.
 """
@@ -114,7 +120,10 @@ def normalized_convex(
     total = math.fsum(weights[name] for name in channels)
     contributions: dict[str, dict[str, float]] = {}
     ranks: dict[str, dict[str, int]] = {}
-    rep: dict[str, Hit] = {}
+    # An item's standing: its best rank among the channels where it is inside the window, before
+    # any rank below a window (bounded). A rank below a window is seen only by a deeper reading,
+    # so it must not pick the representative or break a tie of items that are inside a window.
+    standing: dict[str, tuple[tuple[int, int], tuple[str, str, str], Hit]] = {}
     floors: dict[str, float] = {}
     for name in sorted(channels):
         ranked = channels[name]
@@ -130,24 +139,23 @@ def normalized_convex(
         for r in ranked:
             h = r.hit
             key = h.chunk_id if level == "chunk" else h.document_id
-            if r.rank <= say:  # bounded: below its window a channel has no further say
+            inside = r.rank <= say  # bounded: below its window a channel has no further say
+            if inside:
                 contributions.setdefault(key, {})[name] = _finite(coefficient * n(h.score), f"channel {name!r}")
             else:
                 contributions.setdefault(key, {})
             ranks.setdefault(key, {})[name] = r.rank
-            current = rep.get(key)
-            if current is None or (r.rank, _ids(h)) < (ranks[key][current.channel], _ids(current)):
-                rep[key] = h
+            candidate = ((0 if inside else 1, r.rank), _ids(h), h)
+            if key not in standing or candidate[:2] < standing[key][:2]:
+                standing[key] = candidate
     fused = []
     for key, seen in contributions.items():
         # unseen channels: the channel's lowest returned score; name order like weighted_rrf
         contrib = {name: seen.get(name, floors[name]) for name in sorted(floors)}
-        h = rep[key]
+        h = standing[key][2]
         score = _finite(math.fsum(contrib.values()), f"the sum for {key!r}")
         fused.append(FusedHit(key, h.chunk_id, h.document_id, h.representation_id, score, contrib, ranks[key]))
-    return sorted(
-        fused, key=lambda f: (-f.score, min(f.channel_ranks.values()), f.document_id, f.chunk_id, f.representation_id)
-    )
+    return sorted(fused, key=lambda f: (-f.score, standing[f.key][0], f.document_id, f.chunk_id, f.representation_id))
 
 
 def _ids(h: Hit) -> tuple[str, str, str]:
