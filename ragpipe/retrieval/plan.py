@@ -65,7 +65,8 @@ class BoundedScoreFusionPlan(_Plan):
     """``normalized_convex`` where each channel has a say over its first ``depth`` units only: its
     window is always ``depth`` scores (a channel with fewer hits fills it with its floor: 0 for the
     lexical channel, whose unreturned documents match no term), and an item below the window, or
-    not returned, gets the floor (``fusion/convex.py``, "bounded"). The checked-in fusion."""
+    not returned, gets the floor (``fusion/convex.py``, "bounded"). Offered, not checked in: on a
+    small living corpus it made an add-only refresh fail non-inferiority (docs/retrieval.md)."""
 
     kind: Literal["bounded_convex"]
     normalization: Literal["min_max", "z_score"]

@@ -106,10 +106,9 @@ def test_a_plan_with_a_key_twice_or_nested_past_the_bound_is_one_line(tmp_path: 
 
 # --- fusion kinds ---------------------------------------------------------------------------
 
-# Golden IDs: the checked-in plan (bounded z-score convex fusion; exact vector scores
-# float64_sequential/v1), the same plan with plain z-score convex fusion (chosen by `ragpipe tune`
-# on SciFact train, the default before) and with weighted RRF, k = 60 (the default before that;
-# docs/retrieval.md "Fusion").
+# Golden IDs: the checked-in plan (z-score convex fusion, chosen by `ragpipe tune` on SciFact
+# train; exact vector scores float64_sequential/v1), the same plan with bounded z-score fusion,
+# and with weighted RRF, k = 60 (the default before; docs/retrieval.md "Fusion").
 RRF60_PLAN_ID = "sha256:220a4473696f4442c7ad0eae9a70073b0b8cf67d25b4709c48f17e157e21ba5f"
 ZSCORE_PLAN_ID = "sha256:3b13cbdd158eb75c21f9cdfda6bd9ae703ca2ffa87a41d211ef92cb98ff2b21a"
 BOUNDED_PLAN_ID = "sha256:d7f05dc21de8984f75875c98f491ccc11627788c7bb741343e99131b308ef0f6"
@@ -123,7 +122,7 @@ def _with_fusion(fusion: object) -> dict:
 
 def test_rrf_plans_keep_their_encoding_and_id():
     """An RRF fusion dumps as before, and a fusion without ``kind`` is still weighted RRF."""
-    assert load_plan().plan_id == BOUNDED_PLAN_ID
+    assert load_plan().plan_id == ZSCORE_PLAN_ID
     plan = parse_plan(_with_fusion({"kind": "weighted_rrf", "k": 60}), "x")
     assert plan.plan_id == RRF60_PLAN_ID
     assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {"kind": "weighted_rrf", "k": 60.0}

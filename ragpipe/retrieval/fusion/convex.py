@@ -23,7 +23,7 @@ Hybrid Retrieval", ACM TOIS 2023) keeps that information. Contract:
   With one channel the fused order is exactly that channel's order (normalisation is increasing),
   and scaling a channel's scores by a positive factor changes nothing.
 
-**Bounded** (``bounded_convex``, the checked-in fusion) differs in two ways, both about what a
+**Bounded** (``bounded_convex``; not the checked-in fusion, docs/retrieval.md says why) differs in two ways, both about what a
 channel says outside its window. (1) The window is always ``window_a`` scores: a channel that
 returned fewer units has no more hits, and the rest of its window is its floor (``bounded_window``:
 0 for the lexical channel — BM25 gives a document matching no query term exactly 0 — else its
