@@ -235,20 +235,22 @@ def query_encoder(root: Path, spec: EmbedderSpec, threads: int = 2) -> OnnxEncod
     entry first if it does not exist (slow: torch and sentence-transformers are loaded then).
     Raises ``QueryGraphError`` when creation is refused or the existing entry does not verify."""
     path = entry_dir(root, spec)
-    if not (path.exists() or path.is_symlink()):
-        create_entry(root, spec, threads=threads)
-        return load_entry(root, spec, threads=threads)
-    try:
-        return load_entry(root, spec, threads=threads)
-    except UntrustedManifest as exc:
-        log.warning("%s; the entry is rebuilt", exc)
+    if path.exists() or path.is_symlink():
+        try:
+            return load_entry(root, spec, threads=threads)
+        except UntrustedManifest as exc:
+            log.warning("%s; the entry is rebuilt", exc)
+        except QueryGraphError:
+            if path.exists() or path.is_symlink():
+                raise  # a refusal of the entry that is there
+            # gone meanwhile: another process is rebuilding it; its lock below makes us wait for it
     return _rebuilt(root, spec, threads)
 
 
 def _rebuilt(root: Path, spec: EmbedderSpec, threads: int) -> OnnxEncoder:
-    """``spec``'s entry created again in place of one whose manifest is not trusted, under the
-    entry's lock (``<home>/locks/query-graph-<key hex>.lock``): a process that finds the entry
-    trusted by then (rebuilt by another) uses it instead of removing it."""
+    """``spec``'s entry created — first, or again in place of one whose manifest is not trusted —
+    under the entry's lock (``<home>/locks/query-graph-<key hex>.lock``): a process that finds the
+    entry trusted by then (created or rebuilt by another) uses it instead of removing it."""
     path = entry_dir(root, spec)
     with file_lock(Workspace(Path(root).parent).locks / f"query-graph-{path.name}.lock", exclusive=True):
         adopted = None
