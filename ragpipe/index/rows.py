@@ -23,6 +23,17 @@ class IndexRow:
     access_scopes: tuple[str, ...]
     source_role: str
 
+    def with_text(self, text: str) -> IndexRow:
+        return IndexRow(
+            self.representation_id,
+            self.chunk_id,
+            self.document_id,
+            self.kind,
+            text,
+            self.access_scopes,
+            self.source_role,
+        )
+
 
 def index_rows(documents: list[Document], reps: list[Representation]) -> list[IndexRow]:
     docs = {d.document_id: d for d in documents}

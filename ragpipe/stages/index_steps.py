@@ -14,14 +14,14 @@ from ragpipe.bundle.manifest import BundleCounts
 from ragpipe.bundle.objects import adopt_stored, open_bundle_here, push_bundle
 from ragpipe.bundle.tables import release_free_memory
 from ragpipe.bundle.verify import BundleVerificationError
-from ragpipe.corpus.snapshot import DOCUMENTS_SCHEMA, read_snapshot_documents
+from ragpipe.corpus.snapshot import DOCUMENTS_SCHEMA
 from ragpipe.index.lexical import build_lexical_index
-from ragpipe.index.rows import IndexColumns, IndexRow, index_columns, index_rows
+from ragpipe.index.rows import SLICE_ROWS, IndexColumns, IndexRow, index_columns
 from ragpipe.index.vector import index_vector_table, vector_table, write_vector_table
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import PublishOutcome, StepHook
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.representations.derive import REPRESENTATIONS_SCHEMA, Representation, read_representations
+from ragpipe.representations.derive import REPRESENTATIONS_SCHEMA
 from ragpipe.representations.evidence import GENERATIONS_FILE
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.results import StageResult, finish, table
@@ -71,10 +71,27 @@ def _embeddings(path: Path) -> tuple[pa.Array, np.ndarray]:
     return (pa.concat_arrays(ids) if ids else pa.array([], type=pa.string())), matrix
 
 
-def _rows(ins: dict[str, StageOutput]) -> tuple[list[Representation], list[IndexRow]]:
-    documents = read_snapshot_documents(ins["source_snapshot"].path / "documents.parquet")
-    reps = read_representations(ins["representations"].path / "representations.parquet")
-    return reps, index_rows(documents, reps)
+def _lexical_rows(ins: dict[str, StageOutput]) -> list[IndexRow]:
+    """The index rows with their representations' texts (what tantivy indexes), built from
+    columns: no document's text and no Document or Representation object is read."""
+    documents = pq.read_table(
+        ins["source_snapshot"].path / "documents.parquet",
+        columns=["document_id", "access_scopes", "source_role"],
+        schema=DOCUMENTS_SCHEMA,
+    )
+    reps = pq.read_table(
+        ins["representations"].path / "representations.parquet",
+        columns=["representation_id", "chunk_id", "document_id", "kind", "text"],
+        schema=REPRESENTATIONS_SCHEMA,
+    )
+    columns = index_columns(documents, reps)
+    texts = reps.column("text")
+    rows: list[IndexRow] = []
+    for start in range(0, len(columns), SLICE_ROWS):
+        stop = min(len(columns), start + SLICE_ROWS)
+        part = texts.slice(start, stop - start).to_pylist()
+        rows += [row.with_text(text) for row, text in zip(columns.rows(start, stop), part, strict=True)]
+    return rows
 
 
 @holding_workspace_lock
@@ -86,7 +103,7 @@ def run_lexical_index(
     n_reps = int(ins["representations"].record.facts["representations"])
 
     def write(tmp: Path) -> None:
-        _, rows = _rows(ins)
+        rows = _lexical_rows(ins)
         (tmp / "index").mkdir()
         built = build_lexical_index(tmp / "index", rows, spec.lexical_index, spec.execution.index_writer_heap_mb)
         if built != len(rows):
