@@ -310,15 +310,22 @@ def build_step(home: Path, step: str, args: argparse.Namespace) -> dict[str, obj
     elif step == "embedding_cache":
         # The vectors enter through the embedding cache, keyed as every build keys them (embedder
         # spec ID, text digest): the embeddings stage then finds every text, never runs the model.
+        import pyarrow.parquet as pq
+
         from ragpipe.embedding.cache import EmbeddingCache
-        from ragpipe.representations.derive import read_representations
         from ragpipe.stages.stage_store import read_output
 
-        reps = read_representations(read_output(ws, "bench", "representations", spec).path / "representations.parquet")
-        if len(reps) != args.n:
-            raise SystemExit(f"{len(reps)} representations for {args.n} documents: a document was split or excluded")
-        rows = np.array([int(str(r.document_id)[1:]) for r in reps])  # d00000042 -> row 42
-        digests = [str(r.digest) for r in reps]
+        # two columns, not the representations as objects (a million of them are gigabytes)
+        reps = pq.read_table(
+            read_output(ws, "bench", "representations", spec).path / "representations.parquet",
+            columns=["document_id", "digest"],
+        )
+        if reps.num_rows != args.n:
+            raise SystemExit(
+                f"{reps.num_rows} representations for {args.n} documents: a document was split or excluded"
+            )
+        rows = np.array([int(d[1:]) for d in reps.column("document_id").to_pylist()])  # d00000042 -> row 42
+        digests = reps.column("digest").to_pylist()
         del reps
         seeds, _ = real_vectors(args.work, seed_texts(args.real), queries=False)
         vectors = synthetic(seeds, args.n, args.sigma, np.random.default_rng(args.seed))
