@@ -400,17 +400,25 @@ def check_vectors_file(tables: VerifiedTables, expected: IndexColumns, manifest:
     return [p.replace("vector:", f"{VECTORS_FILE}:", 1) for p in check_vectors(ids.to_pylist(), matrix, manifest)]
 
 
-def check_vector_table(root: Path, manifest: BundleManifest, expected: IndexColumns) -> list[str]:
+def check_vector_table(
+    root: Path, manifest: BundleManifest, expected: IndexColumns, verified_vectors: np.ndarray | None = None
+) -> list[str]:
     """The lance table: rows, IDs and authorization fields as the representations say, the vectors
     the manifest's digest binds, and every scope's search path (``ragpipe.index.vector_checks``).
-    Imports lancedb."""
-    from ragpipe.index.vector import read_vector_rows
+    Imports lancedb.
+
+    ``verified_vectors``: the matrix of a ``vectors.arrow`` whose IDs and embeddings digest were
+    checked (``check_vectors_file``). The lance vectors are then compared with it, bit for bit, a
+    window of rows at a time: equal IDs (checked above) and equal vectors have the digest already
+    checked, so the table's vectors are never held whole. Any difference (or no such matrix)
+    recomputes the digest from the table, which names the problem."""
+    from ragpipe.index.vector import read_vector_rows, vectors_equal
     from ragpipe.index.vector_checks import search_path_problems
 
     problems = check_index_columns("vector", read_vector_rows(root / "vector", ["row", *ROW_FIELDS]), expected)
-    if not problems:
+    if not problems and (verified_vectors is None or not vectors_equal(root / "vector", verified_vectors)):
         problems += check_vectors(*stored_vectors(root / "vector"), manifest)
-        release_free_memory()  # lance's read of every vector
+    release_free_memory()  # lance's reads of the vectors
     if not problems:
         spec = VectorIndexSpec.model_validate(manifest.semantic.specs["vector_index"].spec, context=RECORDED)
         problems += search_path_problems(root / "vector", spec.metric, expected.scopes, spec.ann)
@@ -489,7 +497,7 @@ def check_payload(root: Path, manifest: BundleManifest, tables: VerifiedTables, 
         if vectors_file is not None and not problems:
             problems += check_vectors_file(tables, expected_rows, manifest)
         if (vector_table or vectors_file is None) and not problems:
-            problems += check_vector_table(root, manifest, expected_rows)
+            problems += check_vector_table(root, manifest, expected_rows, tables.vectors)
     elif (root / "vector").exists() or vectors_file is not None:
         problems.append("vector: present in a bundle whose manifest declares no vector index")
     elif manifest.material.embeddings_digest is not None:

@@ -278,7 +278,8 @@ def check_vector_table(bundle: VerifiedBundle) -> None:
             tables.table(DOCUMENTS, ["document_id", "access_scopes", "source_role"]),
             tables.table(REPRESENTATIONS, ["representation_id", "chunk_id", "document_id", "kind"]),
         )
-        problems = check_vector_table_content(bundle.path, bundle.manifest, expected)
+        # the payload (vectors.arrow's IDs and digest included) passed when the bundle was opened
+        problems = check_vector_table_content(bundle.path, bundle.manifest, expected, tables.vectors)
     except Exception as exc:
         problems = [f"content check failed: {type(exc).__name__}: {exc}"]
     if problems:

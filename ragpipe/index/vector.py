@@ -370,6 +370,32 @@ def _predicate(
     return predicate
 
 
+VECTOR_WINDOW_ROWS = 8192  # rows of the table's vectors read per query by ``vectors_equal``
+
+
+def vectors_equal(directory: Path, matrix: np.ndarray) -> bool:
+    """Whether the table's vectors are ``matrix``, row ``i`` at row ``i``, bit for bit — read a
+    window of rows at a time (a plain scan with offset and limit, in the order the table was
+    written), so they are never all in memory at once. False also when the table's rows do not
+    come back in row order (the caller then reads them whole, sorted)."""
+    table = lancedb.connect(str(directory)).open_table(TABLE_NAME)
+    n = table.count_rows()
+    if n != len(matrix) or (n and table.schema.field("vector").type.list_size != matrix.shape[1]):
+        return False
+    bits = np.ascontiguousarray(matrix, dtype=np.float32).view(np.uint32)
+    for start in range(0, n, VECTOR_WINDOW_ROWS):
+        window = table.search().select(["row", "vector"]).offset(start).limit(VECTOR_WINDOW_ROWS).to_arrow()
+        rows = window.column("row").to_numpy()
+        if not np.array_equal(rows, np.arange(start, start + len(rows))) or not len(rows):
+            return False
+        column = window.column("vector").combine_chunks()
+        size = column.type.list_size
+        values = column.values.slice(column.offset * size, len(column) * size).to_numpy(zero_copy_only=False)
+        if not np.array_equal(values.view(np.uint32).reshape(len(column), size), bits[start : start + len(rows)]):
+            return False
+    return True
+
+
 def read_vector_rows(directory: Path, columns: Sequence[str] | None = None) -> pa.Table:
     """Every stored row (``row``, IDs, ``access_scopes``, ``source_role``, ``vector``; only
     ``columns`` if given, which must include ``row``) in ``row`` order: what bundle verification
