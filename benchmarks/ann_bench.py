@@ -310,15 +310,22 @@ def build_step(home: Path, step: str, args: argparse.Namespace) -> dict[str, obj
     elif step == "embedding_cache":
         # The vectors enter through the embedding cache, keyed as every build keys them (embedder
         # spec ID, text digest): the embeddings stage then finds every text, never runs the model.
+        import pyarrow.parquet as pq
+
         from ragpipe.embedding.cache import EmbeddingCache
-        from ragpipe.representations.derive import read_representations
         from ragpipe.stages.stage_store import read_output
 
-        reps = read_representations(read_output(ws, "bench", "representations", spec).path / "representations.parquet")
-        if len(reps) != args.n:
-            raise SystemExit(f"{len(reps)} representations for {args.n} documents: a document was split or excluded")
-        rows = np.array([int(str(r.document_id)[1:]) for r in reps])  # d00000042 -> row 42
-        digests = [str(r.digest) for r in reps]
+        # two columns, not the representations as objects (a million of them are gigabytes)
+        reps = pq.read_table(
+            read_output(ws, "bench", "representations", spec).path / "representations.parquet",
+            columns=["document_id", "digest"],
+        )
+        if reps.num_rows != args.n:
+            raise SystemExit(
+                f"{reps.num_rows} representations for {args.n} documents: a document was split or excluded"
+            )
+        rows = np.array([int(d[1:]) for d in reps.column("document_id").to_pylist()])  # d00000042 -> row 42
+        digests = reps.column("digest").to_pylist()
         del reps
         seeds, _ = real_vectors(args.work, seed_texts(args.real), queries=False)
         vectors = synthetic(seeds, args.n, args.sigma, np.random.default_rng(args.seed))
@@ -417,10 +424,12 @@ def query_child(bundle: Path, kind: str, args: argparse.Namespace) -> dict[str, 
                 t = time.perf_counter()
                 retriever.query(text, subject, k=args.hybrid_k, mode=mode)
                 samples.append((time.perf_counter() - t) * 1000)
+            top: list[list[str]] = []  # each query's chunk IDs: recall against the exact plan's
             for text in texts:  # where the time goes: a second pass, with the trace's timings
                 t = time.perf_counter()
                 result = retriever.query(text, subject, k=args.hybrid_k, mode=mode, trace=True)
                 total = (time.perf_counter() - t) * 1000
+                top.append([hit["chunk_id"] for hit in result.hits])
                 timings = result.trace["timings_ms"]
                 for part, value in timings.items():
                     parts.setdefault(part, []).append(value)
@@ -435,8 +444,14 @@ def query_child(bundle: Path, kind: str, args: argparse.Namespace) -> dict[str, 
                     "p95_ms": round(percentile(samples, 0.95), 3),
                     "n": len(samples),
                     "median_parts_ms": {k: round(statistics.median(v), 3) for k, v in sorted(parts.items())},
+                    "top": top,
                 }
             )
+        if kind == "approximate":  # what every evaluation of an approximate plan records (ann_recall@10)
+            from ragpipe.index.hits import recall_of
+
+            found = [retriever.ann_comparison(text, subject, k=10) for text in texts]
+            out["ann_recall@10"] = round(statistics.fmean(recall_of(c.approximate_ids, c.exact_ids) for c in found), 4)
         memory["queried"] = rss_now_mib()
     finally:
         retriever.close()
@@ -444,6 +459,21 @@ def query_child(bundle: Path, kind: str, args: argparse.Namespace) -> dict[str, 
     out["rss_mib"] = memory  # VmRSS at each step
     out["rss_peak_mib"] = rss_mib()
     return out
+
+
+def recall_against_exact(queries: list[dict[str, object]]) -> None:
+    """Per approximate plan and mode, ``recall@k`` of its results against the exact plan's in the
+    same mode (mean over the queries of ``recall_of``, by chunk ID); each query's lists are then
+    dropped from the output."""
+    from ragpipe.index.hits import recall_of
+
+    exact = {q["mode"]: q["top"] for q in queries if q["plan"] == "exact"}
+    for q in queries:
+        truth = exact.get(q["mode"])  # type: ignore[call-overload]
+        if q["plan"] == "approximate" and truth is not None:
+            q["recall_vs_exact"] = round(statistics.fmean(recall_of(a, e) for a, e in zip(q["top"], truth)), 4)  # type: ignore[call-overload]
+    for q in queries:
+        q.pop("top", None)
 
 
 def ann_spec(args: argparse.Namespace):
@@ -505,6 +535,7 @@ def hybrid(args: argparse.Namespace, argv: list[str]) -> dict[str, object]:
         facts = child(argv, "--query-child", str(built["bundle"]), "--query-plan", kind)
         result["queries"] += facts.pop("queries")  # type: ignore[operator]
         result["processes"][kind] = facts  # type: ignore[index]
+    recall_against_exact(result["queries"])  # type: ignore[arg-type]
     if not args.keep:
         shutil.rmtree(home)
     return result
@@ -717,15 +748,18 @@ def hybrid_markdown(hybrid: dict[str, object]) -> list[str]:
         f"Retriever.query, k = {hybrid['k']}: plan and mode, p50 / p95 ms, and the median parts (the trace's "
         "timings; `rest`: what the channels, run side by side, leave — fusion, hydration, the trace)",
         "",
-        "| plan | mode | p50 ms | p95 ms | n | lexical ms | vector ms | rest ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| plan | mode | p50 ms | p95 ms | n | lexical ms | vector ms | rest ms | recall@k vs exact |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for q in hybrid["queries"]:  # type: ignore[union-attr]
         parts = q["median_parts_ms"]
         lines.append(
             f"| {q['plan']} | {q['mode']} | {q['p50_ms']} | {q['p95_ms']} | {q['n']} | "
-            f"{parts.get('lexical', '')} | {parts.get('vector', '')} | {parts['rest']} |"
+            f"{parts.get('lexical', '')} | {parts.get('vector', '')} | {parts['rest']} | {q.get('recall_vs_exact', '')} |"
         )
+    recall = hybrid["processes"].get("approximate", {}).get("ann_recall@10")  # type: ignore[union-attr]
+    if recall is not None:
+        lines += ["", f"ann_recall@10 of the approximate plan (vector channel, as evaluations record it): {recall}"]
     return lines
 
 

@@ -18,9 +18,11 @@ from ragpipe.bundle.manifest import (
     make_manifest,
     manifest_bytes,
 )
-from ragpipe.bundle.payload_checks import stored_embeddings_digest, stored_vectors
+from ragpipe.bundle.payload_checks import stored_vectors
+from ragpipe.bundle.tables import release_free_memory
 from ragpipe.bundle.verify import BundleVerificationError, VerifiedBundle, file_digest, open_bundle
-from ragpipe.index.vector_file import VECTORS_FILE, vectors_file_bytes
+from ragpipe.embedding.compute import embeddings_digest
+from ragpipe.index.vector_file import VECTORS_FILE, write_vectors_file
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
 from ragpipe.kernel.seals import SealKey, configured_key
 from ragpipe.representations.evidence import GENERATIONS_FILE
@@ -78,7 +80,10 @@ def bundle_semantic(
     )
 
 
-def _copy_payload(inputs: BundleInputs, target: Path, step: StepHook) -> None:
+def _copy_payload(inputs: BundleInputs, target: Path, step: StepHook) -> str | None:
+    """Copy the stage outputs into ``target``; returns the embeddings digest of the vectors as the
+    lance table stores them (None: no vector index), computed from the same read that writes
+    ``vectors.arrow``."""
     shutil.copyfile(inputs.documents_parquet, target / "documents.parquet")
     shutil.copyfile(inputs.chunks_parquet, target / "chunks.parquet")
     shutil.copyfile(inputs.representations_parquet, target / "representations.parquet")
@@ -90,8 +95,14 @@ def _copy_payload(inputs: BundleInputs, target: Path, step: StepHook) -> None:
     if inputs.vector_dir is not None:
         shutil.copytree(inputs.vector_dir, target / "vector", symlinks=False)
         # the same vectors, readable without lancedb (ragpipe.index.vector_file)
-        (target / VECTORS_FILE).write_bytes(vectors_file_bytes(*stored_vectors(target / "vector")))
+        ids, matrix = stored_vectors(target / "vector")
+        write_vectors_file(target / VECTORS_FILE, ids, matrix)
+        digest = embeddings_digest(ids, matrix)
+        del ids, matrix
+        release_free_memory()  # lance's read of every vector, before the bundle is verified
         step("vector_copied")
+        return digest
+    return None
 
 
 def _file_entries(root: Path) -> list[FileEntry]:
@@ -115,7 +126,8 @@ def publish_bundle(
     """Publish the bundle for ``semantic`` under ``bundles_root/<id hex>`` unless it exists.
 
     The material section is computed from what was copied: every file's size and digest, and the
-    digest of the vectors as stored in the lance table. The seal uses ``key`` (default: the
+    digest of the vectors as stored in the lance table (from the one read that also writes
+    ``vectors.arrow``). The seal uses ``key`` (default: the
     configured bundle key, if any). The new bundle is verified completely in its temp directory
     before the rename. An existing directory for the same ID is verified and reused untouched
     (its material may differ in the last bits of floats: same semantic identity); if it fails
@@ -124,15 +136,20 @@ def publish_bundle(
     key = configured_key() if key == "configured" else key
     final = bundles_root / bundle_id_of(semantic).hex
 
+    stored: list[str | None] = []  # the lance table's embeddings digest, read while copying
+
+    def copy(tmp: Path) -> None:
+        stored.append(_copy_payload(inputs, tmp, on_step or (lambda _: None)))
+
     def write_manifest(tmp: Path) -> None:
-        vectors = stored_embeddings_digest(tmp / "vector") if semantic.has_vector_index else None
+        vectors = stored[-1] if semantic.has_vector_index else None
         manifest = make_manifest(semantic, vectors, _file_entries(tmp), key)
         (tmp / MANIFEST_NAME).write_bytes(manifest_bytes(manifest))
 
     verified: list[VerifiedBundle] = []
     outcome = publish_directory(
         final,
-        lambda tmp: _copy_payload(inputs, tmp, on_step or (lambda _: None)),
+        copy,
         write_manifest,
         on_step,
         # never publish what would not open; the renamed directory holds exactly these files

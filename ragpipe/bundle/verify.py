@@ -19,30 +19,26 @@ import threading
 import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
 from pydantic import ValidationError
 
 from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of, manifest_bytes, material_digest_of
 from ragpipe.bundle.payload_checks import check_payload
 from ragpipe.bundle.payload_checks import check_vector_table as check_vector_table_content
 from ragpipe.bundle.seal import seal_problems
-from ragpipe.chunking.models import Chunk, read_chunks
-from ragpipe.corpus.models import Document
-from ragpipe.corpus.snapshot import read_snapshot_documents
-from ragpipe.index.rows import index_rows
-from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
+from ragpipe.bundle.tables import DOCUMENTS, REPRESENTATIONS, TABLE_FILES, VerifiedTables, release_free_memory
+from ragpipe.index.rows import index_columns
+from ragpipe.index.vector_file import VECTORS_FILE
 from ragpipe.kernel.seals import SealKey, SealKeyError, configured_key
-from ragpipe.representations.derive import Representation, read_representations
-from ragpipe.representations.evidence import GENERATIONS_FILE, GenerationRecord, read_generations
+from ragpipe.representations.evidence import GENERATIONS_FILE
+from ragpipe.spec import EmbedderSpec
 
-TABLE_FILES = ("documents.parquet", "chunks.parquet", "representations.parquet")
 # Files whose verified bytes are kept: the tables, and the vectors the in-memory engine searches.
 KEPT_FILES = (*TABLE_FILES, VECTORS_FILE, GENERATIONS_FILE)
+READ_BLOCK = 1 << 20
 
 
 class BundleVerificationError(ValueError):
@@ -50,45 +46,6 @@ class BundleVerificationError(ValueError):
         self.path = path
         self.problems = problems
         super().__init__(f"bundle {path} failed verification:\n  " + "\n  ".join(problems))
-
-
-class VerifiedTables:
-    """The bundle's three Parquet tables as the exact bytes that were digested during verification.
-
-    Callers parse these bytes instead of reading the files again, so what they use is what was
-    verified, even if someone replaces a file in the store after verification (docs/trust.md)."""
-
-    def __init__(self, data: dict[str, bytes]):
-        self._data = data
-
-    @cached_property
-    def documents(self) -> list[Document]:
-        return read_snapshot_documents(pa.BufferReader(self._data["documents.parquet"]))
-
-    @cached_property
-    def chunks(self) -> list[Chunk]:
-        return read_chunks(pa.BufferReader(self._data["chunks.parquet"]))
-
-    @cached_property
-    def representations(self) -> list[Representation]:
-        return read_representations(pa.BufferReader(self._data["representations.parquet"]))
-
-    @cached_property
-    def generations(self) -> list[GenerationRecord] | None:
-        """The evidence of generated representations (None: the bundle has no generated kinds)."""
-        data = self._data.get(GENERATIONS_FILE)
-        return None if data is None else read_generations(pa.BufferReader(data))
-
-    @property
-    def vectors_file(self) -> bytes | None:
-        """The verified bytes of ``vectors.arrow`` (None: the bundle has none)."""
-        return self._data.get(VECTORS_FILE)
-
-    @cached_property
-    def vectors(self) -> np.ndarray | None:
-        """The float32 matrix of ``vectors.arrow``, row ``i`` for representation ``i`` (None: no file)."""
-        data = self.vectors_file
-        return None if data is None else read_vectors_file(data)[1]
 
 
 @dataclass(frozen=True)
@@ -115,22 +72,43 @@ def file_digest(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _read_listed(full: Path, keep: bool) -> tuple[int, str, bytes | None]:
+def _read_listed(full: Path, keep: bool) -> tuple[int, str, np.ndarray | None]:
     """(size, digest, bytes if ``keep``) of one regular file, read through one descriptor opened
     without following links and without blocking, so a file swapped for a link or a FIFO after
-    the directory walk is refused instead of followed or waited on."""
+    the directory walk is refused instead of followed or waited on.
+
+    Kept bytes are read straight into one buffer of the file's size (no list of blocks joined
+    into a second copy) and digested as they arrive; the buffer is private memory, made
+    read-only, so what is digested here is what every later reader uses — nothing another
+    process writes to the file afterwards (in place or by rename) can reach it, as it could a
+    memory map of the file. A file longer than when it was opened is read to its end, digested
+    and refused by its size (its extra bytes are not kept)."""
     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as fh:
+    with os.fdopen(fd, "rb", buffering=0) as fh:
         info = os.fstat(fh.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise OSError("not a regular file when opened")
         h = hashlib.sha256()
-        blocks: list[bytes] = []
-        while block := fh.read(1 << 20):
+        kept = np.empty(info.st_size, dtype=np.uint8) if keep else None
+        view = memoryview(kept) if kept is not None else None
+        size = 0
+        while True:
+            if view is not None and size < len(view):
+                got = fh.readinto(view[size : size + READ_BLOCK])
+                block = view[size : size + (got or 0)]
+            else:
+                block = fh.read(READ_BLOCK)
+                got = len(block)
+            if not got:
+                break
             h.update(block)
-            if keep:
-                blocks.append(block)
-    return info.st_size, "sha256:" + h.hexdigest(), b"".join(blocks) if keep else None
+            size += got
+    if kept is not None:
+        if size != len(kept):
+            kept = None  # refused by its size: nothing of it is used
+        else:
+            kept.setflags(write=False)
+    return size, "sha256:" + h.hexdigest(), kept
 
 
 def _load_manifest(root: Path, check_name: bool, key: SealKey | None) -> tuple[BundleManifest, str]:
@@ -178,7 +156,7 @@ def _all_nfc(value: object) -> bool:
     return True
 
 
-def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, bytes]) -> list[str]:
+def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, np.ndarray]) -> list[str]:
     """Every file on disk against the manifest's list; the Parquet tables' bytes land in ``tables``."""
     problems: list[str] = []
     listed = {f.path: f for f in manifest.material.files}
@@ -250,33 +228,39 @@ def open_bundle(
     if not path.is_dir():
         raise BundleVerificationError(path, ["not a bundle directory"])
     manifest, manifest_digest = _load_manifest(path, check_name, key)
-    data: dict[str, bytes] = {}
+    data: dict[str, np.ndarray] = {}
     problems = _check_files(path, manifest, data)
     missing = [name for name in TABLE_FILES if name not in data]
     if problems or missing:
         raise BundleVerificationError(path, problems or [f"{name}: missing from the bundle" for name in missing])
-    tables = VerifiedTables(data)
+    tables = VerifiedTables(data, _vector_shape(manifest))
+    del data
     deferred = defer_vector_table and tables.vectors_file is not None and manifest.semantic.has_vector_index
     scope = "payload" if deferred else "complete"
     if not (_known_good(manifest_digest, scope) or _known_good(manifest_digest, "complete")):
         try:
-            problems = check_payload(
-                path,
-                manifest,
-                tables.documents,
-                tables.chunks,
-                tables.representations,
-                vectors_file=tables.vectors_file,
-                generations=tables.generations,
-                vector_table=not deferred,
-            )
+            problems = check_payload(path, manifest, tables, vector_table=not deferred)
         except Exception as exc:  # a corrupt-but-digest-matching file is impossible; anything else is still a refusal
             problems = [f"content check failed: {type(exc).__name__}: {exc}"]
+        finally:
+            release_free_memory()  # what the checks freed, before the caller serves or builds on
         if problems:
             raise BundleVerificationError(path, problems)
         _remember(manifest_digest, scope)
     checked = not deferred or _known_good(manifest_digest, "complete")
     return VerifiedBundle(path=path, manifest=manifest, tables=tables, vector_table_checked=checked)
+
+
+def _vector_shape(manifest: BundleManifest) -> tuple[int, int] | None:
+    """(rows, dimensions) the manifest gives its vectors (None: no vector index, or an embedder
+    spec that does not parse, which the payload checks refuse)."""
+    sem = manifest.semantic
+    if not sem.has_vector_index or "embeddings" not in sem.specs:
+        return None
+    try:
+        return sem.counts.vectors, EmbedderSpec.model_validate(sem.specs["embeddings"].spec).dimensions
+    except ValueError:
+        return None
 
 
 def check_vector_table(bundle: VerifiedBundle) -> None:
@@ -289,9 +273,13 @@ def check_vector_table(bundle: VerifiedBundle) -> None:
     if _known_good(digest, "complete"):
         return
     tables = bundle.tables
-    expected = index_rows(tables.documents, tables.representations)
     try:
-        problems = check_vector_table_content(bundle.path, bundle.manifest, expected)
+        expected = index_columns(
+            tables.table(DOCUMENTS, ["document_id", "access_scopes", "source_role"]),
+            tables.table(REPRESENTATIONS, ["representation_id", "chunk_id", "document_id", "kind"]),
+        )
+        # the payload (vectors.arrow's IDs and digest included) passed when the bundle was opened
+        problems = check_vector_table_content(bundle.path, bundle.manifest, expected, tables.vectors)
     except Exception as exc:
         problems = [f"content check failed: {type(exc).__name__}: {exc}"]
     if problems:

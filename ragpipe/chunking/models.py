@@ -72,7 +72,11 @@ def write_chunks(path: Path, chunks: list[Chunk]) -> None:
 
 
 def read_chunks(path: Path) -> list[Chunk]:
-    table = pq.read_table(path, schema=CHUNKS_SCHEMA)
+    return chunks_from_arrow(pq.read_table(path, schema=CHUNKS_SCHEMA))
+
+
+def chunks_from_arrow(table: pa.Table | pa.RecordBatch) -> list[Chunk]:
+    """The chunks of an Arrow table (or one record batch of it) in ``CHUNKS_SCHEMA``."""
     return [
         Chunk(
             chunk_id=ChunkId(r["chunk_id"]),
@@ -91,7 +95,15 @@ def read_chunks(path: Path) -> list[Chunk]:
 
 def chunk_set_digest(chunks: list[Chunk]) -> ContentDigest:
     """Digest of the chunk set: every chunk's ID, span, ordinal, heading path and text digest."""
-    rows = sorted(
-        [c.chunk_id, c.document_id, c.ordinal, c.byte_start, c.byte_end, c.digest, list(c.heading_path)] for c in chunks
-    )
+    return chunk_set_digest_of_rows([chunk_digest_row(c) for c in chunks])
+
+
+def chunk_digest_row(c: Chunk) -> list:
+    """What ``chunk_set_digest`` takes of one chunk (a reader that streams the chunks keeps these)."""
+    return [c.chunk_id, c.document_id, c.ordinal, c.byte_start, c.byte_end, c.digest, list(c.heading_path)]
+
+
+def chunk_set_digest_of_rows(rows: list[list]) -> ContentDigest:
+    """``chunk_set_digest`` of the chunks whose ``chunk_digest_row`` are ``rows`` (sorted here, in place)."""
+    rows.sort()
     return ContentDigest(content_id("chunk-set", 1, rows))

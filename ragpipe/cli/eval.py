@@ -109,11 +109,15 @@ def suite_validate(
             "suite_digest": loaded.digest,
         }
         if bundle is not None or revision is not None:
+            from ragpipe.bundle.tables import CHUNKS, DOCUMENTS
             from ragpipe.bundle.verify import open_bundle
 
             opened = open_bundle(bundle_path(bundle, revision))
+            tables = opened.tables  # the ID columns only, not every document and chunk as an object
             statuses = check_against_bundle(
-                loaded, {d.document_id for d in opened.tables.documents}, {c.chunk_id for c in opened.tables.chunks}
+                loaded,
+                set(tables.table(DOCUMENTS, ["document_id"]).column(0).to_pylist()),
+                set(tables.table(CHUNKS, ["chunk_id"]).column(0).to_pylist()),
             )
             data["bundle_id"] = opened.bundle_id
             data["evaluable"] = sum(s.evaluable for s in statuses)

@@ -34,12 +34,17 @@ class Document(BaseModel):
 
     def pages_of(self, byte_start: int, byte_end: int) -> tuple[int, int] | None:
         """(first, last) page number of the span ``[byte_start, byte_end)``; None without pages."""
-        if not self.pages:
-            return None
-        starts = [start for start, _ in self.pages]
-        first = bisect_right(starts, byte_start) - 1
-        last = bisect_right(starts, max(byte_start, byte_end - 1)) - 1
-        return self.pages[max(first, 0)][1], self.pages[max(last, 0)][1]
+        return pages_of(self.pages, byte_start, byte_end)
+
+
+def pages_of(pages: tuple[tuple[int, int], ...], byte_start: int, byte_end: int) -> tuple[int, int] | None:
+    """``Document.pages_of`` for a document whose ``pages`` are these."""
+    if not pages:
+        return None
+    starts = [start for start, _ in pages]
+    first = bisect_right(starts, byte_start) - 1
+    last = bisect_right(starts, max(byte_start, byte_end - 1)) - 1
+    return pages[max(first, 0)][1], pages[max(last, 0)][1]
 
 
 class Exclusion(BaseModel):
@@ -82,13 +87,20 @@ def corpus_digest(documents: list[Document], default_scope: str | None) -> Conte
     with metadata or pages has one more element in its row, ``{"metadata": …, "pages": …}`` with
     what it has (typed metadata as ``corpus.metadata.metadata_json``), so corpora without either
     keep the digests they always had."""
-    rows = [_digest_row(d) for d in sorted(documents, key=lambda d: d.document_id)]
+    return corpus_digest_of_rows([corpus_digest_row(d) for d in documents], default_scope)
+
+
+def corpus_digest_of_rows(rows: list[list], default_scope: str | None) -> ContentDigest:
+    """``corpus_digest`` of the documents whose ``corpus_digest_row`` are ``rows`` (sorted here by
+    document ID, in place: a reader that streams the documents keeps only these rows)."""
+    rows.sort(key=lambda row: row[0])
     return ContentDigest(
         content_id("corpus", 1, {"normalization": NORMALIZATION, "default_scope": default_scope, "documents": rows})
     )
 
 
-def _digest_row(d: Document) -> list:
+def corpus_digest_row(d: Document) -> list:
+    """What ``corpus_digest`` takes of one document."""
     row: list = [d.document_id, d.content_digest, d.title, list(d.access_scopes), d.source_role]
     extra = {"metadata": metadata_json(d.metadata)} if d.metadata else {}
     if d.pages:

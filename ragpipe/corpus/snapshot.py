@@ -144,7 +144,11 @@ def write_snapshot(directory: Path, documents: list[Document], summary: Snapshot
 
 
 def read_snapshot_documents(path: Path) -> list[Document]:
-    table = pq.read_table(path, schema=DOCUMENTS_SCHEMA)
+    return documents_from_arrow(pq.read_table(path, schema=DOCUMENTS_SCHEMA))
+
+
+def documents_from_arrow(table: pa.Table | pa.RecordBatch) -> list[Document]:
+    """The documents of an Arrow table (or one record batch of it) in ``DOCUMENTS_SCHEMA``."""
     return [
         Document(
             document_id=DocumentId(r["document_id"]),

@@ -22,10 +22,12 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import tantivy
 
 from ragpipe.index.hits import Hit
-from ragpipe.index.rows import IndexRow
+from ragpipe.index.rows import IndexRow, RowScopes
 from ragpipe.index.segments import (
     ScopeGroupError,
     Scopes,
@@ -43,6 +45,14 @@ from ragpipe.spec import LexicalIndexSpec
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _MAX_FILTERS = 1024  # one scope filter per distinct scope set; bounded
+_COLUMN_ROWS = 65_536  # stored documents read per batch of columns (``read_lexical_table``)
+LEXICAL_ROWS_SCHEMA = pa.schema(
+    [
+        ("row", pa.uint64()),
+        *((name, pa.string()) for name in ("representation_id", "chunk_id", "document_id", "kind", "source_role")),
+        ("access_scopes", pa.list_(pa.string())),
+    ]
+)
 
 
 def lexical_schema(spec: LexicalIndexSpec) -> tantivy.Schema:
@@ -255,6 +265,21 @@ def read_lexical_rows(directory: Path) -> list[dict[str, object]]:
     return sorted((_row_record(searcher.doc(address).to_dict()) for _, address in found), key=lambda r: r["row"])
 
 
+def read_lexical_table(directory: Path) -> pa.Table:
+    """``read_lexical_rows`` as one Arrow table (``row``, the IDs, ``kind``, ``source_role``,
+    ``access_scopes``), sorted by ``row``: the same records without a Python dict per row,
+    converted to columns every ``_COLUMN_ROWS`` documents."""
+    searcher = _open(directory).searcher()
+    found = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs), count=False).hits
+    batches: list[pa.RecordBatch] = []
+    for start in range(0, len(found), _COLUMN_ROWS):
+        records = [_row_record(searcher.doc(address).to_dict()) for _, address in found[start : start + _COLUMN_ROWS]]
+        batches.append(pa.RecordBatch.from_pylist(records, schema=LEXICAL_ROWS_SCHEMA))
+    del found
+    table = pa.Table.from_batches(batches, schema=LEXICAL_ROWS_SCHEMA)
+    return table.sort_by("row")
+
+
 def _row_record(stored: dict) -> dict[str, object]:
     return {
         "row": stored["row"][0],
@@ -285,16 +310,19 @@ def verify_scope_groups(directory: Path, row_scopes: Sequence[Sequence[str]]) ->
             f"{name}/meta.json: tantivy opened {searcher.num_segments} segments, meta.json lists {len(meta['segments'])}"
         ]
     group_of = {sid: g.scopes for g in groups for sid in g.segment_ids}
-    expected = [scope_set(s) for s in row_scopes]
-    home: dict[int, str] = {}
+    rows = RowScopes.of(row_scopes)
+    # each row's scope group: the sorted, distinct scopes of its document (one per distinct tuple)
+    expected = RowScopes([scope_set(g) for g in rows.groups], rows.index)
+    home = np.full(len(rows), -1, dtype=np.int64)  # per row: the ordinal of the segment storing it
+    sids = [entry["segment_id"] for entry in meta["segments"]]
     for ordinal, entry in enumerate(meta["segments"]):
         sid = entry["segment_id"]
         problems += _segment_problems(
-            searcher, ordinal, entry["max_doc"], f"{name}/{file_stem(sid)}.store", group_of[sid], expected, home, sid
+            searcher, ordinal, entry["max_doc"], f"{name}/{file_stem(sid)}.store", group_of[sid], expected, home, sids
         )
-    missing = sorted(set(range(len(expected))) - set(home))
-    if missing:
-        problems.append(f"{name}: {len(missing)} bundle row(s) are stored in no segment (first: row {missing[0]})")
+    missing = np.flatnonzero(home < 0)
+    if missing.size:
+        problems.append(f"{name}: {missing.size} bundle row(s) are stored in no segment (first: row {int(missing[0])})")
     return problems
 
 
@@ -304,9 +332,9 @@ def _segment_problems(
     max_doc: int,
     where: str,
     scopes: Scopes,
-    expected: list[Scopes],
-    home: dict[int, str],
-    sid: str,
+    expected: RowScopes,
+    home: np.ndarray,
+    sids: list[str],
 ) -> list[str]:
     stored_wrong, document_wrong, problems = [], [], []
     for doc in range(max_doc):
@@ -315,9 +343,10 @@ def _segment_problems(
         if not 0 <= row < len(expected):
             problems.append(f"{where}: row {row} is outside the bundle's {len(expected)} rows")
             continue
-        if row in home:
-            problems.append(f"{where}: row {row} is also stored in segment {home[row]}")
-        home.setdefault(row, sid)
+        if home[row] >= 0:
+            problems.append(f"{where}: row {row} is also stored in segment {sids[home[row]]}")
+        else:
+            home[row] = ordinal
         if stored != scopes:
             stored_wrong.append((row, stored))
         elif expected[row] != scopes:

@@ -14,9 +14,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import tantivy
 
 from ragpipe.index.lexical import lexical_schema
+from ragpipe.index.rows import RowScopes
 from ragpipe.index.segments import read_meta
 from ragpipe.spec import LexicalIndexSpec
 
@@ -50,7 +52,8 @@ def structure_problems(directory: Path, spec: LexicalIndexSpec, row_scopes: Sequ
                 f"{LABEL}: stored row {stored}: the row fast field says {fast} (hits would resolve to another row)"
             )
             return problems
-    expected_scopes = {s for scopes in row_scopes for s in scopes}
+    rows = RowScopes.of(row_scopes)
+    expected_scopes = rows.scopes()
     indexed = {term for term, _ in searcher.terms_with_prefix("access_scope", "")}
     if unexpected := sorted(indexed - expected_scopes):
         problems.append(f"{LABEL}: access_scope postings for {unexpected} match no row's scopes")
@@ -58,12 +61,12 @@ def structure_problems(directory: Path, spec: LexicalIndexSpec, row_scopes: Sequ
     for scope in sorted(expected_scopes):
         query = tantivy.Query.term_query(schema, "access_scope", scope)
         found = [address for _, address in searcher.search(query, limit=limit, count=False).hits]
-        actual = sorted(searcher.fast_field_values("row", found))
-        wanted = [i for i, scopes in enumerate(row_scopes) if scope in scopes]
-        if actual != wanted:
-            extra, missing = sorted(set(actual) - set(wanted)), sorted(set(wanted) - set(actual))
+        actual = np.sort(np.asarray(searcher.fast_field_values("row", found), dtype=np.int64))
+        wanted = rows.rows_with(scope)
+        if not np.array_equal(actual, wanted):
+            extra, missing = np.setdiff1d(actual, wanted), np.setdiff1d(wanted, actual)
             problems.append(
-                f"{LABEL}: the access_scope {scope!r} postings match rows {extra[:5]} that lack the scope "
-                f"and miss rows {missing[:5]} that have it"
+                f"{LABEL}: the access_scope {scope!r} postings match rows {extra[:5].tolist()} that lack the scope "
+                f"and miss rows {missing[:5].tolist()} that have it"
             )
     return problems

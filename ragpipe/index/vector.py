@@ -33,7 +33,7 @@ from lancedb.index import HnswSq, IvfFlat, IvfPq, LabelList
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate, selection_predicate
-from ragpipe.index.rows import IndexRow
+from ragpipe.index.rows import IndexColumns, IndexRow
 from ragpipe.index.selection import Selection
 from ragpipe.spec import HnswSqIndex, PqIndex
 
@@ -61,26 +61,59 @@ def build_vector_index(
         raise ValueError(f"{len(rows)} rows but {len(vectors)} vectors")
     if ann is not None and not rows:
         raise ValueError(f"vector_index.ann: a {ann.kind} index trains on the table's vectors, and there are none")
-    dim = vectors.shape[1]
-    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
-    table = pa.table(
+    write_vector_table(directory, vector_table(rows, vectors))
+    return index_vector_table(directory, metric, ann)
+
+
+def vector_table(rows: Sequence[IndexRow] | IndexColumns, vectors: np.ndarray) -> pa.Table:
+    """The table's rows as Arrow: ``rows`` (objects, or the columns of ``index_columns``) beside
+    ``vectors``, which the table wraps without a copy (float32, C order) — a caller that drops
+    its own references leaves the table the only holder of the vectors."""
+    if len(rows) != len(vectors):
+        raise ValueError(f"{len(rows)} rows but {len(vectors)} vectors")
+    matrix = np.ascontiguousarray(vectors, dtype=np.float32)
+    flat = pa.Array.from_buffers(pa.float32(), matrix.size, [None, pa.py_buffer(matrix)])
+    if isinstance(rows, IndexColumns):
+        fields = {name: rows.column(name) for name in ("representation_id", "chunk_id", "document_id", "kind")}
+        groups = pa.array([list(g) for g in rows.scopes.groups], type=pa.list_(pa.string()))
+        scopes = groups.take(pa.array(rows.scopes.index)) if len(rows) else pa.array([], pa.list_(pa.string()))
+        role = rows.source_role
+    else:
+        fields = {
+            name: pa.array([getattr(r, name) for r in rows], type=pa.string())
+            for name in ("representation_id", "chunk_id", "document_id", "kind")
+        }
+        scopes = pa.array([list(r.access_scopes) for r in rows], type=pa.list_(pa.string()))
+        role = pa.array([r.source_role for r in rows], type=pa.string())
+    return pa.table(
         {
-            "row": pa.array(range(len(rows)), type=pa.uint32()),
-            "representation_id": [r.representation_id for r in rows],
-            "chunk_id": [r.chunk_id for r in rows],
-            "document_id": [r.document_id for r in rows],
-            "kind": [r.kind for r in rows],
-            "access_scopes": pa.array([list(r.access_scopes) for r in rows], type=pa.list_(pa.string())),
-            "source_role": [r.source_role for r in rows],
-            "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
+            "row": pa.array(np.arange(len(rows), dtype=np.uint32)),
+            **fields,
+            "access_scopes": scopes,
+            "source_role": role,
+            "vector": pa.FixedSizeListArray.from_arrays(flat, matrix.shape[1]),
         }
     )
-    db = lancedb.connect(str(directory))
-    created = db.create_table(TABLE_NAME, data=table)
+
+
+def write_vector_table(directory: Path, table: pa.Table) -> None:
+    """Create the lancedb table (``vector_table``'s rows) in folder ``directory``, without indexes."""
+    lancedb.connect(str(directory)).create_table(TABLE_NAME, data=table)
+
+
+def index_vector_table(directory: Path, metric: str = "cosine", ann: HnswSqIndex | PqIndex | None = None) -> int:
+    """Index the table ``write_vector_table`` wrote: the ``access_scopes`` LABEL_LIST index, then
+    ``ann`` (``ValueError``, one line, when lance cannot build it over every row) or, from
+    ``IVF_MIN_ROWS`` rows, IVF_FLAT. Returns the row count. The vectors are read from the table:
+    the caller need not hold them any more."""
+    created = lancedb.connect(str(directory)).open_table(TABLE_NAME)
+    rows = created.count_rows()
+    if ann is not None and not rows:
+        raise ValueError(f"vector_index.ann: a {ann.kind} index trains on the table's vectors, and there are none")
     created.create_index("access_scopes", config=LabelList())
     if ann is not None:
-        _create_ann_index(created, metric, ann, len(rows))
-    elif (partitions := ivf_partitions(len(rows))) is not None:
+        _create_ann_index(created, metric, ann, rows)
+    elif (partitions := ivf_partitions(rows)) is not None:
         created.create_index(
             "vector", config=IvfFlat(distance_type=metric, num_partitions=partitions), name=VECTOR_INDEX_NAME
         )
@@ -337,8 +370,43 @@ def _predicate(
     return predicate
 
 
-def read_vector_rows(directory: Path) -> pa.Table:
-    """Every stored row (``row``, IDs, ``access_scopes``, ``source_role``, ``vector``) in ``row``
-    order: what bundle verification cross-checks against the bundle's documents."""
-    table = lancedb.connect(str(directory)).open_table(TABLE_NAME).to_arrow()
-    return table.sort_by("row")
+VECTOR_WINDOW_ROWS = 8192  # rows of the table's vectors read per query by ``vectors_equal``
+
+
+def vectors_equal(directory: Path, matrix: np.ndarray) -> bool:
+    """Whether the table's vectors are ``matrix``, row ``i`` at row ``i``, bit for bit — read a
+    window of rows at a time (a plain scan with offset and limit, in the order the table was
+    written), so they are never all in memory at once. False also when the table's rows do not
+    come back in row order (the caller then reads them whole, sorted)."""
+    table = lancedb.connect(str(directory)).open_table(TABLE_NAME)
+    n = table.count_rows()
+    if n != len(matrix) or (n and table.schema.field("vector").type.list_size != matrix.shape[1]):
+        return False
+    bits = np.ascontiguousarray(matrix, dtype=np.float32).view(np.uint32)
+    for start in range(0, n, VECTOR_WINDOW_ROWS):
+        window = table.search().select(["row", "vector"]).offset(start).limit(VECTOR_WINDOW_ROWS).to_arrow()
+        rows = window.column("row").to_numpy()
+        if not np.array_equal(rows, np.arange(start, start + len(rows))) or not len(rows):
+            return False
+        column = window.column("vector").combine_chunks()
+        size = column.type.list_size
+        values = column.values.slice(column.offset * size, len(column) * size).to_numpy(zero_copy_only=False)
+        if not np.array_equal(values.view(np.uint32).reshape(len(column), size), bits[start : start + len(rows)]):
+            return False
+    return True
+
+
+def read_vector_rows(directory: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """Every stored row (``row``, IDs, ``access_scopes``, ``source_role``, ``vector``; only
+    ``columns`` if given, which must include ``row``) in ``row`` order: what bundle verification
+    cross-checks against the bundle's documents. Rows read in order (as lance returns a table
+    written in order) are not copied again to sort them."""
+    table = lancedb.connect(str(directory)).open_table(TABLE_NAME)
+    if columns is None:
+        found = table.to_arrow()
+    else:
+        found = table.search().select(list(columns)).limit(None).to_arrow()
+    rows = found.column("row").to_numpy()
+    if len(rows) and not np.array_equal(rows, np.arange(len(rows))):
+        found = found.sort_by("row")
+    return found

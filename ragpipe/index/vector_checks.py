@@ -26,6 +26,7 @@ import numpy as np
 
 from ragpipe.index.ivf import ANN_INDEX_TYPES
 from ragpipe.index.predicates import scope_predicate
+from ragpipe.index.rows import RowScopes
 from ragpipe.index.vector import ANN_INDEX_NAME, TABLE_NAME, VECTOR_INDEX_NAME, ann_partitions, ivf_partitions
 from ragpipe.spec import HnswSqIndex, PqIndex
 
@@ -46,21 +47,22 @@ def search_path_problems(
     dimension = table.schema.field("vector").type.list_size
     probe = np.zeros(dimension, dtype=np.float32)
     probe[0] = 1.0  # any finite direction: every admitted row is returned, whatever its distance
-    for scope in sorted({s for scopes in row_scopes for s in scopes}):
+    expected = RowScopes.of(row_scopes)
+    for scope in sorted(expected.scopes()):
         query = table.search(probe).distance_type(metric).where(scope_predicate((scope,)), prefilter=True)
         if ann is not None:
             query = query.bypass_vector_index()  # an approximate index need not return every row
         elif indexed:
             query = query.nprobes(ivf_partitions(rows))
         # _distance selected explicitly: lance warns (on stderr, every build) when it adds it implicitly
-        found = query.select(["row", "_distance"]).limit(max(1, rows)).to_arrow().column("row").to_pylist()
-        actual = sorted(found)
-        wanted = [i for i, scopes in enumerate(row_scopes) if scope in scopes]
-        if actual != wanted:
-            extra, missing = sorted(set(actual) - set(wanted)), sorted(set(wanted) - set(actual))
+        found = query.select(["row", "_distance"]).limit(max(1, rows)).to_arrow().column("row")
+        actual = np.sort(found.to_numpy().astype(np.int64))
+        wanted = expected.rows_with(scope)
+        if not np.array_equal(actual, wanted):
+            extra, missing = np.setdiff1d(actual, wanted), np.setdiff1d(wanted, actual)
             problems.append(
-                f"{LABEL}: a search prefiltered to {scope!r} returns rows {extra[:5]} that lack the scope and "
-                f"misses rows {missing[:5]} that have it (scope or vector index altered)"
+                f"{LABEL}: a search prefiltered to {scope!r} returns rows {extra[:5].tolist()} that lack the scope and "
+                f"misses rows {missing[:5].tolist()} that have it (scope or vector index altered)"
             )
     return problems
 

@@ -58,6 +58,7 @@ import numpy as np
 from ragpipe.embedding.compute import embeddings_digest as digest_of_vectors
 from ragpipe.index.hits import Hit
 from ragpipe.index.predicates import role_predicate, scope_predicate
+from ragpipe.index.rows import RowScopes
 from ragpipe.index.selection import Selection
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class _Tables:
     squares: np.ndarray | None  # (n,) float64: the exact Σ x² per row (cosine's denominators)
     scope_rows: dict[str, np.ndarray]  # scope -> (n,) bool: rows carrying it
     role_rows: dict[str, np.ndarray]  # source role -> (n,) bool: rows of documents with that role
-    document_rows: dict[str, np.ndarray]  # document ID -> its row positions
+    document_rows: _DocumentRows  # document ID -> its row positions
 
 
 class MemoryVectorSearcher:
@@ -129,7 +130,7 @@ class MemoryVectorSearcher:
             norms=np.sqrt(squares),
             squares=squares if metric == "cosine" else None,
             scope_rows=_scope_rows(row_scopes),
-            role_rows=_scope_rows([(r,) for r in row_roles]) if row_roles is not None else {},
+            role_rows=_role_rows(row_roles) if row_roles is not None else {},
             document_rows=_document_rows(rows),
         )
 
@@ -397,23 +398,52 @@ def _size(size: int) -> str:
 
 
 def _scope_rows(row_scopes: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """Per scope, the (read-only) mask of the rows carrying it — from each distinct scope tuple,
+    not row by row."""
+    rows = RowScopes.of(row_scopes)
     masks: dict[str, np.ndarray] = {}
-    for i, scopes in enumerate(row_scopes):
-        for scope in scopes:
-            mask = masks.get(scope)
-            if mask is None:
-                mask = masks[scope] = np.zeros(len(row_scopes), dtype=bool)
-            mask[i] = True
-    for mask in masks.values():
+    for scope in sorted(rows.scopes()):
+        mask = np.zeros(len(rows), dtype=bool)
+        mask[rows.rows_with(scope)] = True
         mask.setflags(write=False)
+        masks[scope] = mask
     return masks
 
 
-def _document_rows(rows: Sequence[Row]) -> dict[str, np.ndarray]:
-    positions: dict[str, list[int]] = {}
-    for i, (_, _, document_id) in enumerate(rows):
-        positions.setdefault(document_id, []).append(i)
-    return {d: np.asarray(p, dtype=np.intp) for d, p in positions.items()}
+def _role_rows(row_roles: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per source role, the (read-only) mask of the rows of documents with that role."""
+    codes: dict[str, int] = {}
+    at = np.fromiter((codes.setdefault(r, len(codes)) for r in row_roles), dtype=np.int64, count=len(row_roles))
+    masks = {}
+    for role, code in codes.items():
+        mask = at == code
+        mask.setflags(write=False)
+        masks[role] = mask
+    return masks
+
+
+class _DocumentRows:
+    """Document ID -> its row positions (ascending), for excluding documents: one position per
+    document in a dictionary and the rows grouped by document in two arrays — not one numpy array
+    object per document (a million documents would cost ~100 MB more)."""
+
+    def __init__(self, rows: Sequence[Row]):
+        self._at: dict[str, int] = {}
+        documents = np.fromiter(
+            (self._at.setdefault(document_id, len(self._at)) for _, _, document_id in rows),
+            dtype=np.int64,
+            count=len(rows),
+        )
+        self._order = np.argsort(documents, kind="stable")
+        self._starts = np.searchsorted(documents[self._order], np.arange(len(self._at) + 1))
+
+    def get(self, document_id: str) -> np.ndarray | None:
+        at = self._at.get(document_id)
+        return None if at is None else self._order[self._starts[at] : self._starts[at + 1]]
+
+
+def _document_rows(rows: Sequence[Row]) -> _DocumentRows:
+    return _DocumentRows(rows)
 
 
 def _visible(

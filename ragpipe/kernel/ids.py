@@ -23,11 +23,17 @@ _KIND = re.compile(r"^[a-z][a-z0-9_.-]*\Z")
 
 def domain_digest(kind: str, version: int, payload: bytes) -> str:
     """``sha256:<hex>`` of ``payload`` under the domain ``ragpipe/<kind>/v<version>``."""
-    if not _KIND.match(kind) or version < 1:
-        raise ValueError(f"invalid ID domain {kind!r} v{version}")
-    h = hashlib.sha256(f"ragpipe/{kind}/v{version}".encode() + b"\0")
+    h = domain_hash(kind, version)
     h.update(payload)
     return "sha256:" + h.hexdigest()
+
+
+def domain_hash(kind: str, version: int):
+    """The SHA-256 state after the domain prefix of ``ragpipe/<kind>/v<version>``: feed it a
+    payload piece by piece, and ``"sha256:" + hexdigest()`` is ``domain_digest`` of the whole."""
+    if not _KIND.match(kind) or version < 1:
+        raise ValueError(f"invalid ID domain {kind!r} v{version}")
+    return hashlib.sha256(f"ragpipe/{kind}/v{version}".encode() + b"\0")
 
 
 def content_id(kind: str, version: int, value: Any) -> str:

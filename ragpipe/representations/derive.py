@@ -99,7 +99,11 @@ def write_representations(path: Path, reps: list[Representation]) -> None:
 
 
 def read_representations(path: Path) -> list[Representation]:
-    rows = pq.read_table(path, schema=REPRESENTATIONS_SCHEMA).to_pylist()
+    return representations_from_arrow(pq.read_table(path, schema=REPRESENTATIONS_SCHEMA))
+
+
+def representations_from_arrow(table: pa.Table | pa.RecordBatch) -> list[Representation]:
+    """The representations of an Arrow table (or one record batch of it) in ``REPRESENTATIONS_SCHEMA``."""
     return [
         Representation(
             representation_id=RepresentationId(r["representation_id"]),
@@ -110,10 +114,21 @@ def read_representations(path: Path) -> list[Representation]:
             digest=ContentDigest(r["digest"]),
             producer_spec_id=SpecId(r["producer_spec_id"]),
         )
-        for r in rows
+        for r in table.to_pylist()
     ]
 
 
 def representation_set_digest(reps: list[Representation]) -> ContentDigest:
-    rows = sorted([r.representation_id, r.chunk_id, r.kind, r.digest] for r in reps)
+    return representation_set_digest_of_rows([representation_digest_row(r) for r in reps])
+
+
+def representation_digest_row(r: Representation) -> list:
+    """What ``representation_set_digest`` takes of one representation."""
+    return [r.representation_id, r.chunk_id, r.kind, r.digest]
+
+
+def representation_set_digest_of_rows(rows: list[list]) -> ContentDigest:
+    """``representation_set_digest`` of the representations whose ``representation_digest_row``
+    are ``rows`` (sorted here, in place)."""
+    rows.sort()
     return ContentDigest(content_id("representation-set", 1, rows))

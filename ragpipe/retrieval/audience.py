@@ -94,7 +94,13 @@ class AudienceIndexes:
         self._meta = read_meta(directory)
         self._segments = {g.scopes: g.segment_ids for g in read_scope_groups(directory)}
         self._all_segments = frozenset(s for ids in self._segments.values() for s in ids)
-        self.group_of = {doc: tuple(sorted(set(scopes))) for doc, scopes in document_scopes.items()}
+        groups: dict[tuple[str, ...], Group] = {}  # one group tuple per distinct scope tuple, shared
+        self.group_of: dict[str, Group] = {}
+        for doc, scopes in document_scopes.items():
+            group = groups.get(scopes)
+            if group is None:
+                group = groups[scopes] = tuple(sorted(set(scopes)))
+            self.group_of[doc] = group
         self.group_sizes = Counter(self.group_of.values())
         self.total_documents = len(document_scopes)
         self._lock = threading.Lock()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ragpipe.corpus.metadata import Metadata
 from ragpipe.corpus.metadata_filter import (
     DocumentMatcher,
     FieldFact,
@@ -58,16 +59,47 @@ class BundleFilters:
     """The filterable fields of one bundle and the selections of the filters asked so far."""
 
     def __init__(self, documents: Sequence[Document], rows: Sequence[IndexRow]):
-        metas, roles = [d.metadata for d in documents], [d.source_role for d in documents]
+        ordinal = {d.document_id: i for i, d in enumerate(documents)}
+        self._setup(
+            [d.document_id for d in documents],
+            [d.metadata for d in documents],
+            [d.source_role for d in documents],
+            [tuple(sorted(set(d.access_scopes))) for d in documents],
+            np.array([ordinal[r.document_id] for r in rows], dtype=np.int64),
+        )
+
+    @classmethod
+    def from_columns(
+        cls,
+        document_ids: Sequence[str],
+        metas: Sequence[Metadata],
+        roles: Sequence[str],
+        groups: Sequence[Group],
+        row_documents: np.ndarray,
+    ) -> BundleFilters:
+        """The same from columns: per document (in the bundle's order) its ID, metadata, source
+        role and scope group, and per index row the position of its document."""
+        filters = cls.__new__(cls)
+        filters._setup(document_ids, metas, roles, groups, np.asarray(row_documents, dtype=np.int64))
+        return filters
+
+    def _setup(
+        self,
+        document_ids: Sequence[str],
+        metas: Sequence[Metadata],
+        roles: Sequence[str],
+        groups: Sequence[Group],
+        row_documents: np.ndarray,
+    ) -> None:
         self._metas, self._roles = metas, roles
-        self._groups = [tuple(sorted(set(d.access_scopes))) for d in documents]
+        self._groups = groups
         self.catalog = field_catalog(metas, roles)
         self._catalogs: OrderedDict[tuple[Group, ...], dict[str, FieldFact]] = OrderedDict()
         self._matcher = DocumentMatcher(metas, roles)
-        self._ids = np.array([d.document_id for d in documents], dtype=object)
-        ordinal = {d.document_id: i for i, d in enumerate(documents)}
-        self._row_document = np.array([ordinal[r.document_id] for r in rows], dtype=np.int64)
-        self._indexed = np.zeros(len(documents), dtype=bool)
+        self._ids = np.empty(len(document_ids), dtype=object)
+        self._ids[:] = document_ids
+        self._row_document = row_documents
+        self._indexed = np.zeros(len(document_ids), dtype=bool)
         self._indexed[self._row_document] = True  # documents with at least one index row
         self._cache: OrderedDict[bytes, Selection] = OrderedDict()
         self._resolved: OrderedDict[tuple[str, tuple[Group, ...]], Resolved] = OrderedDict()

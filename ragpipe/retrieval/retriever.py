@@ -11,6 +11,7 @@ A ``Retriever`` may be shared by any number of threads (docs/retrieval.md, Threa
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -21,13 +22,15 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from ragpipe.bundle.tables import CHUNKS, DOCUMENTS, REPRESENTATIONS, ChunkTable, release_free_memory
 from ragpipe.bundle.verify import VerifiedBundle, check_vector_table, open_bundle
-from ragpipe.chunking.models import Chunk
-from ragpipe.corpus.metadata import shown_metadata
-from ragpipe.corpus.models import SCOPE_PATTERN, Document
+from ragpipe.corpus.metadata import Metadata, metadata_from_json, shown_metadata
+from ragpipe.corpus.models import SCOPE_PATTERN, pages_of
 from ragpipe.index.lexical import LexicalSearcher
-from ragpipe.index.rows import index_rows as build_index_rows
+from ragpipe.index.rows import SLICE_ROWS, RowScopes, index_columns
 from ragpipe.index.selection import Selection
 from ragpipe.kernel.workspace import Workspace, default_home
 from ragpipe.retrieval.audience import AudienceIndexes, LexicalStatistics
@@ -49,10 +52,10 @@ MODES = {"hybrid": ("lexical", "vector"), "lexical": ("lexical",), "vector": ("v
 EMPTY_QUERY = "query text is empty (or only whitespace)"
 
 
-def _pages(document: Document, evidence: Evidence) -> list[int] | None:
+def _pages(pages: tuple[tuple[int, int], ...], evidence: Evidence) -> list[int] | None:
     """[first, last] page of a hit's span, for documents with pages (PDF); None for the others."""
-    pages = document.pages_of(evidence.byte_start, evidence.byte_end)
-    return None if pages is None else list(pages)
+    found = pages_of(pages, evidence.byte_start, evidence.byte_end)
+    return None if found is None else list(found)
 
 
 class Retriever:
@@ -108,17 +111,50 @@ class Retriever:
         )
         root = self.bundle.path
         sem = self.bundle.manifest.semantic
-        # the tables as verified (parsed from the digested bytes, never re-read from the store)
-        self.chunks: dict[str, Chunk] = {c.chunk_id: c for c in self.bundle.tables.chunks}
-        docs = self.bundle.tables.documents
-        self.titles = {d.document_id: d.title for d in docs}
-        self.documents = {d.document_id: d for d in docs}
-        self.scopes = {d.document_id: d.access_scopes for d in docs}
-        index_rows = build_index_rows(docs, self.bundle.tables.representations)
-        rows = [(r.representation_id, r.chunk_id, r.document_id) for r in index_rows]
+        # The tables as verified (parsed from the digested bytes, never re-read from the store), held
+        # as what a query reads: the chunks' columns, the IDs, and per document its title, scopes,
+        # role, metadata and pages — never a document's text, nor a Python object per row beyond
+        # the IDs and the dictionaries that look them up (a million rows: docs/benchmarks.md).
+        tables = self.bundle.tables
+        docs = tables.table(DOCUMENTS, ["document_id", "title", "access_scopes", "source_role", "metadata", "pages"])
+        columns = index_columns(
+            docs, tables.table(REPRESENTATIONS, ["representation_id", "chunk_id", "document_id", "kind"])
+        )
+        self.chunks = ChunkTable(tables.batches(CHUNKS))
+        document_ids: list[str] = docs.column("document_id").to_pylist()
+        document_scopes = RowScopes.of_arrow(docs.column("access_scopes"))
+        self.scopes: dict[str, tuple[str, ...]] = dict(zip(document_ids, document_scopes))
+        self.titles: dict[str, str] = {}
+        self._metadata: dict[str, Metadata] = {}
+        self._pages: dict[str, tuple[tuple[int, int], ...]] = {}  # documents with pages only
+        role_names: dict[str, str] = {}  # one string per role, shared by every document and row
+        roles: list[str] = []
+        no_metadata: Metadata = {}  # shared by every document without metadata; read, never changed
+        for start in range(0, len(document_ids), SLICE_ROWS):  # Python objects a slice at a time
+            part, ids = docs.slice(start, SLICE_ROWS), document_ids[start : start + SLICE_ROWS]
+            self.titles.update(zip(ids, part.column("title").to_pylist()))
+            roles += [role_names.setdefault(r, r) for r in part.column("source_role").to_pylist()]
+            for d, text in zip(ids, part.column("metadata").to_pylist()):
+                self._metadata[d] = no_metadata if text == "{}" else metadata_from_json(json.loads(text))
+            for d, pages in zip(ids, part.column("pages").to_pylist()):
+                if pages:
+                    self._pages[d] = tuple((offset, page) for offset, page in pages)
+        self.roles: dict[str, str] = dict(zip(document_ids, roles))
+        metas = [self._metadata[d] for d in document_ids]
+        del docs
+        rows = columns.id_tuples(document_ids)
         # Rows per scope group: a channel's request cap is the rows the subject may see, so no
-        # trace figure ever depends on how many rows are hidden.
-        self._group_rows = Counter(tuple(sorted(set(r.access_scopes))) for r in index_rows)
+        # trace figure ever depends on how many rows are hidden. A row's group: its document's
+        # scopes, sorted and distinct (one computation per distinct scope tuple).
+        row_scopes = columns.scopes
+        groups = [tuple(sorted(set(g))) for g in row_scopes.groups]
+        self._group_ids = {g: i for i, g in enumerate(sorted(set(groups)))}
+        group_at = np.array([self._group_ids[g] for g in groups], dtype=np.int64)
+        self._row_groups = group_at[row_scopes.index] if len(groups) else np.empty(0, dtype=np.int64)
+        ordered = sorted(self._group_ids)
+        self._group_rows = Counter(
+            {ordered[g]: int(n) for g, n in enumerate(np.bincount(self._row_groups, minlength=len(ordered))) if n}
+        )
         self.lexical = AudienceIndexes(
             LexicalSearcher.open(root / "lexical", rows),
             self.policy,
@@ -126,20 +162,32 @@ class Retriever:
             max_views=max_views,
             max_audiences=max_audiences,
         )
+        role_list = sorted(role_names)
+        role_codes = pc.index_in(columns.source_role, value_set=pa.array(role_list, type=pa.string()))
+        row_role_codes = role_codes.to_numpy(zero_copy_only=False).astype(np.int64)
         # Rows per (scope group, source role): what a query filtered on roles may see.
-        self._group_role_rows = Counter((tuple(sorted(set(r.access_scopes))), r.source_role) for r in index_rows)
-        self.roles = {d.document_id: d.source_role for d in docs}
+        pairs = np.bincount(self._row_groups * len(role_list) + row_role_codes, minlength=len(ordered) * len(role_list))
+        self._group_role_rows = Counter(
+            {(ordered[i // len(role_list)], role_list[i % len(role_list)]): int(n) for i, n in enumerate(pairs) if n}
+        )
         # Per row, its scope group and role: what a query with a metadata filter may see.
-        self._group_ids = {g: i for i, g in enumerate(sorted(self._group_rows))}
-        self._row_groups = np.array([self._group_ids[tuple(sorted(set(r.access_scopes)))] for r in index_rows])
-        self._row_roles = np.array([r.source_role for r in index_rows], dtype=object)
-        self.filters = BundleFilters(docs, index_rows)
+        self._row_roles = np.array(role_list, dtype=object)[row_role_codes] if role_list else np.empty(0, dtype=object)
+        document_groups = [tuple(sorted(set(g))) for g in document_scopes.groups]
+        self.filters = BundleFilters.from_columns(
+            document_ids,
+            metas,
+            roles,
+            [document_groups[g] for g in document_scopes.index.tolist()],
+            columns.document_at if columns.document_at is not None else np.empty(0, dtype=np.int64),
+        )
         self.vector = (
             None  # nothing a query may use: the vectors are not even loaded
             if self._vector_refusal is not None
             else open_bundle_vectors(
                 self.bundle,
-                index_rows,
+                rows,
+                row_scopes,
+                self._row_roles,
                 # a bundle opened with its lance table's checks deferred gets them before it is read
                 before_lance=partial(check_vector_table, self.bundle),
                 # an approximate plan is served from the bundle's ANN index; an exact one never reads it
@@ -158,6 +206,7 @@ class Retriever:
         self.release_id: str | None = None  # the release served (ragpipe.api.retriever_for_release)
         if embedder is not None:
             self._check_embedder(embedder.spec)
+        release_free_memory()  # the tables' parses and the columns built from them: not kept
 
     @property
     def bundle_id(self) -> str:
@@ -315,8 +364,8 @@ class Retriever:
                 "text": ev.text,
                 "byte_start": ev.byte_start,
                 "byte_end": ev.byte_end,
-                "metadata": shown_metadata(self.documents[f.document_id].metadata),  # a fresh dict per hit
-                "pages": _pages(self.documents[f.document_id], ev),
+                "metadata": shown_metadata(self._metadata[f.document_id]),  # a fresh dict per hit
+                "pages": _pages(self._pages.get(f.document_id, ()), ev),
             }
             for i, (f, ev) in enumerate(zip(top, evidence), start=1)
         ]
@@ -488,9 +537,7 @@ class Retriever:
     def _rerank(self, text: str, plan: QueryPlan, fused: list[FusedHit]) -> tuple[dict[str, object], list[FusedHit]]:
         if self.reranker is None:
             return {"used": False}, fused
-        return rerank_fused(
-            self.reranker, plan.reranker, text, fused, lambda cid: self.chunks[cid].text, self._rerank_lock
-        )
+        return rerank_fused(self.reranker, plan.reranker, text, fused, self.chunks.text, self._rerank_lock)
 
     def _evidence(self, f: FusedHit, subject: Subject, verdicts: dict[tuple[str, ...], bool]) -> Evidence:
         """Hydrate a hit from the verified chunk table (source authority: the bundle's chunk text,
@@ -498,22 +545,23 @@ class Retriever:
         its document is visible to ``subject`` — whatever an index row claimed. ``verdicts`` holds
         the policy's verdict per scope set for this query (a k = 1000 query asks about a handful of
         scope sets a thousand times)."""
-        chunk = self.chunks[f.chunk_id]
-        if chunk.document_id != f.document_id:
+        evidence = self._hydrated.get(f.chunk_id)
+        # Evidence is immutable and depends on the verified chunk and document only, so one object
+        # per chunk serves every query (a dict insert is atomic: racing threads at worst build the
+        # same value twice); its document is the chunk's.
+        chunk = self.chunks[f.chunk_id] if evidence is None else None
+        document_id = chunk.document_id if chunk is not None else evidence.document_id  # type: ignore[union-attr]
+        if document_id != f.document_id:
             raise AuthorizationError(
-                f"index row names document {f.document_id} for chunk {f.chunk_id} of document {chunk.document_id}"
+                f"index row names document {f.document_id} for chunk {f.chunk_id} of document {document_id}"
             )
-        scopes = self.scopes[chunk.document_id]
+        scopes = self.scopes[document_id]
         allowed = verdicts.get(scopes)
         if allowed is None:
             allowed = verdicts[scopes] = self.policy.allows(subject, scopes)
         if not allowed:
             raise AuthorizationError(f"chunk {f.chunk_id} is not visible to {subject.principal}")
-        evidence = self._hydrated.get(chunk.chunk_id)
-        if evidence is None:
-            # Evidence is immutable and depends on the verified chunk and document only, so one
-            # object per chunk serves every query (a dict insert is atomic: racing threads at worst
-            # build the same value twice).
+        if chunk is not None:
             evidence = self._hydrated.setdefault(
                 chunk.chunk_id,
                 Evidence(
@@ -527,4 +575,4 @@ class Retriever:
                     access_scopes=scopes,
                 ),
             )
-        return evidence
+        return evidence  # type: ignore[return-value]

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ragpipe.bundle.verify import VerifiedBundle
-from ragpipe.index.rows import IndexRow
 from ragpipe.index.vector_memory import open_vector_searcher
 from ragpipe.retrieval.plan import ApproximateVectorSearchPlan, VectorSearchPlan
 from ragpipe.retrieval.results import QueryError
@@ -63,13 +62,16 @@ def check_vector_search(bundle: VerifiedBundle, vector_search: VectorSearchPlan 
 
 def open_bundle_vectors(
     bundle: VerifiedBundle,
-    rows: Sequence[IndexRow],
+    rows: Sequence[tuple[str, str, str]],
+    row_scopes: Sequence[Sequence[str]],
+    row_roles: Sequence[str],
     *,
     before_lance: Callable[[], None] | None = None,
     vector_search: VectorSearchPlan | ApproximateVectorSearchPlan | None = None,
 ):
-    """The vector searcher of ``bundle`` (None when it has no vector index) over its index
-    ``rows``; ``before_lance`` runs before its lance table is read (a bundle without
+    """The vector searcher of ``bundle`` (None when it has no vector index) over its index rows:
+    ``rows`` (representation_id, chunk_id, document_id), each row's access scopes and its
+    document's source role; ``before_lance`` runs before its lance table is read (a bundle without
     ``vectors.arrow``, or an approximate searcher, which queries the table's ANN index).
     ``vector_search``: the plan's; approximate search needs the bundle's ANN index
     (``check_vector_search``), exact search (the default) never reads it. The searcher's
@@ -82,9 +84,9 @@ def open_bundle_vectors(
     exact = open_vector_searcher(
         bundle.path / "vector",
         sem.specs["vector_index"].spec["metric"],
-        [(r.representation_id, r.chunk_id, r.document_id) for r in rows],
-        row_scopes=[r.access_scopes for r in rows],
-        row_roles=[r.source_role for r in rows],
+        rows,
+        row_scopes=row_scopes,
+        row_roles=row_roles,
         embeddings_digest=bundle.manifest.material.embeddings_digest,
         vectors=bundle.tables.vectors,
         before_lance=before_lance,
@@ -115,11 +117,22 @@ def engine_of(searcher) -> VectorEngine | None:
 
 def bundle_vector_engine(bundle: VerifiedBundle) -> VectorEngine | None:
     """What serves ``bundle``'s vectors, and how (opening them, as a query would)."""
+    from ragpipe.bundle.tables import DOCUMENTS, REPRESENTATIONS
     from ragpipe.bundle.verify import check_vector_table
-    from ragpipe.index.rows import index_rows
+    from ragpipe.index.rows import index_columns
 
-    rows = index_rows(bundle.tables.documents, bundle.tables.representations)
-    searcher = open_bundle_vectors(bundle, rows, before_lance=lambda: check_vector_table(bundle))
+    tables = bundle.tables
+    columns = index_columns(
+        tables.table(DOCUMENTS, ["document_id", "access_scopes", "source_role"]),
+        tables.table(REPRESENTATIONS, ["representation_id", "chunk_id", "document_id", "kind"]),
+    )
+    searcher = open_bundle_vectors(
+        bundle,
+        columns.id_tuples(),
+        columns.scopes,
+        columns.source_role.to_pylist(),
+        before_lance=lambda: check_vector_table(bundle),
+    )
     try:
         return engine_of(searcher)
     finally:

@@ -5,19 +5,23 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from ragpipe.bundle.build import BundleInputs, bundle_semantic, publish_bundle
 from ragpipe.bundle.manifest import BundleCounts
 from ragpipe.bundle.objects import adopt_stored, open_bundle_here, push_bundle
+from ragpipe.bundle.tables import release_free_memory
 from ragpipe.bundle.verify import BundleVerificationError
-from ragpipe.corpus.snapshot import read_snapshot_documents
-from ragpipe.embedding.compute import read_embeddings
+from ragpipe.corpus.snapshot import DOCUMENTS_SCHEMA
 from ragpipe.index.lexical import build_lexical_index
-from ragpipe.index.rows import IndexRow, index_rows
-from ragpipe.index.vector import build_vector_index
+from ragpipe.index.rows import SLICE_ROWS, IndexColumns, IndexRow, index_columns
+from ragpipe.index.vector import index_vector_table, vector_table, write_vector_table
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import PublishOutcome, StepHook
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.representations.derive import Representation, read_representations
+from ragpipe.representations.derive import REPRESENTATIONS_SCHEMA
 from ragpipe.representations.evidence import GENERATIONS_FILE
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.results import StageResult, finish, table
@@ -33,10 +37,61 @@ from ragpipe.stages.stage_store import (
 from ragpipe.storage.location import store_from_env
 
 
-def _rows(ins: dict[str, StageOutput]) -> tuple[list[Representation], list[IndexRow]]:
-    documents = read_snapshot_documents(ins["source_snapshot"].path / "documents.parquet")
-    reps = read_representations(ins["representations"].path / "representations.parquet")
-    return reps, index_rows(documents, reps)
+def _index_columns(ins: dict[str, StageOutput]) -> IndexColumns:
+    """The index rows as columns, read from the stage outputs' Parquet without any text column."""
+    documents = pq.read_table(
+        ins["source_snapshot"].path / "documents.parquet",
+        columns=["document_id", "access_scopes", "source_role"],
+        schema=DOCUMENTS_SCHEMA,
+    )
+    reps = pq.read_table(
+        ins["representations"].path / "representations.parquet",
+        columns=["representation_id", "chunk_id", "document_id", "kind"],
+        schema=REPRESENTATIONS_SCHEMA,
+    )
+    return index_columns(documents, reps)
+
+
+def _embeddings(path: Path) -> tuple[pa.Array, np.ndarray]:
+    """``embedding.compute.read_embeddings`` as (IDs as an Arrow string array, float32 matrix),
+    read a record batch at a time into the matrix: the vectors are held once, not as Parquet's
+    decoded table, its combined copy and the matrix."""
+    file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)  # a column chunk is not read whole
+    vector_type = file.schema_arrow.field("vector").type
+    matrix = np.empty((file.metadata.num_rows, vector_type.list_size), dtype=np.float32)
+    ids: list[pa.Array] = []
+    at = 0
+    for batch in file.iter_batches(batch_size=8192, columns=["representation_id", "vector"], use_threads=False):
+        column = batch.column("vector")
+        size = column.type.list_size
+        values = column.values.slice(column.offset * size, len(column) * size)
+        matrix[at : at + len(column)] = values.to_numpy(zero_copy_only=False).reshape(len(column), size)
+        ids.append(batch.column("representation_id"))
+        at += len(column)
+    return (pa.concat_arrays(ids) if ids else pa.array([], type=pa.string())), matrix
+
+
+def _lexical_rows(ins: dict[str, StageOutput]) -> list[IndexRow]:
+    """The index rows with their representations' texts (what tantivy indexes), built from
+    columns: no document's text and no Document or Representation object is read."""
+    documents = pq.read_table(
+        ins["source_snapshot"].path / "documents.parquet",
+        columns=["document_id", "access_scopes", "source_role"],
+        schema=DOCUMENTS_SCHEMA,
+    )
+    reps = pq.read_table(
+        ins["representations"].path / "representations.parquet",
+        columns=["representation_id", "chunk_id", "document_id", "kind", "text"],
+        schema=REPRESENTATIONS_SCHEMA,
+    )
+    columns = index_columns(documents, reps)
+    texts = reps.column("text")
+    rows: list[IndexRow] = []
+    for start in range(0, len(columns), SLICE_ROWS):
+        stop = min(len(columns), start + SLICE_ROWS)
+        part = texts.slice(start, stop - start).to_pylist()
+        rows += [row.with_text(text) for row, text in zip(columns.rows(start, stop), part, strict=True)]
+    return rows
 
 
 @holding_workspace_lock
@@ -48,7 +103,7 @@ def run_lexical_index(
     n_reps = int(ins["representations"].record.facts["representations"])
 
     def write(tmp: Path) -> None:
-        _, rows = _rows(ins)
+        rows = _lexical_rows(ins)
         (tmp / "index").mkdir()
         built = build_lexical_index(tmp / "index", rows, spec.lexical_index, spec.execution.index_writer_heap_mb)
         if built != len(rows):
@@ -94,18 +149,27 @@ def run_vector_index(
     n_reps = int(ins["representations"].record.facts["representations"])
 
     def write(tmp: Path) -> None:
-        reps, rows = _rows(ins)
-        ids, vectors = read_embeddings(ins["embeddings"].path / "embeddings.parquet")
-        if ids != [r.representation_id for r in reps]:
+        # Columns only, never a document's or representation's text: the table needs the IDs, the
+        # authorization fields and the vectors (a million rows: docs/benchmarks.md).
+        columns = _index_columns(ins)
+        ids, vectors = _embeddings(ins["embeddings"].path / "embeddings.parquet")
+        if not ids.equals(columns.representation_id):
             raise StageError(
                 f"embeddings for revision {revision!r} do not match its representations: re-materialize embeddings"
             )
+        del ids
+        table = vector_table(columns, vectors)
+        del vectors  # the table holds them, and lance reads them back from disk to index them
+        n_rows = len(columns)
+        write_vector_table(tmp / "index", table)
+        del table, columns
+        release_free_memory()
         try:
-            built = build_vector_index(tmp / "index", rows, vectors, spec.vector_index.metric, spec.vector_index.ann)
+            built = index_vector_table(tmp / "index", spec.vector_index.metric, spec.vector_index.ann)
         except ValueError as exc:  # an ANN index lance cannot build over every row: one line, nothing published
             raise StageError(f"revision {revision!r}: {exc}") from None
-        if built != len(rows):
-            raise StageError(f"vector index holds {built} rows, expected {len(rows)}")
+        if built != n_rows:
+            raise StageError(f"vector index holds {built} rows, expected {n_rows}")
 
     version = content_id(
         "vector-index", 2, {k: o.data_version for k, o in ins.items()} | {"spec": spec.own_spec_ids["vector_index"]}
