@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -47,7 +48,6 @@ def serve(
         app = app_from(default_home(), settings, target)
     except (ServeConfigError, ReleaseError, ValueError) as exc:
         fail(str(exc))
-    import uvicorn
 
     try:  # bound here, so a bad address is one line, not uvicorn's log and exit code 3
         sock = socket.create_server((host, port), reuse_port=False)
@@ -64,11 +64,13 @@ def serve(
             highlight=False,
             markup=False,
         )
-    from ragpipe.server.connections import uvicorn_config
+    from ragpipe.server.connections import SignalledServer, uvicorn_config
 
     # deadlines, the connection cap and proxy handling are the server's own (ragpipe.server.connections)
-    server = uvicorn.Server(uvicorn_config(app, host, port))
+    server = SignalledServer(uvicorn_config(app, host, port))
     server.run(sockets=[sock])
+    if signal.SIGINT in server.signals:  # stopped by Ctrl-C: end as one, 128 + SIGINT, every time
+        raise typer.Exit(128 + signal.SIGINT)
 
 
 def serve_key(

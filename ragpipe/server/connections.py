@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from types import FrameType
 from typing import Any, Literal
 
 import uvicorn
@@ -197,6 +198,22 @@ def guarded_protocol(
     base = _base_protocol(http)
     attributes = {"header_timeout_s": header_timeout_s, "max_connections": max_connections, "metrics": metrics}
     return type(f"Guarded{base.__name__}", (GuardedConnection, base), attributes)
+
+
+class SignalledServer(uvicorn.Server):
+    """uvicorn's server, remembering the signals it shut down on (``signals``). uvicorn re-raises
+    them after a graceful shutdown, from inside ``asyncio.run``, whose own SIGINT handler it
+    re-invokes; when that re-raised SIGINT lands as the main task ends it can be lost, and the
+    process then ended with 0 instead of as a Ctrl-C (seen under load). The caller uses
+    ``signals`` to end the same way every time."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.signals: list[int] = []
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.signals.append(sig)
+        super().handle_exit(sig, frame)
 
 
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, http: HttpImpl = "auto") -> uvicorn.Config:
