@@ -106,12 +106,14 @@ def test_a_plan_with_a_key_twice_or_nested_past_the_bound_is_one_line(tmp_path: 
 
 # --- fusion kinds ---------------------------------------------------------------------------
 
-# Golden IDs: the checked-in plan (z-score convex fusion, chosen by `ragpipe tune` on SciFact
-# train; exact vector scores float64_sequential/v1), the same plan with bounded z-score fusion,
-# and with weighted RRF, k = 60 (the default before; docs/retrieval.md "Fusion").
+# Golden IDs: the checked-in plan (bounded z-score convex fusion with eligible windows; exact
+# vector scores float64_sequential/v1), the same plan with bounded fusion's first rule (depth
+# windows), with plain z-score convex fusion (chosen by `ragpipe tune` on SciFact train, the
+# default before) and with weighted RRF, k = 60 (the default before that; docs/retrieval.md "Fusion").
 RRF60_PLAN_ID = "sha256:220a4473696f4442c7ad0eae9a70073b0b8cf67d25b4709c48f17e157e21ba5f"
 ZSCORE_PLAN_ID = "sha256:3b13cbdd158eb75c21f9cdfda6bd9ae703ca2ffa87a41d211ef92cb98ff2b21a"
 BOUNDED_PLAN_ID = "sha256:d7f05dc21de8984f75875c98f491ccc11627788c7bb741343e99131b308ef0f6"
+ELIGIBLE_PLAN_ID = "sha256:bbe22a9bee6343173b432806f1f76ec7f9c020c7713733f2740dd0d81da98a88"
 
 
 def _with_fusion(fusion: object) -> dict:
@@ -122,7 +124,7 @@ def _with_fusion(fusion: object) -> dict:
 
 def test_rrf_plans_keep_their_encoding_and_id():
     """An RRF fusion dumps as before, and a fusion without ``kind`` is still weighted RRF."""
-    assert load_plan().plan_id == ZSCORE_PLAN_ID
+    assert load_plan().plan_id == ELIGIBLE_PLAN_ID
     plan = parse_plan(_with_fusion({"kind": "weighted_rrf", "k": 60}), "x")
     assert plan.plan_id == RRF60_PLAN_ID
     assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {"kind": "weighted_rrf", "k": 60.0}
@@ -143,6 +145,14 @@ def test_score_fusion_is_in_the_plan_id():
         "normalization": "z_score",
     }
     assert plan.plan_id == ZSCORE_PLAN_ID
+    # bounded fusion's first rule (depth windows) dumps, and hashes, as before the window field
+    first = {"kind": "bounded_convex", "normalization": "z_score"}
+    for fusion in (first, {**first, "window": "depth"}):
+        bounded = parse_plan(_with_fusion(fusion), "x")
+        assert (bounded.plan_id, bounded.model_dump(mode="json", by_alias=True)["fusion"]) == (BOUNDED_PLAN_ID, first)
+    eligible = parse_plan(_with_fusion({**first, "window": "eligible"}), "x")
+    assert eligible.plan_id == ELIGIBLE_PLAN_ID and eligible.fusion.window == "eligible"
+    assert eligible.model_dump(mode="json", by_alias=True)["fusion"] == {**first, "window": "eligible"}
     # the channel depth is the normalisation window: it is in the ID too
     raw = plan.model_dump(mode="json", by_alias=True)
     raw["channels"]["vector"]["depth"] = 50
@@ -165,6 +175,14 @@ def test_score_fusion_is_in_the_plan_id():
         (
             {"kind": "bounded_convex", "normalization": "z_score", "k": 60},
             "fusion.k: Extra inputs are not permitted",
+        ),
+        (
+            {"kind": "bounded_convex", "normalization": "z_score", "window": "corpus"},
+            "fusion.window: Input should be 'depth' or 'eligible'",
+        ),
+        (
+            {"kind": "normalized_convex", "normalization": "z_score", "window": "eligible"},
+            "fusion.window: Extra inputs are not permitted",
         ),
         (
             {"kind": "normalized_convex", "normalization": "rank"},
