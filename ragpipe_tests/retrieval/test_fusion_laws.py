@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from ragpipe.index.hits import Hit
 from ragpipe.retrieval.fusion import fuse
-from ragpipe.retrieval.fusion.convex import affine, affine_of, bounded_window, normalized_convex, population
+from ragpipe.retrieval.fusion.convex import (
+    affine,
+    affine_of,
+    bounded_sizes,
+    bounded_window,
+    normalized_convex,
+    population,
+)
 from ragpipe.retrieval.fusion.order import collapse, hit_key, order_key
 from ragpipe.retrieval.fusion.rrf import weighted_rrf
 from ragpipe.retrieval.plan import load_plan, parse_plan
@@ -303,6 +310,11 @@ def test_fuse_dispatches_on_the_plan(lex, vec, depth, level):
         ranked, {"lexical": 1.0, "vector": 2.0}, {"lexical": depth, "vector": depth}, "z_score", level
     )
     assert fuse(parse_plan(raw, "x"), ranked) == expected
+    raw["fusion"] = {"kind": "bounded_convex", "normalization": "z_score", "window": "eligible"}
+    expected = bounded_convex(
+        ranked, {"lexical": 1.0, "vector": 2.0}, {"lexical": depth, "vector": depth}, "z_score", level, eligible=True
+    )
+    assert fuse(parse_plan(raw, "x"), ranked) == expected
 
 
 # --- bounded convex fusion (fusion/convex.py, "bounded") ---------------------------------------
@@ -484,9 +496,19 @@ def test_eligible_windows_stop_at_the_units_the_query_could_rank():
     assert (
         first[0].contributions["lexical"] == 0.5 * (8.0 - 1.0) / math.sqrt(5.8) > eligible[0].contributions["lexical"]
     )
-    # a channel shorter than its window because it is exhausted, on a corpus larger than the window,
-    # changes nothing: the two rules agree when the vector channel fills its window
-    full = {"lexical": lex, "vector": vec}
-    assert bounded_convex(full, w, {"lexical": 10, "vector": 6}, "z_score", "chunk", eligible=True) == bounded_convex(
-        full, w, {"lexical": 10, "vector": 6}, "z_score", "chunk"
+    # a vector channel that fills its window says nothing of how many units there are: the two
+    # rules agree (window 4 over the 6 vector units; the lexical window padded to 10 either way)
+    win4 = {"lexical": 10, "vector": 4}
+    assert population(channels, win4) is None
+    assert bounded_convex(channels, w, win4, "z_score", "chunk", eligible=True) == bounded_convex(
+        channels, w, win4, "z_score", "chunk"
     )
+    assert bounded_sizes(channels, win4, True) == bounded_sizes(channels, win4, False) == {"lexical": 10, "vector": 4}
+    assert bounded_sizes(channels, win, True) == {"lexical": 6, "vector": 6}
+    assert bounded_sizes(channels, win, False) == {"lexical": 10, "vector": 10}
+    # only a complete channel counts, and only a non-empty one
+    assert population({"lexical": lex, "vector": []}, win) is None
+    assert population({"lexical": vec, "vector": lex}, win) == 2
+    assert population({"sparse": vec}, {"sparse": 10}) is None
+    # a lexical channel longer than the count (impossible on a real path) is never cut
+    assert bounded_window("lexical", vec, 10, 2)[0] == [r.hit.score for r in vec]

@@ -203,17 +203,32 @@ def test_invalid_fusions_are_refused_with_the_field_named(fusion, message):
     assert str(info.value) == f"plan.yaml: invalid query plan: {message}"
 
 
-@pytest.mark.parametrize("kind", ["normalized_convex", "bounded_convex"])
-def test_a_score_fusion_plan_serves_queries(scoped_bundles, kind):
+@pytest.mark.parametrize(
+    ("fusion", "depths", "windows"),
+    [
+        ({"kind": "normalized_convex", "normalization": "z_score"}, (3, 4), {"lexical": 3, "vector": 4}),
+        ({"kind": "bounded_convex", "normalization": "z_score"}, (3, 4), {"lexical": 3, "vector": 4}),
+        # the staff subject may see 5 chunks (4 public, 1 staff): at depth 100 the vector channel
+        # returns all 5, so eligible windows are those 5 units' scores in each channel
+        (
+            {"kind": "bounded_convex", "normalization": "z_score", "window": "eligible"},
+            (100, 100),
+            {"lexical": 5, "vector": 5},
+        ),
+        ({"kind": "bounded_convex", "normalization": "z_score"}, (100, 100), {"lexical": 100, "vector": 100}),
+    ],
+)
+def test_a_score_fusion_plan_serves_queries(scoped_bundles, fusion, depths, windows):
     """On a real bundle: hybrid hits are the plan's fusion of the channels the trace shows; one
-    channel keeps its own order; the trace names the fusion and its windows."""
+    channel keeps its own order; the trace names the fusion and the windows it normalised over."""
     from benchmarks.plan_cache import rankings_from_trace
     from ragpipe.retrieval.authz import Subject
     from ragpipe.retrieval.fusion import fuse
     from ragpipe.retrieval.retriever import Retriever
 
-    raw = _with_fusion({"kind": kind, "normalization": "z_score"})
-    raw["channels"] = {"lexical": {"depth": 3, "weight": 1.0}, "vector": {"depth": 4, "weight": 1.0}}
+    kind = fusion["kind"]
+    raw = _with_fusion(fusion)
+    raw["channels"] = {"lexical": {"depth": depths[0], "weight": 1.0}, "vector": {"depth": depths[1], "weight": 1.0}}
     plan = parse_plan(raw, "x")
     r = Retriever(scoped_bundles[0], plan=plan)
     try:
@@ -223,11 +238,12 @@ def test_a_score_fusion_plan_serves_queries(scoped_bundles, kind):
         fused = fuse(plan, rankings_from_trace(result.trace))
         assert [(h["chunk_id"], h["score"]) for h in result.hits] == [(f.chunk_id, f.score) for f in fused[:5]]
         assert {k: v for k, v in result.trace["fusion"].items() if k != "items"} == {
-            "kind": kind,
-            "normalization": "z_score",
+            **fusion,
             "weights": {"lexical": 1.0, "vector": 1.0},
-            "normalization_windows": {"lexical": 3, "vector": 4},
+            "normalization_windows": windows,
         }
+        # the channel read max(depth, k = 5) units: all 5 the subject may see, whatever the depth
+        assert len(result.trace["channels"]["vector"]) == 5
         assert result.trace["fusion"]["items"][0]["contributions"] == fused[0].contributions
         if kind == "bounded_convex":  # a deeper query reads the channels deeper: same first hits, same scores
             deeper = r.query("aspirin stroke", subject, k=40, mode="hybrid")

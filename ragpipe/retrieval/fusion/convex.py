@@ -38,7 +38,10 @@ window: on a corpus of 40 documents the lexical window is the corpus's 40 BM25 s
 the vector window its 40 scores, unpadded. The first rule (``depth`` windows) padded both to the
 depth there, and a lone match's weight then varied with how many of 40 documents matched: an
 add-only refresh of a small living corpus failed non-inferiority under it (docs/retrieval.md).
-On a corpus larger than the depth the two rules are the same function. (2) Below its
+When the query could rank at least the vector channel's depth — the units the subject may see,
+after source roles, ``--where`` filters and document collapse — the two rules are the same
+function; a channel of a different depth than the vector channel's is filled to its own depth
+then (the count is unknown past the vector window). (2) Below its
 window a channel has no further say: an item it ranks below ``window_a``, or did not return, gets
 the floor, and that rank neither picks the item's representative nor breaks a tie before an item
 inside a window. So every item inside some channel's window has the same fused score, order and
@@ -62,6 +65,10 @@ Normalizer = Callable[[float], float]
 # The score of a unit a channel did not return, where one is known: tantivy's BM25 idf is > 0, so a
 # document matching any query term scores > 0 and one matching none scores exactly 0.
 EXHAUSTED_SCORE = {"lexical": 0.0}
+# Channels that score every unit the subject may see (exact vector search; approximate search
+# answers exactly whenever its index answers short): one that returned fewer units than its window
+# returned them all. Opt-in, so a future sparse or thresholded channel is never taken for one.
+COMPLETE_CHANNELS = frozenset({"vector"})
 
 
 def affine(ranked: list[RankedHit], window: int, normalization: str) -> Normalizer:
@@ -92,14 +99,27 @@ def affine_of(scores: list[float], normalization: str) -> Normalizer:
 
 
 def population(channels: Mapping[str, list[RankedHit]], windows: Mapping[str, int]) -> int | None:
-    """How many units the query could rank at all, when a channel shows it: a channel that scores
-    every eligible unit (any channel but those of ``EXHAUSTED_SCORE``, which return only matching
-    units) and returned fewer units than its window has returned them all (``settled_units/v1``
-    stops short only when the backend is exhausted). ``None`` when no channel shows it. It does not
-    depend on how deep the channels were read: a reading at least a window deep is short only when
-    the eligible units are fewer than the window."""
-    short = [len(r) for name, r in channels.items() if name not in EXHAUSTED_SCORE and 0 < len(r) < windows[name]]
+    """How many units the query could rank at all, when a channel shows it: a channel of
+    ``COMPLETE_CHANNELS`` that returned fewer units than its window has returned them all
+    (``settled_units/v1`` stops short only when the backend is exhausted). ``None`` when no channel
+    shows it (none is complete, or each filled its window). It does not depend on how deep the
+    channels were read: a reading at least a window deep is short only when the eligible units are
+    fewer than the window.
+
+    Known gap: a vector row whose cosine score is not finite (a zero vector: the build checks
+    vectors are finite, not that they have a norm) is never returned, so the count is one short for
+    each — the lexical window then has one zero too few."""
+    short = [len(r) for name, r in channels.items() if name in COMPLETE_CHANNELS and 0 < len(r) < windows[name]]
     return max(short) if short else None
+
+
+def bounded_sizes(
+    channels: Mapping[str, list[RankedHit]], windows: Mapping[str, int], eligible: bool
+) -> dict[str, int]:
+    """How many scores fix each non-empty channel's normalisation under ``bounded_convex`` (what
+    ``bounded_window`` fills; the trace reports it)."""
+    units = population(channels, windows) if eligible else None
+    return {name: len(bounded_window(name, r, windows[name], units)[0]) for name, r in channels.items() if r}
 
 
 def bounded_window(
@@ -114,7 +134,9 @@ def bounded_window(
     score (a document tantivy did not return matches no query term, and BM25 gives it 0), for any
     other its lowest returned score (no bound is known). Otherwise the floor is the window's
     lowest score. The window is filled only up to ``units`` (never below what the channel
-    returned): a corpus of 40 documents has 40 BM25 scores, not ``window``."""
+    returned): a corpus of 40 documents has 40 BM25 scores, not ``window``. A channel that
+    returned ``units`` units or more is not filled at all, and its floor (a bound for units it did
+    not return) may lie below its window."""
     if window < 1:
         raise ValueError(f"normalisation window must be >= 1, got {window}")
     scores = [r.hit.score for r in ranked[:window]]
