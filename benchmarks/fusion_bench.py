@@ -73,8 +73,8 @@ STOP = frozenset(
 )
 COLLECTION = {"fusion": {"kind": "normalized_convex", "normalization": "z_score"}}
 VARIANTS: dict[str, dict] = {
-    "checked-in": {},
-    "bounded_convex": {"fusion": {"kind": "bounded_convex", "normalization": "z_score"}},
+    "bounded_convex (checked-in)": {},
+    "normalized_convex": {"fusion": {"kind": "normalized_convex", "normalization": "z_score"}},
     "rrf k=60": {"fusion": {"kind": "weighted_rrf", "k": 60}},
 }
 

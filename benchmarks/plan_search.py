@@ -68,7 +68,9 @@ VARIANTS: dict[str, dict] = {
     "min_max, depth 50": {**MINMAX, "depth": 50},
     "z_score, depth 50": {**ZSCORE, "depth": 50},
     "z_score, depth 200": {**ZSCORE, "depth": 200},
-    "bounded z_score, depth 100": {"fusion": {"kind": "bounded_convex", "normalization": "z_score"}},
+    "bounded z_score, depth 100 (checked-in)": {
+        "fusion": {"kind": "bounded_convex", "normalization": "z_score", "window": "eligible"}
+    },
 }
 BASELINE = "rrf k=60 (baseline)"
 COLLECTION = RRF60  # channel rankings do not depend on fusion; the collection's own hits are checked under it

@@ -6,7 +6,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    ValidationError,
+    model_serializer,
+)
 
 from ragpipe.kernel.ids import content_id
 from ragpipe.spec import read_yaml_file, validation_error_text
@@ -63,13 +72,27 @@ class ScoreFusionPlan(_Plan):
 
 class BoundedScoreFusionPlan(_Plan):
     """``normalized_convex`` where each channel has a say over its first ``depth`` units only: its
-    window is always ``depth`` scores (a channel with fewer hits fills it with its floor: 0 for the
+    window is ``depth`` scores (a channel with fewer hits fills it with its floor: 0 for the
     lexical channel, whose unreturned documents match no term), and an item below the window, or
-    not returned, gets the floor (``fusion/convex.py``, "bounded"). Offered, not checked in: on a
-    small living corpus it made an add-only refresh fail non-inferiority (docs/retrieval.md)."""
+    not returned, gets the floor (``fusion/convex.py``, "bounded").
+
+    ``window``: ``eligible`` (the checked-in fusion) fills a window only up to the units the query
+    could rank at all, when a channel shows how many there are (``fusion/convex.py``,
+    ``population``): a corpus of 40 documents has 40 BM25 scores, not ``depth``. ``depth`` always
+    fills it to ``depth`` — the first rule, which on a small living corpus made an add-only refresh
+    fail non-inferiority (docs/retrieval.md); a plan without the field keeps it, and its ID."""
 
     kind: Literal["bounded_convex"]
     normalization: Literal["min_max", "z_score"]
+    window: Literal["depth", "eligible"] = "depth"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # the first rule's plans dump, hence hash, as they did before the field existed
+        out = handler(self)
+        if self.window == "depth":
+            out.pop("window", None)
+        return out
 
 
 FUSION_KINDS = ("weighted_rrf", "normalized_convex", "bounded_convex")

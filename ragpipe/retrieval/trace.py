@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.channels import ChannelRanking
+from ragpipe.retrieval.fusion.convex import bounded_sizes
 from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import QueryPlan
 
@@ -42,11 +43,18 @@ def fused_shown(k: int) -> int:
     return max(k, 20)
 
 
-def _normalization_windows(plan: QueryPlan) -> dict[str, object]:
-    """Score fusion normalises each channel over its first ``depth`` units: say how many."""
+def _normalization_windows(plan: QueryPlan, ranked: Mapping[str, ChannelRanking]) -> dict[str, object]:
+    """Score fusion normalises each channel over its first ``depth`` units — under
+    ``bounded_convex``, over the scores its window was filled with (``bounded_sizes``: fewer when
+    the query could rank fewer units, with ``window: eligible``): say how many."""
     if plan.fusion.kind == "weighted_rrf":
         return {}
-    return {"normalization_windows": {n: c.depth for n, c in plan.channels.items()}}
+    windows = {n: c.depth for n, c in plan.channels.items()}
+    if plan.fusion.kind == "bounded_convex":
+        channels = {n: r.ranked for n, r in ranked.items()}
+        used = bounded_sizes(channels, {n: windows[n] for n in channels}, plan.fusion.window == "eligible")
+        windows = {n: used.get(n, depth) for n, depth in windows.items()}
+    return {"normalization_windows": windows}
 
 
 def query_trace(
@@ -99,7 +107,7 @@ def query_trace(
         "fusion": {
             **plan.fusion.model_dump(mode="json"),  # kind and its parameters (RRF: k)
             "weights": {n: c.weight for n, c in plan.channels.items()},
-            **_normalization_windows(plan),
+            **_normalization_windows(plan, ranked),
             "items": [
                 {
                     "chunk_id": f.chunk_id,

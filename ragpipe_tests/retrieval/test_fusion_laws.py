@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from ragpipe.index.hits import Hit
 from ragpipe.retrieval.fusion import fuse
-from ragpipe.retrieval.fusion.convex import affine, affine_of, bounded_window, normalized_convex
+from ragpipe.retrieval.fusion.convex import (
+    affine,
+    affine_of,
+    bounded_sizes,
+    bounded_window,
+    normalized_convex,
+    population,
+)
 from ragpipe.retrieval.fusion.order import collapse, hit_key, order_key
 from ragpipe.retrieval.fusion.rrf import weighted_rrf
 from ragpipe.retrieval.plan import load_plan, parse_plan
@@ -303,6 +310,11 @@ def test_fuse_dispatches_on_the_plan(lex, vec, depth, level):
         ranked, {"lexical": 1.0, "vector": 2.0}, {"lexical": depth, "vector": depth}, "z_score", level
     )
     assert fuse(parse_plan(raw, "x"), ranked) == expected
+    raw["fusion"] = {"kind": "bounded_convex", "normalization": "z_score", "window": "eligible"}
+    expected = bounded_convex(
+        ranked, {"lexical": 1.0, "vector": 2.0}, {"lexical": depth, "vector": depth}, "z_score", level, eligible=True
+    )
+    assert fuse(parse_plan(raw, "x"), ranked) == expected
 
 
 # --- bounded convex fusion (fusion/convex.py, "bounded") ---------------------------------------
@@ -310,10 +322,10 @@ def test_fuse_dispatches_on_the_plan(lex, vec, depth, level):
 bounded_convex = functools.partial(normalized_convex, bounded=True)
 
 
-def _bounded(lex, vec, wl, wv, win_l, win_v, norm, level):
+def _bounded(lex, vec, wl, wv, win_l, win_v, norm, level, eligible):
     ranked = {"lexical": collapse(lex, level), "vector": collapse(vec, level)}
     return ranked, bounded_convex(
-        ranked, {"lexical": wl, "vector": wv}, {"lexical": win_l, "vector": win_v}, norm, level
+        ranked, {"lexical": wl, "vector": wv}, {"lexical": win_l, "vector": win_v}, norm, level, eligible=eligible
     )
 
 
@@ -326,30 +338,36 @@ def _bounded(lex, vec, wl, wv, win_l, win_v, norm, level):
     windows,
     norms,
     levels,
+    st.booleans(),
 )
-def test_bounded_convex_laws(lex, vec, wl, wv, win_l, win_v, norm, level):
-    ranked, fused = _bounded(lex, vec, wl, wv, win_l, win_v, norm, level)
+def test_bounded_convex_laws(lex, vec, wl, wv, win_l, win_v, norm, level, eligible):
+    ranked, fused = _bounded(lex, vec, wl, wv, win_l, win_v, norm, level, eligible)
     w = {"lexical": wl, "vector": wv}
     win = {"lexical": win_l, "vector": win_v}
-    assert (
-        bounded_convex(dict(reversed(list(ranked.items()))), dict(reversed(list(w.items()))), win, norm, level) == fused
-    )
+    reordered = dict(reversed(list(ranked.items()))), dict(reversed(list(w.items())))
+    assert bounded_convex(*reordered, win, norm, level, eligible=eligible) == fused
     assert sorted(f.key for f in fused) == sorted({_key(r.hit, level) for rs in ranked.values() for r in rs})
     live = sorted(n for n, rs in ranked.items() if rs)
     for f in fused:
         assert f.score == math.fsum(f.contributions.values()) and math.isfinite(f.score)
         assert list(f.contributions) == live
+        units = population(ranked, win) if eligible else None
         for name in live:
-            scores, floor = bounded_window(name, ranked[name], win[name])
-            # the window is always exactly its size; a short channel is filled with its floor
-            assert len(scores) == win[name] and floor == min(scores)
+            scores, floor = bounded_window(name, ranked[name], win[name], units)
+            # the window is exactly its size, or the units the query could rank (never fewer than
+            # the channel returned); a short channel is filled with its floor
+            size = win[name] if units is None else min(win[name], max(units, len(ranked[name])))
+            assert len(scores) == size and floor <= min(scores)
+            # the floor lies outside the window only when the channel returned every unit the query
+            # could rank (nothing is padded; no unit is left for the floor to score)
+            assert floor == min(scores) or len(ranked[name]) == size < win[name]
             if len(ranked[name]) < win[name]:
                 lowest = ranked[name][-1].hit.score
                 assert floor == (min(0.0, lowest) if name == "lexical" else lowest)
             n = affine_of(scores, norm)
             coefficient = w[name] / (wl + wv)
             rank = f.channel_ranks.get(name)
-            if rank is not None and rank <= win[name]:
+            if rank is not None and rank <= size:
                 (r,) = [r for r in ranked[name] if _key(r.hit, level) == f.key]
                 assert f.contributions[name] == coefficient * n(r.hit.score)
             else:  # below the window, or not returned: the floor — no further say
@@ -371,15 +389,19 @@ def test_bounded_convex_laws(lex, vec, wl, wv, win_l, win_v, norm, level):
     norms,
     levels,
     st.integers(0, 12),
+    st.booleans(),
 )
-def test_bounded_convex_does_not_depend_on_how_deep_channels_were_read(lex, vec, win_l, win_v, norm, level, extra):
+def test_bounded_convex_does_not_depend_on_how_deep_channels_were_read(
+    lex, vec, win_l, win_v, norm, level, extra, eligible
+):
     """Every item inside some channel's window has the same fused score, representative and order
     however deep the channels were read (a query's k), and comes before every item inside none."""
     ranked = {"lexical": collapse(lex, level), "vector": collapse(vec, level)}
     win = {"lexical": win_l, "vector": win_v}
     w = {"lexical": 1.0, "vector": 1.0}
-    deep = bounded_convex(ranked, w, win, norm, level)
-    shallow = bounded_convex({n: rs[: win[n] + extra] for n, rs in ranked.items()}, w, win, norm, level)
+    deep = bounded_convex(ranked, w, win, norm, level, eligible=eligible)
+    read = {n: rs[: win[n] + extra] for n, rs in ranked.items()}
+    shallow = bounded_convex(read, w, win, norm, level, eligible=eligible)
 
     def inside(fused):
         keys = {_key(r.hit, level) for n, rs in ranked.items() for r in rs[: win[n]]}
@@ -449,3 +471,44 @@ def test_bounded_convex_examples():
     assert [(f.chunk_id, f.score) for f in fused][:4] == [("c3", 1.0), ("c4", 0.0), ("c5", 0.0), ("c6", 0.0)]
     with pytest.raises(ValueError, match=r"^normalisation window must be >= 1, got 0$"):
         bounded_convex({"vector": vec}, {"vector": 1.0}, {"vector": 0}, "min_max", "chunk")
+
+
+def test_eligible_windows_stop_at_the_units_the_query_could_rank():
+    """A corpus of 6 chunks under windows of 10: the vector channel returned all 6, so the query
+    could rank 6; the lexical window is its 2 scores and 4 zeros (BM25 of the chunks matching no
+    term), not 8 zeros, and the vector window its 6 scores, unpadded. With the first rule (depth
+    windows) both are padded to 10, and the lone lexical leader weighs more."""
+    lex = collapse([Hit("lexical", "r1", "c1", "d1", 8.0), Hit("lexical", "r2", "c2", "d2", 2.0)], "chunk")
+    vec = collapse([Hit("vector", f"v{i}", f"c{i}", f"d{i}", 1.0 - 0.1 * i) for i in range(1, 7)], "chunk")
+    channels, w, win = ({"lexical": lex, "vector": vec}, {"lexical": 1.0, "vector": 1.0}, {"lexical": 10, "vector": 10})
+    assert population(channels, win) == 6
+    assert population({"lexical": lex}, win) is None  # a lexical list says only how many matched
+    assert population({"vector": vec}, {"vector": 6}) is None  # a full window says nothing either
+    assert bounded_window("lexical", lex, 10, 6) == ([8.0, 2.0, 0.0, 0.0, 0.0, 0.0], 0.0)
+    assert bounded_window("vector", vec, 10, 6) == ([r.hit.score for r in vec], vec[-1].hit.score)
+    eligible = bounded_convex(channels, w, win, "z_score", "chunk", eligible=True)
+    first = bounded_convex(channels, w, win, "z_score", "chunk")
+    # lexical window [8, 2, 0, 0, 0, 0]: mean 5/3, population std sqrt((8-5/3)^2 + (2-5/3)^2 + 4 (5/3)^2) / 6)
+    mean = 10 / 6
+    std = math.sqrt(math.fsum((s - mean) ** 2 for s in (8.0, 2.0, 0.0, 0.0, 0.0, 0.0)) / 6)
+    assert eligible[0].chunk_id == "c1" and eligible[0].contributions["lexical"] == 0.5 * (8.0 - mean) / std
+    # depth windows: [8, 2, 0 x 8], z of the leader (8 - 1) / sqrt(5.8) > (8 - 5/3) / std
+    assert (
+        first[0].contributions["lexical"] == 0.5 * (8.0 - 1.0) / math.sqrt(5.8) > eligible[0].contributions["lexical"]
+    )
+    # a vector channel that fills its window says nothing of how many units there are: the two
+    # rules agree (window 4 over the 6 vector units; the lexical window padded to 10 either way)
+    win4 = {"lexical": 10, "vector": 4}
+    assert population(channels, win4) is None
+    assert bounded_convex(channels, w, win4, "z_score", "chunk", eligible=True) == bounded_convex(
+        channels, w, win4, "z_score", "chunk"
+    )
+    assert bounded_sizes(channels, win4, True) == bounded_sizes(channels, win4, False) == {"lexical": 10, "vector": 4}
+    assert bounded_sizes(channels, win, True) == {"lexical": 6, "vector": 6}
+    assert bounded_sizes(channels, win, False) == {"lexical": 10, "vector": 10}
+    # only a complete channel counts, and only a non-empty one
+    assert population({"lexical": lex, "vector": []}, win) is None
+    assert population({"lexical": vec, "vector": lex}, win) == 2
+    assert population({"sparse": vec}, {"sparse": 10}) is None
+    # a lexical channel longer than the count (impossible on a real path) is never cut
+    assert bounded_window("lexical", vec, 10, 2)[0] == [r.hit.score for r in vec]

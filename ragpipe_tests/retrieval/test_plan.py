@@ -106,12 +106,14 @@ def test_a_plan_with_a_key_twice_or_nested_past_the_bound_is_one_line(tmp_path: 
 
 # --- fusion kinds ---------------------------------------------------------------------------
 
-# Golden IDs: the checked-in plan (z-score convex fusion, chosen by `ragpipe tune` on SciFact
-# train; exact vector scores float64_sequential/v1), the same plan with bounded z-score fusion,
-# and with weighted RRF, k = 60 (the default before; docs/retrieval.md "Fusion").
+# Golden IDs: the checked-in plan (bounded z-score convex fusion with eligible windows; exact
+# vector scores float64_sequential/v1), the same plan with bounded fusion's first rule (depth
+# windows), with plain z-score convex fusion (chosen by `ragpipe tune` on SciFact train, the
+# default before) and with weighted RRF, k = 60 (the default before that; docs/retrieval.md "Fusion").
 RRF60_PLAN_ID = "sha256:220a4473696f4442c7ad0eae9a70073b0b8cf67d25b4709c48f17e157e21ba5f"
 ZSCORE_PLAN_ID = "sha256:3b13cbdd158eb75c21f9cdfda6bd9ae703ca2ffa87a41d211ef92cb98ff2b21a"
 BOUNDED_PLAN_ID = "sha256:d7f05dc21de8984f75875c98f491ccc11627788c7bb741343e99131b308ef0f6"
+ELIGIBLE_PLAN_ID = "sha256:bbe22a9bee6343173b432806f1f76ec7f9c020c7713733f2740dd0d81da98a88"
 
 
 def _with_fusion(fusion: object) -> dict:
@@ -122,7 +124,7 @@ def _with_fusion(fusion: object) -> dict:
 
 def test_rrf_plans_keep_their_encoding_and_id():
     """An RRF fusion dumps as before, and a fusion without ``kind`` is still weighted RRF."""
-    assert load_plan().plan_id == ZSCORE_PLAN_ID
+    assert load_plan().plan_id == ELIGIBLE_PLAN_ID
     plan = parse_plan(_with_fusion({"kind": "weighted_rrf", "k": 60}), "x")
     assert plan.plan_id == RRF60_PLAN_ID
     assert plan.model_dump(mode="json", by_alias=True)["fusion"] == {"kind": "weighted_rrf", "k": 60.0}
@@ -143,6 +145,14 @@ def test_score_fusion_is_in_the_plan_id():
         "normalization": "z_score",
     }
     assert plan.plan_id == ZSCORE_PLAN_ID
+    # bounded fusion's first rule (depth windows) dumps, and hashes, as before the window field
+    first = {"kind": "bounded_convex", "normalization": "z_score"}
+    for fusion in (first, {**first, "window": "depth"}):
+        bounded = parse_plan(_with_fusion(fusion), "x")
+        assert (bounded.plan_id, bounded.model_dump(mode="json", by_alias=True)["fusion"]) == (BOUNDED_PLAN_ID, first)
+    eligible = parse_plan(_with_fusion({**first, "window": "eligible"}), "x")
+    assert eligible.plan_id == ELIGIBLE_PLAN_ID and eligible.fusion.window == "eligible"
+    assert eligible.model_dump(mode="json", by_alias=True)["fusion"] == {**first, "window": "eligible"}
     # the channel depth is the normalisation window: it is in the ID too
     raw = plan.model_dump(mode="json", by_alias=True)
     raw["channels"]["vector"]["depth"] = 50
@@ -167,6 +177,14 @@ def test_score_fusion_is_in_the_plan_id():
             "fusion.k: Extra inputs are not permitted",
         ),
         (
+            {"kind": "bounded_convex", "normalization": "z_score", "window": "corpus"},
+            "fusion.window: Input should be 'depth' or 'eligible'",
+        ),
+        (
+            {"kind": "normalized_convex", "normalization": "z_score", "window": "eligible"},
+            "fusion.window: Extra inputs are not permitted",
+        ),
+        (
             {"kind": "normalized_convex", "normalization": "rank"},
             "fusion.normalization: Input should be 'min_max' or 'z_score'",
         ),
@@ -185,17 +203,32 @@ def test_invalid_fusions_are_refused_with_the_field_named(fusion, message):
     assert str(info.value) == f"plan.yaml: invalid query plan: {message}"
 
 
-@pytest.mark.parametrize("kind", ["normalized_convex", "bounded_convex"])
-def test_a_score_fusion_plan_serves_queries(scoped_bundles, kind):
+@pytest.mark.parametrize(
+    ("fusion", "depths", "windows"),
+    [
+        ({"kind": "normalized_convex", "normalization": "z_score"}, (3, 4), {"lexical": 3, "vector": 4}),
+        ({"kind": "bounded_convex", "normalization": "z_score"}, (3, 4), {"lexical": 3, "vector": 4}),
+        # the staff subject may see 5 chunks (4 public, 1 staff): at depth 100 the vector channel
+        # returns all 5, so eligible windows are those 5 units' scores in each channel
+        (
+            {"kind": "bounded_convex", "normalization": "z_score", "window": "eligible"},
+            (100, 100),
+            {"lexical": 5, "vector": 5},
+        ),
+        ({"kind": "bounded_convex", "normalization": "z_score"}, (100, 100), {"lexical": 100, "vector": 100}),
+    ],
+)
+def test_a_score_fusion_plan_serves_queries(scoped_bundles, fusion, depths, windows):
     """On a real bundle: hybrid hits are the plan's fusion of the channels the trace shows; one
-    channel keeps its own order; the trace names the fusion and its windows."""
+    channel keeps its own order; the trace names the fusion and the windows it normalised over."""
     from benchmarks.plan_cache import rankings_from_trace
     from ragpipe.retrieval.authz import Subject
     from ragpipe.retrieval.fusion import fuse
     from ragpipe.retrieval.retriever import Retriever
 
-    raw = _with_fusion({"kind": kind, "normalization": "z_score"})
-    raw["channels"] = {"lexical": {"depth": 3, "weight": 1.0}, "vector": {"depth": 4, "weight": 1.0}}
+    kind = fusion["kind"]
+    raw = _with_fusion(fusion)
+    raw["channels"] = {"lexical": {"depth": depths[0], "weight": 1.0}, "vector": {"depth": depths[1], "weight": 1.0}}
     plan = parse_plan(raw, "x")
     r = Retriever(scoped_bundles[0], plan=plan)
     try:
@@ -205,11 +238,12 @@ def test_a_score_fusion_plan_serves_queries(scoped_bundles, kind):
         fused = fuse(plan, rankings_from_trace(result.trace))
         assert [(h["chunk_id"], h["score"]) for h in result.hits] == [(f.chunk_id, f.score) for f in fused[:5]]
         assert {k: v for k, v in result.trace["fusion"].items() if k != "items"} == {
-            "kind": kind,
-            "normalization": "z_score",
+            **fusion,
             "weights": {"lexical": 1.0, "vector": 1.0},
-            "normalization_windows": {"lexical": 3, "vector": 4},
+            "normalization_windows": windows,
         }
+        # the channel read max(depth, k = 5) units: all 5 the subject may see, whatever the depth
+        assert len(result.trace["channels"]["vector"]) == 5
         assert result.trace["fusion"]["items"][0]["contributions"] == fused[0].contributions
         if kind == "bounded_convex":  # a deeper query reads the channels deeper: same first hits, same scores
             deeper = r.query("aspirin stroke", subject, k=40, mode="hybrid")

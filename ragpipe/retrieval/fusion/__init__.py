@@ -23,4 +23,7 @@ def fuse(plan: QueryPlan, channels: Mapping[str, list[RankedHit]]) -> list[Fused
         return weighted_rrf(dict(channels), weights, plan.fusion.k, plan.collapse)
     windows = {name: plan.channels[name].depth for name in channels}
     bounded = plan.fusion.kind == "bounded_convex"
-    return normalized_convex(channels, weights, windows, plan.fusion.normalization, plan.collapse, bounded=bounded)
+    eligible = bounded and plan.fusion.window == "eligible"
+    return normalized_convex(
+        channels, weights, windows, plan.fusion.normalization, plan.collapse, bounded=bounded, eligible=eligible
+    )
