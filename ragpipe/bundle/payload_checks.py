@@ -446,6 +446,8 @@ def check_payload(root: Path, manifest: BundleManifest, tables: VerifiedTables, 
     ):
         if (actual := tables.num_rows(name)) != expected:
             problems.append(f"{label} {actual} differs from manifest count {expected}")
+        else:
+            tables.check_columns(name)  # every column, read alone, has exactly those rows
     if problems:  # the specs are not to be trusted: the documents alone, as far as they go
         return problems + _walk(tables, manifest, None, None).document_problems
     chunk_record, rep_record = sem.specs["chunks"], sem.specs["representations"]

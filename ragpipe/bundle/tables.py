@@ -51,11 +51,30 @@ def parquet_dataset(data: pa.Buffer, schema: pa.Schema) -> ds.Dataset:
 class VerifiedTables:
     """The verified bytes of a bundle's tables (and of ``vectors.arrow``, ``generations.parquet``
     when it has them), each a read-only buffer; see the module docstring. ``vector_shape``: the
-    manifest's (rows, dimensions) of the vectors, which bounds what ``vectors.arrow`` may expand to."""
+    manifest's (rows, dimensions) of the vectors, which bounds what ``vectors.arrow`` may expand to.
 
-    def __init__(self, data: Mapping[str, np.ndarray | bytes], vector_shape: tuple[int, int] | None = None):
+    ``rows``: the manifest's row count of each table. Every read — whole or in batches, all
+    columns or some — must produce exactly that many rows, or it raises ``ValueError``: Parquet
+    readers do not agree on a file whose page headers and footer disagree (a stream of every column
+    can stop at one column's short page where a read of other columns goes on), so without this a
+    check could verify one set of rows and a server serve another."""
+
+    def __init__(
+        self,
+        data: Mapping[str, np.ndarray | bytes],
+        vector_shape: tuple[int, int] | None = None,
+        rows: Mapping[str, int] | None = None,
+    ):
         self._data = {name: pa.py_buffer(value) for name, value in data.items()}
         self._vector_shape = vector_shape
+        self._rows = dict(rows or {})
+
+    def _count(self, name: str, n: int, done: bool = True) -> None:
+        """Refuse a read of ``name`` that produced ``n`` rows (``done``: all of them; else so far)
+        where the manifest counts another number."""
+        expected = self._rows.get(name)
+        if expected is not None and (n > expected or (done and n != expected)):
+            raise ValueError(f"{name}: a read produced {n} rows where the manifest counts {expected}")
 
     def _buffer(self, name: str) -> pa.Buffer:
         return self._data[name]
@@ -72,8 +91,11 @@ class VerifiedTables:
         selected = None if columns is None else list(columns)
         file = self._file(name)
         if file is not None:
-            return file.read(columns=selected, use_threads=False)
-        return parquet_dataset(self._buffer(name), SCHEMAS[name]).to_table(columns=selected)
+            table = file.read(columns=selected, use_threads=False)
+        else:
+            table = parquet_dataset(self._buffer(name), SCHEMAS[name]).to_table(columns=selected)
+        self._count(name, table.num_rows)
+        return table
 
     def batches(
         self, name: str, columns: Sequence[str] | None = None, batch_rows: int | None = None
@@ -84,10 +106,25 @@ class VerifiedTables:
         selected = None if columns is None else list(columns)
         file = self._file(name)
         if file is not None:
-            yield from file.iter_batches(batch_size=batch_rows, columns=selected, use_threads=False)
+            stream = file.iter_batches(batch_size=batch_rows, columns=selected, use_threads=False)
         else:
             dataset = parquet_dataset(self._buffer(name), SCHEMAS[name])
-            yield from dataset.to_batches(columns=selected, batch_size=batch_rows, use_threads=False)
+            stream = dataset.to_batches(columns=selected, batch_size=batch_rows, use_threads=False)
+        read = 0
+        for batch in stream:
+            read += batch.num_rows
+            self._count(name, read, done=False)
+            yield batch
+        self._count(name, read)
+
+    def check_columns(self, name: str) -> None:
+        """Read each column of table ``name`` alone, a batch at a time, so that every column is
+        proven to hold exactly the manifest's count of rows (``ValueError`` otherwise): a stream of
+        every column stops at the shortest column, and a later read of other columns — a server's
+        — must not find rows the checks never saw."""
+        for column in SCHEMAS[name].names:
+            for _ in self.batches(name, [column]):
+                pass
 
     def num_rows(self, name: str) -> int:
         return parquet_dataset(self._buffer(name), SCHEMAS[name]).count_rows()

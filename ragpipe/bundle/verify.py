@@ -29,7 +29,7 @@ from ragpipe.bundle.manifest import MANIFEST_NAME, BundleManifest, bundle_id_of,
 from ragpipe.bundle.payload_checks import check_payload
 from ragpipe.bundle.payload_checks import check_vector_table as check_vector_table_content
 from ragpipe.bundle.seal import seal_problems
-from ragpipe.bundle.tables import DOCUMENTS, REPRESENTATIONS, TABLE_FILES, VerifiedTables, release_free_memory
+from ragpipe.bundle.tables import CHUNKS, DOCUMENTS, REPRESENTATIONS, TABLE_FILES, VerifiedTables, release_free_memory
 from ragpipe.index.rows import index_columns
 from ragpipe.index.vector_file import VECTORS_FILE
 from ragpipe.kernel.seals import SealKey, SealKeyError, configured_key
@@ -193,6 +193,8 @@ def _check_files(root: Path, manifest: BundleManifest, tables: dict[str, np.ndar
                         )
                     elif digest != entry.sha256:
                         problems.append(f"{rel}: content digest differs from the manifest")
+                    elif rel in KEPT_FILES and data is None:  # its size moved while it was read
+                        problems.append(f"{rel}: changed while it was read")
                     elif data is not None:
                         tables[rel] = data
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
@@ -233,7 +235,9 @@ def open_bundle(
     missing = [name for name in TABLE_FILES if name not in data]
     if problems or missing:
         raise BundleVerificationError(path, problems or [f"{name}: missing from the bundle" for name in missing])
-    tables = VerifiedTables(data, _vector_shape(manifest))
+    counts = manifest.semantic.counts
+    rows = {DOCUMENTS: counts.documents, CHUNKS: counts.chunks, REPRESENTATIONS: counts.representations}
+    tables = VerifiedTables(data, _vector_shape(manifest), rows)
     del data
     deferred = defer_vector_table and tables.vectors_file is not None and manifest.semantic.has_vector_index
     scope = "payload" if deferred else "complete"

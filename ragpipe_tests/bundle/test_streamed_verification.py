@@ -126,3 +126,117 @@ def test_served_chunks_are_the_verified_chunks(bundle: Path):
         assert retriever.chunks[chunk.chunk_id] == chunk
         assert retriever.chunks.text(chunk.chunk_id) == chunk.text
     assert "sha256:" + "0" * 64 not in retriever.chunks
+
+
+# --- Parquet files whose page headers and footer disagree ------------------------------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            return bytes(out + bytes([low]))
+        out.append(low | 0x80)
+
+
+def _with_trailing_document(root: Path) -> int:
+    """A forger's documents.parquet: the real documents and one more row — a copy of the secret
+    document made public and retitled — whose text column's data page claims one value fewer than
+    it holds and whose footer counts the real documents (the row group still counts them all).
+    Streaming every column stops at the text column's short page (the real rows: every digest
+    matches); reading other columns does not. Returns the real count."""
+    import io
+    import struct
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragpipe.corpus.snapshot import DOCUMENTS_SCHEMA, documents_table
+
+    docs = read_snapshot_documents(root / "documents.parquet")
+    m = len(docs)
+    secret = next(d for d in docs if d.document_id == "sec-aspirin")
+    extra = secret.model_copy(update={"access_scopes": ("public",), "title": "FORGED TITLE"})
+    out = io.BytesIO()
+    table = documents_table([*docs, extra])
+    pq.write_table(table, out, compression="none", use_dictionary=False, write_statistics=False, data_page_size=1 << 26)
+    data = bytearray(out.getvalue())
+    meta = pq.ParquetFile(pa.BufferReader(bytes(data))).metadata
+    offset = meta.row_group(0).column(DOCUMENTS_SCHEMA.names.index("text")).data_page_offset
+    # the data page header's num_values (field 1 of DataPageHeader, zigzag i32)
+    old, new = b"\x15" + _varint(2 * (m + 1)), b"\x15" + _varint(2 * m)
+    at = bytes(data).index(old, offset, offset + 64)
+    data[at : at + len(old)] = new
+    # FileMetaData.num_rows (field 3, zigzag i64): the site whose change leaves the row group's
+    footer_length = struct.unpack("<I", data[-8:-4])[0]
+    start = len(data) - 8 - footer_length
+    old, new = b"\x16" + _varint(2 * (m + 1)), b"\x16" + _varint(2 * m)
+    for at in range(start, len(data) - 8):
+        if bytes(data[at : at + len(old)]) == old:
+            trial = bytearray(data)
+            trial[at : at + len(old)] = new
+            footer = pq.ParquetFile(pa.BufferReader(bytes(trial))).metadata
+            if (footer.num_rows, footer.row_group(0).num_rows) == (m, m + 1):
+                break
+    else:
+        raise AssertionError("no FileMetaData.num_rows in the footer")
+    (root / "documents.parquet").write_bytes(bytes(trial))
+    return m
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_a_table_two_readers_read_differently_is_refused(bundle: Path, monkeypatch, aligned: bool):
+    """The forged table above, resealed: every digest matches the real documents, and a stream of
+    every column reads exactly them — but a read of some columns, as a server's, finds one row more
+    (the secret document made public). Every read must produce the manifest's count, so the
+    bundle is refused on open, also when the documents fill whole record batches (``aligned``:
+    the stream then stops cleanly at a batch boundary, as it would at 2,048 documents)."""
+    m = _with_trailing_document(bundle)
+    reseal(bundle)
+    if aligned:
+        monkeypatch.setattr(tables_module, "BATCH_ROWS", m)
+    # each column read alone: every column but the forged page's has the extra row
+    assert _refusal(bundle).splitlines()[1:] == [
+        f"  content check failed: ValueError: documents.parquet: a read produced {m + 1} rows where the manifest "
+        f"counts {m}"
+    ]
+
+
+def test_every_read_of_a_verified_table_has_the_manifests_rows():
+    """VerifiedTables refuses a read — whole, some columns, or streamed — whose row count is not the
+    manifest's, as soon as a stream exceeds it and at its end when it falls short."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from ragpipe.bundle.tables import DOCUMENTS, VerifiedTables
+    from ragpipe.corpus.models import Document
+    from ragpipe.corpus.snapshot import documents_table
+
+    docs = [
+        Document(
+            document_id=f"d{i}",
+            title="t",
+            text="x",
+            content_digest=bytes_digest(b"x"),
+            access_scopes=("public",),
+            source_role="primary",
+        )
+        for i in range(5)
+    ]
+    out = io.BytesIO()
+    pq.write_table(documents_table(docs), out)
+    data = {DOCUMENTS: np.frombuffer(out.getvalue(), dtype=np.uint8)}
+    assert VerifiedTables(data, rows={DOCUMENTS: 5}).table(DOCUMENTS, ["document_id"]).num_rows == 5
+    for rows in (4, 6):
+        tables = VerifiedTables(data, rows={DOCUMENTS: rows})
+        message = f"^documents.parquet: a read produced 5 rows where the manifest counts {rows}$"
+        with pytest.raises(ValueError, match=message):
+            tables.table(DOCUMENTS)
+        seen = []
+        with pytest.raises(ValueError, match=message):
+            for batch in tables.batches(DOCUMENTS, ["document_id"], batch_rows=2):
+                seen.append(batch.num_rows)
+        # past the count, the batch that passes it is never handed out; short, every batch is
+        assert seen == ([2, 2] if rows == 4 else [2, 2, 1])
