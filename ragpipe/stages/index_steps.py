@@ -37,8 +37,9 @@ from ragpipe.stages.stage_store import (
 from ragpipe.storage.location import store_from_env
 
 
-def _index_columns(ins: dict[str, StageOutput]) -> IndexColumns:
-    """The index rows as columns, read from the stage outputs' Parquet without any text column."""
+def _index_tables(ins: dict[str, StageOutput], text: bool = False) -> tuple[pa.Table, pa.Table]:
+    """(documents, representations) as the index rows need them, read from the stage outputs'
+    Parquet without any document text; ``text``: with the representations' texts."""
     documents = pq.read_table(
         ins["source_snapshot"].path / "documents.parquet",
         columns=["document_id", "access_scopes", "source_role"],
@@ -46,10 +47,15 @@ def _index_columns(ins: dict[str, StageOutput]) -> IndexColumns:
     )
     reps = pq.read_table(
         ins["representations"].path / "representations.parquet",
-        columns=["representation_id", "chunk_id", "document_id", "kind"],
+        columns=["representation_id", "chunk_id", "document_id", "kind", *(["text"] if text else [])],
         schema=REPRESENTATIONS_SCHEMA,
     )
-    return index_columns(documents, reps)
+    return documents, reps
+
+
+def _index_columns(ins: dict[str, StageOutput]) -> IndexColumns:
+    """The index rows as columns, read from the stage outputs' Parquet without any text column."""
+    return index_columns(*_index_tables(ins))
 
 
 def _embeddings(path: Path) -> tuple[pa.Array, np.ndarray]:
@@ -74,16 +80,7 @@ def _embeddings(path: Path) -> tuple[pa.Array, np.ndarray]:
 def _lexical_rows(ins: dict[str, StageOutput]) -> list[IndexRow]:
     """The index rows with their representations' texts (what tantivy indexes), built from
     columns: no document's text and no Document or Representation object is read."""
-    documents = pq.read_table(
-        ins["source_snapshot"].path / "documents.parquet",
-        columns=["document_id", "access_scopes", "source_role"],
-        schema=DOCUMENTS_SCHEMA,
-    )
-    reps = pq.read_table(
-        ins["representations"].path / "representations.parquet",
-        columns=["representation_id", "chunk_id", "document_id", "kind", "text"],
-        schema=REPRESENTATIONS_SCHEMA,
-    )
+    documents, reps = _index_tables(ins, text=True)
     columns = index_columns(documents, reps)
     texts = reps.column("text")
     rows: list[IndexRow] = []
