@@ -162,3 +162,20 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_overloaded(serving: Se
         finally:
             for sock in busy:
                 sock.close()
+
+
+def test_the_server_remembers_the_signals_it_shut_down_on():
+    """``ragpipe serve`` ends with 130 whenever the server shut down on SIGINT, whether or not
+    uvicorn's re-raised signal survives asyncio's runner (cli/serve.py): the server keeps them."""
+    import signal
+
+    import uvicorn
+
+    from ragpipe.server.connections import SignalledServer
+
+    server = SignalledServer(uvicorn.Config(app=lambda scope, receive, send: None))
+    assert (server.signals, server.should_exit) == ([], False)
+    server.handle_exit(signal.SIGINT, None)
+    assert (server.signals, server.should_exit, server.force_exit) == ([signal.SIGINT], True, False)
+    server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C: uvicorn's forced exit, still remembered
+    assert (server.signals, server.force_exit) == ([signal.SIGINT, signal.SIGINT], True)
