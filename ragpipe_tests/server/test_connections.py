@@ -5,6 +5,10 @@ it (``uvicorn_config``) on 127.0.0.1, under both of uvicorn's HTTP implementatio
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import textwrap
 
 import httpx
 import pytest
@@ -166,16 +170,30 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_overloaded(serving: Se
 
 def test_the_server_remembers_the_signals_it_shut_down_on():
     """``ragpipe serve`` ends with 130 whenever the server shut down on SIGINT, whether or not
-    uvicorn's re-raised signal survives asyncio's runner (cli/serve.py): the server keeps them."""
-    import signal
+    uvicorn's re-raised signal survives asyncio's runner (cli/serve.py): the server keeps them.
+    Run in a process of its own: sse-starlette patches uvicorn's ``handle_exit`` to set a
+    process-wide flag that ends every later SSE stream (MCP's) in the process that calls it."""
+    script = textwrap.dedent(
+        """
+        import signal
 
-    import uvicorn
+        import uvicorn
 
-    from ragpipe.server.connections import SignalledServer
+        from ragpipe.server.connections import SignalledServer
 
-    server = SignalledServer(uvicorn.Config(app=lambda scope, receive, send: None))
-    assert (server.signals, server.should_exit) == ([], False)
-    server.handle_exit(signal.SIGINT, None)
-    assert (server.signals, server.should_exit, server.force_exit) == ([signal.SIGINT], True, False)
-    server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C: uvicorn's forced exit, still remembered
-    assert (server.signals, server.force_exit) == ([signal.SIGINT, signal.SIGINT], True)
+        server = SignalledServer(uvicorn.Config(app=lambda scope, receive, send: None))
+        print(server.signals, server.should_exit)
+        server.handle_exit(signal.SIGINT, None)
+        print(server.signals, server.should_exit, server.force_exit)
+        server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C: uvicorn's forced exit, still remembered
+        print(server.signals, server.force_exit)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    sigint = repr(signal.SIGINT)
+    assert done.stdout.splitlines() == [
+        "[] False",
+        f"[{sigint}] True False",
+        f"[{sigint}, {sigint}] True",
+    ]
