@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragpipe.retrieval.authz import Subject
-from ragpipe.server.config import KeyEntry, ServeConfig
+from ragpipe.server.config import KeyEntry, Role, ServeConfig
 from ragpipe.server.errors import ApiError
 from ragpipe.server.keys import key_matches, new_key, split_key
 
@@ -23,6 +23,7 @@ DUMMY_HASH = new_key("dummy")[1]
 class Caller:
     subject: Subject
     rate_key: str  # what the rate limit counts: the key ID, or the anonymous caller's address
+    roles: tuple[Role, ...] = ()  # the key's roles (``KeyEntry.roles``); none for anonymous callers
 
 
 class KeyRing:
@@ -43,4 +44,4 @@ class KeyRing:
         matches = key_matches(parts[1] if parts else "", entry.hash if entry else DUMMY_HASH)
         if entry is None or not matches:
             raise ApiError(401, "unauthorized", UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
-        return Caller(self.subjects[entry.id], f"key:{entry.id}")
+        return Caller(self.subjects[entry.id], f"key:{entry.id}", entry.roles)

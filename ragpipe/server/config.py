@@ -51,6 +51,9 @@ class ServeConfigError(ValueError):
     pass
 
 
+Role = Literal["reviewer"]
+
+
 class KeyEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -58,6 +61,9 @@ class KeyEntry(BaseModel):
     hash: str
     subject: str = Field(min_length=1, max_length=200)
     scopes: tuple[str, ...] = Field(min_length=1)
+    # What the key may do beyond reading (kept apart from the data scopes, which say what it may
+    # read): ``reviewer`` opens the laboratory's views and sends verdicts on others' answers.
+    roles: tuple[Role, ...] = ()
 
     @field_validator("hash")
     @classmethod

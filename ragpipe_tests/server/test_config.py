@@ -70,6 +70,10 @@ def write(tmp_path: Path, text: str) -> Path:
             "invalid serve config: keys.0.scopes: invalid scope name 'bad scope'",
         ),
         (
+            f"keys: [{{id: a, hash: 'sha256:{'0' * 32}:{'0' * 64}', subject: s, scopes: [public], roles: [admin]}}]\n",
+            "invalid serve config: keys.0.roles.0: Input should be 'reviewer'",
+        ),
+        (
             "keys: [\n",
             "cannot read serve config: invalid YAML at line 2, column 1: expected the node content, but found '<stream end>' (while parsing a flow node)",
         ),
@@ -115,3 +119,20 @@ def test_strict_reading_refuses_duplicates_and_deep_nesting_with_file_and_line(t
     with pytest.raises(ServeConfigError) as err:
         load_serve_config(path)
     assert str(err.value) == f"{path}:{problem}"
+
+
+def test_a_key_carries_its_roles_to_the_caller(tmp_path: Path):
+    """Roles (what a key may do) stay apart from scopes (what it may read); none by default."""
+    from ragpipe.server.auth import KeyRing
+    from ragpipe.server.keys import new_key
+
+    (rev_key, rev_hash), (key, hash_) = new_key("rev"), new_key("app")
+    path = write(
+        tmp_path,
+        f"keys:\n  - {{id: rev, hash: '{rev_hash}', subject: rita, scopes: [public], roles: [reviewer]}}\n"
+        f"  - {{id: app, hash: '{hash_}', subject: app, scopes: [public, staff]}}\n",
+    )
+    ring = KeyRing(load_serve_config(path))
+    reviewer, caller = ring.authenticate(f"Bearer {rev_key}", "c"), ring.authenticate(f"Bearer {key}", "c")
+    assert (reviewer.roles, reviewer.subject.scopes) == (("reviewer",), ("public",))
+    assert (caller.roles, caller.subject.scopes) == ((), ("public", "staff"))
