@@ -11,6 +11,7 @@ import typer
 from ragpipe.cli.build import build, gc
 from ragpipe.cli.bundle import bundle_app
 from ragpipe.cli.candidate import candidate_app, tune
+from ragpipe.cli.dataset import dataset_app
 from ragpipe.cli.embedder import embedder_app
 from ragpipe.cli.eval import eval_app, suite_app
 from ragpipe.cli.gate import compare, gate
@@ -31,6 +32,7 @@ app.add_typer(bundle_app, name="bundle")
 app.add_typer(embedder_app, name="embedder")
 app.add_typer(suite_app, name="suite")
 app.add_typer(eval_app, name="eval")
+app.add_typer(dataset_app, name="dataset")
 app.command()(compare)
 app.command()(gate)
 app.add_typer(candidate_app, name="candidate")
