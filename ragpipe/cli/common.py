@@ -33,6 +33,16 @@ class Mode(str, Enum):
     vector = "vector"
 
 
+_CONTROL = str.maketrans({c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]})
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print in a terminal and in rich markup: control characters (escape
+    sequences, carriage returns: a drafted question must not repaint what a reviewer reads) as
+    ``\\xNN``, markup escaped."""
+    return escape(text.translate(_CONTROL))
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)

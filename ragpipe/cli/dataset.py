@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ragpipe.cli.common import JsonOpt, emit_json, fail, out
+from ragpipe.cli.common import JsonOpt, emit_json, fail, out, printable
 
 dataset_app = typer.Typer(
     help="Datasets of adjudicated cases: add drafts, decide with signed records, freeze versions, export suites.",
@@ -114,20 +114,24 @@ def dataset_add(
 
 
 def _summary(name: str) -> dict[str, Any]:
-    from ragpipe.evaluation.datasets import read_dataset, split_of
+    from ragpipe.evaluation.datasets import read_dataset, unverified
 
     state, _ = read_dataset(_home(), name)
+    revoked = unverified(state, _approvers(state.target))
     cases = [
         {
             "id": case_id,
-            "status": entry.status,
-            "split": split_of(state.salt, case_id, state.splits),
+            # an accepted case whose decision no longer verifies (its key left the target) is not in a version
+            "status": "unverified" if case_id in revoked else entry.status,
+            **({"why": revoked[case_id]} if case_id in revoked else {}),
+            "split": state.split(case_id),
             "query": entry.case["query"],
-            "decisions": entry.decisions,
+            "provisional": entry.case.get("review") == "provisional",
+            "decision": None if entry.decision is None else entry.decision_seq,
         }
         for case_id, entry in sorted(state.cases.items())
     ]
-    counts = {s: sum(c["status"] == s for c in cases) for s in ("pending", "accepted", "rejected")}
+    counts = {s: sum(c["status"] == s for c in cases) for s in ("pending", "accepted", "rejected", "unverified")}
     versions = [{"number": n, "version_id": v} for n, v in state.versions]
     return {"dataset": name, "target": state.target, "counts": counts, "cases": cases, "versions": versions}
 
@@ -141,12 +145,16 @@ def dataset_show(name: NameArg, as_json: JsonOpt = False) -> None:
         return
     counts = data["counts"]
     out.print(
-        f"{escape(name)}: {counts['pending']} pending, {counts['accepted']} accepted, {counts['rejected']} rejected",
+        f"{escape(name)}: {counts['pending']} pending, {counts['accepted']} accepted, {counts['rejected']} rejected"
+        + (f", {counts['unverified']} unverified (decide on them again)" if counts["unverified"] else ""),
         soft_wrap=True,
     )
     for case in data["cases"]:
+        mark = " (provisional draft)" if case["provisional"] else ""
         out.print(
-            f"  {case['status']:<9} {case['split']:<12} {escape(case['id'])}  {escape(case['query'])}", soft_wrap=True
+            f"  {case['status']:<10} {printable(case['split']):<12} {printable(case['id'])}  {printable(case['query'])}{mark}",
+            soft_wrap=True,
+            highlight=False,
         )
     for version in data["versions"]:
         out.print(f"  version {version['number']}: {version['version_id']}", soft_wrap=True)
@@ -156,13 +164,13 @@ def dataset_show(name: NameArg, as_json: JsonOpt = False) -> None:
 def dataset_audit(name: NameArg, as_json: JsonOpt = False) -> None:
     """Duplicate and near-duplicate questions, and leakage between splits, among the cases not rejected."""
     from ragpipe.evaluation.audit import audit_cases
-    from ragpipe.evaluation.datasets import read_dataset, split_of
+    from ragpipe.evaluation.datasets import read_dataset
     from ragpipe.evaluation.suite import Case
 
     def run():
         state, _ = read_dataset(_home(), name)
         live = {i: e for i, e in state.cases.items() if e.status != "rejected"}
-        splits = {i: split_of(state.salt, i, state.splits) for i in live}
+        splits = {i: state.split(i) for i in live}
         return audit_cases((Case(**e.case) for e in live.values()), splits)
 
     report = guarded(run)
@@ -175,7 +183,10 @@ def dataset_audit(name: NameArg, as_json: JsonOpt = False) -> None:
         soft_wrap=True,
     )
     for leak in report.leakage:
-        out.print(f"  leak ({leak.kind}): {escape(leak.a)} ({leak.splits[0]}) ~ {escape(leak.b)} ({leak.splits[1]})")
+        out.print(
+            f"  leak ({leak.kind}): {printable(leak.a)} ({leak.splits[0]}) ~ {printable(leak.b)} ({leak.splits[1]})",
+            highlight=False,
+        )
 
 
 def _edits(items: list[str]) -> dict[str, Any]:
@@ -200,7 +211,9 @@ def dataset_adjudicate(
     by: Annotated[str, typer.Option("--by", help="The approver, as the target's approvers list names them.")],
     key: Annotated[Path, typer.Option("--key", help="The approver's private key file.")],
     accept: Annotated[bool, typer.Option("--accept", help="Accept the case as it is.")] = False,
-    reject: Annotated[bool, typer.Option("--reject", help="Reject the case: never in a version.")] = False,
+    reject: Annotated[
+        bool, typer.Option("--reject", help="Reject the case: in no version unless decided again.")
+    ] = False,
     edit: Annotated[
         list[str] | None, typer.Option("--edit", help="FIELD=JSON: accept with this change (repeatable).")
     ] = None,
@@ -240,7 +253,7 @@ def dataset_adjudicate(
         "at": p["at"],
         "record": record.seq,
     }
-    _emit(as_json, data, f"{p['decision']} {escape(case_id)} by {escape(by)} (record {record.seq})")
+    _emit(as_json, data, f"{p['decision']} {printable(case_id)} by {escape(by)} (record {record.seq})")
 
 
 @dataset_app.command("freeze")

@@ -4,10 +4,16 @@
 always give the same report, and a dataset version can carry the report's content ID:
 
 * **duplicates**: groups of cases whose questions are equal once normalised (``normal_form``:
-  NFKC, case-folded, punctuation and runs of spaces removed);
-* **near duplicates**: pairs of cases, not duplicates of each other, whose questions' word
-  3-shingles (``shingles``) have a Jaccard similarity of at least ``threshold`` (0.8 by default;
-  a question of fewer than three words is one shingle of all its words);
+  NFKC, case-folded, runs of white space made one space, closing ``.?!`` dropped — every other
+  character counts, so ``1+1?`` and ``1-1?`` differ);
+* **near duplicates**: pairs of cases, not duplicates of each other, whose normal forms'
+  character 4-grams (``shingles``) have a Jaccard similarity of at least ``threshold`` (0.65 by
+  default: "What is the capital of France?" / "What is the capital city of France?" 0.73, "What's
+  the dose…" / "What is the dose…" 0.68, a SciFact claim and its negation 0.75–0.98; a synonym
+  swapped in a short question, "lower" / "reduce the risk of stroke" 0.60, is not caught: the
+  audit is lexical). Every pair at or above the threshold is found: candidates come from the
+  prefix filter of the all-pairs algorithm (rarest 4-grams first; two sets this similar share a
+  4-gram in their prefixes), then each candidate's similarity is computed exactly;
 * **leakage**: the duplicate and near-duplicate pairs whose cases sit in different splits — the
   same question asked in ``dev`` and ``holdout`` lets a change tuned on one pass the other;
 * **shared sources**: relevant sources (grade >= 1) judged in more than one split. Reported, never
@@ -20,9 +26,10 @@ duplicates only.
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from itertools import combinations
 
@@ -31,9 +38,9 @@ from pydantic import BaseModel, ConfigDict
 from ragpipe.evaluation.suite import Case
 from ragpipe.kernel.ids import content_id
 
-NEAR_DUPLICATE_JACCARD = 0.8
-SHINGLE_WORDS = 3
-_WORD = re.compile(r"\w+")
+NEAR_DUPLICATE_JACCARD = 0.65
+SHINGLE_CHARS = 4
+_CLOSING = re.compile(r"[.?!]+\Z")
 
 
 class NearDuplicate(BaseModel):
@@ -80,16 +87,18 @@ class AuditReport(BaseModel):
 
 
 def normal_form(question: str) -> str:
-    """The question as compared for duplicates: NFKC, case-folded, words joined by one space."""
-    return " ".join(_WORD.findall(unicodedata.normalize("NFKC", question).casefold()))
+    """The question as compared for duplicates: NFKC, case-folded, white space runs made one
+    space, closing sentence punctuation dropped."""
+    text = " ".join(unicodedata.normalize("NFKC", question).casefold().split())
+    return _CLOSING.sub("", text).rstrip()
 
 
-def shingles(question: str, width: int = SHINGLE_WORDS) -> frozenset[str]:
-    """The word ``width``-grams of the normalised question (all its words when it has fewer)."""
-    words = normal_form(question).split(" ")
-    if len(words) <= width:
-        return frozenset({" ".join(words)})
-    return frozenset(" ".join(words[i : i + width]) for i in range(len(words) - width + 1))
+def shingles(question: str, width: int = SHINGLE_CHARS) -> frozenset[str]:
+    """The character ``width``-grams of the normal form (the whole form when it is shorter)."""
+    text = normal_form(question)
+    if len(text) <= width:
+        return frozenset({text})
+    return frozenset(text[i : i + width] for i in range(len(text) - width + 1))
 
 
 def _duplicate_groups(cases: list[Case]) -> list[tuple[str, ...]]:
@@ -99,20 +108,28 @@ def _duplicate_groups(cases: list[Case]) -> list[tuple[str, ...]]:
     return sorted(tuple(sorted(ids)) for ids in by_form.values() if len(ids) > 1)
 
 
+def _prefix_length(size: int, threshold: float) -> int:
+    """How many of a set's rarest shingles must be indexed so that any set at least ``threshold``
+    similar shares one of them: ``size - ceil(threshold * size) + 1`` (the overlap such a pair
+    needs is at least ``ceil(threshold * size)``; a hair below, so rounding never shortens it)."""
+    return size - math.ceil(threshold * size - 1e-9) + 1
+
+
 def _near_pairs(cases: list[Case], threshold: float, duplicates: set[frozenset[str]]) -> list[NearDuplicate]:
-    """Pairs at or above ``threshold``, counted through an inverted index of shingles (exact: every
-    pair sharing a shingle is scored; pairs sharing none have similarity 0)."""
+    """Every pair at or above ``threshold`` (module docstring: prefix-filtered candidates, each
+    scored exactly), in (a, b) order."""
     sets = {case.id: shingles(case.query) for case in cases}
-    postings: dict[str, list[str]] = defaultdict(list)
+    frequency = Counter(shingle for shingle_set in sets.values() for shingle in shingle_set)
+    index: dict[str, list[str]] = defaultdict(list)
+    candidates: set[tuple[str, str]] = set()
     for case_id in sorted(sets):
-        for shingle in sets[case_id]:
-            postings[shingle].append(case_id)
-    shared: dict[tuple[str, str], int] = defaultdict(int)
-    for ids in postings.values():
-        for a, b in combinations(ids, 2):
-            shared[(a, b)] += 1
+        ordered = sorted(sets[case_id], key=lambda shingle: (frequency[shingle], shingle))
+        for shingle in ordered[: _prefix_length(len(ordered), threshold)]:
+            candidates.update((other, case_id) for other in index[shingle])
+            index[shingle].append(case_id)
     pairs = []
-    for (a, b), common in shared.items():
+    for a, b in candidates:
+        common = len(sets[a] & sets[b])
         jaccard = common / (len(sets[a]) + len(sets[b]) - common)
         if jaccard >= threshold and frozenset((a, b)) not in duplicates:
             pairs.append(NearDuplicate(a=a, b=b, jaccard=round(jaccard, 4)))

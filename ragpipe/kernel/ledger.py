@@ -122,6 +122,8 @@ def _check_record(domain: Domain, raw: bytes, seq: int, prev: str | None, where:
         obj = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise LedgerError(f"{where}: record {seq}: not valid JSON") from None
+    except RecursionError:  # no record of ours nests deeply: a hand-made line, refused like any other
+        raise LedgerError(f"{where}: record {seq}: not valid JSON (nested too deeply)") from None
     if not isinstance(obj, dict) or tuple(sorted(obj)) != RECORD_KEYS:
         raise LedgerError(f"{where}: record {seq}: not a ledger record (keys must be {', '.join(RECORD_KEYS)})")
     if obj["seq"] != seq or isinstance(obj["seq"], bool):
@@ -144,6 +146,8 @@ def _is_torn(tail: bytes) -> bool:
         json.JSONDecoder().raw_decode(tail.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return True
+    except RecursionError:  # nested past the parser's depth: never a write of ours, so no torn one
+        return False
     return False
 
 

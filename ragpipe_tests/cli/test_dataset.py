@@ -91,7 +91,7 @@ def test_from_drafts_to_an_exported_suite(env, tmp_path: Path):
     assert edit == "edit c2 by rita (record 4)\n"
     ok(env, "adjudicate", "claims", "c3", "--reject", "--by", "rita", "--key", key, "--note", "vague")
     shown = ok(env, "show", "claims", "--json")
-    assert shown["counts"] == {"pending": 0, "accepted": 2, "rejected": 1}
+    assert shown["counts"] == {"pending": 0, "accepted": 2, "rejected": 1, "unverified": 0}
     frozen = ok(env, "freeze", "claims", "--json")
     assert (frozen["version"], frozen["cases"], sum(frozen["splits"].values())) == (1, 2, 2)
     suite_file = tmp_path / "all.jsonl"
@@ -129,3 +129,36 @@ def test_each_mistake_is_one_line(env, tmp_path: Path):
     assert refused(env, "export", "claims@x", "--out", str(tmp_path / "x.jsonl")) == (
         "error: dataset reference 'claims@x': NAME[@VERSION][:SPLIT], e.g. claims@2:holdout\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("damage", "rule"),
+    [
+        (lambda data: data + b"[" * 100_000 + b"]" * 100_000 + b"\n", "record 2: not valid JSON (nested too deeply)"),
+        (lambda data: data.replace(b'"target":"production"', b'"target":7'), "record 1: hash does not match"),
+        # the only line unreadable is a torn first write to the ledger's rules: no record survives
+        (lambda data: b"\xff\xfe" + data, "the dataset has no records"),
+    ],
+)
+def test_a_damaged_ledger_is_one_line_from_every_command(env, tmp_path: Path, damage, rule: str):
+    ok(env, "create", "claims", "--target", "production", "--split", "all=1")
+    ledger = Path(env["RAGPIPE_HOME"]) / "datasets" / "claims" / "ledger.jsonl"
+    ledger.write_bytes(damage(ledger.read_bytes()))
+    for args in (("show", "claims"), ("audit", "claims"), ("freeze", "claims")):
+        message = refused(env, *args)
+        assert message.startswith(f"error: {ledger}: {rule}") and message.count("\n") == 1, message
+
+
+def test_show_never_prints_a_control_character(env, tmp_path: Path):
+    drafts = tmp_path / "drafts.jsonl"
+    write_suite(
+        Suite.of(
+            [Case(id="c1", query="real question\x1b[2K\rfake question", target_level="document", judgments={"d1": 1})],
+            "drafts",
+        ),
+        drafts,
+    )
+    ok(env, "create", "claims", "--target", "production", "--split", "all=1")
+    ok(env, "add", "claims", str(drafts))
+    shown = ok(env, "show", "claims")
+    assert "real question\\x1b[2K\\x0dfake question" in shown and "\x1b" not in shown and "\r" not in shown

@@ -24,40 +24,63 @@ CASES = [
 
 
 def test_normal_form_and_shingles():
-    assert normal_form("  Does ASPIRIN\tlower… risk?! ") == "does aspirin lower risk"
-    assert normal_form("Ｆｕｌｌｗｉｄｔｈ Café") == "fullwidth café"  # NFKC
-    assert shingles("Aspirin, stroke?") == frozenset({"aspirin stroke"})
-    assert shingles("a b c d") == frozenset({"a b c", "b c d"})
+    assert normal_form("  Does ASPIRIN\tlower  risk?! ") == "does aspirin lower risk"
+    assert normal_form("Ｆｕｌｌｗｉｄｔｈ Café.") == "fullwidth café"  # NFKC
+    assert normal_form("1+1?") != normal_form("1-1?") and normal_form("C++ or C#?") != normal_form("C or C?")
+    assert shingles("Why?") == frozenset({"why"})
+    assert shingles("abcdef") == frozenset({"abcd", "bcde", "cdef"})
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "jaccard"),
+    [
+        ("What is the capital of France?", "What is the capital city of France?", 0.7273),
+        ("What's the dose of aspirin?", "What is the dose of aspirin?", 0.6786),
+        (
+            "0-dimensional biomaterials lack inductive properties.",
+            "0-dimensional biomaterials show inductive properties.",
+            0.75,
+        ),
+        (
+            "Does aspirin lower the risk of stroke?",
+            "Does aspirin reduce the risk of stroke?",
+            None,
+        ),  # a synonym: lexical
+        ("Which vitamin deficiency causes scurvy?", "Is scurvy caused by a deficiency of vitamin C?", None),
+        ("1+1?", "1-1?", None),
+    ],
+)
+def test_what_counts_as_a_near_duplicate(first: str, second: str, jaccard: float | None):
+    report = audit_cases([case("a", first), case("b", second)])
+    assert report.duplicates == ()
+    assert report.near_duplicates == (() if jaccard is None else (NearDuplicate(a="a", b="b", jaccard=jaccard),))
 
 
 def test_the_report_names_every_finding_exactly():
     splits = {"a": "dev", "b": "holdout", "c": "dev", "d": "dev", "e": "holdout"}
     report = audit_cases(CASES, splits)
-    assert report.cases == 5 and report.threshold == 0.8
+    assert report.cases == 5 and report.threshold == 0.65
     assert report.duplicates == (("a", "b"),)
-    # a/c and b/c share 6 of 8 + 9 - 6 = 11 shingles: 0.5455 < 0.8, not near at 0.8
-    assert report.near_duplicates == ()
-    assert report.leakage == (Leak(a="a", b="b", kind="duplicate", splits=("dev", "holdout")),)
-    assert report.shared_sources == (SharedSource(source="d3", splits=("dev", "holdout"), cases=("d", "e")),)
-
-
-def test_a_lower_threshold_finds_the_near_duplicates_and_their_leaks():
-    splits = {"a": "dev", "b": "holdout", "c": "holdout"}
-    report = audit_cases(CASES, splits, threshold=0.5)
     assert report.near_duplicates == (
-        NearDuplicate(a="a", b="c", jaccard=0.5455),
-        NearDuplicate(a="b", b="c", jaccard=0.5455),
+        NearDuplicate(a="a", b="c", jaccard=0.8889),
+        NearDuplicate(a="b", b="c", jaccard=0.8889),
     )
     assert report.leakage == (
         Leak(a="a", b="b", kind="duplicate", splits=("dev", "holdout")),
-        Leak(a="a", b="c", kind="near_duplicate", splits=("dev", "holdout")),
+        Leak(a="b", b="c", kind="near_duplicate", splits=("holdout", "dev")),
     )
-    # d and e have no split: they take part in duplicates only, never in leakage or shared sources
+    # d and e ask different questions about one source: reported, never a leak
+    assert report.shared_sources == (SharedSource(source="d3", splits=("dev", "holdout"), cases=("d", "e")),)
+
+
+def test_cases_without_a_split_take_part_in_duplicates_only():
+    report = audit_cases(CASES, {"a": "dev", "c": "holdout"})
+    assert report.leakage == (Leak(a="a", b="c", kind="near_duplicate", splits=("dev", "holdout")),)
     assert report.shared_sources == (SharedSource(source="d1", splits=("dev", "holdout"), cases=("a", "c")),)
 
 
 def test_cases_in_one_split_never_leak():
-    report = audit_cases(CASES, dict.fromkeys("abcde", "dev"), threshold=0.5)
+    report = audit_cases(CASES, dict.fromkeys("abcde", "dev"))
     assert report.duplicates and report.near_duplicates and report.leakage == () and report.shared_sources == ()
 
 
@@ -66,12 +89,12 @@ def test_a_threshold_outside_zero_one_is_refused():
         audit_cases(CASES, threshold=0)
 
 
-WORDS = st.sampled_from(["aspirin", "stroke", "risk", "vitamin", "scurvy", "dose", "trial", "the"])
+WORDS = st.sampled_from(["aspirin", "stroke", "risk", "vitamin", "scurvy", "dose", "trial", "the", "a", "C++"])
 QUESTIONS = st.lists(WORDS, min_size=1, max_size=8).map(" ".join)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(QUESTIONS, min_size=1, max_size=12), st.randoms(use_true_random=False), st.floats(0.05, 1.0))
+@settings(max_examples=200, deadline=None)
+@given(st.lists(QUESTIONS, min_size=1, max_size=20), st.randoms(use_true_random=False), st.floats(0.05, 1.0))
 def test_laws_order_free_exact_and_no_self_pairs(questions, rng, threshold):
     """The report does not depend on the cases' order; a near-duplicate pair is exactly a pair of
     non-duplicates at or above the threshold (checked against all pairs); no case pairs with itself."""

@@ -130,6 +130,9 @@ def damage(path: Path, n: int, edit) -> None:
         (lambda line: line.replace(b'"kind":"event"', b'"kind":7'), "kind must be a string and payload an object", 2),
         (lambda line: line.replace(b"{", b"{ ", 1), "not in canonical form", 2),
         (lambda line: line[:-1] + b" junk\n", "not valid JSON", 3),
+        # nested past the parser's depth, in the middle and as the final line: refused, never dropped as torn
+        (lambda line: b"[" * 100_000 + b"]" * 100_000 + b"\n", "not valid JSON (nested too deeply)", 2),
+        (lambda line: b"[" * 100_000 + b"]" * 100_000 + b"\n", "not valid JSON (nested too deeply)", 3),
     ],
 )
 def test_damage_refuses_naming_the_record(tmp_path: Path, edit, rule: str, n: int):
