@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragpipe.spec import GeneratedKindSpec, GenerationExecution
-from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json
+from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json, worst_cost_micros
 from ragpipe.work.failures import StepFailure
 from ragpipe.work.keys import step_key
 from ragpipe.work.runner import Done
@@ -37,8 +37,6 @@ _INSTRUCTIONS = {
     "each at most {max_chars} characters.",
     "summary": 'Reply with a JSON object {{"summary": "..."}}: one summary of at most {max_chars} characters.',
 }
-# A worst case per message for the budget: a token is at least one byte of text, plus framing.
-_FRAMING_TOKENS = 16
 
 
 class InvalidOutput(ValueError):
@@ -167,8 +165,7 @@ class GenerationStep:
         ``max_tokens`` of output (None when the model has no price)."""
         total = 0
         for item in inputs:
-            tokens_in = sum(len(m.content.encode("utf-8")) + _FRAMING_TOKENS for m in item.request.messages)
-            cost = self.prices.cost_micros(item.request.model, tokens_in, item.request.max_tokens)
+            cost = worst_cost_micros(item.request, self.prices)
             if cost is None:
                 return None
             total += cost
