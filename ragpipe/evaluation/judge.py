@@ -203,19 +203,12 @@ def parse_verdict(reply: str, n_facts: int, cited_labels: Sequence[str]) -> Verd
     except StrictLoadError as exc:
         raise InvalidVerdict(f"reply is not JSON ({exc.rule})") from None
     if not isinstance(obj, dict) or set(obj) != set(KEYS):
-        present = set(obj) if isinstance(obj, dict) else set()
-        missing, extra = [k for k in KEYS if k not in present], sorted(present - set(KEYS))
-        why = "; ".join(
-            p
-            for p in (
-                f"missing {', '.join(missing)}" if missing else "",
-                f"unexpected {', '.join(extra)}" if extra else "",
-            )
-            if p
-        )
-        raise InvalidVerdict(
-            f"reply must be an object with exactly the keys {', '.join(KEYS)} ({why or 'not an object'})"
-        )
+        present = set(obj) if isinstance(obj, dict) else None
+        missing = [k for k in KEYS if present is not None and k not in present]
+        extra = sorted(present - set(KEYS)) if present is not None else []
+        parts = [f"missing {', '.join(missing)}"] * bool(missing) + [f"unexpected {', '.join(extra)}"] * bool(extra)
+        why = "; ".join(parts) if present is not None else "not an object"
+        raise InvalidVerdict(f"reply must be an object with exactly the keys {', '.join(KEYS)} ({why})")
     label = obj["label"]
     if label not in LABELS or not isinstance(label, str):
         raise InvalidVerdict(f"label must be one of {', '.join(LABELS)}, not {_short(label)}")

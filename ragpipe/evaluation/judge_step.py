@@ -36,7 +36,7 @@ from typing import Literal
 from ragpipe.evaluation.judge import CitedEvidence, InvalidVerdict, Verdict, answer_digest, judge_request, parse_verdict
 from ragpipe.evaluation.judge_spec import JudgeSpec
 from ragpipe.kernel.models import FrozenModel
-from ragpipe.representations.generate import call_value
+from ragpipe.representations.generate import call_value, check_call_reply
 from ragpipe.work.admission import Budget
 from ragpipe.work.chat import ChatRequest, complete, worst_cost_micros
 from ragpipe.work.entries import JsonEntryStore
@@ -45,7 +45,7 @@ from ragpipe.work.keys import step_key
 from ragpipe.work.leases import KeyLeases
 from ragpipe.work.policy import ExecutionPolicy
 from ragpipe.work.runner import Done, StepReport, run_step
-from ragpipe.work.usage import PriceTable, Usage
+from ragpipe.work.usage import PriceTable
 
 JUDGE_STEP = "judge"
 JUDGE_STEP_VERSION = 1
@@ -186,15 +186,7 @@ def value_check(expected: Mapping[str, JudgeInput]):
         item = expected.get(key)
         if item is None or ChatRequest.model_validate(value["request"]).digest != item.request.digest:
             raise ValueError("holds the reply to another request than its key's")
-        Usage.model_validate(value["usage"])
-        if not isinstance(value["content"], str) or not isinstance(value["response"], dict):
-            raise ValueError("its reply is not a text and a response object")
-        try:
-            message = value["response"]["choices"][0]["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise ValueError("its response is not a chat completion") from None
-        if message != value["content"]:
-            raise ValueError("its reply text is not its response's message")
+        check_call_reply(value)
         try:
             parse_verdict(value["content"], item.n_facts, item.cited_labels)
         except InvalidVerdict as exc:

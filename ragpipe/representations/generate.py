@@ -125,6 +125,21 @@ def call_value(request: ChatRequest, content: str, response: dict, usage: Usage)
     return {"request": request.body(), "content": content, "response": response, "usage": usage.model_dump()}
 
 
+def check_call_reply(value: dict) -> None:
+    """A cached ``call_value``'s reply checked: its usage well-formed, its reply a text and its
+    response a chat completion whose message is that text; ``ValueError`` (pydantic's
+    ``ValidationError`` is one) naming what is wrong."""
+    Usage.model_validate(value["usage"])
+    if not isinstance(value["content"], str) or not isinstance(value["response"], dict):
+        raise ValueError("its reply is not a text and a response object")
+    try:
+        message = value["response"]["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise ValueError("its response is not a chat completion") from None
+    if message != value["content"]:
+        raise ValueError("its reply text is not its response's message")
+
+
 class GenerationStep:
     """The step for one generated kind (``ragpipe.work.runner.Step``): one call per item."""
 
