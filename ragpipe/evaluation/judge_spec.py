@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
-from ragpipe.spec import content_digest_of, read_error_text, read_yaml_file, validation_error_text
+from ragpipe.spec import content_digest_of, endpoint_base, read_error_text, read_yaml_file, validation_error_text
 from ragpipe.work.disclosure import DisclosurePolicy, endpoint_identity
 
 DEFAULT_JUDGE_SPEC = Path(__file__).resolve().parent.parent / "specs" / "judge.yaml"
@@ -61,6 +61,11 @@ class JudgeSpec(FrozenModel):
     contract: Literal["ragpipe.judge/v1"] = JUDGE_CONTRACT
     endpoint: str
     send_scopes: tuple[str, ...]
+
+    @field_validator("api_base")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        return endpoint_base(value, "RAGPIPE_LLM_API_KEY")
 
     @model_validator(mode="after")
     def _derived(self) -> JudgeSpec:
@@ -106,6 +111,10 @@ def judge_spec(data: Mapping, prompt_text: str, disclosure: DisclosurePolicy | N
     fields["prompt_text"] = prompt_text
     fields["prompt_digest"] = content_digest_of(prompt_text)
     if isinstance(model, str) and isinstance(api_base, (str, type(None))):
+        try:
+            api_base = endpoint_base(api_base, "RAGPIPE_LLM_API_KEY")
+        except ValueError:
+            api_base = None  # refused below, by the field's own validation
         fields["endpoint"] = endpoint_identity(model, api_base)
         fields["send_scopes"] = disclosure.identity_part(fields["endpoint"])
     return JudgeSpec.model_validate(fields)

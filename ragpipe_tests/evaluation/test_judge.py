@@ -144,7 +144,10 @@ LONG = "x" * (MAX_REPLY_CHARS + 1)
             reply(explanation="\\ud800").replace("\\\\ud800", "\\ud800"),
             "reply is not valid Unicode text (an unpaired surrogate)",
         ),
-        (reply(explanation="\ud800"), "reply is not valid Unicode text (an unpaired surrogate)"),
+        (
+            json.dumps(verdict(explanation="\ud800"), ensure_ascii=False),
+            "reply is not valid Unicode text (an unpaired surrogate)",
+        ),
         (reply(explanation="x" * 501), "explanation has 501 characters, more than 500"),
         (reply(explanation=None), "explanation must be a string"),
         (

@@ -72,6 +72,9 @@ def test_the_id_covers_the_prompt_text_rubric_model_and_endpoint_but_not_the_pat
     ids = {name: spec.spec_id for name, spec in changed.items()}
     assert len(set(ids.values()) | {base.spec_id}) == len(ids) + 1, ids
     assert changed["endpoint"].endpoint == "http://judge.lan:8000/v1"
+    # one endpoint however its URL is spelt
+    spelt = load_judge_spec(write_spec(tmp_path / "s", SPEC + "api_base: HTTP://Judge.LAN:8000/v1/\n"))
+    assert (spelt.api_base, spelt.spec_id) == ("http://judge.lan:8000/v1", changed["endpoint"].spec_id)
     assert changed["disclosure"].send_scopes == ("public", "staff")
 
 
@@ -139,6 +142,16 @@ def test_a_local_endpoint_may_receive_every_scope_and_a_listed_one_what_it_lists
             "Label answers 0_FAIL, 1_PARTIAL or 2_SUBSTANTIAL.\n",
             "{path}: invalid judge spec: prompt: the rubric must define every label 0_FAIL, 1_PARTIAL, "
             "2_SUBSTANTIAL, 3_AUTHORITATIVE (missing 3_AUTHORITATIVE)",
+        ),
+        (
+            SPEC + "api_base: judge.lan\n",
+            None,
+            "{path}: invalid judge spec: api_base: 'judge.lan' is not an http(s) URL with a host",
+        ),
+        (
+            SPEC + "api_base: https://me:secret@judge.lan/v1\n",
+            None,
+            "{path}: invalid judge spec: api_base: must not carry credentials (set RAGPIPE_LLM_API_KEY)",
         ),
         ("- model\n", None, "{path}: invalid judge spec: (top): a mapping is required"),
         (

@@ -122,6 +122,23 @@ def test_each_fault_is_counted_as_its_kind_and_never_as_a_label(tmp_path, fault,
     assert metrics.mean_label is None and metrics.label_fail_rate is None
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"label": "\ud800"}', "reply is not valid Unicode text (an unpaired surrogate)"),  # escaped on the wire
+        ("x" * 1_000_000, "reply has 1000000 characters, more than 65536"),
+    ],
+)
+def test_a_reply_that_cannot_be_a_verdict_is_invalid_output(tmp_path, content, message):
+    with judging(LLMServer()) as server:
+        server.faults.append("content:" + content)
+        run = judge_answers(spec_for(server), [item()], tmp_path, ONCE, PRICES)
+    (outcome,) = run.outcomes
+    assert (outcome.status, outcome.message, outcome.verdict) == ("invalid_output", message, None)
+    # a reply that is not Unicode text cannot be recorded; a long one is kept as it came
+    assert (outcome.evidence is None) == (len(content) < 100)
+
+
 def test_a_rate_limited_call_is_retried_under_the_policy_and_then_judged(tmp_path):
     with judging(LLMServer()) as server:
         server.faults.append("429:0")
