@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from ragpipe.evaluation.judge import CitedEvidence, InvalidVerdict, Verdict, answer_digest, judge_request, parse_verdict
 from ragpipe.evaluation.judge_spec import JudgeSpec
 from ragpipe.kernel.models import FrozenModel
@@ -56,9 +58,11 @@ FAILURE_STATUSES: tuple[str, ...] = STATUSES[1:]
 
 class JudgeItem(FrozenModel):
     """One answer to judge, as plain values. ``case_digest`` names the case's content (its
-    question and required facts included) as the caller identifies it."""
+    question and required facts included) as the caller identifies it; were it a bare case ID, an
+    edited question or fact list would still not be served a stale verdict (a cached reply must
+    answer exactly the request this run sends)."""
 
-    case_digest: str
+    case_digest: str = Field(min_length=1)
     question: str
     required_facts: tuple[str, ...]
     answer_text: str
