@@ -51,7 +51,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from ragpipe.evaluation.judge_spec import LABELS, JudgeSpec
+from ragpipe.evaluation.judge_spec import LABELS, JudgeSpec, Label
 from ragpipe.kernel.ids import domain_digest
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.kernel.strict_load import StrictLoadError, load_json
@@ -98,7 +98,7 @@ class Claim(FrozenModel):
 class Verdict(FrozenModel):
     """A reply that met the contract (module docstring)."""
 
-    label: str
+    label: Label
     facts: tuple[FactCheck, ...]
     claims: tuple[Claim, ...]
     grounded: bool

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -34,7 +34,8 @@ from ragpipe.work.disclosure import DisclosurePolicy, endpoint_identity
 DEFAULT_JUDGE_SPEC = Path(__file__).resolve().parent.parent / "specs" / "judge.yaml"
 JUDGE_CONTRACT = "ragpipe.judge/v1"
 # The locked rubric: a verdict's label is one of these, in this order (its index is its score).
-LABELS: tuple[str, ...] = ("0_FAIL", "1_PARTIAL", "2_SUBSTANTIAL", "3_AUTHORITATIVE")
+Label = Literal["0_FAIL", "1_PARTIAL", "2_SUBSTANTIAL", "3_AUTHORITATIVE"]
+LABELS: tuple[str, ...] = get_args(Label)
 # Derived from the model, api_base and the disclosure policy: a spec file never writes them.
 DERIVED = ("endpoint", "send_scopes", "prompt_text", "prompt_digest")
 
