@@ -66,6 +66,27 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def endpoint_base(value: str | None, key_variable: str) -> str | None:
+    """An ``api_base`` that enters a spec ID: an http(s) base URL, kept as its endpoint identity
+    (scheme and host lower-cased, no trailing ``/``). Credentials (they belong in ``key_variable``),
+    a query or a fragment would be lost in that form (and a credential has no place in an ID):
+    refused with ``ValueError``."""
+    if value is None:
+        return None
+    parts = urlsplit(value.strip())
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"must not carry credentials (set {key_variable})")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{value!r}: a query or fragment is not part of an endpoint")
+    try:
+        parts.port  # noqa: B018 - raises for a port out of range
+    except ValueError as exc:
+        raise ValueError(f"{value!r}: {exc}") from None
+    return endpoint_identity("", value)
+
+
 class SnapshotSpec(_Spec):
     normalization: Literal["utf8-nfc-lf/v1"] = "utf8-nfc-lf/v1"
     min_text_chars: int = Field(20, ge=1)
@@ -337,23 +358,7 @@ class EmbedderSpec(_Spec):
     @field_validator("api_base")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        """An http(s) base URL, kept as its endpoint identity (scheme and host lower-cased, no
-        trailing ``/``): what the spec ID carries. Credentials, a query or a fragment would be lost
-        in that form (and a credential has no place in an ID): refused."""
-        if value is None:
-            return None
-        parts = urlsplit(value.strip())
-        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not an http(s) URL with a host")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("must not carry credentials (set RAGPIPE_EMBEDDER_API_KEY)")
-        if parts.query or parts.fragment:
-            raise ValueError(f"{value!r}: a query or fragment is not part of an endpoint")
-        try:
-            parts.port  # noqa: B018 - raises for a port out of range
-        except ValueError as exc:
-            raise ValueError(f"{value!r}: {exc}") from None
-        return endpoint_identity("", value)
+        return endpoint_base(value, "RAGPIPE_EMBEDDER_API_KEY")
 
     @model_validator(mode="after")
     def _one_form(self) -> EmbedderSpec:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragpipe.spec import GeneratedKindSpec, GenerationExecution
-from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json
+from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json, worst_cost_micros
 from ragpipe.work.failures import StepFailure
 from ragpipe.work.keys import step_key
 from ragpipe.work.runner import Done
@@ -37,8 +37,6 @@ _INSTRUCTIONS = {
     "each at most {max_chars} characters.",
     "summary": 'Reply with a JSON object {{"summary": "..."}}: one summary of at most {max_chars} characters.',
 }
-# A worst case per message for the budget: a token is at least one byte of text, plus framing.
-_FRAMING_TOKENS = 16
 
 
 class InvalidOutput(ValueError):
@@ -127,6 +125,21 @@ def call_value(request: ChatRequest, content: str, response: dict, usage: Usage)
     return {"request": request.body(), "content": content, "response": response, "usage": usage.model_dump()}
 
 
+def check_call_reply(value: dict) -> None:
+    """A cached ``call_value``'s reply checked: its usage well-formed, its reply a text and its
+    response a chat completion whose message is that text; ``ValueError`` (pydantic's
+    ``ValidationError`` is one) naming what is wrong."""
+    Usage.model_validate(value["usage"])
+    if not isinstance(value["content"], str) or not isinstance(value["response"], dict):
+        raise ValueError("its reply is not a text and a response object")
+    try:
+        message = value["response"]["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise ValueError("its response is not a chat completion") from None
+    if message != value["content"]:
+        raise ValueError("its reply text is not its response's message")
+
+
 class GenerationStep:
     """The step for one generated kind (``ragpipe.work.runner.Step``): one call per item."""
 
@@ -167,8 +180,7 @@ class GenerationStep:
         ``max_tokens`` of output (None when the model has no price)."""
         total = 0
         for item in inputs:
-            tokens_in = sum(len(m.content.encode("utf-8")) + _FRAMING_TOKENS for m in item.request.messages)
-            cost = self.prices.cost_micros(item.request.model, tokens_in, item.request.max_tokens)
+            cost = worst_cost_micros(item.request, self.prices)
             if cost is None:
                 return None
             total += cost

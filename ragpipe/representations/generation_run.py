@@ -30,6 +30,7 @@ from ragpipe.representations.generate import (
     GenerationStep,
     InvalidOutput,
     chat_request,
+    check_call_reply,
     generation_key,
     parse_reply,
 )
@@ -149,15 +150,7 @@ def _value_check(kind: str, kspec):
             raise ValueError("is not a generation (request, content, response, usage)")
         if generation_key(kind, kspec, ChatRequest.model_validate(value["request"])) != key:
             raise ValueError("holds the reply to another request than its key's")
-        Usage.model_validate(value["usage"])
-        if not isinstance(value["content"], str) or not isinstance(value["response"], dict):
-            raise ValueError("its reply is not a text and a response object")
-        try:
-            message = value["response"]["choices"][0]["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise ValueError("its response is not a chat completion") from None
-        if message != value["content"]:
-            raise ValueError("its reply text is not its response's message")
+        check_call_reply(value)
 
     return check
 

@@ -60,16 +60,33 @@ class ChatReply(FrozenModel):
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
-def reply_json(content: str) -> object:
-    """The JSON value of a model's reply (a Markdown code fence around it is allowed);
-    ``ValueError`` ``reply is not JSON (<problem> at column <c>)`` otherwise."""
+def reply_body(content: str) -> str:
+    """The JSON text of a model's reply: stripped, and without one Markdown code fence around it."""
     text = content.strip()
     if m := _FENCE.match(text):
         text = m.group(1)
+    return text
+
+
+def reply_json(content: str) -> object:
+    """The JSON value of a model's reply (a Markdown code fence around it is allowed);
+    ``ValueError`` ``reply is not JSON (<problem> at column <c>)`` otherwise."""
+    text = reply_body(content)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"reply is not JSON ({exc.msg} at column {exc.colno})") from None
+
+
+# A worst case per message for the budget: a token is at least one byte of text, plus framing.
+_FRAMING_TOKENS = 16
+
+
+def worst_cost_micros(request: ChatRequest, prices: PriceTable) -> int | None:
+    """An upper bound on what one call with ``request`` costs: every byte of its messages a token,
+    plus framing per message, and ``max_tokens`` of output (None when the model has no price)."""
+    tokens_in = sum(len(m.content.encode("utf-8")) + _FRAMING_TOKENS for m in request.messages)
+    return prices.cost_micros(request.model, tokens_in, request.max_tokens)
 
 
 def _retry_after(exc: BaseException) -> float | None:

@@ -13,8 +13,9 @@ from pydantic import Field
 
 from ragpipe.kernel.models import FrozenModel
 
-# The typed reasons an attempt fails (``ragpipe.work.failures``).
-FailureKind = Literal["rate_limited", "timeout", "server_error", "invalid_output", "client_error"]
+# The typed reasons an attempt fails (``ragpipe.work.failures``); ``refused``: the model declined
+# (``message.refusal``) or the provider filtered the reply (``finish_reason: content_filter``).
+FailureKind = Literal["rate_limited", "timeout", "server_error", "invalid_output", "client_error", "refused"]
 
 
 class ExecutionPolicy(FrozenModel):

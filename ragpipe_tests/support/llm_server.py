@@ -12,7 +12,17 @@ request takes the next entry of ``server.faults`` if there is one:
 * ``"429:<seconds>"`` — 429 with ``Retry-After: <seconds>``;
 * ``"500"`` — a server error; ``"timeout"`` — no answer until the client gives up;
 * ``"malformed"`` — 200 with a body that is not JSON;
-* ``"partial"`` — 200 whose body stops half-way (the connection closes before ``Content-Length``).
+* ``"partial"`` — 200 whose body stops half-way (the connection closes before ``Content-Length``);
+* ``"content:<text>"`` — 200, a well-formed completion whose message is ``<text>`` (an invalid
+  verdict, wrong keys: whatever reply a test needs, once);
+* ``"refusal"`` — 200, the model declines: ``message.content`` null, ``message.refusal`` set;
+* ``"content_filter"`` — 200, the provider filtered the reply: empty content,
+  ``finish_reason: content_filter``.
+
+``judge_reply(request)`` is a responder for the answer judge (``ragpipe.evaluation.judge``): it
+reads the request's required facts, answer and citations and returns a valid verdict — a fact is
+stated when its words appear in the answer, each answer sentence is a claim supported by every
+cited label, and the label follows the share of facts stated.
 
 Usage is deterministic: ``prompt_tokens`` counts the whitespace-separated words of every message,
 ``completion_tokens`` those of the reply, so a test can compute cost by hand. ``delay`` seconds are
@@ -33,17 +43,52 @@ def words(text: str) -> int:
     return len(text.split())
 
 
-def completion(content: str, request: dict | None = None) -> dict:
+def completion(
+    content: str | None, request: dict | None = None, *, refusal: str | None = None, finish_reason: str = "stop"
+) -> dict:
     prompt = sum(words(str(m.get("content", ""))) for m in (request or {}).get("messages", [])) if request else 1
-    done = words(content) if request else 1
+    done = words(content or refusal or "") if request else 1
+    message: dict = {"role": "assistant", "content": content}
+    if refusal is not None:
+        message["refusal"] = refusal
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
         "created": 0,
         "model": "local-test",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done},
     }
+
+
+def _section(text: str, title: str, following: tuple[str, ...]) -> str:
+    """The lines between ``<title>:`` and the next of ``following`` in a judge request."""
+    start = text.index(f"\n{title}:\n") + len(title) + 3
+    ends = [i for t in following if (i := text.find(f"\n{t}:", start)) >= 0]
+    return text[start : min(ends) if ends else len(text)].strip()
+
+
+def judge_reply(request: dict) -> str:
+    """A valid verdict for a judge request (module docstring)."""
+    text = "\n" + request["messages"][-1]["content"]
+    facts_text = _section(text, "Required facts", ("Answer",))
+    facts = [line.split(". ", 1)[1] for line in facts_text.splitlines() if ". " in line]
+    answer = _section(text, "Answer", ("Citations",))
+    cited = _section(text, "Citations", ("Cited evidence",))
+    labels = [] if cited == "(none)" else cited.split(", ")
+    stated = [all(w.lower() in answer.lower() for w in fact.split()) for fact in facts]
+    share = sum(stated) / len(facts) if facts else 1.0
+    label = "3_AUTHORITATIVE" if share == 1 else "2_SUBSTANTIAL" if share >= 0.5 else "1_PARTIAL" if share else "0_FAIL"
+    sentences = [s.strip() for s in answer.split(". ") if s.strip() and answer != "(empty)"]
+    claims = [{"text": s, "supported_by": labels} for s in sentences]
+    verdict = {
+        "label": label,
+        "facts": [{"index": i + 1, "stated": s} for i, s in enumerate(stated)],
+        "claims": claims,
+        "grounded": all(c["supported_by"] for c in claims),
+        "explanation": f"{sum(stated)} of {len(facts)} required facts stated.",
+    }
+    return json.dumps(verdict)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -63,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
             self.server.bodies.append(body)
             self.server.requests.append(request)
             fault = self.server.faults.popleft() if self.server.faults else None
-        if fault is not None and self._fault(fault):
+        if fault is not None and self._fault(fault, request):
             return
         scenario = self.server.scenario
         if scenario == "timeout":
@@ -88,7 +133,7 @@ class Handler(BaseHTTPRequestHandler):
             self.server.answered += 1
             self.server.answered_changed.notify_all()
 
-    def _fault(self, fault: str) -> bool:
+    def _fault(self, fault: str, request: dict) -> bool:
         """Answer with ``fault``; False for ``"ok"`` (the scenario answers)."""
         if fault.startswith("429:"):
             error = {"error": {"message": "rate limited", "type": "rate_limit_error"}}
@@ -108,6 +153,12 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
             self.close_connection = True
+        elif fault.startswith("content:"):
+            self._send(200, completion(fault.split(":", 1)[1], request))
+        elif fault == "refusal":
+            self._send(200, completion(None, request, refusal="I can't help with judging this."))
+        elif fault == "content_filter":
+            self._send(200, completion("", request, finish_reason="content_filter"))
         elif fault == "ok":
             return False
         else:
