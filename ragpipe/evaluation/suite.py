@@ -63,6 +63,7 @@ SUITE_ID_KIND = "suite"
 SUITE_ID_VERSION = 1
 CASE_ID_KIND = "suite-case"  # one case's digest (``Case.digest``): what a judgment or adjudication names
 CASE_ID_VERSION = 1
+STRATUM_TAG = "stratum:"  # a run tags a case of stratum s ``stratum:s`` (its per-tag slices cover strata)
 # Reasons a case is not evaluated against a bundle (stable codes: reports and gates key on them).
 MISSING_TARGETS = "missing_judged_targets"
 NO_POSITIVE_JUDGMENT = "no_positive_judgment"
@@ -131,6 +132,11 @@ class Case(BaseModel):
     def provisional(self) -> bool:
         """A case no person has adjudicated yet (a model's draft): reports mark it, gates may bound it."""
         return self.review == "provisional"
+
+    def run_tags(self) -> list[str]:
+        """The tags a run slices this case by: its own, and ``stratum:<name>`` for its stratum."""
+        stratum = () if self.stratum is None else (f"{STRATUM_TAG}{self.stratum}",)
+        return sorted(set(self.tags) | set(stratum))
 
     @property
     def digest(self) -> str:
