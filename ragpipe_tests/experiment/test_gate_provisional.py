@@ -13,18 +13,12 @@ from ragpipe.experiment.comparison import compare
 from ragpipe.experiment.decision import decide
 from ragpipe.experiment.gate_policy import PolicyError, load_policy, parse_policy
 from ragpipe.experiment.pairing import pair
-from ragpipe_tests.experiment.test_gate_policy import BASE, GOLDEN_ID
+from ragpipe_tests.experiment.test_gate_policy import BASE, GOLDEN_ID, write
 from ragpipe_tests.support.gate_support import arm, policy_doc
 
 COVERAGE_LINE = "  min_cases: 10\n"
 CASES = {f"c{i:02d}": 0.3 + i / 100 for i in range(20)}
 BETTER = {c: v + 0.1 for c, v in CASES.items()}
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "policy.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def with_bound(line: str) -> str:
