@@ -97,6 +97,7 @@ def suite_validate(
 ) -> None:
     """Check a suite's rules; with a bundle, also which cases it can evaluate (skipped cases are
     listed with their reasons, never scored)."""
+    from ragpipe.evaluation.report import mark_provisional
     from ragpipe.evaluation.suite import check_against_bundle
     from ragpipe.evaluation.suite_load import load_suite
 
@@ -107,6 +108,7 @@ def suite_validate(
             "suite": str(suite),
             "cases": len(loaded.cases),
             "suite_digest": loaded.digest,
+            "provisional": list(loaded.provisional()),
         }
         if bundle is not None or revision is not None:
             from ragpipe.bundle.tables import CHUNKS, DOCUMENTS
@@ -121,11 +123,15 @@ def suite_validate(
             )
             data["bundle_id"] = opened.bundle_id
             data["evaluable"] = sum(s.evaluable for s in statuses)
-            data["skipped"] = [
-                {"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)}
-                for s in statuses
-                if not s.evaluable
-            ]
+            data["skipped"] = mark_provisional(
+                [
+                    {"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)}
+                    for s in statuses
+                    if not s.evaluable
+                ],
+                data["provisional"],
+                "case_id",
+            )
         return data
 
     data = guarded(run)
@@ -133,11 +139,12 @@ def suite_validate(
         emit_json(data)
         return
     out.print(f"valid: {data['cases']} cases, digest {data['suite_digest']}")
+    print_provisional(data["provisional"])
     if "bundle_id" in data:
         out.print(f"against bundle {data['bundle_id']}: {data['evaluable']} evaluable, {len(data['skipped'])} skipped")
         for s in data["skipped"]:
             out.print(
-                f"  skipped {escape(s['case_id'])}: {s['reason']}"
+                f"  skipped {escape(s['case_id'])}{' (provisional)' if s.get('provisional') else ''}: {s['reason']}"
                 + (f" (missing {escape(', '.join(s['missing']))})" if s["missing"] else "")
             )
 
@@ -152,12 +159,19 @@ def parse_cutoffs(values: list[str] | None) -> dict[str, int]:
     return cutoffs
 
 
+def print_provisional(cases: list[str]) -> None:
+    """The suite's provisional cases (not yet adjudicated by a person), when it has any."""
+    if cases:
+        out.print(f"{len(cases)} provisional (not yet adjudicated): " + ", ".join(escape(c) for c in cases))
+
+
 def print_result(data: dict[str, Any]) -> None:
     cells = data["cells"]
     out.print(
         f"[bold]run {data['run_id']}[/] · {data['status']} · {data['evaluated']}/{data['cases']} cases evaluated, "
         f"{len(data['skipped'])} skipped, {cells['failed']} cells failed · {escape(str(data.get('out', '')))}"
     )
+    print_provisional(data["provisional"]["cases"])
     table = Table(title=f"spec {data['spec_id'][:19]}…")
     for col in ("metric", "value", "direction", "unit", "k", "n"):
         table.add_column(col)

@@ -13,6 +13,11 @@ Latency: p50 / p95 by nearest rank over the completed cells' query latencies, wi
 ``answer_usage``: the completed cells' model calls, cached answers, tokens and micros summed
 (``sum_answer_usage``; a sum with any unknown part is unknown, ``null``). Nothing operational that varies between
 rebuilds (paths, time) is in a report; ``eval --json`` adds ``out``.
+
+Provisional cases (suite cases no person has adjudicated yet, listed by ``RunCreated``): the report's
+``provisional`` holds their ``count`` and ``cases``, and every case it lists (a skipped case, a
+failed cell) carries ``"provisional": true`` when it is one; the Markdown marks each
+``(provisional)`` and lists them in a section of their own.
 """
 
 from __future__ import annotations
@@ -104,6 +109,8 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
         elif payload["outcome"] in FAILED_OUTCOMES:
             failed.append({**cell_dict(key), "outcome": payload["outcome"], "error": payload.get("error")})
     per_case = _per_case(state)
+    provisional = sorted(created.get("provisional", ()))
+    failed = mark_provisional(failed, provisional, "case")
     evaluated = sorted(c for c, n in expected_cases.items() if done.get(c) == n)
     tags: dict[str, list[str]] = {}
     for case in evaluated:
@@ -126,7 +133,8 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
             "pending": len(state.missing()),
         },
         "evaluated": len(evaluated),
-        "skipped": created["skipped"],
+        "provisional": {"count": len(provisional), "cases": provisional},
+        "skipped": mark_provisional(created["skipped"], provisional, "case_id"),
         "failed": failed,
         "metrics": _metric_table({c: per_case.get(c, {}) for c in evaluated}, specs),
         "latency_ms": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95), "n": len(latencies)},
@@ -144,6 +152,19 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
     return report
 
 
+def mark_provisional(
+    entries: Sequence[Mapping[str, Any]], provisional: Sequence[str], key: str
+) -> list[dict[str, Any]]:
+    """``entries`` (each naming a case under ``key``), those of a provisional case with
+    ``"provisional": true`` added (the others exactly as they were)."""
+    marked = set(provisional)
+    return [{**e, "provisional": True} if e[key] in marked else dict(e) for e in entries]
+
+
+def _flag(entry: Mapping[str, Any]) -> str:
+    return " (provisional)" if entry.get("provisional") else ""
+
+
 def _fmt(value: object, unit: str = "ratio") -> str:
     if value is None:
         return "—"
@@ -154,14 +175,16 @@ def _fmt(value: object, unit: str = "ratio") -> str:
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The Markdown summary: identities, counts, the metric table, latency, per-tag table,
-    skipped cases and failed cells."""
+    provisional cases (when there are any), skipped cases and failed cells."""
     lines = [f"# Evaluation run {report['run_id']}", ""]
     for key in ("status", "spec_id", "suite_digest", "bundle_id", "plan_id", "mode", "ledger_head"):
         lines.append(f"- {key}: `{report[key]}`")
     cells = report["cells"]
+    provisional = report["provisional"]
     lines += [
         f"- cases: {report['cases']} · evaluated {report['evaluated']} · skipped {len(report['skipped'])} · "
-        f"cells {cells['completed']}/{cells['expected']} completed, {cells['failed']} failed, {cells['pending']} pending",
+        + (f"provisional {provisional['count']} · " if provisional["count"] else "")
+        + f"cells {cells['completed']}/{cells['expected']} completed, {cells['failed']} failed, {cells['pending']} pending",
         "",
         "## Metrics",
         "",
@@ -198,15 +221,19 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             )
     else:
         lines.append("No case has a tag.")
+    if provisional["count"]:  # a suite of adjudicated cases reports as it always did
+        lines += ["", "## Provisional cases", "", "Not yet adjudicated by a person:", ""]
+        lines += [f"- `{case}` (provisional)" for case in provisional["cases"]]
     lines += ["", "## Skipped cases", ""]
     lines += [
-        f"- `{s['case_id']}`: {s['reason']}" + (f" (missing: {', '.join(s['missing'])})" if s["missing"] else "")
+        f"- `{s['case_id']}`{_flag(s)}: {s['reason']}"
+        + (f" (missing: {', '.join(s['missing'])})" if s["missing"] else "")
         for s in report["skipped"]
     ] or ["None."]
     lines += ["", "## Failed cells", ""]
-    lines += [f"- `{f['case']}` repeat {f['repeat']} arm {f['arm']}: {f['error']}" for f in report["failed"]] or [
-        "None."
-    ]
+    lines += [
+        f"- `{f['case']}`{_flag(f)} repeat {f['repeat']} arm {f['arm']}: {f['error']}" for f in report["failed"]
+    ] or ["None."]
     return "\n".join(lines) + "\n"
 
 

@@ -124,7 +124,8 @@ def bundle_binding(manifest: BundleManifest) -> dict[str, Any]:
 
 def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: str | None = None) -> None:
     """Publish the run folder with its inputs and the records RunCreated + InputBound×4 (the
-    three copied inputs, then the bundle)."""
+    three copied inputs, then the bundle). RunCreated lists each case's run tags (``Case.run_tags``)
+    and, when the suite has any, its ``provisional`` cases (reports mark them)."""
     body = spec.body
     statuses = check_against_bundle(spec.suite, retriever.scopes.keys(), retriever.chunks.keys())
     cells = [cell_dict((s.case_id, r, body.arm)) for s in statuses if s.evaluable for r in range(body.repeats)]
@@ -137,7 +138,10 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
         "skipped": [
             {"case_id": s.case_id, "reason": s.reason, "missing": list(s.missing)} for s in statuses if not s.evaluable
         ],
-        "tags": {c.id: list(c.tags) for c in spec.suite.cases if c.tags},
+        # a case's stratum is a tag ``stratum:<name>``, so per-tag slices and regression limits cover it
+        "tags": {c.id: tags for c in spec.suite.cases if (tags := c.run_tags())},
+        # only when the suite has one, so a run of an adjudicated suite records what it always did
+        **({"provisional": list(provisional)} if (provisional := spec.suite.provisional()) else {}),
         # Operational: where to reopen the bundle on resume — relative to the run folder, so a home
         # (its evaluations/ and bundles/) that is copied or moved still finds it.
         "bundle_path": os.path.relpath(Path(spec.bundle_path).resolve(), out.resolve()),

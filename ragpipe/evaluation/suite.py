@@ -3,7 +3,11 @@
 Native format (``*.jsonl``): one JSON object per line, fields ``id``, ``query``, ``target_level``
 (``document`` | ``chunk``), ``judgments`` ``{target_id: grade}`` and optionally ``tags``,
 ``answerability`` (``answerable`` | ``unanswerable``), ``subject`` ``{"scopes": [...]}`` and
-``forbidden_sources`` (document IDs the subject must never see). The rules each case must meet
+``forbidden_sources`` (document IDs the subject must never see), ``split``, ``filter``, and the
+*card* (``expected`` / ``acceptable`` sources, ``required_facts``, ``stratum``, ``quality_label``,
+``provenance``, ``review``; a ``provisional`` case is one no person has adjudicated yet, e.g. a
+model's draft). With ``expected`` or ``acceptable``, ``judgments`` may be left out: those sources
+are graded judgments (2 and 1). The rules each case must meet
 live in ``suite_rules.py``; a broken rule raises ``SuiteError("<file>:<line>: <rule>")`` and no
 suite is returned (nothing partial). Each line is read strictly (``kernel/strict_load.py``): a
 key given twice in a case, at any depth (``judgments.d1: duplicate key (first at column 60)``),
@@ -11,7 +15,9 @@ nesting deeper than 64 levels and ``NaN``/``Infinity`` are refused like any othe
 (``suite_beir.py``).
 
 Canonical form: cases sorted by ID, each as an object carrying every field (defaults explicit,
-tags/scopes/forbidden sources sorted). The suite digest is the content ID (kind ``suite``, v1) of
+tags/scopes/forbidden sources sorted; ``split``, ``filter`` and the card's fields only when set, so
+suites written before them keep their digests). A case's own digest is ``Case.digest`` (kind
+``suite-case``, v1). The suite digest is the content ID (kind ``suite``, v1) of
 the list of canonical cases, so it does not depend on line order, whitespace, key order or
 defaulted fields; ``source`` (where it was read from) is operational and never hashed.
 """
@@ -26,14 +32,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ragpipe.evaluation.suite_rules import SuiteError, check_case
+from ragpipe.evaluation.suite_rules import (
+    ACCEPTABLE_GRADE,
+    DEFAULT_REVIEW,
+    EXPECTED_GRADE,
+    QUALITY_LABELS,
+    SuiteError,
+    check_case,
+)
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.strict_load import StrictLoadError, load_json_line
 
 __all__ = [
+    "ACCEPTABLE_GRADE",
+    "EXPECTED_GRADE",
+    "QUALITY_LABELS",
     "Case",
+    "CaseProvenance",
     "CaseStatus",
     "CaseSubject",
     "Suite",
@@ -44,6 +61,9 @@ __all__ = [
 
 SUITE_ID_KIND = "suite"
 SUITE_ID_VERSION = 1
+CASE_ID_KIND = "suite-case"  # one case's digest (``Case.digest``): what a judgment or adjudication names
+CASE_ID_VERSION = 1
+STRATUM_TAG = "stratum:"  # a run tags a case of stratum s ``stratum:s`` (its per-tag slices cover strata)
 # Reasons a case is not evaluated against a bundle (stable codes: reports and gates key on them).
 MISSING_TARGETS = "missing_judged_targets"
 NO_POSITIVE_JUDGMENT = "no_positive_judgment"
@@ -55,6 +75,19 @@ class CaseSubject(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     scopes: tuple[str, ...]
+
+
+class CaseProvenance(BaseModel):
+    """Who wrote a case: a person, or a model drafting under the spec ``model_spec_id``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    author: Literal["person", "model"]
+    by: str
+    at: str  # RFC 3339 UTC, as written
+    model_spec_id: str | None = None
+
+    def canonical(self) -> dict[str, str]:
+        return self.model_dump(exclude_none=True)
 
 
 class Case(BaseModel):
@@ -73,6 +106,15 @@ class Case(BaseModel):
     split: tuple[str, ...] = ()  # the dataset splits the judgments come from (BEIR import sets it)
     # a metadata filter the case's query runs under (canonical JSON, ``corpus.metadata_filter``)
     filter: dict[str, Any] | None = None
+    # The card (``suite_rules``, "card fields"): ``judgments`` already holds the expected sources
+    # at EXPECTED_GRADE and the acceptable ones at ACCEPTABLE_GRADE.
+    expected: tuple[str, ...] = ()
+    acceptable: tuple[str, ...] = ()
+    required_facts: tuple[str, ...] = ()
+    stratum: str | None = None
+    quality_label: Literal["0_FAIL", "1_PARTIAL", "2_SUBSTANTIAL", "3_AUTHORITATIVE"] | None = None
+    provenance: CaseProvenance | None = None
+    review: Literal["provisional", "adjudicated"] = DEFAULT_REVIEW
 
     @model_validator(mode="before")
     @classmethod
@@ -86,8 +128,24 @@ class Case(BaseModel):
         """Targets with grade >= 1 (trec_eval's relevance level)."""
         return frozenset(t for t, g in self.judgments.items() if g >= RELEVANT_GRADE)
 
+    @property
+    def provisional(self) -> bool:
+        """A case no person has adjudicated yet (a model's draft): reports mark it, gates may bound it."""
+        return self.review == "provisional"
+
+    def run_tags(self) -> list[str]:
+        """The tags a run slices this case by: its own, and ``stratum:<name>`` for its stratum."""
+        stratum = () if self.stratum is None else (f"{STRATUM_TAG}{self.stratum}",)
+        return sorted(set(self.tags) | set(stratum))
+
+    @property
+    def digest(self) -> str:
+        """The content ID of this case's canonical form (kind ``suite-case``, v1)."""
+        return content_id(CASE_ID_KIND, CASE_ID_VERSION, self.canonical())
+
     def canonical(self) -> dict[str, object]:
-        """The case as a plain JSON object with every field explicit (what is hashed and written)."""
+        """The case as a plain JSON object with every field explicit (what is hashed and written);
+        the card's fields only when set, so a suite without cards keeps its digest."""
         return {
             "id": self.id,
             "query": self.query,
@@ -101,13 +159,35 @@ class Case(BaseModel):
             **({"split": list(self.split)} if self.split else {}),
             # likewise: a suite without filters keeps its digest
             **({"filter": self.filter} if self.filter is not None else {}),
+            **self._card(),
         }
+
+    def _card(self) -> dict[str, object]:
+        """The card's set fields. ``review`` is written unless it is the default for its author: a
+        model-authored case must state it (its canonical form parses back), anyone else's
+        ``adjudicated`` is left out."""
+        card: dict[str, object] = {
+            "expected": list(self.expected),
+            "acceptable": list(self.acceptable),
+            "required_facts": list(self.required_facts),
+            "stratum": self.stratum,
+            "quality_label": self.quality_label,
+            "provenance": None if self.provenance is None else self.provenance.canonical(),
+        }
+        out = {k: v for k, v in card.items() if v not in (None, [])}
+        by_model = self.provenance is not None and self.provenance.author == "model"
+        if by_model or self.review != DEFAULT_REVIEW:
+            out["review"] = self.review
+        return out
 
 
 def _plain(data: Any) -> Any:
-    """Accept a CaseSubject inside programmatic input (the rules work on plain JSON values)."""
+    """Accept a CaseSubject or CaseProvenance inside programmatic input (the rules work on plain
+    JSON values)."""
     if isinstance(data, dict) and isinstance(data.get("subject"), CaseSubject):
-        return {**data, "subject": {"scopes": list(data["subject"].scopes)}}
+        data = {**data, "subject": {"scopes": list(data["subject"].scopes)}}
+    if isinstance(data, dict) and isinstance(data.get("provenance"), CaseProvenance):
+        data = {**data, "provenance": data["provenance"].canonical()}
     return data
 
 
@@ -132,6 +212,10 @@ class Suite:
 
     def by_id(self) -> dict[str, Case]:
         return {c.id: c for c in self.cases}
+
+    def provisional(self) -> tuple[str, ...]:
+        """The IDs of the cases no person has adjudicated yet, sorted."""
+        return tuple(c.id for c in self.cases if c.provisional)
 
     def cases_of_split(self, split: str) -> tuple[Case, ...]:
         """The cases whose judgments come (also) from ``split``."""

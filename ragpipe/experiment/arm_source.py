@@ -16,7 +16,10 @@ cell terminal). It then reads only the verified ledger state:
   ``answer_usage`` when the run generated answers;
 * ``build`` from the ``bundle`` InputBound record (``runner.bundle_binding``: material digest,
   vectors, payload bytes), already checked by ``verify_run`` against the spec's bundle; ``None``
-  for a run made before runs recorded it.
+  for a run made before runs recorded it;
+* ``provisional`` from the bound suite (its cases no person has adjudicated yet): the suite copy
+  verified against its digest, not ``RunCreated``'s list, which must agree with it (a run whose
+  record says otherwise is refused, naming both).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 from ragpipe.evaluation.eval_spec import SpecBody
 from ragpipe.evaluation.ledger import LEDGER, read_ledger
-from ragpipe.evaluation.run_folder import BUNDLE_INPUT, verify_run
+from ragpipe.evaluation.run_folder import BUNDLE_INPUT, load_inputs, verify_run
 from ragpipe.experiment.arms import ArmRun, BuildCost, CellOutcome, Coordinates, MetricDecl, Variant
 
 
@@ -86,6 +89,7 @@ def load_arm(run: Path) -> ArmRun:
     try:
         state = verify_run(run)
         records = read_ledger(run).records
+        provisional = load_inputs(run, records, state).suite.provisional()
     except ValueError as exc:  # LedgerError, RunError, TraceError: each names the file and record
         raise ArmSourceError(str(exc)) from None
     if state.status != "completed":
@@ -94,6 +98,12 @@ def load_arm(run: Path) -> ArmRun:
         )
     if len(records) != state.events:
         raise ArmSourceError(f"{run / LEDGER}: the ledger changed while it was read")
+    recorded = tuple(sorted(state.created.get("provisional", ())))
+    if recorded != provisional:
+        raise ArmSourceError(
+            f"{run / LEDGER}: record 1: RunCreated lists provisional cases {list(recorded)}, "
+            f"the bound suite {list(provisional)}"
+        )
     body = SpecBody.model_validate(state.created["spec"])
     wrong_arm = next((k for k in state.expected if k[2] != body.arm), None)
     if wrong_arm is not None:
@@ -114,4 +124,5 @@ def load_arm(run: Path) -> ArmRun:
         },
         tags={case: tuple(tags) for case, tags in state.created.get("tags", {}).items()},
         build=_build(state.inputs.get(BUNDLE_INPUT)),
+        provisional=provisional,
     )

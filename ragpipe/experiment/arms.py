@@ -14,6 +14,8 @@
   and query latency (execution data: read by the cost phase, never part of an identity);
 * ``build``: the build-cost figures of the evaluated bundle (``BuildCost``), when the run
   recorded them (runs made before they were recorded have none);
+* ``provisional``: the suite's cases no person has adjudicated yet (a model's drafts), which a
+  gate may bound (``coverage.max_provisional_cases``);
 * each completed cell's ``answer_usage`` when the run generates answers (model calls, tokens,
   micros; ``ragpipe.answer.results.AnswerUsage``), which ``summarize`` turns into per-case
   figures (``AnswerCost``) for the cost phase.
@@ -140,6 +142,7 @@ class ArmRun(FrozenModel):
     missing: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # skipped case -> judged targets it lacks
     tags: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     build: BuildCost | None = None
+    provisional: tuple[str, ...] = ()  # the suite's cases not yet adjudicated by a person, sorted
 
     def cases(self) -> set[str]:
         """The cases the run evaluates (those with an expected cell)."""
@@ -178,6 +181,7 @@ class ArmSummary(FrozenModel):
     latency_n: int
     build: BuildCost | None = None  # None: the run recorded no build figures
     answer_cost: AnswerCost | None = None  # None: the run generates no answers
+    provisional: int = Field(0, ge=0)  # the suite's provisional cases (``ArmRun.provisional``)
 
     @property
     def failed_cells(self) -> int:
@@ -185,13 +189,16 @@ class ArmSummary(FrozenModel):
 
     @model_serializer(mode="wrap")
     def _without_absent_figures(self, handler):
-        """No ``build`` / ``answer_cost`` key when there are no such figures, so a comparison of
-        runs made before they were recorded keeps the content (and ID) it was written with."""
+        """No ``build`` / ``answer_cost`` key when there are no such figures, and no
+        ``provisional`` key when there is no provisional case, so a comparison of runs made before
+        they were recorded keeps the content (and ID) it was written with."""
         data = handler(self)
         if isinstance(data, dict):
             for key in ("build", "answer_cost"):
                 if data.get(key, 0) is None:
                     data.pop(key)
+            if data.get("provisional") == 0:
+                data.pop("provisional")
         return data
 
 
@@ -278,4 +285,5 @@ def summarize(arm: ArmRun) -> ArmSummary:
         latency_n=len(latencies),
         build=arm.build,
         answer_cost=answer_cost(arm, evaluated),
+        provisional=len(arm.provisional),
     )

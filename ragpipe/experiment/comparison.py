@@ -158,6 +158,7 @@ def new_coverage_summary(pairing: Pairing) -> ArmSummary | None:
         update={
             "expected": tuple(k for k in arm.expected if k[0] in new),
             "cells": tuple(c for c in arm.cells if c.case_id in new),
+            "provisional": tuple(c for c in arm.provisional if c in new),
         }
     )
     return summarize(only)

@@ -18,6 +18,11 @@ without a value fail as always, and their reasons say why there is no value (``n
 case: all 12 suite cases judge documents this revision lacks``, see ``no_evaluable_case``)
 instead of only that there is none. The outcome is the same; only the reasons are more precise.
 
+The coverage phase ends with ``provisional_cases`` when the policy sets
+``coverage.max_provisional_cases``: the suite's cases no person has adjudicated yet (a model's
+drafts, ``ArmSummary.provisional``) must not exceed the bound; its reason names the count and the
+bound. Both arms of a comparison ran one suite, so the challenger's count is the suite's.
+
 The cost phase checks, in this order: p95 latency (relative, absolute), then the build cost of
 the arm's bundle (``arms.BuildCost``, recorded by the run when it bound the bundle): vectors
 (relative, absolute), then payload bytes (relative, absolute), then — for runs that generate
@@ -269,6 +274,23 @@ def _failed_rates(policy: GatePolicy, arms: dict[str, ArmSummary], gap: str | No
     ]
 
 
+def _provisional(policy: GatePolicy, summary: ArmSummary) -> list[Check]:
+    """The suite's provisional cases (not yet adjudicated by a person) <= ``max_provisional_cases``,
+    when the policy bounds them; the reason names the count and the bound."""
+    bound = policy.coverage.max_provisional_cases
+    if bound is None:
+        return []
+    got = check("coverage", "provisional_cases", float(summary.provisional), "<=", float(bound))
+    if got.verdict != "fail":
+        return [got]
+    cases = "case" if summary.provisional == 1 else "cases"
+    why = (
+        f"the suite holds {summary.provisional} provisional {cases}, not yet adjudicated by a person; "
+        f"max_provisional_cases is {bound}"
+    )
+    return [got.model_copy(update={"reason": f"{got.reason} ({why})"})]
+
+
 def _floor_op(metric: str) -> Op:
     return ">=" if known_metric(metric).direction == "higher" else "<="  # type: ignore[union-attr]
 
@@ -358,6 +380,7 @@ def _paired(policy: GatePolicy, c: Comparison, gap: str | None = None, change: C
             metric=policy.target.metric,
         )
     )
+    checks += _provisional(policy, c.challenger)  # both arms ran one suite (equal coordinates)
     checks += _target(policy, c, change, gap)
     limits = [(ALL, policy.regression.overall)] + [
         (f"tag:{tag}", lim) for tag, lim in sorted(policy.regression.tags.items())
@@ -504,6 +527,7 @@ def _bootstrap(policy: GatePolicy, arm: ArmRun) -> list[Check]:
     checks.append(
         check("coverage", "evaluated_cases", float(summary.evaluated_cases), ">=", float(policy.coverage.min_cases))
     )
+    checks += _provisional(policy, summary)
     checks += _floors("floor", summary, policy.bootstrap_floors, gap or "no evaluated case carries it")
     return checks + _cost(policy, summary, None, gap)
 

@@ -8,7 +8,8 @@ aggregates: safety and contract floors), ``coverage`` (failed-cell rate per arm,
 are the absolute bounds that replace the relative target when there is no incumbent. ``refresh``
 (optional) holds the non-inferiority ``margin`` that replaces the target's improvement checks for
 a refresh (``ragpipe.experiment.change``); ``coverage`` may bound lost coverage
-(``max_lost_rate``) and set the floors of new coverage (``new_coverage_floors``).
+(``max_lost_rate``), set the floors of new coverage (``new_coverage_floors``) and bound the suite's
+provisional cases, those no person has adjudicated yet (``max_provisional_cases``; 0: none).
 
 Refused at load, with ``<file>:<line>: <key path>: <rule>``: YAML errors, duplicate keys,
 nesting deeper than 64 levels, YAML aliases (``kernel/strict_load.py``),
@@ -18,8 +19,8 @@ outside the metric's range, an unreachable improvement, no bootstrap floor for t
 build-cost ratio below 1). The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds
 are stored as floats so ``0`` and ``0.0`` give one ID, and mapping order never changes it. A
 build-cost bound that is left out or ``null`` is not in the ID at all, nor are ``refresh``,
-``max_lost_rate`` and ``new_coverage_floors`` at their defaults, so a policy written before those
-fields existed keeps its ID.
+``max_lost_rate``, ``new_coverage_floors`` and ``max_provisional_cases`` at their defaults, so a
+policy written before those fields existed keeps its ID.
 """
 
 from __future__ import annotations
@@ -59,13 +60,16 @@ DEFAULT_MARGIN = 0.01
 class CoveragePolicy(FrozenModel):
     """``max_lost_rate``: cases only the incumbent could evaluate (their judged documents left the
     corpus) over paired cases; ``new_coverage_floors``: the absolute floors on the cases only the
-    challenger can evaluate (None: the bootstrap floors). Both at their defaults are left out of
-    the dump (hence the ID): a policy written before they existed keeps its ID."""
+    challenger can evaluate (None: the bootstrap floors); ``max_provisional_cases``: the most
+    suite cases not yet adjudicated by a person (None: no bound; 0: the suite must hold none).
+    Each at its default is left out of the dump (hence the ID): a policy written before they
+    existed keeps its ID."""
 
     max_failed_rate: float
     min_cases: int
     max_lost_rate: float = DEFAULT_MAX_LOST_RATE
     new_coverage_floors: dict[str, float] | None = None
+    max_provisional_cases: int | None = None
 
     @model_serializer(mode="wrap")
     def _without_defaults(self, handler):
@@ -73,8 +77,9 @@ class CoveragePolicy(FrozenModel):
         if isinstance(data, dict):
             if data.get("max_lost_rate") == DEFAULT_MAX_LOST_RATE:
                 del data["max_lost_rate"]
-            if data.get("new_coverage_floors", 0) is None:
-                del data["new_coverage_floors"]
+            for key in ("new_coverage_floors", "max_provisional_cases"):
+                if data.get(key, 0) is None:
+                    del data[key]
         return data
 
 
@@ -265,7 +270,7 @@ def _hard(r: _Reader, raw: Any) -> dict[str, HardBound]:
     return out
 
 
-COVERAGE_KEYS = ("max_failed_rate", "min_cases", "max_lost_rate", "new_coverage_floors")
+COVERAGE_KEYS = ("max_failed_rate", "min_cases", "max_lost_rate", "new_coverage_floors", "max_provisional_cases")
 
 
 def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
@@ -274,6 +279,13 @@ def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
     if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
         raise r.fail("coverage.min_cases", f"must be an integer >= 1, got {cases!r}")
     floors = spec.get("new_coverage_floors")
+    provisional = spec.get("max_provisional_cases")
+    if provisional is not None and (
+        isinstance(provisional, bool) or not isinstance(provisional, int) or provisional < 0
+    ):
+        raise r.fail(
+            "coverage.max_provisional_cases", f"must be an integer >= 0 (a count of cases), got {provisional!r}"
+        )
     return CoveragePolicy(
         max_failed_rate=r.number(spec["max_failed_rate"], "coverage.max_failed_rate", 0.0, 1.0),
         min_cases=cases,
@@ -284,6 +296,7 @@ def _coverage(r: _Reader, raw: Any) -> CoveragePolicy:
             name: r.in_range(name, value, f"coverage.new_coverage_floors.{name}")
             for name, value in r.mapping(floors, "coverage.new_coverage_floors").items()
         },
+        max_provisional_cases=provisional,
     )
 
 

@@ -29,6 +29,7 @@ RESULT_KEYS = {
     "status",
     "cells",
     "tags",
+    "provisional",
 }
 METRICS = [
     "ndcg@10",
@@ -77,6 +78,7 @@ def test_eval_json_object(cli_run):
     )
     assert set(data["latency_ms"]) == {"p50", "p95", "n"} and data["latency_ms"]["n"] == EVALUABLE
     assert data["skipped"][0] == {"case_id": "1", "reason": "missing_judged_targets", "missing": ["31715818"]}
+    assert data["provisional"] == {"count": 0, "cases": []}
 
 
 def test_report_is_rebuilt_byte_identically(cli_run):
@@ -250,3 +252,28 @@ def test_a_suite_with_no_evaluable_case_exits_1_and_creates_no_run(cli_run, tmp_
         f"error: {suite}: no evaluable case against bundle {bundle_id}: all 2 suite cases judge documents this revision lacks"
     )
     assert not out.exists()
+
+
+def test_suite_validate_lists_provisional_cases(tmp_path):
+    """A model's draft not yet adjudicated is counted and named, in text and in JSON."""
+    target = tmp_path / "suite.jsonl"
+    draft = {
+        "id": "draft-2",
+        "query": "what is y?",
+        "target_level": "document",
+        "expected": ["d2"],
+        "provenance": {
+            "author": "model",
+            "by": "m",
+            "model_spec_id": "sha256:" + "5" * 64,
+            "at": "2026-12-07T21:08:01Z",
+        },
+        "review": "provisional",
+    }
+    person = {"id": "q1", "query": "what is x?", "target_level": "document", "judgments": {"d1": 1}}
+    target.write_text(json.dumps(person) + "\n" + json.dumps(draft) + "\n", encoding="utf-8")
+    done = cli("suite", "validate", str(target), "--json", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["provisional"] == ["draft-2"]
+    done = cli("suite", "validate", str(target), home=tmp_path)
+    assert done.stdout.splitlines()[-1] == "1 provisional (not yet adjudicated): draft-2"

@@ -23,9 +23,10 @@ def test_percentile_is_nearest_rank():
     assert (percentile([3.0, 1.0, 2.0, 4.0], 0.5), percentile([3.0, 1.0, 2.0, 4.0], 0.95)) == (2.0, 4.0)
 
 
-def _run(tmp_path):
+def _run(tmp_path, **created):
     """A hand-built run: case a (tag t, 2 repeats completed), case b (tags t, u; its cell failed),
-    case c pending, case d skipped; the traces are written for real."""
+    case c pending, case d skipped; the traces are written for real. ``created``: more RunCreated
+    fields."""
     specs = [m.model_dump(mode="json") for m in metric_specs({"ndcg": 10})[:1] + metric_specs()[-1:]]
     cells = [("a", 0, "a"), ("a", 1, "a"), ("b", 0, "a"), ("c", 0, "a")]
     spec = {
@@ -49,6 +50,7 @@ def _run(tmp_path):
             "cells": [cell_dict(c) for c in cells],
             "skipped": [{"case_id": "d", "reason": "missing_judged_targets", "missing": ["z"]}],
             "tags": {"a": ["t"], "b": ["t", "u"]},
+            **created,
         },
     )
     for i, (key, ndcg, latency) in enumerate([(cells[0], 0.5, 10.0), (cells[1], 0.25, 30.0)], start=1):
@@ -72,6 +74,7 @@ def test_report_aggregates_repeats_tags_failures_and_pending(tmp_path):
     report = build_report(run, ledger.records, ledger.state)
     assert report["cells"] == {"expected": 4, "completed": 2, "failed": 1, "pending": 1}
     assert (report["status"], report["evaluated"], report["cases"]) == ("running", 1, 5)
+    assert report["provisional"] == {"count": 0, "cases": []}  # and the Markdown says nothing of it
     assert report["metrics"]["ndcg@10"] == {"value": 0.375, "direction": "higher", "unit": "ratio", "k": 10, "n": 1}
     assert report["metrics"]["unauthorized_disclosures"] == {
         "value": 1.0,
@@ -137,3 +140,38 @@ def test_report_refuses_a_tampered_trace(tmp_path):
         match=r"ledger.jsonl: record 5: trace .*cells-000002.parquet does not match the digest in the ledger$",
     ):
         build_report(run, ledger.records, ledger.state)
+
+
+def test_report_marks_provisional_cases_wherever_it_lists_cases(tmp_path):
+    """Cases no person has adjudicated (RunCreated lists them): counted, listed, and marked in
+    the skipped and failed lists; a report without any stays as it was (test above)."""
+    run, ledger = _run(tmp_path, provisional=["b", "c", "d"])
+    report = build_report(run, ledger.records, ledger.state)
+    assert report["provisional"] == {"count": 3, "cases": ["b", "c", "d"]}
+    assert report["skipped"] == [
+        {"case_id": "d", "reason": "missing_judged_targets", "missing": ["z"], "provisional": True}
+    ]
+    assert report["failed"] == [
+        {"case": "b", "repeat": 0, "arm": "a", "outcome": "failure", "error": "QueryError: boom", "provisional": True}
+    ]
+    md = render_markdown(report)
+    assert "- cases: 5 · evaluated 1 · skipped 1 · provisional 3 · cells 2/4 completed, 1 failed, 1 pending\n" in md
+    assert md.endswith(
+        """## Provisional cases
+
+Not yet adjudicated by a person:
+
+- `b` (provisional)
+- `c` (provisional)
+- `d` (provisional)
+
+## Skipped cases
+
+- `d` (provisional): missing_judged_targets (missing: z)
+
+## Failed cells
+
+- `b` (provisional) repeat 0 arm a: QueryError: boom
+"""
+    )
+    assert json.loads(report_bytes(report)[0]) == report

@@ -59,7 +59,8 @@ MALFORMED = [
     (
         line(extra=1) + "\n",
         1,
-        "unknown field 'extra' (allowed: id, query, target_level, judgments, tags, answerability, subject, forbidden_sources, split, filter)",
+        "unknown field 'extra' (allowed: id, query, target_level, judgments, tags, answerability, subject, forbidden_sources, "
+        "split, filter, expected, acceptable, required_facts, stratum, quality_label, provenance, review)",
     ),
     (line(query=DROP) + "\n", 1, "missing required field 'query'"),
     (line(id=7) + "\n", 1, "'id' must be a string, got number"),

@@ -40,9 +40,11 @@ def arm(
     recall: Callable[[str, float], float] | None = None,
     skipped: Mapping[str, str] | None = None,
     coords: Coordinates | None = None,
+    provisional: tuple[str, ...] = (),
 ) -> ArmRun:
     """An arm whose case ``c`` scores ``values[c]`` nDCG@10 on every repeat (recall = ``recall(c, v)``,
-    default ``v``), no disclosure unless ``disclosures[c]``; ``failed[(c, r)]`` fails that cell."""
+    default ``v``), no disclosure unless ``disclosures[c]``; ``failed[(c, r)]`` fails that cell;
+    ``provisional``: the suite's cases not yet adjudicated."""
     cells = []
     for case, value in sorted(values.items()):
         for r in range(repeats):
@@ -73,6 +75,7 @@ def arm(
         cells=tuple(cells),
         skipped=dict(skipped or {}),
         tags={c: t for c, t in (tags or {}).items()},
+        provisional=provisional,
     )
 
 
