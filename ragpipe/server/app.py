@@ -53,7 +53,7 @@ from ragpipe.server.metrics import ServerMetrics
 from ragpipe.server.proxies import ForwardedClient
 from ragpipe.server.ratelimit import RateLimiter
 from ragpipe.server.redact import PathRedactor
-from ragpipe.server.tracing import TRACE, TraceLog, new_trace_id, trace_payload
+from ragpipe.server.tracing import TraceLog, new_trace_id, record_answer
 
 access_log = logging.getLogger("ragpipe.access")
 log = logging.getLogger("ragpipe.server")
@@ -225,19 +225,7 @@ def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Requ
         )
         data = {**result.as_dict(), "release_id": in_service.release_id, "trace_id": request.state.trace_id}
         request.state.hits = len(data.get("evidence", []))  # type: ignore[arg-type]
-        if service.config.tracing.enabled:
-            target, release_id = service.follower.target, in_service.release_id
-            payload = trace_payload(
-                service.config.tracing,
-                trace_id=request.state.trace_id,
-                target=target,
-                release_id=release_id,
-                answer=data,
-                subject=caller.subject.principal,
-                key_id=caller.key_id,
-                question=body.question,
-            )
-            service.traces.append(target, release_id, TRACE, payload)
+        record_answer(service.traces, service.config.tracing, service.follower.target, data, caller, body.question)
         return data
 
     return service.compute(request.state, work)

@@ -40,11 +40,6 @@ def send_feedback(
     release ``served`` now is looked in first); the response body, or an ``ApiError``."""
     if not config.tracing.enabled:
         raise ApiError(409, "tracing_disabled", "tracing is not enabled on this server: no trace can be found")
-    if body.note is not None:
-        try:
-            body.note.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ApiError(422, "invalid_request", "note: not valid Unicode text (lone surrogate)", "note") from None
     entry = find_trace(traces.home, target, body.trace_id, first=served)
     if entry is None:
         raise ApiError(404, "trace_not_found", f"no trace {body.trace_id} on target {target}", "trace_id")

@@ -45,6 +45,7 @@ from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, read_ledg
 from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.release.history import now_iso
+from ragpipe.server.auth import Caller
 from ragpipe.server.config import Tracing
 
 TRACE_DOMAIN = Domain("serve-trace-record", 1)
@@ -79,18 +80,11 @@ def nfc_strings(value: Any) -> Any:
 
 
 def trace_payload(
-    policy: Tracing,
-    *,
-    trace_id: str,
-    target: str,
-    release_id: str,
-    answer: dict[str, Any],
-    subject: str,
-    key_id: str | None,
-    question: str,
+    policy: Tracing, target: str, answer: dict[str, Any], subject: str, key_id: str | None, question: str
 ) -> dict[str, Any]:
-    """The ``trace`` record of one answer (``answer``: the ``/v1/answer`` body): the fixed fields,
-    exactly the fields ``policy.keep`` names, and the question only with ``keep_query_text``."""
+    """The ``trace`` record of one answer (``answer``: the ``/v1/answer`` body, with its
+    ``trace_id`` and ``release_id``): the fixed fields, exactly the fields ``policy.keep`` names,
+    and the question only with ``keep_query_text``."""
     available = {
         "subject": subject,
         "key_id": key_id,
@@ -100,7 +94,7 @@ def trace_payload(
         "abstained": answer.get("abstained"),
         "citations": answer.get("citations", []),
     }
-    payload = {"trace_id": trace_id, "at": now_iso(), "target": target, "release_id": release_id}
+    payload = {"trace_id": answer["trace_id"], "at": now_iso(), "target": target, "release_id": answer["release_id"]}
     payload |= {name: available[name] for name in policy.keep}
     if policy.keep_query_text:
         payload["query"] = question
@@ -145,6 +139,16 @@ class TraceLog:
             for ledger, _ in self._open.values():
                 ledger.close()
             self._open.clear()
+
+
+def record_answer(
+    traces: TraceLog, policy: Tracing, target: str, answer: dict[str, Any], caller: Caller, question: str
+) -> None:
+    """Append the trace of ``answer`` (a ``/v1/answer`` body) to its release's log, when
+    ``policy`` enables tracing; nothing otherwise."""
+    if policy.enabled:
+        payload = trace_payload(policy, target, answer, caller.subject.principal, caller.key_id, question)
+        traces.append(target, answer["release_id"], TRACE, payload)
 
 
 class TraceEntry(FrozenModel):

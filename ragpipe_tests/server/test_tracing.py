@@ -18,11 +18,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ledger import encode, read_ledger
 from ragpipe.release.activation import activate
 from ragpipe.server.app import app_from
-from ragpipe.server.config import TRACE_FIELDS, KeyEntry
+from ragpipe.server.config import TRACE_FIELDS, KeyEntry, Tracing
 from ragpipe.server.keys import new_key
 from ragpipe.server.tracing import (
     TRACE_DOMAIN,
@@ -32,6 +35,7 @@ from ragpipe.server.tracing import (
     log_path,
     new_trace_id,
     read_log,
+    trace_payload,
     traces_with_feedback,
 )
 from ragpipe_tests.server.conftest import Serving, config_for
@@ -171,6 +175,11 @@ def test_feedback_by_the_asking_key_or_a_reviewer_only(serving: Serving):
             "note": feedback(base, serving, "alice", {"trace_id": trace_id, "verdict": "up", "note": "x" * 2001}),
             "trace_id": feedback(base, serving, "alice", {"trace_id": "../../etc", "verdict": "up"}),
         }
+        surrogate = httpx.post(
+            f"{base}/v1/feedback",
+            content=b'{"trace_id": "%s", "verdict": "up", "note": "\\ud800"}' % trace_id.encode(),
+            headers={**bearer(serving, "alice"), "Content-Type": "application/json"},
+        )
     release = serving.releases["a1"]
     assert own.status_code == 200 and own.json() == {
         "trace_id": trace_id,
@@ -192,6 +201,11 @@ def test_feedback_by_the_asking_key_or_a_reviewer_only(serving: Serving):
     for field, r in bad.items():
         assert r.status_code == 422 and (r.json()["code"], r.json()["field"]) == ("invalid_request", field), r.text
         assert r.json()["message"].startswith(f"{field}: ")
+    assert surrogate.status_code == 422 and surrogate.json() == {
+        "code": "invalid_request",
+        "message": "note: Input should be a valid string, unable to parse raw data as a unicode string",
+        "field": "note",
+    }
     [entry] = traces_with_feedback(serving.ws.home, "staging", verdict="disputed")
     assert entry.trace["trace_id"] == trace_id and entry.release_id == release
     assert [{k: v for k, v in f.items() if k != "at"} for f in entry.feedback] == [
@@ -297,3 +311,24 @@ def test_a_writer_killed_mid_append_leaves_a_log_the_next_writer_continues(
     assert [rec.payload["trace_id"] for rec in read.records] == [*survivors, "after"]
     assert read.dropped_bytes == 0 and path.read_bytes() == b"".join(encode(rec) for rec in read.records)
     assert os.stat(path).st_size == len(path.read_bytes())
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    keep=st.lists(st.sampled_from(TRACE_FIELDS), unique=True),
+    keep_query_text=st.booleans(),
+    question=st.text(max_size=20),
+    text=st.text(max_size=20),
+)
+def test_law_a_trace_holds_exactly_the_policy_fields_in_canonical_form(
+    keep: list[str], keep_query_text: bool, question: str, text: str
+):
+    """For any policy and any texts (NFC or not): the record's keys are the fixed ones, exactly
+    ``keep``, and ``query`` only with ``keep_query_text``; it always encodes canonically (texts are
+    kept in NFC), and the question appears nowhere unless kept."""
+    policy = Tracing(enabled=True, keep=tuple(keep), keep_query_text=keep_query_text)
+    body = {"answer": text, "abstained": False, "citations": [], "certificate_id": "c", "context_digest": "d"}
+    body |= {"trace_id": new_trace_id(), "release_id": RELEASE}
+    payload = trace_payload(policy, "staging", body, text, "alice", MARKER + question)
+    assert set(payload) == FIXED | set(keep) | ({"query"} if keep_query_text else set())
+    assert (MARKER.encode() in canonical_bytes(payload)) is keep_query_text
