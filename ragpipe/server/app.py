@@ -267,6 +267,7 @@ def create_app(
                 yield
         finally:
             follower.stop()
+            service.traces.close()
 
     app = FastAPI(
         title="ragpipe",
