@@ -3,7 +3,8 @@
 | route | what |
 |---|---|
 | ``POST /v1/query``  | ``{"query", "k", "mode", "trace"}`` → the body of ``ragpipe query --json`` + ``release_id`` |
-| ``POST /v1/answer`` | ``{"question", "mode"}`` → the body of ``ragpipe answer --json`` + ``release_id`` |
+| ``POST /v1/answer`` | ``{"question", "mode"}`` → the body of ``ragpipe answer --json`` + ``release_id``, ``trace_id`` |
+| ``POST /v1/feedback`` | ``{"trace_id", "verdict", "note"}`` → a verdict on a traced answer (``ragpipe.server.feedback``) |
 | ``GET /v1/release`` | the release served (ID, target, generation, since when, bundle, plan) and the last refusal |
 | ``GET /v1/tools``   | ``knowledge_search`` as an OpenAI-style function schema (``ragpipe.server.knowledge``) |
 | ``/mcp``            | the same tool over MCP, streamable HTTP (``ragpipe.server.mcp_tool``), same keys |
@@ -44,6 +45,7 @@ from ragpipe.server.auth import Caller, KeyRing
 from ragpipe.server.bodies import BodyLimit
 from ragpipe.server.config import ServeConfig
 from ragpipe.server.errors import ApiError, error_body, validation_error
+from ragpipe.server.feedback import FeedbackRequest, send_feedback
 from ragpipe.server.follower import InService, NotReady, ReleaseFollower
 from ragpipe.server.knowledge import openai_tools
 from ragpipe.server.mcp_tool import KeyGuard, build_mcp, mcp_app
@@ -51,12 +53,14 @@ from ragpipe.server.metrics import ServerMetrics
 from ragpipe.server.proxies import ForwardedClient
 from ragpipe.server.ratelimit import RateLimiter
 from ragpipe.server.redact import PathRedactor
+from ragpipe.server.tracing import TraceLog, new_trace_id, record_answer
 
 access_log = logging.getLogger("ragpipe.access")
 log = logging.getLogger("ragpipe.server")
 ROUTES = (
     "/v1/query",
     "/v1/answer",
+    "/v1/feedback",
     "/v1/release",
     "/v1/tools",
     "/healthz",
@@ -66,6 +70,7 @@ ROUTES = (
     "/docs",
 )
 RELEASE_HEADER = "X-Release-Id"
+TRACE_HEADER = "X-Trace-Id"  # every /v1/answer response's trace ID (ragpipe.server.tracing)
 
 
 FILTER_DESCRIPTION = (
@@ -108,6 +113,7 @@ class Service:
         self.limiter = RateLimiter(config.limits.requests_per_minute)
         self.slots = threading.BoundedSemaphore(config.limits.max_concurrent)
         self.redact = PathRedactor(ws.home)  # every message built from an exception or a refusal passes here
+        self.traces = TraceLog(ws.home)  # appends only with config.tracing.enabled
 
     def limit(self, rate_key: str) -> None:
         """429 ``rate_limited`` once ``rate_key`` has used up its requests of the last minute."""
@@ -217,9 +223,10 @@ def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Requ
         result = answer(
             in_service.retriever, body.question, caller.subject, generator=generator, mode=body.mode, filter=body.filter
         )
-        data = result.as_dict()
+        data = {**result.as_dict(), "release_id": in_service.release_id, "trace_id": request.state.trace_id}
         request.state.hits = len(data.get("evidence", []))  # type: ignore[arg-type]
-        return {**data, "release_id": in_service.release_id}
+        record_answer(service.traces, service.config.tracing, service.follower.target, data, caller, body.question)
+        return data
 
     return service.compute(request.state, work)
 
@@ -260,6 +267,7 @@ def create_app(
                 yield
         finally:
             follower.stop()
+            service.traces.close()
 
     app = FastAPI(
         title="ragpipe",
@@ -301,7 +309,14 @@ def create_app(
     @app.post("/v1/answer", response_model=None)
     def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> JSONResponse:
         """A grounded answer with citations, or an abstention, from the release served now."""
+        request.state.trace_id = new_trace_id()  # in the body, X-Trace-Id and the access line
         return _answered(service, lambda: _answer(service, body, caller, request), "question")
+
+    @app.post("/v1/feedback", response_model=None)
+    def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
+        """A verdict (up, down, disputed) on a traced answer, by the key that asked or a reviewer."""
+        served = follower.current_release_id
+        return JSONResponse(send_feedback(config, service.traces, follower.target, served, body, caller))
 
     # The light routes are coroutines: they never wait behind queries for a worker thread.
     @app.get("/v1/release")
@@ -363,10 +378,12 @@ class Observed:
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
                 release_id = state.get("release_id") or self.service.follower.current_release_id
+                headers = list(message.get("headers", []))
                 if release_id:
-                    headers = list(message.get("headers", []))
                     headers.append((RELEASE_HEADER.lower().encode(), release_id.encode()))
-                    message = {**message, "headers": headers}
+                if state.get("trace_id"):
+                    headers.append((TRACE_HEADER.lower().encode(), state["trace_id"].encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
@@ -385,6 +402,8 @@ class Observed:
             "subject": state.get("subject"),
             "hits": state.get("hits"),
         }
+        if state.get("trace_id"):
+            line["trace_id"] = state["trace_id"]
         if self.service.config.log_query_text and "query_text" in state:
             line["query"] = state["query_text"]
         access_log.info(json.dumps(line, sort_keys=True))

@@ -25,6 +25,11 @@ class Caller:
     rate_key: str  # what the rate limit counts: the key ID, or the anonymous caller's address
     roles: tuple[Role, ...] = ()  # the key's roles (``KeyEntry.roles``); none for anonymous callers
 
+    @property
+    def key_id(self) -> str | None:
+        """The ID of the caller's key; None for an anonymous caller."""
+        return self.rate_key.removeprefix("key:") if self.rate_key.startswith("key:") else None
+
 
 class KeyRing:
     def __init__(self, config: ServeConfig):

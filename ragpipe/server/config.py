@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -103,6 +103,31 @@ class Limits(BaseModel):
     mcp_session_idle_s: float = Field(1800.0, gt=0, le=86_400)
 
 
+# What a trace may keep beyond its fixed fields (trace_id, at, target, release_id); the question
+# is not among them: only ``keep_query_text`` keeps it.
+TraceField = Literal["subject", "key_id", "certificate_id", "context_digest", "answer", "abstained", "citations"]
+TRACE_FIELDS: tuple[TraceField, ...] = get_args(TraceField)
+
+
+class Tracing(BaseModel):
+    """``tracing``: off by default; when on, every answer is appended to its release's trace log
+    with exactly the ``keep`` fields (``ragpipe.server.tracing``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    keep: tuple[TraceField, ...] = TRACE_FIELDS
+    keep_query_text: bool = False
+
+    @field_validator("keep")
+    @classmethod
+    def _once(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if value.count(name) > 1:
+                raise ValueError(f"{name!r} is listed twice")
+        return value
+
+
 def _proxy(value: str) -> str:
     """A trusted proxy: one IP address or one network in CIDR form (host bits allowed)."""
     try:
@@ -129,6 +154,7 @@ class ServeConfig(BaseModel):
     forwarded_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"
     poll_interval_s: float = Field(0.5, gt=0, le=60)
     log_query_text: bool = False  # access logs leave the query text out unless this is set
+    tracing: Tracing = Tracing()
 
     @model_validator(mode="after")
     def _unique_ids(self) -> ServeConfig:

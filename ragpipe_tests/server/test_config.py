@@ -73,6 +73,17 @@ def write(tmp_path: Path, text: str) -> Path:
             f"keys: [{{id: a, hash: 'sha256:{'0' * 32}:{'0' * 64}', subject: s, scopes: [public], roles: [admin]}}]\n",
             "invalid serve config: keys.0.roles.0: Input should be 'reviewer'",
         ),
+        (  # the question is not a keepable field: only tracing.keep_query_text keeps it
+            "tracing: {keep: [query]}\n",
+            "invalid serve config: tracing.keep.0: Input should be 'subject', 'key_id', 'certificate_id', "
+            "'context_digest', 'answer', 'abstained' or 'citations'",
+        ),
+        ("tracing: {keep: [answer, answer]}\n", "invalid serve config: tracing.keep: 'answer' is listed twice"),
+        (
+            "tracing: {enabled: maybe}\n",
+            "invalid serve config: tracing.enabled: Input should be a valid boolean, unable to interpret input",
+        ),
+        ("tracing: {keep_query: true}\n", "invalid serve config: tracing.keep_query: Extra inputs are not permitted"),
         (
             "keys: [\n",
             "cannot read serve config: invalid YAML at line 2, column 1: expected the node content, but found '<stream end>' (while parsing a flow node)",
@@ -136,3 +147,14 @@ def test_a_key_carries_its_roles_to_the_caller(tmp_path: Path):
     reviewer, caller = ring.authenticate(f"Bearer {rev_key}", "c"), ring.authenticate(f"Bearer {key}", "c")
     assert (reviewer.roles, reviewer.subject.scopes) == (("reviewer",), ("public",))
     assert (caller.roles, caller.subject.scopes) == ((), ("public", "staff"))
+
+
+def test_tracing_is_off_by_default_and_keeps_no_question_text(tmp_path: Path):
+    """Off unless enabled; once enabled, every keepable field but never the question by default."""
+    assert load_serve_config(write(tmp_path, "anonymous: false\n")).tracing.model_dump() == {
+        "enabled": False,
+        "keep": ("subject", "key_id", "certificate_id", "context_digest", "answer", "abstained", "citations"),
+        "keep_query_text": False,
+    }
+    on = load_serve_config(write(tmp_path, "tracing: {enabled: true, keep: [answer]}\n")).tracing
+    assert (on.enabled, on.keep, on.keep_query_text) == (True, ("answer",), False)

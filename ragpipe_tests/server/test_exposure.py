@@ -12,6 +12,7 @@ import pytest
 from ragpipe.release.activation import activate
 from ragpipe.release.store import ReleaseStore
 from ragpipe.server.app import ROUTES, app_from
+from ragpipe.server.tracing import TRACES_DIR
 from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, wait_for
 from ragpipe_tests.support.served_http import served
@@ -117,17 +118,23 @@ def tool_call(base: str, key: str, query: str) -> httpx.Response:
 def test_access_lines_carry_no_query_text_unless_configured(serving: Serving, caplog, log_query_text: bool):
     """Queries, answers, MCP tool calls and refused queries (too long, a bad field): one access line
     each, none with the query text — unless ``log_query_text: true``, where the query and answer
-    lines (and only they) carry it."""
+    lines (and only they) carry it. The answer's line carries its trace ID; tracing is on, and
+    its log holds no query text either way (``tracing.keep_query_text`` is apart: ``test_tracing.py``)."""
     caplog.set_level(logging.INFO, logger="ragpipe.access")
     activate(serving.ws, serving.releases["a1"], "staging")
-    config = config_for(serving, log_query_text=log_query_text, limits={"max_query_chars": 100})
+    config = config_for(
+        serving, log_query_text=log_query_text, limits={"max_query_chars": 100}, tracing={"enabled": True}
+    )
     key = {"Authorization": f"Bearer {serving.keys['alice']}"}
     with served(app_from(serving.ws.home, config, "staging", serving.targets)) as base:
         wait_for(lambda: release_of(base) == serving.releases["a1"])
         caplog.clear()
+        query = httpx.post(f"{base}/v1/query", json={"query": f"{MARKER} signing keys"}, headers=key).status_code
+        answered = httpx.post(f"{base}/v1/answer", json={"question": f"{MARKER} keys?"}, headers=key, timeout=60)
+        answer_trace_id = answered.json()["trace_id"]
         statuses = [
-            httpx.post(f"{base}/v1/query", json={"query": f"{MARKER} signing keys"}, headers=key).status_code,
-            httpx.post(f"{base}/v1/answer", json={"question": f"{MARKER} keys?"}, headers=key, timeout=60).status_code,
+            query,
+            answered.status_code,
             httpx.post(f"{base}/v1/query", json={"query": MARKER * 10}, headers=key).status_code,
             httpx.post(f"{base}/v1/query", json={"query": MARKER, "k": 0}, headers=key).status_code,
         ]
@@ -141,7 +148,11 @@ def test_access_lines_carry_no_query_text_unless_configured(serving: Serving, ca
     fields = {"route", "status", "latency_ms", "release_id", "subject", "hits"}
     for line in lines:
         carries = MARKER in json.dumps(line)
+        expected = fields | ({"trace_id"} if line["route"] == "/v1/answer" else set())
         if log_query_text and line["route"] in ("/v1/query", "/v1/answer") and line["status"] == 200:
-            assert set(line) == fields | {"query"} and carries
+            assert set(line) == expected | {"query"} and carries
         else:
-            assert set(line) == fields and not carries, line
+            assert set(line) == expected and not carries, line
+    assert lines[1]["trace_id"] == answer_trace_id
+    [log] = (serving.ws.home / TRACES_DIR).rglob("traces.jsonl")
+    assert answer_trace_id.encode() in log.read_bytes() and MARKER.encode() not in log.read_bytes()

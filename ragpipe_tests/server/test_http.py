@@ -48,7 +48,7 @@ def test_query_body_is_the_cli_json_plus_release_id(active: Serving):
     assert STAFF_DOC in {h["document_id"] for h in body["hits"]}
 
 
-def test_answer_body_is_the_cli_json_plus_release_id(active: Serving):
+def test_answer_body_is_the_cli_json_plus_release_id_and_trace_id(active: Serving):
     from ragpipe.answer.answering import answer, make_generator
 
     release = active.releases["a1"]
@@ -64,7 +64,8 @@ def test_answer_body_is_the_cli_json_plus_release_id(active: Serving):
         expected = answer(retriever, question, Subject("bob", ("public", "staff")), generator=generator).as_dict()
     finally:
         retriever.close()
-    assert r.json() == {**expected, "release_id": release}
+    trace_id = r.headers["x-trace-id"]  # the answer's trace ID (ragpipe.server.tracing), in the body too
+    assert r.json() == {**expected, "release_id": release, "trace_id": trace_id}
     assert r.json()["abstained"] is False and r.json()["citations"]
 
 
@@ -266,10 +267,12 @@ def test_openapi_document_names_every_route(active: Serving):
         "/metrics",
         "/readyz",
         "/v1/answer",
+        "/v1/feedback",
         "/v1/query",
         "/v1/release",
         "/v1/tools",
     ]
+    assert set(doc["components"]["schemas"]["FeedbackRequest"]["properties"]) == {"trace_id", "verdict", "note"}
     assert set(doc["components"]["schemas"]["QueryRequest"]["properties"]) == {
         "query",
         "k",
