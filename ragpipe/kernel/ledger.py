@@ -294,6 +294,7 @@ class Ledger:
         self.key = key  # seals every head this writer writes (module docstring)
         self.scope = scope
         self.records = list(records)
+        self._dropped = 0  # records ``forget_records`` let go of (they stay in the file)
         self.on_append = on_append
         # never appended through a link (read_ledger refused one already: this closes the race)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
@@ -356,7 +357,7 @@ class Ledger:
             )
         records, prev = [], self.head
         for offset, (kind, payload) in enumerate(events, start=1):
-            record = self.domain.make_record(len(self.records) + offset, kind, payload, prev)
+            record = self.domain.make_record(self._dropped + len(self.records) + offset, kind, payload, prev)
             records.append(record)
             prev = record.hash
         if not records:
@@ -371,6 +372,14 @@ class Ledger:
         if self.on_append is not None:
             self.on_append(records[-1].kind)
         return records
+
+    def forget_records(self) -> None:
+        """Keep only the last record in memory (a long-lived writer that never reads back — a
+        server's trace log — would otherwise hold every record it ever appended); appending goes
+        on with the right numbers and chain."""
+        if len(self.records) > 1:
+            self._dropped += len(self.records) - 1
+            del self.records[:-1]
 
     def _write_head(self) -> None:
         """Rewrite the head in place with one ``pwrite`` + ``fsync``: the file is far smaller than a

@@ -118,6 +118,7 @@ class TraceLog:
             with file_lock(path.with_suffix(".lock"), exclusive=True):
                 ledger = self._ledger(path, target, release_id)
                 record = ledger.append(kind, payload)
+                ledger.forget_records()  # appends only: memory must not grow with traffic
                 self._open[path] = (ledger, os.stat(path).st_size)
                 return record
 
@@ -131,6 +132,7 @@ class TraceLog:
         if kept is not None:
             kept[0].close()
         ledger = Ledger.open(path, TRACE_DOMAIN, create=True, scope=_scope(target, release_id))
+        ledger.forget_records()
         self._open[path] = (ledger, os.stat(path).st_size)
         return ledger
 

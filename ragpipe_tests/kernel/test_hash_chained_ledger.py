@@ -282,3 +282,20 @@ def test_every_byte_cut_of_a_group_recovers_its_complete_records(tmp_path: Path)
             assert [r.seq for r in reopened.records] == list(range(1, 2 + complete)), cut
         assert path.read_bytes() == data[: len(before) + sum(len(encode(r)) for r in group[:complete])]
         assert read_head(path) == (1 + complete, ([ledger.records[0]] + group)[complete].hash)
+
+
+def test_a_writer_that_forgets_its_records_appends_the_same_ledger(tmp_path: Path):
+    """``forget_records`` keeps one record in memory; the file is byte for byte what a writer
+    keeping every record writes."""
+    kept, forgetful = tmp_path / "kept.jsonl", tmp_path / "forgetful.jsonl"
+    make(kept, 5).close()
+    ledger = make(forgetful, 2)
+    ledger.forget_records()
+    for i in range(2, 5):
+        ledger.append("event", {"i": i, "text": f"value {i}"})
+        ledger.forget_records()
+        assert len(ledger.records) == 1 and ledger.records[0].seq == i + 1
+    ledger.close()
+    assert forgetful.read_bytes() == kept.read_bytes()
+    assert head_path(forgetful).read_bytes() == head_path(kept).read_bytes()
+    assert [r.seq for r in read_ledger(forgetful, D).records] == [1, 2, 3, 4, 5]
