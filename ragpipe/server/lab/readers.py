@@ -258,8 +258,8 @@ class LabReader:
         for i, item in enumerate(trace.context, start=1):
             item.label = f"E{i}"  # the context's labels (ragpipe.retrieval.context): E1, E2, … in order
         trace.citations = shown[context_n:]
-        for item, cited in zip(trace.citations, citations):
-            item.label = str(cited.get("label"))
+        for number, (item, cited) in enumerate(zip(trace.citations, citations), start=1):
+            item.rank, item.label = number, str(cited.get("label"))  # the answer's order, not the shown row's
         self._hydrate(run, trace, subject)
         return trace
 
