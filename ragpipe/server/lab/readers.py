@@ -39,6 +39,9 @@ from ragpipe.server.redact import PathRedactor
 EVALUATIONS = "evaluations"
 SNAPSHOT_STAGE = "source_snapshot"
 COUNT_STAGES = ("chunks", "representations", "embeddings")
+# Ranked lists (channels, fused, final) are shown to this depth: a run at k = 1000 has thousands of
+# rows a cell, which the trace file holds whole (linked from the page).
+ROWS_SHOWN = 50
 POLICY = ScopePolicy()
 
 
@@ -73,6 +76,7 @@ class VerifiedRun:
     spec: EvaluationSpec
     records: tuple[Any, ...]
     arm: ArmRun | None  # completed runs only (what comparisons read)
+    traces: TraceReader  # parses each trace file once (checked against its digest on first read)
 
     @property
     def cases(self) -> dict[str, Case]:
@@ -109,6 +113,7 @@ class CaseTrace:
     citations: list[Item] = field(default_factory=list)
     judged: dict[str, int] = field(default_factory=dict)
     seq: int | None = None  # the ledger record that closed the cell
+    totals: dict[str, int] = field(default_factory=dict)  # rows in the trace per list, before ROWS_SHOWN
 
 
 def _bounded_put(cache: OrderedDict, key, value, capacity: int = 64) -> None:
@@ -126,6 +131,7 @@ class LabReader:
         self.redact = redact
         self._lock = threading.Lock()
         self._runs: OrderedDict[tuple[str, str], VerifiedRun] = OrderedDict()
+        self._rows: OrderedDict[tuple[str, str, int, int], RunRow] = OrderedDict()
         self._comparisons: OrderedDict[tuple[str, str], tuple[Pairing, Comparison]] = OrderedDict()
 
     # ---- runs -------------------------------------------------------------------------------
@@ -153,30 +159,45 @@ class LabReader:
 
     def runs(self) -> list[RunRow]:
         """Each run's ledger state (chain checked; traces are verified when the run is opened)."""
-        rows = []
-        for run_id in self.run_ids():
-            folder = self.evaluations / run_id
-            try:
-                state = reduce_records(read_ledger(folder).records, str(folder / LEDGER))
-            except ValueError as exc:
-                rows.append(RunRow(run_id, "unreadable", problem=self.redact(str(exc))))
-                continue
-            spec = state.created.get("spec", {})
-            outcomes = [t.get("outcome") for t in state.terminal.values()]
-            rows.append(
-                RunRow(
-                    run_id,
-                    state.status,
-                    spec.get("bundle_id"),
-                    spec.get("plan_id"),
-                    spec.get("mode"),
-                    bool(spec.get("answers")),
-                    len(state.expected),
-                    sum(o in ("success", "abstained") for o in outcomes),
-                    sum(o in ("failure", "cancelled") for o in outcomes),
-                )
-            )
-        return rows
+        return [self._row(run_id) for run_id in self.run_ids()]
+
+    def _row(self, run_id: str) -> RunRow:
+        """One run's row, remembered until its ledger or head file changes (size, time, head)."""
+        folder = self.evaluations / run_id
+        try:
+            stat = (folder / LEDGER).stat()
+            key = (run_id, (folder / HEAD).read_text(encoding="utf-8"), stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            key = None
+        with self._lock:
+            cached = self._rows.get(key) if key else None
+        if cached is not None:
+            return cached
+        row = self._read_row(run_id, folder)
+        if key is not None:
+            with self._lock:
+                _bounded_put(self._rows, key, row, capacity=4096)
+        return row
+
+    def _read_row(self, run_id: str, folder: Path) -> RunRow:
+        """One run's row from its ledger (chain checked; traces are verified when the run is opened)."""
+        try:
+            state = reduce_records(read_ledger(folder).records, str(folder / LEDGER))
+        except ValueError as exc:
+            return RunRow(run_id, "unreadable", problem=self.redact(str(exc)))
+        spec = state.created.get("spec", {})
+        outcomes = [t.get("outcome") for t in state.terminal.values()]
+        return RunRow(
+            run_id,
+            state.status,
+            spec.get("bundle_id"),
+            spec.get("plan_id"),
+            spec.get("mode"),
+            bool(spec.get("answers")),
+            len(state.expected),
+            sum(o in ("success", "abstained") for o in outcomes),
+            sum(o in ("failure", "cancelled") for o in outcomes),
+        )
 
     def run(self, run_id: str) -> VerifiedRun:
         """The verified run ``run_id`` (``NotFound``; ``Unverified`` with the verifier's message)."""
@@ -190,13 +211,16 @@ class LabReader:
         if cached is not None:
             return cached
         try:
-            state = verify_run(folder)
             records = tuple(read_ledger(folder).records)
+            state = reduce_records(records, str(folder / LEDGER))
+            if state.status == "completed":  # a completed run's ledger takes no more records
+                arm = load_arm(folder)  # verify_run, then the arm comparisons read (verified once)
+            else:
+                state, arm = verify_run(folder), None
             spec = load_inputs(folder, records, state)
-            arm = load_arm(folder) if state.status == "completed" else None
         except ValueError as exc:  # LedgerError, RunError, TraceError, ArmSourceError
             raise Unverified(self.redact(str(exc))) from None
-        verified = VerifiedRun(run_id, folder, head, state, spec, records, arm)
+        verified = VerifiedRun(run_id, folder, head, state, spec, records, arm, TraceReader(folder))
         with self._lock:
             _bounded_put(self._runs, (run_id, head), verified)
         return verified
@@ -239,7 +263,7 @@ class LabReader:
         ref = record.get("trace")
         if not ref:
             return trace  # a failed, cancelled or pending cell has no rows
-        rows, described = TraceReader(run.folder).cell(ref, record["cell"], f"{run.folder / LEDGER}")
+        rows, described = run.traces.cell(ref, record["cell"], f"{run.folder / LEDGER}")
         trace.description = described
         items: dict[str, list[Item]] = {}
         for row in sorted(rows.to_pylist(), key=lambda r: (r["stage"], r["channel"] or "", r["rank"])):
@@ -247,9 +271,12 @@ class LabReader:
             item = Item(row["rank"], row["chunk_id"], row["document_id"], row["score"], row["channel"], scopes)
             key = f"channel:{row['channel']}" if row["stage"] == "channel" else row["stage"]
             items.setdefault(key, []).append(item)
-        trace.channels = {k.split(":", 1)[1]: v for k, v in sorted(items.items()) if k.startswith("channel:")}
-        trace.fused = items.get("fused", [])
-        trace.final = items.get("final", [])
+        trace.totals = {k: len(v) for k, v in items.items()}
+        trace.channels = {
+            k.split(":", 1)[1]: v[:ROWS_SHOWN] for k, v in sorted(items.items()) if k.startswith("channel:")
+        }
+        trace.fused = items.get("fused", [])[:ROWS_SHOWN]
+        trace.final = items.get("final", [])[:ROWS_SHOWN]
         answer = described.get("answer") or {}
         citations = answer.get("citations") or []
         shown = items.get("shown", [])

@@ -92,3 +92,17 @@ def test_no_page_names_the_homes_path(lab_url: str, lab_state: LabState):
     finally:
         client.close()
     assert httpx.get(f"{lab_url}/lab/login").status_code == 200
+
+
+def test_long_lists_are_cut_to_the_shown_depth_with_their_totals(lab_state: LabState, monkeypatch):
+    import ragpipe.server.lab.readers as readers
+    from ragpipe.retrieval.authz import Subject
+
+    monkeypatch.setattr(readers, "ROWS_SHOWN", 2)
+    reader = LabReader(Workspace(lab_state.home), PathRedactor(lab_state.home))
+    trace = reader.case(lab_state.runs["a1"], "keys", 0, Subject("sam", ("public", "staff")))
+    assert trace.totals["final"] == trace.record["hits"] > 2
+    assert [i.rank for i in trace.final] == [1, 2]
+    assert all(len(items) <= 2 for items in trace.channels.values())
+    assert len(trace.context) == trace.totals["shown"] - len(trace.citations)  # context is never cut
+    assert [i.label for i in trace.context] == [f"E{n}" for n in range(1, len(trace.context) + 1)]
