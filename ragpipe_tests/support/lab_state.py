@@ -4,9 +4,10 @@ stage, three completed evaluation runs (with answers, extractive generator), and
 * revision ``lab`` — the handbook plus ``guide/xss.md``, whose title and text hold ``<script>``
   elements (they must render as text); bundle A;
 * revision ``lab-plain`` — the handbook alone (another corpus digest); bundle B;
-* runs ``a1`` and ``a2`` of bundle A and ``b1`` of bundle B, each over the same three cases (one
-  query holding a ``<script>`` element) under the scopes public and staff, so the staff-only
-  runbook is among the evidence a public reviewer may not read;
+* runs ``a1`` and ``a2`` of bundle A and ``b1`` of bundle B, each over the same four cases (one
+  query holding a ``<script>`` element; one judging the hostile document, which b1 skips) under
+  the scopes public and staff, so the staff-only runbook is among the evidence a public reviewer
+  may not read;
 * keys: ``rev-public`` (reviewer, scope public), ``rev-staff`` (reviewer, public and staff),
   ``plain`` (scope public, no role).
 """
@@ -30,6 +31,8 @@ CASES = (
     Case(id="goals", query="honest evaluation", target_level="document", judgments={"guide/intro.md": 1}),
     Case(id="keys", query="rotate the signing keys", target_level="document", judgments={"guide/ops.md": 1}),
     Case(id="xss", query=XSS_QUERY, target_level="document", judgments={"guide/intro.md": 1}),
+    # judges the hostile document, which only revision lab has: run b1 skips it (lost coverage)
+    Case(id="hostile", query="hostile text", target_level="document", judgments={"guide/xss.md": 1}),
 )
 SCOPES = ("public", "staff")
 STAFF_DOCUMENT = "guide/ops.md"

@@ -322,7 +322,8 @@ class LabReader:
 
     # ---- comparison --------------------------------------------------------------------------
     def comparison(self, incumbent: str, challenger: str) -> tuple[Pairing, Comparison]:
-        """The experiment's pairing and comparison of two completed runs (cached by both heads);
+        """The experiment's pairing and comparison of two completed runs (cached by both heads),
+        new and lost coverage accepted and listed (``pair(coverage_change=True)``);
         ``ValueError`` (``PairingError``) when they cannot be paired, ``Unverified`` when one
         does not verify or is not completed."""
         a, b = self.run(incumbent), self.run(challenger)
@@ -333,7 +334,8 @@ class LabReader:
         with self._lock:
             cached = self._comparisons.get(key)
         if cached is None:
-            pairing = pair(a.arm, b.arm)  # type: ignore[arg-type]
+            # as a refresh is gated: cases a corpus change adds or loses are listed, not refused
+            pairing = pair(a.arm, b.arm, coverage_change=True)  # type: ignore[arg-type]
             cached = (pairing, compare(pairing))
             with self._lock:
                 _bounded_put(self._comparisons, key, cached)

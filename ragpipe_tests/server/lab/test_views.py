@@ -105,7 +105,7 @@ def test_run_page_shows_the_verified_metrics_cases_and_files(public: httpx.Clien
     page = public.get(f"/lab/runs/{run}")
     assert page.status_code == 200
     assert "Verified: ledger chain and head" in page.text
-    for case in ("goals", "keys", "xss"):
+    for case in ("goals", "hostile", "keys", "xss"):
         assert f'href="/lab/runs/{run}/cases/{case}/0"' in page.text
     for name in ("ledger.jsonl", "ledger.head", "inputs/spec.json", "traces/cells-000001.parquet"):
         assert f'href="/lab/runs/{run}/files/{name}"' in page.text
@@ -205,14 +205,20 @@ def test_comparison_of_runs_on_one_corpus(public: httpx.Client, lab_state: LabSt
     assert page.status_code == 200
     assert "different corpora" not in page.text
     assert f'<a href="/lab/runs/{a1}"><code>{a1}</code></a>' in page.text
-    assert page.text.count("<tr data-row>") == 3
-    assert "<caption>All 3 paired cases" in page.text
+    assert page.text.count("<tr data-row>") == 4
+    assert "<caption>All 4 paired cases" in page.text
+    assert "<h2>Coverage</h2>" not in page.text
 
 
 def test_comparison_warns_when_the_corpus_digests_differ(public: httpx.Client, lab_state: LabState):
     page = public.get("/lab/compare", params={"incumbent": lab_state.runs["a1"], "challenger": lab_state.runs["b1"]})
     assert page.status_code == 200
     assert re.search(r'class="warning" role="alert">Warning: the runs evaluated different corpora', page.text)
+    # b1 skips the case judging the hostile document bundle B lacks: listed, not paired
+    assert "(lost coverage): 1: <code>hostile</code>. Neither is paired." in page.text
+    assert page.text.count("<tr data-row>") == 3
+    back = public.get("/lab/compare", params={"incumbent": lab_state.runs["b1"], "challenger": lab_state.runs["a1"]})
+    assert "(new coverage): 1: <code>hostile</code>." in back.text
 
 
 def test_comparison_of_a_run_with_itself_names_the_pairing_rule(public: httpx.Client, lab_state: LabState):
