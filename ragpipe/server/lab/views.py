@@ -15,7 +15,8 @@
 
 Every page carries ``Content-Security-Policy: default-src 'self'`` (no inline script or style runs),
 ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store``.
-Without a session a page redirects to the login form (303); a key without the ``reviewer`` role
+Without a session a page redirects to the login form (303); pages count against the key's rate
+limit (429 page with ``Retry-After``, like the API); a key without the ``reviewer`` role
 gets a 403 page; an unknown run, case, file or revision a 404 page; a POST without the session's
 CSRF token a 403 page. Templates are autoescaped: queries, titles and texts render as text.
 """
@@ -131,7 +132,17 @@ def lab_app(service) -> Starlette:
         async def endpoint(request: Request) -> Response:
             try:
                 session = lab.session(request)
+                lab.service.limit(session.caller.rate_key)  # pages count against the key's rate limit
                 return await anyio.to_thread.run_sync(handler, request, session)
+            except ApiError as limited:  # 429 rate_limited
+                headers = {**SECURITY_HEADERS, **(limited.headers or {})}
+                body = lab.env.get_template("error.html").render(
+                    base=request.scope.get("root_path", ""),
+                    session=None,
+                    title="Too many requests",
+                    message=limited.message,
+                )
+                return HTMLResponse(body, status_code=limited.status, headers=headers)
             except _Redirect as redirect:
                 return RedirectResponse(redirect.location, status_code=303, headers=SECURITY_HEADERS)
             except NotFound as exc:

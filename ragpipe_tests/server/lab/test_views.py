@@ -241,3 +241,21 @@ def test_corpus_view_shows_digest_exclusions_and_counts(public: httpx.Client, la
     bundle_id = "sha256:" + lab_state.bundles["A"].name
     assert f'<code class="id">{bundle_id}</code>' in text
     assert f'href="/lab/runs/{lab_state.runs["a1"]}"' in text
+
+
+def test_pages_count_against_the_keys_rate_limit(lab_state: LabState):
+    from ragpipe.server.app import app_from
+    from ragpipe_tests.support.served_http import served
+
+    app = app_from(lab_state.home, lab_state.config(limits={"requests_per_minute": 3}), "staging")
+    with served(app) as base:
+        client = login(base, lab_state.keys["rev-public"])
+        try:
+            statuses = [client.get("/lab/runs").status_code for _ in range(4)]
+            refused = client.get("/lab/corpus")
+        finally:
+            client.close()
+    assert statuses == [200, 200, 200, 429]
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert "rate limit of 3 requests a minute reached" in refused.text
+    assert refused.headers["content-security-policy"] == CSP
