@@ -228,17 +228,13 @@ class LabReader:
     def run_file(self, run_id: str, name: str) -> Path:
         """A regular file of the run folder named by its relative POSIX path (walked, not joined)."""
         folder = self.folder(run_id)
-        for path in sorted(folder.rglob("*")):
-            if any(p.is_symlink() for p in (path, *path.relative_to(folder).parents) if p != Path(".")):
-                continue
-            if path.is_file() and path.relative_to(folder).as_posix() == name:
-                return path
-        raise NotFound(f"run {run_id} has no file {name!r}")
+        found = {rel: path for rel, path in _regular_files(folder)}.get(name)
+        if found is None:
+            raise NotFound(f"run {run_id} has no file {name!r}")
+        return found
 
     def files(self, run: VerifiedRun) -> list[str]:
-        return sorted(
-            p.relative_to(run.folder).as_posix() for p in run.folder.rglob("*") if p.is_file() and not p.is_symlink()
-        )
+        return [rel for rel, _ in _regular_files(run.folder)]
 
     # ---- one case ----------------------------------------------------------------------------
     def case(self, run_id: str, case_id: str, repeat: int, subject: Subject) -> CaseTrace:
@@ -388,6 +384,19 @@ class LabReader:
             "bundles": bundles,
             "runs": runs,
         }
+
+
+def _regular_files(folder: Path) -> list[tuple[str, Path]]:
+    """(relative POSIX path, path) of every regular file under ``folder``, sorted; a symbolic link
+    (file or folder) and everything below one is left out (``rglob`` does not descend into them)."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        chain = [folder / rel.parents[i] for i in range(len(rel.parts) - 1)]
+        if path.is_symlink() or any(p.is_symlink() for p in chain) or not path.is_file():
+            continue
+        found.append((rel.as_posix(), path))
+    return found
 
 
 def _strings(values: list[str]):

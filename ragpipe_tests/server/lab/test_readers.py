@@ -22,9 +22,9 @@ from ragpipe_tests.support.served_http import served
 
 @pytest.fixture
 def damaged(lab_state: LabState, tmp_path: Path) -> tuple[Path, str, str]:
-    """A home holding copies of run a1 (its trace's last byte flipped) and a2 (its ledger cut
-    mid-record and its head removed), a symbolic link in a1's folder, and a run folder that is a
-    symbolic link; (home, a1, a2)."""
+    """A home holding copies of run a1 (its trace's last byte flipped) and a2 (a torn record put
+    before its ledger and its head removed), symbolic links to a file and to a folder in a1's
+    folder, and a run folder that is a symbolic link; (home, a1, a2)."""
     home = tmp_path / "home"
     a1, a2 = lab_state.runs["a1"], lab_state.runs["a2"]
     for run in (a1, a2):
@@ -37,6 +37,7 @@ def damaged(lab_state: LabState, tmp_path: Path) -> tuple[Path, str, str]:
     ledger.write_bytes(b'{"seq": 1, "kind"' + b"x" * 10 + b"\n" + ledger.read_bytes())
     (home / "evaluations" / a2 / "ledger.head").unlink()
     os.symlink("/etc/hostname", home / "evaluations" / a1 / "escape.json")
+    os.symlink(home / "evaluations" / a2, home / "evaluations" / a1 / "linked-folder")
     os.symlink(lab_state.home / "evaluations" / lab_state.runs["b1"], home / "evaluations" / "linked")
     return home, a1, a2
 
@@ -56,6 +57,9 @@ def test_a_damaged_run_is_not_shown(damaged):
     assert rows[a2].problem.startswith(f"$RAGPIPE_HOME/evaluations/{a2}/ledger.jsonl: ")
     with pytest.raises(NotFound, match=f"^run {a1} has no file 'escape.json'$"):
         reader.run_file(a1, "escape.json")
+    with pytest.raises(NotFound, match=f"^run {a1} has no file 'linked-folder/ledger.jsonl'$"):
+        reader.run_file(a1, "linked-folder/ledger.jsonl")
+    assert reader.run_file(a1, "traces/cells-000001.parquet").name == "cells-000001.parquet"
     with pytest.raises(NotFound, match="^no evaluation run 'linked'$"):
         reader.run("linked")
 
