@@ -82,9 +82,17 @@ class Lab:
         self.sessions = LabSessions()
         self.env = templates()
 
-    def render(self, request: Request, name: str, status: int = 200, session: LabSession | None = None, **values):
+    def render(
+        self,
+        request: Request,
+        name: str,
+        status: int = 200,
+        session: LabSession | None = None,
+        headers: dict[str, str] | None = None,
+        **values,
+    ) -> HTMLResponse:
         body = self.env.get_template(name).render(base=request.scope.get("root_path", ""), session=session, **values)
-        return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
+        return HTMLResponse(body, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
 
     def session(self, request: Request) -> LabSession:
         found = self.sessions.get(request.cookies.get(COOKIE))
@@ -116,7 +124,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _repeat(raw: str) -> int:
-    if not raw.isdigit() or len(raw) > 6:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6:
         raise NotFound(f"repeat {raw!r} is not a repeat number")
     return int(raw)
 
@@ -134,15 +142,16 @@ def lab_app(service) -> Starlette:
                 session = lab.session(request)
                 lab.service.limit(session.caller.rate_key)  # pages count against the key's rate limit
                 return await anyio.to_thread.run_sync(handler, request, session)
-            except ApiError as limited:  # 429 rate_limited
-                headers = {**SECURITY_HEADERS, **(limited.headers or {})}
-                body = lab.env.get_template("error.html").render(
-                    base=request.scope.get("root_path", ""),
-                    session=None,
+            except ApiError as limited:  # 429 rate_limited, with Retry-After
+                return lab.render(
+                    request,
+                    "error.html",
+                    limited.status,
+                    None,
+                    limited.headers,
                     title="Too many requests",
                     message=limited.message,
                 )
-                return HTMLResponse(body, status_code=limited.status, headers=headers)
             except _Redirect as redirect:
                 return RedirectResponse(redirect.location, status_code=303, headers=SECURITY_HEADERS)
             except NotFound as exc:
@@ -170,7 +179,15 @@ def lab_app(service) -> Starlette:
             try:
                 lab.service.limit(f"refused:{client}")  # guessing keys counts against the address
             except ApiError as limited:
-                return lab.render(request, "error.html", 429, title="Too many attempts", message=limited.message)
+                return lab.render(
+                    request,
+                    "error.html",
+                    429,
+                    None,
+                    limited.headers,
+                    title="Too many attempts",
+                    message=limited.message,
+                )
             return lab.render(request, "login.html", 401, error="unknown API key")
         if REVIEWER not in caller.roles:
             message = (
@@ -277,9 +294,7 @@ def lab_app(service) -> Starlette:
         if incumbent and challenger:
             try:
                 pairing, result = lab.reader.comparison(incumbent, challenger)
-            except (Unverified, ValueError) as exc:
-                if isinstance(exc, NotFound):
-                    raise
+            except (Unverified, ValueError) as exc:  # ValueError: PairingError, naming the rule
                 values["problem"] = lab.service.redact(str(exc))
             else:
                 a, b = lab.reader.run(incumbent), lab.reader.run(challenger)

@@ -160,6 +160,7 @@ def test_unknown_runs_cases_files_and_traversal_are_404(public: httpx.Client, la
         f"/lab/runs/{run}/cases/nope/0",
         f"/lab/runs/{run}/cases/goals/1",
         f"/lab/runs/{run}/cases/goals/x",
+        f"/lab/runs/{run}/cases/goals/%C2%B2",  # "²": a digit to str.isdigit, not to int
         f"/lab/runs/{run}/files/nope.json",
         f"/lab/runs/{run}/files/..%2F..%2Frevisions%2Flab.json",
         f"/lab/runs/{run}/files/%2Fetc%2Fpasswd",
@@ -255,6 +256,10 @@ def test_pages_count_against_the_keys_rate_limit(lab_state: LabState):
             refused = client.get("/lab/corpus")
         finally:
             client.close()
+        with httpx.Client(base_url=base) as guesser:  # failed logins count against the address
+            guesses = [guesser.post("/lab/login", data={"key": "rpk_nobody_x"}) for _ in range(4)]
+    assert [g.status_code for g in guesses] == [401, 401, 401, 429]
+    assert "retry-after" in guesses[-1].headers and "Too many attempts" in guesses[-1].text
     assert statuses == [200, 200, 200, 429]
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
     assert "rate limit of 3 requests a minute reached" in refused.text
