@@ -77,6 +77,10 @@ def serve_key(
     key_id: Annotated[str, typer.Argument(help="The key's ID: lowercase letters, digits and '-'.")],
     subject: Annotated[str, typer.Option("--subject", help="The subject every request with this key is served as.")],
     scope: Annotated[list[str], typer.Option("--scope", "-s", help="A scope of that subject (repeatable).")],
+    role: Annotated[
+        list[str] | None,
+        typer.Option("--role", help="A role beyond reading: reviewer opens the lab (docs/lab.md; repeatable)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Make an API key: prints the key once and the entry to add under keys: in serve.yaml."""
@@ -88,7 +92,7 @@ def serve_key(
 
     try:
         key, stored = new_key(key_id)
-        entry = KeyEntry(id=key_id, hash=stored, subject=subject, scopes=tuple(scope))
+        entry = KeyEntry(id=key_id, hash=stored, subject=subject, scopes=tuple(scope), roles=tuple(role or ()))
     except ValidationError as exc:
         fail(validation_error_text(exc))
     except ValueError as exc:

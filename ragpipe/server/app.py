@@ -11,6 +11,7 @@
 | ``GET /healthz``    | 200 while the process runs |
 | ``GET /readyz``     | 200 while a release is served (with the last refusal, if any), else 503 and why |
 | ``GET /metrics``    | Prometheus text format (``ragpipe.server.metrics``) |
+| ``/lab/``           | the laboratory's pages for keys with the ``reviewer`` role (``ragpipe.server.lab``) |
 
 The subject of a request comes from its key alone (``Authorization: Bearer rpk_…``); a body field or
 query text naming scopes or a principal changes nothing. Every response carries ``X-Release-Id``
@@ -48,6 +49,7 @@ from ragpipe.server.errors import ApiError, error_body, validation_error
 from ragpipe.server.feedback import FeedbackRequest, send_feedback
 from ragpipe.server.follower import InService, NotReady, ReleaseFollower
 from ragpipe.server.knowledge import openai_tools
+from ragpipe.server.lab.views import lab_app
 from ragpipe.server.mcp_tool import KeyGuard, build_mcp, mcp_app
 from ragpipe.server.metrics import ServerMetrics
 from ragpipe.server.proxies import ForwardedClient
@@ -347,6 +349,7 @@ def create_app(
         return Response(body, media_type=content_type)
 
     app.mount("/mcp", tool_app)
+    app.mount("/lab", lab_app(service))
     app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes, timeout_s=config.limits.body_timeout_s)
     return Observed(ForwardedClient(app, config.trusted_proxies, config.forwarded_header), service)
 
@@ -355,7 +358,10 @@ def route_label(path: str) -> str:
     """The metrics/log label of ``path``: a known route, ``/mcp``, or ``other`` (bounded cardinality)."""
     if path in ROUTES:
         return path
-    return "/mcp" if path == "/mcp" or path.startswith("/mcp/") else "other"
+    for mounted in ("/mcp", "/lab"):
+        if path == mounted or path.startswith(mounted + "/"):
+            return mounted
+    return "other"
 
 
 class Observed:

@@ -4,7 +4,7 @@
 and one nesting deeper than ``MAX_BODY_DEPTH`` with 422 ``invalid_request`` (field ``body``).
 Every body route takes JSON and nothing else, so a body arriving without a content type, or with
 the form type ``curl -d`` sends by default, is handed to the app as ``application/json`` (the form
-is never parsed). Strict content-type checks guard cookie-authenticated apps against cross-site
+is never parsed; the lab's pages under ``/lab/`` are the exception: ``FORM_PREFIX``). Strict content-type checks guard cookie-authenticated apps against cross-site
 form posts; here a subject needs a ``Bearer`` key, which a cross-site form cannot send.
 """
 
@@ -18,6 +18,7 @@ from ragpipe.kernel.strict_load import json_depth_rule
 from ragpipe.server.errors import ApiError, error_body
 
 AS_JSON = {None, b"application/x-www-form-urlencoded"}
+FORM_PREFIX = "/lab/"
 
 
 # JSON nesting a body may have: far beyond any request (a filter's 32 levels of and/or/not are
@@ -68,7 +69,9 @@ class BodyLimit:
         async def replayed():
             return replay.pop() if replay else await receive()
 
-        if headers.get(b"content-type") in AS_JSON:
+        # The lab's pages post real forms and guard them with a session's CSRF token
+        # (ragpipe.server.lab.login): their content type is left as sent.
+        if headers.get(b"content-type") in AS_JSON and not scope.get("path", "").startswith(FORM_PREFIX):
             kept = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
             scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
         await self.app(scope, replayed, send)

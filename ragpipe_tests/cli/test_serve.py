@@ -39,6 +39,19 @@ def test_serve_key_prints_a_key_and_the_entry_that_accepts_it(tmp_path: Path):
         ragpipe("serve-key", "ops", "--subject", "s", "--scope", "public", "--json", home=tmp_path).stdout
     )
     assert set(as_json) == {"key", "entry"} and as_json["key"] != key
+    assert as_json["entry"]["roles"] == []
+
+
+def test_serve_key_gives_the_reviewer_role_and_refuses_others(tmp_path: Path):
+    made = ragpipe(
+        "serve-key", "rita", "--subject", "rita", "--scope", "public", "--role", "reviewer", "--json", home=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    assert ServeConfig.model_validate({"keys": [json.loads(made.stdout)["entry"]]}).keys[0].roles == ("reviewer",)
+    refused = ragpipe("serve-key", "x", "--subject", "x", "--scope", "public", "--role", "admin", home=tmp_path)
+    assert refused.returncode == 1
+    assert refused.stdout == ""
+    assert refused.stderr == "error: roles.0: Input should be 'reviewer'\n"
 
 
 def test_bad_input_is_one_line_and_exit_1(tmp_path: Path):

@@ -72,15 +72,18 @@ def _cases_for(documents) -> list[Case]:
     ]
 
 
-def new_evaluation_run(bundle: Path, folder: Path, plan=None) -> str:
-    """Evaluate ``bundle`` on two cases (``_cases_for``; ``plan``, default: the default plan) into
+def new_evaluation_run(bundle: Path, folder: Path, plan=None, cases=None, **spec_options) -> str:
+    """Evaluate ``bundle`` on ``cases`` (default: two, ``_cases_for``; ``plan``, default: the
+    default plan; ``spec_options`` such as scopes or answers for ``EvaluationSpec.build``) into
     ``folder/<run id>``; the run ID."""
     from ragpipe.retrieval.retriever import Retriever
 
     retriever = Retriever(bundle, plan=plan)
-    cases = _cases_for(retriever.bundle.tables.documents)
+    cases = cases or _cases_for(retriever.bundle.tables.documents)
     try:
-        spec = EvaluationSpec.build(Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10)
+        spec = EvaluationSpec.build(
+            Suite.of(cases, "release-suite"), retriever.plan, bundle, retriever.bundle_id, k=10, **spec_options
+        )
         run_id = new_run_id()
         run_evaluation(spec, folder / run_id, run_id=run_id, retriever_factory=lambda _: retriever)
     finally:
