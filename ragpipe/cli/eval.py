@@ -14,6 +14,7 @@ one JSON object on stdout.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -224,6 +225,16 @@ def eval_run(
     ] = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Cells per case.")] = 1,
     answers: Annotated[bool, typer.Option("--answers", help="Also generate answers and score them.")] = False,
+    judge: Annotated[
+        Path | None,
+        typer.Option(
+            "--judge", help="Judge the answers with this judge spec (e.g. ragpipe/specs/judge.yaml); implies --answers."
+        ),
+    ] = None,
+    judge_budget: Annotated[
+        int | None, typer.Option("--judge-budget-micros", help="Most this invocation may spend on judge calls.")
+    ] = None,
+    judge_concurrency: Annotated[int, typer.Option("--judge-concurrency", help="Judge calls in flight at once.")] = 4,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a suite against a bundle (or resume a run); subcommands: report, sql."""
@@ -231,14 +242,21 @@ def eval_run(
         return
     from ragpipe.evaluation.runner import new_run_id, resume_evaluation, run_evaluation
 
+    def reach(spec):
+        return judging_for(spec.judge, judge_budget, judge_concurrency)
+
     def run():
         if resume is not None:
-            if suite is not None or bundle is not None or revision is not None or out_dir is not None:
-                raise ValueError("--resume takes only the run folder: the spec comes from its ledger")
-            return resume_evaluation(resume, on_progress=_progress(as_json))
+            if suite is not None or bundle is not None or revision is not None or out_dir is not None or judge:
+                raise ValueError(
+                    "--resume takes only the run folder (and how to reach its judge): the spec comes from its ledger"
+                )
+            with budget_stop(resume):
+                return resume_evaluation(resume, on_progress=_progress(as_json), judging=reach)
         if suite is None:
             raise ValueError("give --suite SUITE (with --bundle or --revision), or --resume RUNDIR")
         from ragpipe.evaluation.eval_spec import EvaluationSpec, metric_specs
+        from ragpipe.evaluation.judge_spec import load_judge_spec
         from ragpipe.evaluation.suite_load import load_suite
         from ragpipe.kernel.workspace import default_home
         from ragpipe.retrieval.plan import load_plan
@@ -246,7 +264,8 @@ def eval_run(
 
         # everything cheap is checked before the bundle is opened
         cutoffs = parse_cutoffs(cutoff)
-        metric_specs(cutoffs, answers)
+        judge_spec = None if judge is None else load_judge_spec(judge)
+        metric_specs(cutoffs, answers or judge_spec is not None)
         run_id = new_run_id()
         target = out_dir or default_home() / "eval_runs" / run_id
         if target.exists():
@@ -265,18 +284,62 @@ def eval_run(
             k=k,
             cutoffs=cutoffs,
             repeats=repeats,
-            answers=answers,
+            answers=answers or judge_spec is not None,
+            judge=judge_spec,
         )
         _require_an_evaluable_case(loaded, retriever, suite)
-        return run_evaluation(
-            spec, target, retriever_factory=lambda _: retriever, on_progress=_progress(as_json), run_id=run_id
-        )
+        with budget_stop(target):
+            return run_evaluation(
+                spec,
+                target,
+                retriever_factory=lambda _: retriever,
+                on_progress=_progress(as_json),
+                run_id=run_id,
+                judging=None if judge_spec is None else reach(spec),
+            )
 
     data = guarded(run).as_dict()
     if as_json:
         emit_json(data)
     else:
         print_result(data)
+
+
+@contextmanager
+def budget_stop(run_dir: Path):
+    """A judge budget reached mid-run: one line saying what was spent and how to go on (the run
+    folder keeps every closed cell; judged calls are cached)."""
+    from ragpipe.work.failures import BudgetExhausted
+
+    try:
+        yield
+    except BudgetExhausted as exc:
+        raise ValueError(
+            f"judge budget reached: {exc.spent} micros spent by {exc.totals.calls} calls, {exc.not_admitted} answers "
+            f"not judged; the run is kept: continue it with ragpipe eval --resume {run_dir} --judge-budget-micros N"
+        ) from None
+
+
+def judging_for(spec, budget_micros: int | None, concurrency: int):
+    """How this invocation reaches ``spec``'s judge: the home's judge cache, the price table,
+    ``concurrency`` calls at once, retries of transient failures, and one budget for all of it."""
+    from ragpipe.evaluation.judging import Judging
+    from ragpipe.kernel.workspace import Workspace, default_home
+    from ragpipe.work.admission import Budget
+    from ragpipe.work.policy import ExecutionPolicy
+    from ragpipe.work.usage import load_prices
+
+    if budget_micros is not None and budget_micros < 0:
+        raise ValueError(f"--judge-budget-micros must be >= 0, got {budget_micros}")
+    if not 1 <= concurrency <= 64:
+        raise ValueError(f"--judge-concurrency must be 1 to 64, got {concurrency}")
+    return Judging(
+        spec=spec,
+        cache_root=Workspace(default_home()).generation_cache / "judge",
+        policy=ExecutionPolicy(concurrency=concurrency),
+        prices=load_prices(),
+        budget=None if budget_micros is None else Budget(budget_micros),
+    )
 
 
 def _require_an_evaluable_case(suite, retriever, source: Path) -> None:

@@ -32,6 +32,8 @@ import pyarrow as pa
 from ragpipe.answer.answering import answer as answer_question
 from ragpipe.evaluation.ann import ANN_RECALL_K, ann_recall, measures_ann
 from ragpipe.evaluation.eval_spec import SpecBody
+from ragpipe.evaluation.judge_step import JudgeItem
+from ragpipe.evaluation.judging import abstained_metrics, judge_item
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.run_state import CellKey, cell_dict
 from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
@@ -66,10 +68,11 @@ def _ms(started: float) -> float:
 
 def _answer(
     retriever: Retriever, case: Case, subject: Subject, body: SpecBody
-) -> tuple[dict[str, float], list[Shown], dict[str, object], dict[str, object]]:
+) -> tuple[dict[str, float], list[Shown], dict[str, object], dict[str, object], JudgeItem | None]:
     """The answer step's metrics, the items it showed beyond the hits (context evidence, then
-    cited sources), the answer fields the metrics were computed on, and the cell record's
-    ``answer_ms`` and ``answer_usage``."""
+    cited sources), the answer fields the metrics were computed on, the cell record's
+    ``answer_ms`` and ``answer_usage``, and — in a judged run — what the judge is to judge
+    (an answerable case answered; an abstention takes its label by rule, ``judging``)."""
     started = time.perf_counter()
     answer = answer_question(retriever, case.query, subject, mode=body.mode, filter=case.filter)
     elapsed = _ms(started)
@@ -81,7 +84,14 @@ def _answer(
     ]
     recorded = {name: _nfc(data[name]) for name in ANSWER_FIELDS}
     extra = {"answer_ms": elapsed, "answer_usage": answer.usage.model_dump()}
-    return answer_metrics(case, recorded), shown, recorded, extra
+    metrics, item = answer_metrics(case, recorded), None
+    if body.judge is not None and case.answerability == "answerable":
+        if answer.validated.abstained:
+            metrics.update(abstained_metrics(case))
+        else:
+            evidence = [{**e.public(), "access_scopes": e.access_scopes} for e in answer.context.evidence]
+            item = judge_item(case, data, evidence)
+    return metrics, shown, recorded, extra, item
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class CellRun:
     rows: pa.Table | None = None
     described: dict[str, Any] | None = None
     targets: list[str] | None = None  # what the ranking metrics are computed on (answerable cases)
+    judge_item: JudgeItem | None = None  # what the run's judge judges (``judging.judge_cells``)
 
 
 def score_group(runs: list[CellRun], cases: dict[str, Case], body: SpecBody) -> None:
@@ -124,9 +135,9 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> 
         metrics: dict[str, float] = {}  # the ranking metrics follow, for the whole group (score_group)
         hit_scopes = [e.access_scopes for e in result.evidence]
         seen = [(e.document_id, e.access_scopes) for e in result.evidence]
-        outcome, extra, shown, answer = "success", {}, [], None
+        outcome, extra, shown, answer, item = "success", {}, [], None, None
         if body.answers:
-            answered, shown, answer, extra = _answer(retriever, case, subject, body)
+            answered, shown, answer, extra, item = _answer(retriever, case, subject, body)
             metrics.update(answered)
             seen += [(document, scopes) for _, document, scopes in shown]
             outcome = "abstained" if answer["abstained"] else "success"
@@ -153,4 +164,4 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> 
         )
     described = record if answer is None else {**record, "answer": answer}
     ranked = targets if case.answerability == "answerable" else None
-    return CellRun("CellCompleted", {**record, "hits": len(result.hits)}, rows, dict(described), ranked)
+    return CellRun("CellCompleted", {**record, "hits": len(result.hits)}, rows, dict(described), ranked, item)

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragpipe.corpus.models import SCOPE_PATTERN
 from ragpipe.evaluation.ann import ann_metric_specs
+from ragpipe.evaluation.judge_spec import JudgeSpec
+from ragpipe.evaluation.judging import judge_metric_specs
 from ragpipe.evaluation.metrics import MetricSpec, default_metric_specs
 from ragpipe.evaluation.safety import answer_metric_specs, safety_metric_specs
 from ragpipe.evaluation.suite import Suite
@@ -54,6 +56,15 @@ class SpecBody(BaseModel):
     repeats: int = Field(1, ge=1, le=100)
     arm: str = Field("a", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")
     answers: bool = False
+    # The judge spec ID (``ragpipe.evaluation.judge_spec``) when answers are judged; left out of the
+    # body when None, so every unjudged spec keeps its ID.
+    judge: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _judge_needs_answers(self) -> SpecBody:
+        if self.judge is not None and not self.answers:
+            raise ValueError("a judge judges answers: a run with a judge generates answers")
+        return self
 
     @field_validator("scopes")
     @classmethod
@@ -70,23 +81,28 @@ class SpecBody(BaseModel):
         return content_id(SPEC_KIND, SPEC_VERSION, self.as_json())
 
     def as_json(self) -> dict[str, object]:
-        return self.model_dump(mode="json", by_alias=True)
+        data = self.model_dump(mode="json", by_alias=True)
+        if data["judge"] is None:
+            del data["judge"]
+        return data
 
     def ranking_metrics(self) -> tuple[MetricSpec, ...]:
         return tuple(m for m in self.metrics if m.is_ranking)
 
 
 def metric_specs(
-    cutoffs: Mapping[str, int] | None = None, answers: bool = False, ann: bool = False
+    cutoffs: Mapping[str, int] | None = None, answers: bool = False, ann: bool = False, judged: bool = False
 ) -> tuple[MetricSpec, ...]:
     """Ranking metrics (``cutoffs`` per family), the safety metric, the answer metrics when the
-    run generates answers, and ``ann_recall@10`` when its plan searches vectors approximately
-    (``ragpipe.evaluation.ann``) — in that fixed order."""
+    run generates answers, ``ann_recall@10`` when its plan searches vectors approximately
+    (``ragpipe.evaluation.ann``) and the judge's metrics when its answers are judged
+    (``ragpipe.evaluation.judging``) — in that fixed order."""
     return (
         default_metric_specs(cutoffs)
         + safety_metric_specs()
         + (answer_metric_specs() if answers else ())
         + (ann_metric_specs() if ann else ())
+        + (judge_metric_specs() if judged else ())
     )
 
 
@@ -104,6 +120,7 @@ class EvaluationSpec:
     suite: Suite
     plan: QueryPlan
     bundle_path: Path
+    judge: JudgeSpec | None = None  # the spec ``body.judge`` names (its ID), when answers are judged
 
     @property
     def spec_id(self) -> str:
@@ -124,9 +141,12 @@ class EvaluationSpec:
         repeats: int = 1,
         arm: str = "a",
         answers: bool = False,
+        judge: JudgeSpec | None = None,
     ) -> EvaluationSpec:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (hybrid, lexical, vector)")
+        if judge is not None and not answers:
+            raise ValueError("a judge judges answers: evaluate with answers to judge them")
         body = SpecBody(
             suite_digest=suite.digest,
             bundle_id=bundle_id,
@@ -134,9 +154,10 @@ class EvaluationSpec:
             mode=mode,
             scopes=tuple(scopes),
             k=k,
-            metrics=metric_specs(cutoffs, answers, searches_approximately(plan, mode)),
+            metrics=metric_specs(cutoffs, answers, searches_approximately(plan, mode), judge is not None),
             repeats=repeats,
             arm=arm,
             answers=answers,
+            judge=None if judge is None else judge.spec_id,
         )
-        return cls(body, suite, plan, Path(bundle_path))
+        return cls(body, suite, plan, Path(bundle_path), judge)

@@ -123,7 +123,7 @@ def judge_input(spec: JudgeSpec, item: JudgeItem) -> tuple[str, JudgeInput]:
     return key, JudgeInput(inputs, request, len(item.required_facts), item.citations)
 
 
-def _refusal(response: dict) -> tuple[str, str] | None:
+def refusal_of(response: dict) -> tuple[str, str] | None:
     """``(detail, message)`` when the response is a refusal or a filtered reply."""
     try:
         choice = response["choices"][0]
@@ -166,7 +166,7 @@ class JudgeStep:
             message = "reply is not valid Unicode text (an unpaired surrogate)"
             return StepFailure("invalid_output", message, usage=reply.usage)
         value = {"inputs": item.key_inputs} | call_value(item.request, reply.content, reply.response, reply.usage)
-        if (refused := _refusal(reply.response)) is not None:
+        if (refused := refusal_of(reply.response)) is not None:
             return StepFailure("refused", refused[1], detail=refused[0], usage=reply.usage, evidence=value)
         try:
             parse_verdict(reply.content, item.n_facts, item.cited_labels)
@@ -199,7 +199,7 @@ def value_check(expected: Mapping[str, JudgeInput]):
     return check
 
 
-def _withheld(spec: JudgeSpec, item: JudgeItem) -> str | None:
+def withheld_reason(spec: JudgeSpec, item: JudgeItem) -> str | None:
     """Why ``item`` may not be sent to the judge, or None."""
     for evidence in item.cited_evidence:
         if not spec.may_send(evidence.access_scopes):
@@ -223,7 +223,7 @@ def judge_answers(
     """One outcome per item (module docstring). Raises ``BudgetExhausted`` (judged calls stay
     cached) or ``BudgetUnenforceable`` (a budget and a model without a price)."""
     keyed = [(item, *judge_input(spec, item)) for item in items]
-    withheld = {i: why for i, (item, _, _) in enumerate(keyed) if (why := _withheld(spec, item)) is not None}
+    withheld = {i: why for i, (item, _, _) in enumerate(keyed) if (why := withheld_reason(spec, item)) is not None}
     sent = [(key, inp) for i, (_, key, inp) in enumerate(keyed) if i not in withheld]
     values: dict[str, dict] = {}
     report = None

@@ -14,6 +14,9 @@ from its trace (already checked against the record's digest) and the run's bound
 * ``unauthorized_disclosures`` equals the count over the final and shown rows and their scopes;
 * with answers, the answer metrics equal ``safety.answer_metrics`` of the recorded answer, and
   the outcome is ``abstained`` exactly when the answer abstained;
+* with a judge, its metrics equal what the cell's judge entry gives (``judging.recompute_judge``:
+  the request rebuilt from the bound judge spec, the case and the judged item; the verdict parsed
+  from the recorded reply), and without one no cell carries a judge outcome;
 * in a run that measures ``ann_recall@10`` (an approximate plan), it equals ``recall_of`` the
   trace's ``ann_approximate`` and ``ann_exact`` lists, which must be lists one comparison could
   produce (``ragpipe.evaluation.ann.check_ann_rows``); in any other run no cell may claim it.
@@ -37,13 +40,14 @@ import pyarrow.compute as pc
 
 from ragpipe.evaluation.ann import ANN_STAGES, ann_recall, check_ann_rows, measures_ann
 from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.judging import JudgeCheckError, recompute_judge
 from ragpipe.evaluation.ledger import LEDGER, Record
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.traces import TraceError, TraceReader
 
-TRACE_ONLY = ("answer",)  # metadata keys a record does not repeat
+TRACE_ONLY = ("answer", "judge")  # metadata keys a record does not repeat
 CITATION_KEYS = ["chunk_id", "document_id", "label"]
 RECORD_ONLY = ("hits", "trace")  # record keys the trace's metadata does not repeat
 
@@ -122,7 +126,12 @@ def _check_answer(answer: object, where: str) -> dict[str, Any]:
         isinstance(answer, dict)
         and set(answer) == set(ANSWER_FIELDS)
         and isinstance(answer["abstained"], bool)
-        and all(answer[f] is None or isinstance(answer[f], str) for f in ("reason", "failure"))
+        and (answer["reason"] is None or isinstance(answer["reason"], str))
+        # a generator's failure is {kind, message} (``AnswerResult.failure``), not a text
+        and (
+            answer["failure"] is None
+            or (isinstance(answer["failure"], dict) and all(isinstance(v, str) for v in answer["failure"].values()))
+        )
         and isinstance(answer["citations"], list)
         and all(
             isinstance(c, dict) and sorted(c) == CITATION_KEYS and all(isinstance(v, str) for v in c.values())
@@ -164,6 +173,27 @@ def _differences(claimed: Mapping[str, Any], recomputed: Mapping[str, float]) ->
     return None
 
 
+def _judged(
+    spec: EvaluationSpec,
+    case: Case,
+    answer: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    payload: Mapping[str, Any],
+    where: str,
+) -> dict[str, float]:
+    """The judge's metrics of a cell, recomputed from its trace entry (``judging.recompute_judge``);
+    none, and no judge entry, in a run without a judge."""
+    entry, outcome = meta.get("judge"), payload.get("judge_outcome")
+    if spec.judge is None:
+        if entry is not None or outcome is not None or "judge_usage" in payload:
+            raise TraceError(f"{where}: a judge outcome in a run whose answers are not judged")
+        return {}
+    try:
+        return recompute_judge(spec.judge, case, answer, entry, outcome)
+    except JudgeCheckError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+
+
 def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> None:
     """Refuse (``TraceError`` naming the record) when a completed cell's metrics or outcome differ
     from their recomputation (module docstring)."""
@@ -192,6 +222,7 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
             metrics.update(answer_metrics(case, answer))
             if (record.payload["outcome"] == "abstained") != bool(answer["abstained"]):
                 raise TraceError(f"{where}: outcome {record.payload['outcome']!r} contradicts the recorded answer")
+            metrics.update(_judged(spec, case, answer, meta, record.payload, where))
         elif answer is not None or record.payload["outcome"] != "success":
             raise TraceError(f"{where}: an answer or abstention in a run that generates no answers")
         metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)

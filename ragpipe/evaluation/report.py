@@ -11,7 +11,8 @@ Unanswerable cases carry no ranking metric; skipped cases and failed cells carry
 Latency: p50 / p95 by nearest rank over the completed cells' query latencies, with the count.
 ``evaluated`` counts cases all of whose cells completed. A run that generates answers adds
 ``answer_usage``: the completed cells' model calls, cached answers, tokens and micros summed
-(``sum_answer_usage``; a sum with any unknown part is unknown, ``null``). Nothing operational that varies between
+(``sum_answer_usage``; a sum with any unknown part is unknown, ``null``); a judged run adds
+``answer_quality`` (``answer_quality``: the label distribution first). Nothing operational that varies between
 rebuilds (paths, time) is in a report; ``eval --json`` adds ``out``.
 
 Provisional cases (suite cases no person has adjudicated yet, listed by ``RunCreated``): the report's
@@ -28,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ragpipe.evaluation.judge_spec import LABELS
+from ragpipe.evaluation.judge_step import FAILURE_STATUSES
 from ragpipe.evaluation.ledger import Record
 from ragpipe.evaluation.metrics import MetricSpec, aggregate
 from ragpipe.evaluation.run_state import COMPLETED_OUTCOMES, FAILED_OUTCOMES, RunState, cell_dict
@@ -149,7 +152,35 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
         unknown = {"calls": 0, "cached": False, "input_tokens": None, "output_tokens": None, "cost_micros": None}
         usages = [p.get("answer_usage", unknown) for p in state.terminal.values() if p["outcome"] in COMPLETED_OUTCOMES]
         report["answer_usage"] = sum_answer_usage(usages)
+    if spec.get("judge") is not None:
+        report["answer_quality"] = answer_quality(state)
     return report
+
+
+def answer_quality(state: RunState) -> dict[str, Any]:
+    """A judged run's answer quality over its completed cells: the label ``distribution`` (all
+    four labels, always — the mean never replaces it), ``labelled`` cells (judged, or abstained on
+    an answerable case: 0_FAIL by rule, counted in ``by_rule``), their ``mean_label``, the
+    ``judged`` calls and the judge's ``failures`` by kind (never a label), and ``judge_usage`` (the
+    calls behind the verdicts, summed like ``answer_usage``)."""
+    completed = [p for p in state.terminal.values() if p["outcome"] in COMPLETED_OUTCOMES]
+    labels = [int(p["metrics"]["answer_label"]) for p in completed if "answer_label" in p["metrics"]]
+    outcomes = [p.get("judge_outcome") for p in completed]
+    usages = [
+        {"calls": 1, "cached": False, **{k: p["judge_usage"].get(k) for k in ("input_tokens", "output_tokens")}}
+        | {"cost_micros": p["judge_usage"].get("cost_micros")}
+        for p in completed
+        if isinstance(p.get("judge_usage"), dict)
+    ]
+    return {
+        "distribution": {label: labels.count(rank) for rank, label in enumerate(LABELS)},
+        "labelled": len(labels),
+        "by_rule": sum(1 for p in completed if "answer_label" in p["metrics"] and p.get("judge_outcome") is None),
+        "mean_label": math.fsum(labels) / len(labels) if labels else None,
+        "judged": outcomes.count("judged"),
+        "failures": {kind: outcomes.count(kind) for kind in FAILURE_STATUSES},
+        "judge_usage": sum_answer_usage(usages),
+    }
 
 
 def mark_provisional(
@@ -204,6 +235,20 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"Answers (model usage over {u['cells']} cells): {u['calls']} calls · {u['cached']} cached · "
             f"tokens in {_fmt(u['input_tokens'])} · out {_fmt(u['output_tokens'])} · cost {cost}"
             + (f" ({u['unknown_cost_cells']} cells of unknown cost)" if u["unknown_cost_cells"] else ""),
+        ]
+    if (q := report.get("answer_quality")) is not None:
+        mean = "n/a" if q["mean_label"] is None else f"{q['mean_label']:.3f}"
+        failures = ", ".join(f"{kind} {n}" for kind, n in q["failures"].items())
+        lines += [
+            "",
+            "## Answer quality",
+            "",
+            "| " + " | ".join(q["distribution"]) + " |",
+            "|" + "---|" * len(q["distribution"]),
+            "| " + " | ".join(str(n) for n in q["distribution"].values()) + " |",
+            "",
+            f"{q['labelled']} answers labelled ({q['judged']} judged, {q['by_rule']} abstentions 0_FAIL by rule) · "
+            f"mean label {mean} (0–3; the distribution above is the figure) · judge failures: {failures}",
         ]
     lines += [
         "",

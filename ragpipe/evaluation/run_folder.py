@@ -15,6 +15,7 @@ from typing import Any
 
 from ragpipe.evaluation.ann import ANN_RECALL, measures_ann
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody, searches_approximately
+from ragpipe.evaluation.judge_spec import JudgeSpec
 from ragpipe.evaluation.ledger import LEDGER, LedgerError, read_ledger, reduce_records
 from ragpipe.evaluation.recompute import check_cells
 from ragpipe.evaluation.report import build_report, write_reports
@@ -25,6 +26,7 @@ from ragpipe.kernel.strict_load import load_json
 from ragpipe.retrieval.plan import PlanError, parse_plan
 
 INPUTS = {"suite": "inputs/suite.jsonl", "query_plan": "inputs/query_plan.json", "spec": "inputs/spec.json"}
+JUDGE_INPUT = {"judge": "inputs/judge.json"}  # bound only in runs whose answers are judged
 BUNDLE_INPUT = "bundle"  # the InputBound record of the evaluated bundle (nothing copied: see bundle_binding)
 BUILD_FIGURES = ("vectors", "payload_bytes")
 
@@ -37,12 +39,32 @@ def _bound_seq(ledger_records, name: str) -> int:
     return next(r.seq for r in ledger_records if r.kind == "InputBound" and r.payload["name"] == name)
 
 
+def _bound_inputs(state: RunState) -> dict[str, str]:
+    """The copied inputs a run binds: the three of every run, and the judge's when it has one."""
+    judged = isinstance(state.created.get("spec"), dict) and state.created["spec"].get("judge") is not None
+    return {**INPUTS, **(JUDGE_INPUT if judged else {})}
+
+
+def _judge_of(data: bytes | None, body: SpecBody, run: Path) -> JudgeSpec | None:
+    """The bound judge spec, parsed and checked against the spec's judge ID."""
+    if data is None:
+        return None
+    path = run / JUDGE_INPUT["judge"]
+    try:
+        judge = JudgeSpec.model_validate(load_json(data.decode("utf-8"), str(path)))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: bound input does not parse: {str(exc).splitlines()[0]}") from None
+    if judge.spec_id != body.judge:
+        raise RunError(f"{path}: judge spec ID {judge.spec_id} differs from the spec's {body.judge}")
+    return judge
+
+
 def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
     """The spec rebuilt from the copied inputs, each verified against its InputBound digest and
     its content ID, and the spec ID against RunCreated's."""
     where = str(run / LEDGER)
     data = {}
-    for name, path in INPUTS.items():
+    for name, path in _bound_inputs(state).items():
         bound = state.inputs.get(name)
         if bound is None:
             raise RunError(f"{where}: record {len(records)}: no InputBound record for {name!r}")
@@ -82,8 +104,9 @@ def load_inputs(run: Path, records, state: RunState) -> EvaluationSpec:
         )
         raise RunError(f"{run / INPUTS['spec']}: mode {body.mode!r} under plan {plan.plan_id} {rule} {ANN_RECALL}")
     _check_bundle_binding(where, records, state.inputs.get(BUNDLE_INPUT), body)
+    judge = _judge_of(data.get("judge"), body, run)
     # Relative to the run folder (runs before that stored it absolute: ``/`` keeps those as they are).
-    return EvaluationSpec(body, suite, plan, (run / state.created["bundle_path"]).resolve())
+    return EvaluationSpec(body, suite, plan, (run / state.created["bundle_path"]).resolve(), judge)
 
 
 def _check_bundle_binding(where: str, records, bound: Any, body: SpecBody) -> None:

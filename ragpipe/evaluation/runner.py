@@ -37,11 +37,13 @@ from typing import Any
 from ragpipe.bundle.manifest import BundleManifest
 from ragpipe.evaluation.cell import CellRun, run_cell, score_group
 from ragpipe.evaluation.eval_spec import EvaluationSpec, SpecBody, searches_approximately
+from ragpipe.evaluation.judging import Judging, judge_cells
 from ragpipe.evaluation.ledger import LEDGER, MAX_CELLS_PER_COMMIT, Ledger
 from ragpipe.evaluation.report import build_report, write_reports
 from ragpipe.evaluation.run_folder import (
     BUNDLE_INPUT,
     INPUTS,
+    JUDGE_INPUT,
     RunError,
     load_inputs,
     rebuild_report,
@@ -103,7 +105,10 @@ def _check_retriever(retriever: Retriever, body: SpecBody) -> None:
 
 def _input_bytes(spec: EvaluationSpec) -> dict[str, bytes]:
     plan = canonical_bytes(spec.plan.model_dump(mode="json", by_alias=True)) + b"\n"
-    return {"suite": suite_bytes(spec.suite), "query_plan": plan, "spec": canonical_bytes(spec.body.as_json()) + b"\n"}
+    data = {"suite": suite_bytes(spec.suite), "query_plan": plan, "spec": canonical_bytes(spec.body.as_json()) + b"\n"}
+    if spec.judge is not None:  # the whole judge spec, prompt text included: a verifier rebuilds each request
+        data["judge"] = canonical_bytes(spec.judge.record()) + b"\n"
+    return data
 
 
 def bundle_binding(manifest: BundleManifest) -> dict[str, Any]:
@@ -146,7 +151,8 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
         # (its evaluations/ and bundles/) that is copied or moved still finds it.
         "bundle_path": os.path.relpath(Path(spec.bundle_path).resolve(), out.resolve()),
     }
-    content_ids = {"suite": body.suite_digest, "query_plan": body.plan_id, "spec": spec.spec_id}
+    content_ids = {"suite": body.suite_digest, "query_plan": body.plan_id, "spec": spec.spec_id, "judge": body.judge}
+    paths = {**INPUTS, **JUDGE_INPUT}
 
     def write_data(tmp: Path) -> None:
         (tmp / "inputs").mkdir()
@@ -154,10 +160,10 @@ def create_run(spec: EvaluationSpec, out: Path, retriever: Retriever, run_id: st
         with Ledger.create(tmp) as ledger:
             ledger.append("RunCreated", created)
             for name, data in _input_bytes(spec).items():
-                (tmp / INPUTS[name]).write_bytes(data)
+                (tmp / paths[name]).write_bytes(data)
                 ledger.append(
                     "InputBound",
-                    {"name": name, "path": INPUTS[name], "digest": bytes_digest(data), "content_id": content_ids[name]},
+                    {"name": name, "path": paths[name], "digest": bytes_digest(data), "content_id": content_ids[name]},
                 )
             ledger.append("InputBound", bundle_binding(retriever.bundle.manifest))
 
@@ -197,11 +203,18 @@ def _execute(
     retriever: Retriever,
     on_progress: Progress | None,
     cells_per_commit: int = CELLS_PER_COMMIT,
+    judging: Judging | None = None,
 ) -> EvaluationResult:
     if not 1 <= cells_per_commit <= MAX_CELLS_PER_COMMIT:
         raise RunError(f"cells per commit must be 1 to {MAX_CELLS_PER_COMMIT}, got {cells_per_commit}")
+    if (spec.judge is None) != (judging is None) or (judging is not None and judging.spec != spec.judge):
+        raise RunError(
+            "the run's answers are judged: pass judging, how to reach its judge (ragpipe eval does)"
+            if judging is None
+            else "the judge given is not the run's judge"
+        )
     with long_lived_heap_frozen():
-        return _execute_cells(run, ledger, spec, retriever, on_progress, cells_per_commit)
+        return _execute_cells(run, ledger, spec, retriever, on_progress, cells_per_commit, judging)
 
 
 def _closing(runs: Sequence[CellRun], refs: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -258,6 +271,7 @@ def _execute_cells(
     retriever: Retriever,
     on_progress: Progress | None,
     cells_per_commit: int,
+    judging: Judging | None,
 ) -> EvaluationResult:
     """Run the missing cells group by group. A group's trace file is encoded, written and fsynced
     by a second thread while this one runs the next group's queries (Parquet encoding, zstd and
@@ -287,6 +301,8 @@ def _execute_cells(
             try:
                 runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
                 score_group(runs, cases, spec.body)
+                if judging is not None:
+                    judge_cells([(r.judge_item, r.payload, r.described) for r in runs if r.judge_item], judging)
             except BaseException as exc:  # an interrupt, a cancelled run: keep what is on disk
                 if pending is not None:
                     _salvage(ledger, pending, exc)
@@ -314,17 +330,21 @@ def run_evaluation(
     on_progress: Progress | None = None,
     run_id: str | None = None,
     cells_per_commit: int = CELLS_PER_COMMIT,
+    judging: Judging | None = None,
 ) -> EvaluationResult:
     """Create the run folder ``out`` for ``spec`` (run ID ``run_id`` or a fresh UUIDv7) and
-    execute every expected cell, ``cells_per_commit`` at a time (module docstring)."""
+    execute every expected cell, ``cells_per_commit`` at a time (module docstring); ``judging``:
+    how to reach the judge of a spec that names one (``ragpipe.evaluation.judging``)."""
     out = Path(out)
     if out.exists() or out.is_symlink():
         raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
     retriever = (retriever_factory or default_factory)(spec)
     _check_retriever(retriever, spec.body)
+    if (spec.judge is None) != (judging is None):
+        raise RunError("a run whose answers are judged needs its judge reached (judging), and only such a run")
     create_run(spec, out, retriever, run_id)
     with Ledger.open(out) as ledger:
-        return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit)
+        return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit, judging)
 
 
 def resume_evaluation(
@@ -333,9 +353,11 @@ def resume_evaluation(
     retriever_factory: RetrieverFactory | None = None,
     on_progress: Progress | None = None,
     cells_per_commit: int = CELLS_PER_COMMIT,
+    judging: Callable[[EvaluationSpec], Judging] | None = None,
 ) -> EvaluationResult:
     """Verify ``out`` (chain, head, inputs, spec ID) and run only the missing cells. A completed
-    run is not touched (its report is rebuilt from the ledger); a failed run is refused."""
+    run is not touched (its report is rebuilt from the ledger); a failed run is refused.
+    ``judging`` makes, from the run's bound judge spec, how to reach it this time."""
     out = Path(out)
     with Ledger.open(out) as ledger:
         spec = load_inputs(out, ledger.records, ledger.state)
@@ -347,7 +369,8 @@ def resume_evaluation(
             )
         retriever = (retriever_factory or default_factory)(spec)
         _check_retriever(retriever, spec.body)
-        return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit)
+        reached = judging(spec) if judging is not None and spec.judge is not None else None
+        return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit, reached)
 
 
 __all__ = [

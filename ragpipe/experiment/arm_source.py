@@ -74,6 +74,7 @@ def _coordinates(body: SpecBody) -> Coordinates:
         repeats=body.repeats,
         answers=body.answers,
         metrics=metrics,
+        judge=body.judge,
     )
 
 

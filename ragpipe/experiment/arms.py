@@ -64,7 +64,18 @@ class Coordinates(FrozenModel):
     k: int
     repeats: int = Field(ge=1)
     answers: bool
+    # the judge spec ID of judged runs: labels of two judges never pair (before ``metrics``, so a
+    # judged and an unjudged run are told apart by this, not by their metric lists)
+    judge: str | None = None
     metrics: tuple[MetricDecl, ...]
+
+    @model_serializer(mode="wrap")
+    def _without_judge(self, handler):
+        """No ``judge`` key for unjudged runs, so their comparisons keep their content and IDs."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("judge", 0) is None:
+            data.pop("judge")
+        return data
 
     def metric(self, name: str) -> MetricDecl | None:
         return next((m for m in self.metrics if m.name == name), None)

@@ -2,8 +2,9 @@
 
 Names are the evaluation report's: the ranking families ``ndcg``, ``recall``, ``mrr``, ``precision``, ``hit``
 and ``relevant_recall`` at any positive cutoff (``ndcg@10``), the safety count
-``unauthorized_disclosures``, the answer rates and ``ann_recall@10`` (runs of an approximate query
-plan). A policy naming anything else is refused at load (a typo must not silently disable a
+``unauthorized_disclosures``, the answer rates, ``ann_recall@10`` (runs of an approximate query
+plan) and the judge's (``answer_label``, the label rates, ``required_fact_recall``,
+``groundedness_rate``, ``judge_failure_rate``: judged runs). A policy naming anything else is refused at load (a typo must not silently disable a
 check); a run declaring a known metric with another direction is refused at decision time.
 
 ``ARM_ONLY`` metrics describe how one arm serves — the recall of its ANN index against exact
@@ -18,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Literal
+
+from ragpipe.evaluation.judging import judge_metric_specs
 
 Direction = Literal["higher", "lower"]
 
@@ -44,6 +47,8 @@ NAMED: dict[str, KnownMetric] = {
         KnownMetric("correct_abstention_rate", "higher", 0.0, 1.0),
         KnownMetric("citation_precision", "higher", 0.0, 1.0),
         KnownMetric("ann_recall@10", "higher", 0.0, 1.0),
+        # a judged run's answer quality (``ragpipe.evaluation.judging``)
+        *(KnownMetric(m.name, m.direction, m.range[0], m.range[1]) for m in judge_metric_specs()),
     )
 }
 ARM_ONLY = frozenset({"ann_recall@10"})

@@ -1,0 +1,315 @@
+"""Judged evaluation runs: the judge's verdicts as cell metrics, recomputed at verification, against
+a real local OpenAI-protocol server playing both the generator and the judge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.judge_spec import DEFAULT_JUDGE_SPEC, judge_spec
+from ragpipe.evaluation.judging import JUDGE_METRICS, Judging
+from ragpipe.evaluation.run_folder import verify_run
+from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
+from ragpipe.evaluation.suite import Case, Suite, check_against_bundle, write_suite
+from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.evaluation.traces import TraceError
+from ragpipe.experiment.arm_source import load_arm
+from ragpipe.experiment.pairing import PairingError, pair
+from ragpipe.retrieval.plan import GeneratorPlan, load_plan
+from ragpipe.retrieval.retriever import Retriever
+from ragpipe.work.admission import Budget
+from ragpipe.work.policy import ExecutionPolicy
+from ragpipe.work.usage import load_prices
+from ragpipe_tests.evaluation.test_recompute import completed, retrace, rewrite
+from ragpipe_tests.support.eval_support import eval_bundle  # noqa: F401
+from ragpipe_tests.support.llm_server import LLMServer, judge_reply
+
+PROMPT = (DEFAULT_JUDGE_SPEC.parent / "prompts" / "judge.txt").read_text(encoding="utf-8")
+ANSWER = json.dumps({"answer": "Yes, it does [E1].", "citations": ["E1"], "abstained": False})
+ABSTAIN = json.dumps({"answer": "", "citations": [], "abstained": True})
+MALFORMED = "not JSON at all"  # the generator fails: the system abstains (and the run must still verify)
+FACTS = ("yes", "it does", "placebo")  # two of three stated by ANSWER: 2_SUBSTANTIAL
+
+
+class Both(LLMServer):
+    """The generator (answers every question but two: it abstains on one and fails on the other)
+    and the judge."""
+
+    abstain_on = fail_on = ""
+
+    def reply(self, request: dict) -> str:
+        system, user = str(request["messages"][0]["content"]), str(request["messages"][-1]["content"])
+        if "3_AUTHORITATIVE" in system:
+            return judge_reply(request)
+        if self.abstain_on and self.abstain_on in user:
+            return ABSTAIN
+        return MALFORMED if self.fail_on and self.fail_on in user else ANSWER
+
+
+def _suite(eval_bundle, root: Path) -> tuple[Path, str, str]:  # noqa: F811
+    """The eval sample suite with required facts on every answerable case; the IDs of the two such
+    cases the generator abstains on and fails on."""
+    _, suite_path = eval_bundle
+    cases = []
+    for case in load_suite(suite_path).cases:
+        data = case.canonical()
+        if case.answerability == "answerable":
+            data["required_facts"] = list(FACTS)
+        cases.append(data)
+    path = root / "suite.jsonl"
+    suite = Suite.of([Case(**c) for c in cases], "judged")
+    write_suite(suite, path)
+    retriever = Retriever(eval_bundle[0], plan=load_plan())
+    evaluable = {
+        s.case_id for s in check_against_bundle(suite, retriever.scopes.keys(), retriever.chunks.keys()) if s.evaluable
+    }
+    chosen = [c.id for c in suite.cases if c.answerability == "answerable" and c.id in evaluable]
+    return path, chosen[0], chosen[1]
+
+
+def _plan(server: LLMServer):
+    base = load_plan()
+    generator = GeneratorPlan(kind="litellm", model="openai/gpt-4o-mini", api_base=server.api_base)
+    return base.model_copy(update={"answer": base.answer.model_copy(update={"generator": generator})})
+
+
+def _judged_run(eval_bundle, root: Path, server: Both, out: str, budget: int | None = None):  # noqa: F811
+    bundle, _ = eval_bundle
+    suite_path, abstained, failed = _suite(eval_bundle, root)
+    suite = load_suite(suite_path)
+    server.abstain_on, server.fail_on = suite.by_id()[abstained].query, suite.by_id()[failed].query
+    plan = _plan(server)
+    spec_judge = judge_spec({"model": "openai/gpt-4o-mini", "api_base": server.api_base, "rubric_version": 1}, PROMPT)
+    retriever = Retriever(bundle, plan=plan)
+    spec = EvaluationSpec.build(suite, plan, bundle, retriever.bundle_id, k=20, answers=True, judge=spec_judge)
+    judging = Judging(
+        spec_judge,
+        root / "judge-cache",
+        ExecutionPolicy(concurrency=2, max_attempts=1),
+        load_prices(),
+        None if budget is None else Budget(budget),
+    )
+    result = run_evaluation(spec, root / out, retriever_factory=lambda _: retriever, judging=judging)
+    return result, spec, (abstained, failed), judging, retriever
+
+
+@pytest.fixture(scope="module")
+def judged(eval_bundle, tmp_path_factory):  # noqa: F811
+    root = tmp_path_factory.mktemp("judged")
+    with Both() as server:
+        server.scenario, server.responder = "responder", server.reply
+        result, spec, (abstained, failed), judging, retriever = _judged_run(eval_bundle, root, server, "run")
+        judge_calls = sum("3_AUTHORITATIVE" in str(r["messages"][0]["content"]) for r in server.requests)
+        # the same spec again: every verdict comes from the cache, no judge call
+        before = len(server.requests)
+        again = run_evaluation(spec, root / "again", retriever_factory=lambda _: retriever, judging=judging)
+        cached_calls = sum("3_AUTHORITATIVE" in str(r["messages"][0]["content"]) for r in server.requests[before:])
+    return {"run": root / "run", "again": again.out, "spec": spec, "abstained": abstained, "failed": failed,
+            "judge_calls": judge_calls, "cached_calls": cached_calls, "report": result.report}  # fmt: skip
+
+
+def test_every_answered_answerable_cell_is_judged_and_the_rest_follow_the_rules(judged):
+    state = verify_run(judged["run"])
+    cells = {key[0]: p for key, p in state.terminal.items()}
+    suite = judged["spec"].suite.by_id()
+    answered = [c for c, p in cells.items() if suite[c].answerability == "answerable" and p["outcome"] == "success"]
+    assert judged["judge_calls"] == len(answered) > 0
+    for case_id in answered:
+        p = cells[case_id]
+        assert p["judge_outcome"] == "judged" and p["judge_usage"]["cost_micros"] > 0
+        # two of the three required facts are in "Yes, it does": 2_SUBSTANTIAL, grounded (it cites E1)
+        assert {m: p["metrics"][m] for m in JUDGE_METRICS} == {
+            "answer_label": 2.0,
+            "label_fail_rate": 0.0,
+            "label_substantial_rate": 1.0,
+            "label_authoritative_rate": 0.0,
+            "required_fact_recall": pytest.approx(2 / 3),
+            "groundedness_rate": 1.0,
+            "judge_failure_rate": 0.0,
+        }
+    failed = cells[judged["failed"]]  # the generator failed: the system abstained, and the run verifies
+    assert failed["outcome"] == "abstained" and failed["metrics"]["answer_label"] == 0.0
+    abstained = cells[judged["abstained"]]
+    assert abstained["outcome"] == "abstained" and "judge_outcome" not in abstained
+    assert {m: abstained["metrics"].get(m) for m in JUDGE_METRICS} == {
+        "answer_label": 0.0,
+        "label_fail_rate": 1.0,
+        "label_substantial_rate": 0.0,
+        "label_authoritative_rate": 0.0,
+        "required_fact_recall": 0.0,
+        "groundedness_rate": None,
+        "judge_failure_rate": None,
+    }
+    unanswerable = [p for c, p in cells.items() if suite[c].answerability == "unanswerable"]
+    assert unanswerable and all(not set(JUDGE_METRICS) & set(p["metrics"]) for p in unanswerable)
+
+
+def test_the_report_shows_the_distribution_and_then_the_mean(judged):
+    quality = judged["report"]["answer_quality"]
+    n = judged["judge_calls"]
+    suite = judged["spec"].suite.by_id()
+    state = verify_run(judged["run"])
+    # the abstention, the generator's failure (the system abstains), and any case with no evidence
+    ruled = sum(
+        1
+        for k, p in state.terminal.items()
+        if suite[k[0]].answerability == "answerable" and p["outcome"] == "abstained"
+    )
+    assert ruled >= 2
+    assert quality["distribution"] == {"0_FAIL": ruled, "1_PARTIAL": 0, "2_SUBSTANTIAL": n, "3_AUTHORITATIVE": 0}
+    assert (quality["labelled"], quality["judged"], quality["by_rule"]) == (n + ruled, n, ruled)
+    assert quality["mean_label"] == pytest.approx(2 * n / (n + ruled))
+    assert quality["failures"] == {"provider": 0, "invalid_output": 0, "refused": 0, "withheld": 0}
+    assert quality["judge_usage"]["calls"] == n and quality["judge_usage"]["cost_micros"] > 0
+    md = (judged["run"] / "report.md").read_text()
+    table = md.index("| 0_FAIL | 1_PARTIAL | 2_SUBSTANTIAL | 3_AUTHORITATIVE |")
+    assert table < md.index("mean label") and f"| {ruled} | 0 | {n} | 0 |" in md
+
+
+def test_a_second_run_takes_every_verdict_from_the_cache(judged):
+    assert judged["cached_calls"] == 0
+    first, again = verify_run(judged["run"]), verify_run(judged["again"])
+    assert {k: p["metrics"] for k, p in first.terminal.items()} == {k: p["metrics"] for k, p in again.terminal.items()}
+
+
+def test_labels_of_a_judged_run_pair_only_with_the_same_judge(judged, eval_bundle, tmp_path):  # noqa: F811
+    arm = load_arm(judged["run"])
+    assert arm.coordinates.judge == judged["spec"].body.judge
+    assert pair(arm, load_arm(judged["again"])).coordinates.judge == arm.coordinates.judge
+    # an unjudged run of the same suite: refused, naming the judge (not a metric list)
+    bundle, _ = eval_bundle
+    spec = judged["spec"]
+    with Both() as server:
+        server.scenario, server.responder = "responder", server.reply
+        plan = _plan(server)
+        plain = EvaluationSpec.build(spec.suite, plan, bundle, spec.body.bundle_id, k=20, answers=True)
+        run_evaluation(plain, tmp_path / "plain", retriever_factory=lambda _: Retriever(bundle, plan=plan))
+    with pytest.raises(PairingError, match=r"^runs differ in judge: incumbent 'sha256:"):
+        pair(arm, load_arm(tmp_path / "plain"))
+
+
+def _copy(judged, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(judged["run"], tmp_path / "run"))
+
+
+def _judged_payload(payloads) -> dict:
+    return completed(payloads, lambda p: p.get("judge_outcome") == "judged")
+
+
+def test_a_label_edited_with_every_digest_recomputed_is_refused(judged, tmp_path):
+    run = _copy(judged, tmp_path)
+
+    def edit(payloads):
+        payload = _judged_payload(payloads)
+        payload["metrics"] = {**payload["metrics"], "answer_label": 3.0, "label_authoritative_rate": 1.0}
+
+        def meta(described):
+            described["metrics"] = payload["metrics"]
+            entry = json.loads(described["judge"])
+            entry["verdict"]["label"] = "3_AUTHORITATIVE"
+            described["judge"] = json.dumps(entry, ensure_ascii=True, sort_keys=True)
+
+        retrace(run, payloads, payload, lambda t: t, meta)
+
+    rewrite(run, edit)
+    with pytest.raises(TraceError, match=r"record \d+: the recorded verdict is not what the reply says"):
+        verify_run(run)
+
+
+def test_a_reply_edited_to_a_better_verdict_does_not_rebuild(judged, tmp_path):
+    """The forger edits the model's reply (and the response's message) to 3_AUTHORITATIVE with every
+    fact stated, and the verdict and metrics to match: what is not bound is the reply — it is
+    evidence of a call — so this is what a keyed seal stops; but the request must still be the
+    case's: a reply moved from another case is refused."""
+    run = _copy(judged, tmp_path)
+    state = verify_run(run)
+    other = next(p for p in state.terminal.values() if p.get("judge_outcome") == "judged")
+
+    def edit(payloads):
+        payload = next(
+            p
+            for k, p in payloads
+            if k == "CellCompleted" and p.get("judge_outcome") == "judged" and p["cell"] != other["cell"]
+        )
+
+        def meta(described):
+            entry = json.loads(described["judge"])
+            source = json.loads(_description(run, other)["judge"])
+            entry["evidence"] = source["evidence"]  # another case's request and reply
+            described["judge"] = json.dumps(entry, ensure_ascii=True, sort_keys=True)
+
+        retrace(run, payloads, payload, lambda t: t, meta)
+
+    rewrite(run, edit)
+    with pytest.raises(TraceError, match=r"the recorded request is not the one the spec, the case and the answer make"):
+        verify_run(run)
+
+
+def _description(run: Path, payload: dict) -> dict:
+    import pyarrow.parquet as pq
+
+    from ragpipe.evaluation.traces import CELLS_METADATA_KEY
+
+    table = pq.read_table(run / payload["trace"]["file"])
+    cells = json.loads(table.schema.metadata[CELLS_METADATA_KEY])["cells"]
+    return next(c for c in cells if c["cell"] == payload["cell"])
+
+
+def test_a_judged_cell_turned_into_an_abstention_or_a_failure_is_refused(judged, tmp_path):
+    run = _copy(judged, tmp_path)
+
+    def edit(payloads):
+        payload = _judged_payload(payloads)
+        payload["judge_outcome"] = "refused"
+        payload["metrics"] = {k: v for k, v in payload["metrics"].items() if k not in JUDGE_METRICS} | {
+            "judge_failure_rate": 1.0
+        }
+
+        def meta(described):
+            described["metrics"], described["judge_outcome"] = payload["metrics"], "refused"
+            entry = json.loads(described["judge"])
+            entry["status"] = "refused"
+            described["judge"] = json.dumps(entry, ensure_ascii=True, sort_keys=True)
+
+        retrace(run, payloads, payload, lambda t: t, meta)
+
+    rewrite(run, edit)
+    with pytest.raises(TraceError, match=r"recorded refused, but the response is no refusal"):
+        verify_run(run)
+
+
+def test_an_edited_bound_judge_spec_is_refused(judged, tmp_path):
+    run = _copy(judged, tmp_path)
+    path = run / "inputs" / "judge.json"
+    spec = json.loads(path.read_bytes())
+    spec["rubric_version"] = 2
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(Exception, match=r"judge\.json: differs from the digest of its InputBound record"):
+        verify_run(run)
+
+
+def test_a_budget_stop_keeps_the_run_and_a_resume_judges_the_rest(eval_bundle, tmp_path):  # noqa: F811
+    with Both() as server:
+        server.scenario, server.responder = "responder", server.reply
+        from ragpipe.work.failures import BudgetExhausted
+
+        with pytest.raises(BudgetExhausted):
+            _judged_run(eval_bundle, tmp_path, server, "run", budget=0)
+        run = tmp_path / "run"
+        before = verify_run(run)
+        assert before.status == "running" and len(before.terminal) == 0  # the first group never closed
+        judged_before = sum("3_AUTHORITATIVE" in str(r["messages"][0]["content"]) for r in server.requests)
+        assert judged_before == 0  # a budget of 0 admits no call
+        result = resume_evaluation(
+            run,
+            retriever_factory=lambda s: Retriever(s.bundle_path, plan=s.plan),
+            judging=lambda s: Judging(
+                s.judge, tmp_path / "judge-cache", ExecutionPolicy(max_attempts=1), load_prices()
+            ),
+        )
+    assert result.report["status"] == "completed" and result.report["answer_quality"]["judged"] > 0
+    verify_run(run)
