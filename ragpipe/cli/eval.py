@@ -248,9 +248,7 @@ def eval_run(
     def run():
         if resume is not None:
             if suite is not None or bundle is not None or revision is not None or out_dir is not None or judge:
-                raise ValueError(
-                    "--resume takes only the run folder (and how to reach its judge): the spec comes from its ledger"
-                )
+                raise ValueError("--resume takes only the run folder: the spec comes from its ledger")
             with budget_stop(resume):
                 return resume_evaluation(resume, on_progress=_progress(as_json), judging=reach)
         if suite is None:

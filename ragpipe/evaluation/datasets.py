@@ -269,7 +269,8 @@ def _check_case(value: Any, where: str) -> dict[str, Any]:
     try:
         return Case(**value).canonical()
     except (SuiteError, ValueError, TypeError) as exc:
-        raise DatasetError(f"{where}: {_rule(exc)}") from None
+        rule = _rule(exc).removeprefix(f"case {value.get('id')!r}: ")  # a card rule names the case already
+        raise DatasetError(f"{where}: {rule}") from None
 
 
 def _payload(record: Record, where: str) -> _Payload:

@@ -104,13 +104,17 @@ MALFORMED = [
         "unknown metric in target",
         edit("metric: ndcg@10", "metric: ndcg@x"),
         "10: target.metric: unknown metric 'ndcg@x' (known: ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, "
-        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10)",
+        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10, "
+        "answer_label, label_fail_rate, label_substantial_rate, label_authoritative_rate, required_fact_recall, "
+        "groundedness_rate, judge_failure_rate)",
     ),
     (
         "unknown metric in hard",
         edit("  unauthorized_disclosures: {max: 0}", "  leaks: {max: 0}"),
         "4: hard.leaks: unknown metric 'leaks' (known: ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, "
-        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10)",
+        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10, "
+        "answer_label, label_fail_rate, label_substantial_rate, label_authoritative_rate, required_fact_recall, "
+        "groundedness_rate, judge_failure_rate)",
     ),
     (
         "NaN threshold",
@@ -219,7 +223,9 @@ MALFORMED = [
         "unknown metric in a protected slice",
         edit("tags: {}", "tags: {rare: {ndcg@0: 0.1}}"),
         "16: regression.tags.rare.ndcg@0: unknown metric 'ndcg@0' (known: ndcg@K, recall@K, mrr@K, precision@K, hit@K, relevant_recall@K, "
-        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10)",
+        "unauthorized_disclosures, answer_contract_valid_rate, abstention_rate, correct_abstention_rate, citation_precision, ann_recall@10, "
+        "answer_label, label_fail_rate, label_substantial_rate, label_authoritative_rate, required_fact_recall, "
+        "groundedness_rate, judge_failure_rate)",
     ),
 ]
 
