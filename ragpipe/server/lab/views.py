@@ -11,6 +11,7 @@
 | ``GET /lab/runs/{run}/cases/{case}/{repeat}`` | the trace inspector: channels, fusion, final hits, context, answer |
 | ``GET /lab/compare?incumbent=&challenger=`` | two runs paired and compared by the experiment's code |
 | ``GET /lab/corpus``, ``GET /lab/corpus/{revision}`` | a revision's snapshot, exclusions and counts |
+| ``/lab/review…``, ``/lab/pairwise`` | the review queue, in-browser signing, freezing, pairwise review (``review_views.py``) |
 | ``GET /lab/static/{lab.css,lab.js}`` | the vendored style sheet and script |
 
 Every page carries ``Content-Security-Policy: default-src 'self'`` (no inline script or style runs),
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 import anyio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -37,28 +38,14 @@ from starlette.routing import Route
 
 from ragpipe.server.auth import Caller
 from ragpipe.server.errors import ApiError
-from ragpipe.server.lab.login import COOKIE, REVIEWER, LabSession, LabSessions, csrf_matches
+from ragpipe.server.lab.forms import SECURITY_HEADERS, LabRefusal, _form, posted_form
+from ragpipe.server.lab.login import COOKIE, REVIEWER, LabSession, LabSessions
 from ragpipe.server.lab.readers import LabReader, NotFound, Unverified
+from ragpipe.server.lab.review_views import review_routes
 
 HERE = Path(__file__).resolve().parent
 STATIC = {"lab.css": "text/css; charset=utf-8", "lab.js": "text/javascript; charset=utf-8"}
-MAX_FORM_BYTES = 8192
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 log = logging.getLogger("ragpipe.server")
-
-
-class LabRefusal(Exception):
-    """A page that is not shown: its status and the one-line reason the error page gives."""
-
-    def __init__(self, status: int, title: str, message: str):
-        super().__init__(message)
-        self.status, self.title, self.message = status, title, message
 
 
 def templates() -> Environment:
@@ -104,23 +91,6 @@ class Lab:
 class _Redirect(Exception):
     def __init__(self, location: str):
         self.location = location
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """An ``application/x-www-form-urlencoded`` body's first value per field (bounded); an empty
-    body is an empty form (what a POST without fields sends)."""
-    body = await request.body()
-    if not body:
-        return {}
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
-        raise LabRefusal(415, "Unsupported form", "the form must be sent as application/x-www-form-urlencoded")
-    if len(body) > MAX_FORM_BYTES:
-        raise LabRefusal(413, "Form too large", f"a form may hold at most {MAX_FORM_BYTES} bytes")
-    try:
-        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=16)
-    except (UnicodeDecodeError, ValueError):
-        raise LabRefusal(400, "Unreadable form", "the form cannot be parsed") from None
-    return {k: v[0] for k, v in fields.items()}
 
 
 def _repeat(raw: str) -> int:
@@ -210,17 +180,10 @@ def lab_app(service) -> Starlette:
         return response
 
     async def logout(request: Request) -> Response:
-        token = request.cookies.get(COOKIE)
-        session = lab.sessions.get(token)
-        if session is None:
-            return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
-        try:
-            form = await _form(request)
-        except LabRefusal as exc:
-            return lab.render(request, "error.html", exc.status, title=exc.title, message=exc.message)
-        if not csrf_matches(session, form.get("csrf")):
-            return lab.render(request, "error.html", 403, title="Forbidden", message="missing or wrong CSRF token")
-        lab.sessions.close(token)
+        checked = await posted_form(lab, request)
+        if isinstance(checked, Response):
+            return checked
+        lab.sessions.close(request.cookies.get(COOKIE))
         response = RedirectResponse(
             f"{request.scope.get('root_path', '')}/login", status_code=303, headers=SECURITY_HEADERS
         )
@@ -335,6 +298,7 @@ def lab_app(service) -> Starlette:
         Route("/corpus", corpora),
         Route("/corpus/{revision}", corpus),
     ]
+    routes += review_routes(lab, page)
     app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
     app.state.lab = lab
     return app
