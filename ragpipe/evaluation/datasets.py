@@ -76,6 +76,10 @@ class DatasetError(ValueError):
     """A dataset refused an operation; ``str(e)`` names the dataset (or file) and the rule."""
 
 
+class StaleDecision(DatasetError):
+    """The case a decision names is no longer the case's latest record (someone decided meanwhile)."""
+
+
 class _Payload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -478,7 +482,7 @@ def record_decision(
         state = _fold(ledger.records, ledger.path)
         entry = state.cases.get(proposal.case_id)
         if state.created_hash != proposal.created or entry is None or entry.last != proposal.after:
-            raise DatasetError(
+            raise StaleDecision(
                 f"dataset {proposal.dataset!r}: case {proposal.case_id!r} changed since this decision was "
                 "proposed; decide on it as it is now"
             )

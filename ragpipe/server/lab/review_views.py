@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ragpipe.evaluation.datasets import DatasetError, freeze, propose, record_decision
+from ragpipe.evaluation.datasets import DatasetError, StaleDecision, freeze, propose, record_decision
 from ragpipe.kernel.signatures import verify
 from ragpipe.server.errors import ApiError
 from ragpipe.server.lab.forms import SECURITY_HEADERS, LabRefusal, posted_form
@@ -189,7 +189,7 @@ def review_routes(lab, page) -> list[Route]:
         try:
             record = record_decision(lab.service.ws.home, proposal, signature, approvers)
         except DatasetError as exc:
-            if "changed since this decision was proposed" in str(exc):
+            if isinstance(exc, StaleDecision):
                 raise ReviewRefusal(409, "stale_proposal", str(exc)) from None
             raise
         return {
