@@ -113,6 +113,11 @@ class CaseTrace:
     citations: list[Item] = field(default_factory=list)
     judged: dict[str, int] = field(default_factory=dict)
     seq: int | None = None  # the ledger record that closed the cell
+    # A judged cell's judge entry (``ragpipe.evaluation.judging``): outcome, the answer's text and
+    # the verdict — None when the run judges nothing, or when the reviewer may not read every item
+    # the answer cites (the text and the verdict quote them)
+    judge: dict[str, Any] | None = None
+    judge_withheld: bool = False
     totals: dict[str, int] = field(default_factory=dict)  # rows in the trace per list, before ROWS_SHOWN
 
 
@@ -284,7 +289,22 @@ class LabReader:
         for number, (item, cited) in enumerate(zip(trace.citations, citations), start=1):
             item.rank, item.label = number, str(cited.get("label"))  # the answer's order, not the shown row's
         self._hydrate(run, trace, subject)
+        self._judge(trace, subject)
         return trace
+
+    @staticmethod
+    def _judge(trace: CaseTrace, subject: Subject) -> None:
+        """The cell's judge entry (verified with its run), shown only to a reviewer who may read
+        every cited item: the answer's text and the verdict's claims quote them."""
+        text = trace.description.get("judge")
+        if not isinstance(text, str):
+            return
+        entry = json.loads(text)
+        cited = (entry.get("item") or {}).get("cited_evidence") or []
+        if all(POLICY.allows(subject, tuple(e.get("access_scopes") or ())) for e in cited):
+            trace.judge = entry
+        else:
+            trace.judge_withheld = True
 
     def _hydrate(self, run: VerifiedRun, trace: CaseTrace, subject: Subject) -> None:
         """Titles, texts and scopes from the evaluated bundle; withheld outside ``subject``'s scopes."""
