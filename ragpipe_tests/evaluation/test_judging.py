@@ -108,8 +108,11 @@ def judged(eval_bundle, tmp_path_factory):  # noqa: F811
         before = len(server.requests)
         again = run_evaluation(spec, root / "again", retriever_factory=lambda _: retriever, judging=judging)
         cached_calls = sum("3_AUTHORITATIVE" in str(r["messages"][0]["content"]) for r in server.requests[before:])
-    return {"run": root / "run", "again": again.out, "spec": spec, "abstained": abstained, "failed": failed,
-            "judge_calls": judge_calls, "cached_calls": cached_calls, "report": result.report}  # fmt: skip
+        # the server stays up for the module: a judge is its endpoint too, so a second run judged by
+        # "the same judge" must reach this very server
+        yield {"run": root / "run", "again": again.out, "spec": spec, "abstained": abstained, "failed": failed,
+               "judge_calls": judge_calls, "cached_calls": cached_calls, "report": result.report,
+               "server": server}  # fmt: skip
 
 
 def test_every_answered_answerable_cell_is_judged_and_the_rest_follow_the_rules(judged):
@@ -313,3 +316,55 @@ def test_a_budget_stop_keeps_the_run_and_a_resume_judges_the_rest(eval_bundle, t
         )
     assert result.report["status"] == "completed" and result.report["answer_quality"]["judged"] > 0
     verify_run(run)
+
+
+def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundle, tmp_path):  # noqa: F811
+    """A challenger whose judge fails one answer (0_FAIL, an unsupported claim): hard
+    groundedness_rate >= 1 refuses it and passes the incumbent (every answer grounded); regression
+    label_fail_rate — one more 0_FAIL than the incumbent — is refused under a 0 loss limit and
+    passed under one just above the loss."""
+    from ragpipe.experiment.comparison import compare
+    from ragpipe.experiment.decision import decide
+    from ragpipe.experiment.gate_policy import parse_policy
+    from ragpipe_tests.support.gate_support import policy_doc
+
+    arm = load_arm(judged["run"])
+    first = next(k[0] for k, p in verify_run(judged["run"]).terminal.items() if p.get("judge_outcome") == "judged")
+    worse_on = judged["spec"].suite.by_id()[first].query
+    server = judged["server"]  # the same endpoint: the same judge
+
+    def reply(request: dict) -> str:
+        judging_it = "3_AUTHORITATIVE" in str(request["messages"][0]["content"])
+        if judging_it and worse_on in str(request["messages"][-1]["content"]):
+            verdict = json.loads(judge_reply(request))
+            claims = [{"text": "An unsupported claim.", "supported_by": []}]
+            return json.dumps({**verdict, "label": "0_FAIL", "claims": claims, "grounded": False})
+        return server.reply(request)
+
+    server.responder = reply
+    try:
+        _judged_run(eval_bundle, tmp_path, server, "worse")
+    finally:
+        server.responder = server.reply
+    worse = load_arm(tmp_path / "worse")
+
+    def hard(challenger) -> str:
+        base = policy_doc()
+        doc = {**base, "hard": {**base["hard"], "groundedness_rate": {"min": 1.0, "if_measured": True}}}
+        checks = decide(parse_policy(doc, "p.yaml"), None, challenger).checks
+        (check,) = [c for c in checks if c.phase == "hard" and c.metric == "groundedness_rate"]
+        return check.verdict
+
+    assert (hard(arm), hard(worse)) == ("pass", "fail")
+    comparison = compare(pair(arm, worse))
+    stats = comparison.slices["all"].metrics["label_fail_rate"].stats
+    assert (stats.wins, stats.losses) == (0, 1)  # lower is better: one case lost, none won
+    delta = abs(stats.mean)
+
+    def regression(limit: float) -> str:
+        doc = policy_doc(regression={"overall": {"label_fail_rate": limit}, "tags": {}})
+        decision = decide(parse_policy(doc, "p.yaml"), comparison)
+        (check,) = [c for c in decision.checks if c.phase == "regression" and c.metric == "label_fail_rate"]
+        return check.verdict
+
+    assert (regression(0.0), regression(delta + 0.001)) == ("fail", "pass")
