@@ -331,11 +331,17 @@ def judging_for(spec, budget_micros: int | None, concurrency: int):
         raise ValueError(f"--judge-budget-micros must be >= 0, got {budget_micros}")
     if not 1 <= concurrency <= 64:
         raise ValueError(f"--judge-concurrency must be 1 to 64, got {concurrency}")
+    prices = load_prices()
+    if budget_micros is not None and prices.price(spec.model) is None:  # refused before any run folder exists
+        raise ValueError(
+            f"--judge-budget-micros: the judge's model {spec.model!r} has no price in the price table "
+            "(ragpipe/specs/prices.yaml or $RAGPIPE_PRICES), so no budget can be kept"
+        )
     return Judging(
         spec=spec,
         cache_root=Workspace(default_home()).generation_cache / "judge",
         policy=ExecutionPolicy(concurrency=concurrency),
-        prices=load_prices(),
+        prices=prices,
         budget=None if budget_micros is None else Budget(budget_micros),
     )
 

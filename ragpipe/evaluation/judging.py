@@ -22,10 +22,15 @@ its Unicode form): the outcome, the item judged (answer text, citations, cited e
 request was built from), the verdict, and the call's evidence (request, reply, response, usage)
 when there was a reply; its record carries ``judge_outcome`` and ``judge_usage``. ``recompute_judge`` rebuilds the metrics at verification: the item's citations
 are the recorded answer's, the key and the request rebuild from the bound judge spec, the case and
-the item, the reply is the response's message and parses (or, recorded invalid, does not) — so an
-edited label, fact or claim, another case's request or a swapped payload is refused. Not
-recomputable: whether the model said it (evidence of a call, as for generated representations)
-and whether the cited texts are the bundle's (the bundle is not opened to verify a run).
+the item, the cited items' scopes are the cited rows' (so a claimed ``withheld`` is the
+disclosure policy's), the reply is the response's message and parses (or, recorded invalid, does
+not) — so an edited label, fact or claim, another case's request, or a judged cell recorded as
+refused or withheld, is refused. Not recomputable: whether the model said it (evidence of a call,
+as for generated representations), whether the cited texts are the bundle's (the bundle is not
+opened to verify a run), which of two answers to one case with the same citations was given (the
+answer's text is recorded only in the judge's entry, so an entry of another run's cell of the
+same case could stand in), and a provider failure (it keeps no evidence: it costs a forger only
+``judge_failure_rate``, which a policy that gates on labels must bound).
 """
 
 from __future__ import annotations
@@ -193,10 +198,16 @@ class JudgeCheckError(ValueError):
 
 
 def recompute_judge(
-    spec: JudgeSpec, case: Case, answer: Mapping[str, Any], entry: object, outcome: object
+    spec: JudgeSpec,
+    case: Case,
+    answer: Mapping[str, Any],
+    cited_scopes: Sequence[tuple[str, ...]],
+    entry: object,
+    outcome: object,
 ) -> dict[str, float]:
     """The judge metrics of one cell, rebuilt from its trace entry (module docstring);
-    ``JudgeCheckError`` when the evidence does not hold."""
+    ``cited_scopes``: the access scopes of the cited rows the trace shows, in citation order (what
+    decides whether the item could be sent); ``JudgeCheckError`` when the evidence does not hold."""
     if case.answerability != "answerable":
         if entry is not None or outcome is not None:
             raise JudgeCheckError("an unanswerable case is never judged")
@@ -218,6 +229,8 @@ def recompute_judge(
     cited = [str(c["label"]) for c in answer["citations"]]
     if list(item.citations) != cited or item.case_digest != case.digest:
         raise JudgeCheckError("the judged item is not this cell's case and answer")
+    if [tuple(sorted(e.access_scopes)) for e in item.cited_evidence] != [tuple(sorted(s)) for s in cited_scopes]:
+        raise JudgeCheckError("the judged item's cited scopes are not the cited rows' the trace shows")
     try:
         key = judge_key(spec, case.digest, answer_digest(item.answer_text, item.citations, item.cited_evidence))
     except ValueError as exc:

@@ -177,6 +177,7 @@ def _judged(
     spec: EvaluationSpec,
     case: Case,
     answer: Mapping[str, Any],
+    cited_scopes: list[tuple[str, ...]],
     meta: Mapping[str, Any],
     payload: Mapping[str, Any],
     where: str,
@@ -189,7 +190,7 @@ def _judged(
             raise TraceError(f"{where}: a judge outcome in a run whose answers are not judged")
         return {}
     try:
-        return recompute_judge(spec.judge, case, answer, entry, outcome)
+        return recompute_judge(spec.judge, case, answer, cited_scopes, entry, outcome)
     except JudgeCheckError as exc:
         raise TraceError(f"{where}: {exc}") from None
 
@@ -222,7 +223,8 @@ def check_cells(run: Path, records: Sequence[Record], spec: EvaluationSpec) -> N
             metrics.update(answer_metrics(case, answer))
             if (record.payload["outcome"] == "abstained") != bool(answer["abstained"]):
                 raise TraceError(f"{where}: outcome {record.payload['outcome']!r} contradicts the recorded answer")
-            metrics.update(_judged(spec, case, answer, meta, record.payload, where))
+            cited_scopes = [tuple(scopes) for _, scopes in shown[len(shown) - len(cited) :]] if cited else []
+            metrics.update(_judged(spec, case, answer, cited_scopes, meta, record.payload, where))
         elif answer is not None or record.payload["outcome"] != "success":
             raise TraceError(f"{where}: an answer or abstention in a run that generates no answers")
         metrics["unauthorized_disclosures"] = unauthorized_disclosures(case, shown, default_scopes=body.scopes)

@@ -196,6 +196,17 @@ def long_lived_heap_frozen() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
+def _check_judging(spec: EvaluationSpec, judging: Judging | None) -> None:
+    """A run whose answers are judged is given how to reach its judge, that very judge (by spec ID:
+    the timeout is operational), and only such a run is."""
+    if spec.judge is None and judging is not None:
+        raise RunError("judging was given, but the run's answers are not judged (its spec names no judge)")
+    if spec.judge is not None and judging is None:
+        raise RunError("the run's answers are judged: pass judging, how to reach its judge (ragpipe eval does)")
+    if spec.judge is not None and judging is not None and judging.spec.spec_id != spec.judge.spec_id:
+        raise RunError(f"the judge given ({judging.spec.spec_id}) is not the run's judge ({spec.judge.spec_id})")
+
+
 def _execute(
     run: Path,
     ledger: Ledger,
@@ -207,12 +218,7 @@ def _execute(
 ) -> EvaluationResult:
     if not 1 <= cells_per_commit <= MAX_CELLS_PER_COMMIT:
         raise RunError(f"cells per commit must be 1 to {MAX_CELLS_PER_COMMIT}, got {cells_per_commit}")
-    if (spec.judge is None) != (judging is None) or (judging is not None and judging.spec != spec.judge):
-        raise RunError(
-            "the run's answers are judged: pass judging, how to reach its judge (ragpipe eval does)"
-            if judging is None
-            else "the judge given is not the run's judge"
-        )
+    _check_judging(spec, judging)
     with long_lived_heap_frozen():
         return _execute_cells(run, ledger, spec, retriever, on_progress, cells_per_commit, judging)
 
@@ -340,8 +346,7 @@ def run_evaluation(
         raise RunError(f"{out}: already exists (a run folder is created once; use --resume to continue it)")
     retriever = (retriever_factory or default_factory)(spec)
     _check_retriever(retriever, spec.body)
-    if (spec.judge is None) != (judging is None):
-        raise RunError("a run whose answers are judged needs its judge reached (judging), and only such a run")
+    _check_judging(spec, judging)  # before the run folder exists
     create_run(spec, out, retriever, run_id)
     with Ledger.open(out) as ledger:
         return _execute(out, ledger, spec, retriever, on_progress, cells_per_commit, judging)

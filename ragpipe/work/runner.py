@@ -207,7 +207,7 @@ def _run_batch(step, batch, inputs, store, policy, leases, budget, limiter, stop
             attempt += 1
             batch_inputs = [inputs[k] for k in pending]
             worst = step.worst_cost(batch_inputs)
-            if worst is None and policy.budget_micros is not None:
+            if worst is None and budget.limit is not None:  # the budget in force: the policy's or a shared one
                 raise BudgetUnenforceable(
                     f"{step.name}: a budget is set but the cost of a call is unknown (the model has no price "
                     "in the price table, ragpipe/specs/prices.yaml or $RAGPIPE_PRICES)"

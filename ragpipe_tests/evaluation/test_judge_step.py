@@ -269,11 +269,15 @@ def test_a_budget_stop_leaves_the_rest_unjudged_and_a_resume_judges_only_the_res
     assert [o.status for o in resumed.outcomes] == ["judged"] * 5
 
 
-def test_a_budget_with_an_unpriced_judge_is_refused_before_anything_is_sent(tmp_path):
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_budget_with_an_unpriced_judge_is_refused_before_anything_is_sent(tmp_path, shared: bool):
+    """Whether the budget is the policy's or one shared by the caller (an evaluation run's)."""
+    from ragpipe.work.admission import Budget
     from ragpipe.work.failures import BudgetUnenforceable
 
     with judging(LLMServer()) as server:
         spec = spec_for(server, model="openai/unpriced")
+        policy, budget = (ExecutionPolicy(), Budget(10)) if shared else (ExecutionPolicy(budget_micros=10), None)
         with pytest.raises(BudgetUnenforceable):
-            judge_answers(spec, [item()], tmp_path, ExecutionPolicy(budget_micros=10), load_prices())
+            judge_answers(spec, [item()], tmp_path, policy, load_prices(), budget=budget)
         assert server.connections == 0

@@ -368,3 +368,31 @@ def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundl
         return check.verdict
 
     assert (regression(0.0), regression(delta + 0.001)) == ("fail", "pass")
+
+
+def test_a_judged_cell_claimed_withheld_is_refused(judged, tmp_path):
+    """The judge's endpoint may receive every scope here: a cell recorded withheld did not happen."""
+    run = _copy(judged, tmp_path)
+
+    def edit(payloads):
+        payload = _judged_payload(payloads)
+        payload["judge_outcome"] = "withheld"
+        kept = {k: v for k, v in payload["metrics"].items() if k not in JUDGE_METRICS}
+        payload["metrics"] = kept | {"judge_failure_rate": 1.0}
+
+        def meta(described):
+            described["metrics"], described["judge_outcome"], described["judge_usage"] = (
+                payload["metrics"],
+                "withheld",
+                None,
+            )
+            entry = json.loads(described["judge"])
+            entry.update(status="withheld", evidence=None, verdict=None)
+            described["judge"] = json.dumps(entry, ensure_ascii=True, sort_keys=True)
+
+        payload["judge_usage"] = None
+        retrace(run, payloads, payload, lambda t: t, meta)
+
+    rewrite(run, edit)
+    with pytest.raises(TraceError, match=r"recorded withheld, but the disclosure policy lets the item be sent"):
+        verify_run(run)
