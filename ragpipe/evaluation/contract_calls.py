@@ -22,13 +22,15 @@ response's message as its reply and meet the contract again — else it is set a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragpipe.kernel.strict_load import StrictLoadError, load_json
 from ragpipe.representations.generate import call_value, check_call_reply
 from ragpipe.work.admission import Budget
-from ragpipe.work.chat import ChatRequest, complete, worst_cost_micros
+from ragpipe.work.chat import ChatRequest, complete, reply_body, worst_cost_micros
 from ragpipe.work.entries import JsonEntryStore
 from ragpipe.work.failures import ItemFailure, StepFailure
 from ragpipe.work.keys import step_key
@@ -50,6 +52,28 @@ class ContractCall:
     def parse(self, content: str) -> object:
         """The reply's meaning under the contract; ``ValueError`` naming the first broken rule."""
         raise NotImplementedError
+
+
+def contract_json(reply: str, max_chars: int, error: type[ValueError]) -> object:
+    """The JSON value of a reply, read as every contract reads it, or ``error`` in one line:
+
+    * a reply longer than ``max_chars`` is refused before it is parsed;
+    * one Markdown code fence around the JSON is accepted (``work.chat.reply_body``); text before
+      or after it, or two objects, is not JSON;
+    * strictly (``kernel.strict_load.load_json``): a key given twice, ``NaN`` or nesting deeper
+      than 64 levels is refused, never resolved by the parser's choice;
+    * lone surrogates (as a JSON escape or in the text) are refused: a reply is Unicode text,
+      recorded and hashed as UTF-8."""
+    if len(reply) > max_chars:
+        raise error(f"reply has {len(reply)} characters, more than {max_chars}")
+    try:
+        value = load_json(reply_body(reply), "reply")
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # lone surrogates, escaped or raw
+    except UnicodeEncodeError:
+        raise error("reply is not valid Unicode text (an unpaired surrogate)") from None
+    except StrictLoadError as exc:
+        raise error(f"reply is not JSON ({exc.rule})") from None
+    return value
 
 
 def refusal(response: dict) -> tuple[str, str] | None:
