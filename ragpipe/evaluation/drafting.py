@@ -56,7 +56,7 @@ from ragpipe.evaluation.audit import AuditReport, audit_cases, normal_form
 from ragpipe.evaluation.contract_calls import ContractCall, ContractStep, contract_json, failure_status, run_calls
 from ragpipe.evaluation.draft_spec import DraftSpec
 from ragpipe.evaluation.suite import Case, SuiteError
-from ragpipe.evaluation.suite_rules import MAX_FACT_CHARS
+from ragpipe.evaluation.suite_rules import MAX_FACT_CHARS, check_case
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.representations.generate import generation_input
@@ -182,6 +182,18 @@ def draft_key(spec: DraftSpec, chunk: DraftChunk) -> str:
     return step_key(DRAFT_STEP, DRAFT_STEP_VERSION, draft_key_inputs(spec, chunk))
 
 
+def draft_input(spec: DraftSpec, chunk: DraftChunk) -> tuple[str, DraftInput]:
+    """The key and step input of one chunk."""
+    inputs = draft_key_inputs(spec, chunk)
+    request = draft_request(spec, chunk.title, chunk.text)
+    return step_key(DRAFT_STEP, DRAFT_STEP_VERSION, inputs), DraftInput(inputs, request, spec.n, spec.max_facts)
+
+
+def draft_step(spec: DraftSpec, prices: PriceTable, api_key: str | None = None) -> ContractStep:
+    """The drafting step: one call per chunk; a budget stop says to raise ``--budget-micros``."""
+    return ContractStep(DRAFT_STEP, "--budget-micros", spec.api_base, spec.timeout_seconds, prices, api_key)
+
+
 def draft_case_id(spec_id: str, chunk_id: str, index: int) -> str:
     """``draft-<16 hex>``: the same spec, chunk and question index make the same ID on every run."""
     digest = content_id("case-draft", 1, {"spec": spec_id, "chunk": chunk_id, "index": index})
@@ -254,18 +266,9 @@ def draft_chunks(
     provenance. Raises ``BudgetExhausted`` (drafted chunks stay cached) or
     ``BudgetUnenforceable`` (a budget and a model without a price)."""
     at = at or now_utc()
-    keyed = [
-        (
-            chunk,
-            draft_key(spec, chunk),
-            DraftInput(
-                draft_key_inputs(spec, chunk), draft_request(spec, chunk.title, chunk.text), spec.n, spec.max_facts
-            ),
-        )
-        for chunk in chunks
-    ]
+    keyed = [(chunk, *draft_input(spec, chunk)) for chunk in chunks]
     sent = [(key, inp) for chunk, key, inp in keyed if spec.may_send(chunk.access_scopes)]
-    step = ContractStep(DRAFT_STEP, "--budget-micros", spec.api_base, spec.timeout_seconds, prices, api_key)
+    step = draft_step(spec, prices, api_key)
     results = run_calls(step, DRAFT_STEP_VERSION, "a set of drafts", sent, cache_root, policy, budget)
     outcomes = []
     for chunk, key, inp in keyed:
@@ -326,12 +329,12 @@ def validate_drafts(
             excluded.append(Exclusion(case_id, "duplicate", f"asks what {seen[form]} asks ({form!r})"))
             continue
         try:
-            case = Case(**draft)
+            check_case(draft)  # the suite's rules, as one line (a Case would wrap it in pydantic's error)
         except SuiteError as exc:
             excluded.append(Exclusion(case_id, "invalid_case", str(exc)))
             continue
         seen[form] = case_id
-        kept.append(case)
+        kept.append(Case(**draft))
     return kept, excluded
 
 

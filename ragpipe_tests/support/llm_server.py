@@ -24,6 +24,10 @@ reads the request's required facts, answer and citations and returns a valid ver
 stated when its words appear in the answer, each answer sentence is a claim supported by every
 cited label, and the label follows the share of facts stated.
 
+``draft_reply(request)`` is a responder for the case drafter (``ragpipe.evaluation.drafting``): it
+reads the number of cases asked for from the system message and writes question ``i`` about the
+``i``-th word of the chunk's text, with the four words from there as its one required fact.
+
 Usage is deterministic: ``prompt_tokens`` counts the whitespace-separated words of every message,
 ``completion_tokens`` those of the reply, so a test can compute cost by hand. ``delay`` seconds are
 waited before each successful reply (a generation a test can kill in the middle of).
@@ -89,6 +93,23 @@ def judge_reply(request: dict) -> str:
         "explanation": f"{sum(stated)} of {len(facts)} required facts stated.",
     }
     return json.dumps(verdict)
+
+
+def draft_reply(request: dict) -> str:
+    """Valid drafts for a case-draft request (module docstring)."""
+    n = int(request["messages"][0]["content"].split("holding exactly ", 1)[1].split(" ", 1)[0])
+    user = request["messages"][-1]["content"]
+    title, _, text = user.partition("\n\n") if user.startswith("Title: ") else ("", "", user)
+    about = title.removeprefix("Title: ") or "this"
+    words = text.split()
+    cases = [
+        {
+            "question": f"What does {about} say about {words[i % len(words)]} ({i + 1})?",
+            "required_facts": [" ".join(words[i : i + 4])],
+        }
+        for i in range(n)
+    ]
+    return json.dumps({"cases": cases})
 
 
 class Handler(BaseHTTPRequestHandler):
