@@ -136,7 +136,6 @@ def _draft(
     from ragpipe.evaluation.draft_spec import load_draft_spec
     from ragpipe.evaluation.drafting import bundle_corpus, draft_chunks, exclude_against, validate_drafts
     from ragpipe.evaluation.suite import Case, Suite, write_suite
-    from ragpipe.work.admission import Budget
     from ragpipe.work.policy import ExecutionPolicy
     from ragpipe.work.usage import load_prices
 
@@ -151,15 +150,15 @@ def _draft(
         spec,
         chosen,
         _home() / "draft_cache",
-        ExecutionPolicy(),
+        # the budget through the policy: the runner then refuses a model without a price
+        ExecutionPolicy(budget_micros=budget_micros),
         load_prices(),
         target_level=level,  # type: ignore[arg-type]
-        budget=Budget(budget_micros) if budget_micros is not None else None,
     )
     valid, excluded = validate_drafts(run.drafts, corpus.document_ids, corpus.chunk_ids)
     existing = [Case(**e.case) for e in state.cases.values() if e.status != "rejected"]
     splits = {c.id: state.split(c.id) for c in [*existing, *valid]}
-    kept, left_out, report = exclude_against(valid, existing, splits)
+    kept, left_out, _ = exclude_against(valid, existing, splits)
     excluded += left_out
     added = add_cases(_home(), name, kept) if kept else 0
     if out_path is not None and kept:
@@ -181,7 +180,6 @@ def _draft(
         "added": added,
         "case_ids": [c.id for c in kept],
         "excluded": [{"case_id": e.case_id, "reason": e.reason, "message": e.message} for e in excluded],
-        "leaks": len(report.leakage),
         "cost_micros": usage.cost_micros if usage is not None else 0,
         "out": str(out_path) if out_path is not None and kept else None,
     }
@@ -215,9 +213,9 @@ def dataset_draft(
     from ragpipe.work.failures import BudgetExhausted, BudgetUnenforceable
 
     def run():
-        if level not in ("document", "chunk"):
-            raise ValueError(f"--level must be document or chunk, not {level!r}")
         try:
+            if level not in ("document", "chunk"):
+                raise ValueError(f"--level must be document or chunk, not {level!r}")
             return _draft(name, bundle, revision, spec, chunks, documents or [], seed, level, budget_micros, out_path)
         except (BudgetExhausted, BudgetUnenforceable, ValueError) as exc:  # a spec, a bundle, an option
             fail(str(exc))

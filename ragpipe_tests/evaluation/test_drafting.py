@@ -105,7 +105,7 @@ def test_drafts_have_stable_ids_model_provenance_and_are_provisional_cases(tmp_p
     assert ids[0] == "draft-" + digest.removeprefix("sha256:")[:16]
     assert first.drafts[0] == {
         "id": ids[0],
-        "query": "What does Aspirin say about Low-dose (1)?",
+        "query": "What is reported about Low-dose aspirin reduced stroke risk in older adults?",
         "target_level": "document",
         "expected": ["doc-a"],
         "required_facts": ["Low-dose aspirin reduced stroke"],
@@ -117,7 +117,7 @@ def test_drafts_have_stable_ids_model_provenance_and_are_provisional_cases(tmp_p
     assert (case.provisional, case.judgments, case.required_facts) == (
         True,
         {"doc-a": 2},
-        ("aspirin reduced stroke risk",),
+        ("risk in older adults.",),
     )
     assert case.provenance.model_dump() == {
         "author": "model",
