@@ -220,15 +220,14 @@ def draft_case(
 
 @dataclass(frozen=True)
 class DraftOutcome:
-    """What became of one chunk: its drafts (``drafted``), or how it failed (``kind``/``detail``/
-    ``message``, as the judge's outcomes say it)."""
+    """What became of one chunk: its drafts (``drafted``), or how it failed: ``kind`` (the
+    provider failure's kind, or the status itself) and a one-line ``message``."""
 
     chunk_id: str
     key: str
     status: Status
     drafts: tuple[dict, ...] = ()
     kind: str | None = None
-    detail: str | None = None
     message: str | None = None
 
 
@@ -277,9 +276,7 @@ def draft_chunks(
                 f"chunk {chunk.chunk_id} (scopes {', '.join(chunk.access_scopes) or 'none'}) may not be sent to "
                 f"{spec.endpoint} (it may receive {', '.join(spec.send_scopes)})"
             )
-            outcomes.append(
-                DraftOutcome(chunk.chunk_id, key, "withheld", kind="withheld", detail="withheld", message=why)
-            )
+            outcomes.append(DraftOutcome(chunk.chunk_id, key, "withheld", kind="withheld", message=why))
         elif key in results.values:
             drafted = inp.parse(results.values[key]["content"])
             cases = tuple(draft_case(spec, chunk, i, d, target_level, at) for i, d in enumerate(drafted))
@@ -288,7 +285,7 @@ def draft_chunks(
             f = results.failures[key]
             status = failure_status(f.kind)
             outcomes.append(
-                DraftOutcome(chunk.chunk_id, key, status, kind=f.kind, detail=f.detail, message=f.message)  # type: ignore[arg-type]
+                DraftOutcome(chunk.chunk_id, key, status, kind=f.kind, message=f.message)  # type: ignore[arg-type]
             )
     return DraftRun(outcomes, results.report)
 
