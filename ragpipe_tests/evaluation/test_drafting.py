@@ -4,6 +4,9 @@ against the bundle and the exclusion of leaking drafts."""
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,9 +28,10 @@ from ragpipe.evaluation.drafting import (
     validate_drafts,
 )
 from ragpipe.evaluation.suite import Case
-from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.ids import bytes_digest, content_id
 from ragpipe.work.admission import Budget
 from ragpipe.work.disclosure import DisclosurePolicy
+from ragpipe.work.entries import JsonEntryStore, value_bytes
 from ragpipe.work.failures import BudgetExhausted
 from ragpipe.work.policy import ExecutionPolicy
 from ragpipe.work.usage import PriceTable
@@ -147,6 +151,27 @@ def test_a_cache_hit_makes_no_request_and_a_changed_text_is_a_new_key(tmp_path):
         assert draft_key(spec, edited) != draft_key(spec, ASPIRIN)
         draft_chunks(spec, [edited], tmp_path, ONCE, PRICES, at=AT)
         assert len(server.requests) == 2
+
+
+def test_a_forged_cache_entry_breaking_the_contract_is_refused_and_drafted_again(tmp_path, caplog):
+    with drafting(LLMServer()) as server:
+        spec = spec_for(server)
+        first = draft_chunks(spec, [ASPIRIN], tmp_path, ONCE, PRICES, at=AT)
+        path = JsonEntryStore(tmp_path, "case-draft cache").path_of(first.outcomes[0].key)
+        value = json.loads(path.read_text())["value"]
+        value["content"] = json.dumps({"cases": []})  # a reply this run would refuse, its digest recomputed
+        value["response"]["choices"][0]["message"]["content"] = value["content"]
+        path.write_text(
+            json.dumps({"key": first.outcomes[0].key, "value": value, "value_digest": bytes_digest(value_bytes(value))})
+        )
+        with caplog.at_level(logging.WARNING, logger="ragpipe.work.entries"):
+            again = draft_chunks(spec, [ASPIRIN], tmp_path, ONCE, PRICES, at=AT)
+        assert len(server.requests) == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"case-draft cache: {path}: its reply is not a set of drafts: cases has 0 items, 2 were asked for; "
+        f"set aside as {path.name}.refused, computing it again"
+    ]
+    assert again.drafts == first.drafts
 
 
 def test_a_withheld_chunk_sends_nothing(tmp_path):
