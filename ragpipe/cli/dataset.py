@@ -13,7 +13,8 @@ Decisions are signed with the approver keys the target lists (``ragpipe release 
 ``freeze`` and ``export`` check every signature against the target's approvers now. ``draft``
 asks a model (``ragpipe/specs/case_draft.yaml``) for cases from the bundle's chunks and adds the
 valid ones as provisional drafts, pending adjudication (``ragpipe.evaluation.drafting``); its
-calls are cached under ``$RAGPIPE_HOME/draft_cache/``. The datasets
+calls are cached under ``$RAGPIPE_HOME/draft_cache/`` and sent under the pipeline spec's
+``disclosure`` policy. The datasets
 live under ``$RAGPIPE_HOME/datasets/``. Every expected error prints ``error: <message>`` on stderr
 and exits 1; ``--json`` prints exactly one JSON object on stdout.
 """
@@ -136,12 +137,14 @@ def _draft(
     from ragpipe.evaluation.draft_spec import load_draft_spec
     from ragpipe.evaluation.drafting import bundle_corpus, draft_chunks, exclude_against, validate_drafts
     from ragpipe.evaluation.suite import Case, Suite, write_suite
+    from ragpipe.spec import load_pipeline_spec
     from ragpipe.work.policy import ExecutionPolicy
     from ragpipe.work.usage import load_prices
 
     if chunks is not None and documents:
         raise ValueError("give at most one of --chunks N and --documents ID")
-    spec = load_draft_spec(spec_file)
+    # the disclosure policy a build sends generated-representation requests under
+    spec = load_draft_spec(spec_file, load_pipeline_spec().disclosure)
     state, _ = read_dataset(_home(), name)  # the dataset must exist before anything is sent
     opened = open_bundle(bundle_path(bundle, revision))
     corpus = bundle_corpus(opened.tables)

@@ -12,7 +12,7 @@ from ragpipe.evaluation.draft_spec import DEFAULT_DRAFT_SPEC, load_draft_spec
 from ragpipe.evaluation.drafting import bundle_corpus, draft_case_id
 from ragpipe.evaluation.suite import Case, Suite, write_suite
 from ragpipe.evaluation.suite_load import load_suite
-from ragpipe_tests.cli.test_dataset import env, ok, refused, run  # noqa: F401
+from ragpipe_tests.cli.test_dataset import REPO, env, ok, refused, run  # noqa: F401
 from ragpipe_tests.support.eval_support import eval_bundle  # noqa: F401
 from ragpipe_tests.support.llm_server import LLMServer, draft_reply, words
 
@@ -125,6 +125,26 @@ def test_the_human_summary_lists_each_outcome_and_exclusion_on_one_line(env, eva
     )
     assert lines[2].startswith(f"{2 * (len(chunks) - 1) - len(lines[3:])} drafts added to one, pending adjudication")
     assert all(line.startswith("  excluded draft-") for line in lines[3:])
+
+
+def test_a_chunk_kept_from_the_endpoint_is_withheld_and_nothing_is_sent(env, eval_bundle, tmp_path):  # noqa: F811
+    bundle, _ = eval_bundle
+    ok(env, "create", "w", "--target", "production", "--split", "all=1")
+    with LLMServer() as server:
+        server.scenario, server.responder = "responder", draft_reply
+        # the pipeline spec's disclosure: this endpoint may receive only staff text (the bundle's is public)
+        default = (REPO / "ragpipe/specs/pipeline.yaml").read_text(encoding="utf-8")
+        pipeline = tmp_path / "pipeline.yaml"
+        pipeline.write_text(
+            default.replace("../../data/", f"{REPO}/data/")
+            + f"disclosure:\n  endpoints:\n    {server.api_base}: [staff]\n",
+            encoding="utf-8",
+        )
+        args = ("draft", "w", "--bundle", str(bundle), "--spec", str(_spec_file(tmp_path, server)), "--chunks", "2")
+        done = ok({**env, "RAGPIPE_PIPELINE_SPEC": str(pipeline)}, *args, "--json")
+        assert server.connections == 0
+    assert (done["outcomes"]["withheld"], done["added"], done["cost_micros"]) == (2, 0, 0)
+    assert all(f["status"] == "withheld" and f["message"].endswith("(it may receive staff)") for f in done["failures"])
 
 
 def test_each_mistake_is_one_line_and_sends_nothing(env, eval_bundle, tmp_path):  # noqa: F811
