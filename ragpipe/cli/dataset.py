@@ -2,6 +2,7 @@
 
     ragpipe dataset create NAME --target T --split dev=0.5 --split holdout=0.5 [--json]
     ragpipe dataset add NAME SUITE.jsonl [--json]
+    ragpipe dataset draft NAME (--bundle PATH | --revision KEY) [--spec FILE] [--chunks N | --documents ID …] [--seed S] [--level document|chunk] [--budget-micros M] [--out drafts.jsonl] [--json]
     ragpipe dataset show NAME [--json]
     ragpipe dataset audit NAME [--json]
     ragpipe dataset adjudicate NAME CASE_ID (--accept | --reject | --edit FIELD=JSON …) --by NAME --key KEYFILE [--note TEXT] [--json]
@@ -9,7 +10,11 @@
     ragpipe dataset export NAME[@N][:SPLIT] --out SUITE.jsonl [--json]
 
 Decisions are signed with the approver keys the target lists (``ragpipe release approver-key``);
-``freeze`` and ``export`` check every signature against the target's approvers now. The datasets
+``freeze`` and ``export`` check every signature against the target's approvers now. ``draft``
+asks a model (``ragpipe/specs/case_draft.yaml``) for cases from the bundle's chunks and adds the
+valid ones as provisional drafts, pending adjudication (``ragpipe.evaluation.drafting``); its
+calls are cached under ``$RAGPIPE_HOME/draft_cache/`` and sent under the pipeline spec's
+``disclosure`` policy. The datasets
 live under ``$RAGPIPE_HOME/datasets/``. Every expected error prints ``error: <message>`` on stderr
 and exits 1; ``--json`` prints exactly one JSON object on stdout.
 """
@@ -111,6 +116,128 @@ def dataset_add(
 
     added = guarded(lambda: add_cases(_home(), name, load_suite(suite).cases))
     _emit(as_json, {"dataset": name, "added": added}, f"{added} cases added to {escape(name)}, pending adjudication")
+
+
+def _draft(
+    name: str,
+    bundle: Path | None,
+    revision: str | None,
+    spec_file: Path | None,
+    chunks: int | None,
+    documents: list[str],
+    seed: int,
+    level: str,
+    budget_micros: int | None,
+    out_path: Path | None,
+) -> dict[str, Any]:
+    """Draft, validate, audit against the dataset and add (``dataset draft``); the JSON result."""
+    from ragpipe.bundle.verify import open_bundle
+    from ragpipe.cli.common import bundle_path
+    from ragpipe.evaluation.datasets import add_cases, read_dataset
+    from ragpipe.evaluation.draft_spec import load_draft_spec
+    from ragpipe.evaluation.drafting import bundle_corpus, draft_chunks, exclude_against, validate_drafts
+    from ragpipe.evaluation.suite import Case, Suite, write_suite
+    from ragpipe.spec import load_pipeline_spec
+    from ragpipe.work.policy import ExecutionPolicy
+    from ragpipe.work.usage import load_prices
+
+    if chunks is not None and documents:
+        raise ValueError("give at most one of --chunks N and --documents ID")
+    # the disclosure policy a build sends generated-representation requests under
+    spec = load_draft_spec(spec_file, load_pipeline_spec().disclosure)
+    state, _ = read_dataset(_home(), name)  # the dataset must exist before anything is sent
+    opened = open_bundle(bundle_path(bundle, revision))
+    corpus = bundle_corpus(opened.tables)
+    chosen = corpus.select(chunks, seed, documents)
+    run = draft_chunks(
+        spec,
+        chosen,
+        _home() / "draft_cache",
+        # the budget through the policy: the runner then refuses a model without a price
+        ExecutionPolicy(budget_micros=budget_micros),
+        load_prices(),
+        target_level=level,  # type: ignore[arg-type]
+    )
+    valid, excluded = validate_drafts(run.drafts, corpus.document_ids, corpus.chunk_ids)
+    existing = [Case(**e.case) for e in state.cases.values() if e.status != "rejected"]
+    splits = {c.id: state.split(c.id) for c in [*existing, *valid]}
+    kept, left_out, _ = exclude_against(valid, existing, splits)
+    excluded += left_out
+    added = add_cases(_home(), name, kept) if kept else 0
+    if out_path is not None and kept:
+        write_suite(Suite.of(kept, f"draft:{name}"), out_path)
+    usage = run.report.usage if run.report is not None else None
+    return {
+        "dataset": name,
+        "bundle_id": opened.bundle_id,
+        "spec_id": spec.spec_id,
+        "chunks": len(chosen),
+        "outcomes": run.counts(),
+        "cache_hits": run.report.cache_hits if run.report is not None else 0,
+        "failures": [
+            {"chunk_id": o.chunk_id, "status": o.status, "kind": o.kind, "message": o.message}
+            for o in run.outcomes
+            if o.status != "drafted"
+        ],
+        "drafts": len(run.drafts),
+        "added": added,
+        "case_ids": [c.id for c in kept],
+        "excluded": [{"case_id": e.case_id, "reason": e.reason, "message": e.message} for e in excluded],
+        "cost_micros": usage.cost_micros if usage is not None else 0,
+        "out": str(out_path) if out_path is not None and kept else None,
+    }
+
+
+@dataset_app.command("draft")
+def dataset_draft(
+    name: NameArg,
+    bundle: Annotated[Path | None, typer.Option("--bundle", "-b", help="Bundle directory.")] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", "-r", help="Use the bundle last built for this revision.")
+    ] = None,
+    spec: Annotated[
+        Path | None, typer.Option("--spec", help="Case-draft spec (default: ragpipe/specs/case_draft.yaml).")
+    ] = None,
+    chunks: Annotated[
+        int | None, typer.Option("--chunks", min=1, help="Draft from N chunks drawn with --seed (default: all).")
+    ] = None,
+    documents: Annotated[
+        list[str] | None, typer.Option("--documents", help="Draft from every chunk of this document (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the --chunks draw.")] = 0,
+    level: Annotated[str, typer.Option("--level", help="Target level of the drafts: document or chunk.")] = "document",
+    budget_micros: Annotated[
+        int | None, typer.Option("--budget-micros", min=0, help="Stop before spending more (micro-dollars).")
+    ] = None,
+    out_path: Annotated[Path | None, typer.Option("--out", help="Also write the added drafts as a suite file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask a model for cases from a bundle's chunks; add the valid ones as provisional drafts."""
+    from ragpipe.work.failures import BudgetExhausted, BudgetUnenforceable
+
+    def run():
+        try:
+            if level not in ("document", "chunk"):
+                raise ValueError(f"--level must be document or chunk, not {level!r}")
+            return _draft(name, bundle, revision, spec, chunks, documents or [], seed, level, budget_micros, out_path)
+        except (BudgetExhausted, BudgetUnenforceable, ValueError) as exc:  # a spec, a bundle, an option
+            fail(str(exc))
+
+    data = guarded(run)
+    if as_json:
+        emit_json(data)
+        return
+    counts = ", ".join(f"{n} {s}" for s, n in data["outcomes"].items())
+    out.print(f"{data['chunks']} chunks: {counts} ({data['cache_hits']} from the cache)", soft_wrap=True)
+    for f in data["failures"]:
+        out.print(f"  {f['status']} {printable(f['chunk_id'])}: {printable(f['message'] or '')}", highlight=False)
+    out.print(
+        f"{data['added']} drafts added to {escape(name)}, pending adjudication (provisional); "
+        f"{len(data['excluded'])} excluded; cost {data['cost_micros']} micros",
+        soft_wrap=True,
+    )
+    for e in data["excluded"]:
+        out.print(f"  excluded {printable(e['case_id'])} ({e['reason']}): {printable(e['message'])}", highlight=False)
 
 
 def _summary(name: str) -> dict[str, Any]:

@@ -51,12 +51,12 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
+from ragpipe.evaluation.contract_calls import contract_json
 from ragpipe.evaluation.judge_spec import LABELS, JudgeSpec, Label
 from ragpipe.kernel.ids import domain_digest
 from ragpipe.kernel.models import FrozenModel
-from ragpipe.kernel.strict_load import StrictLoadError, load_json
 from ragpipe.retrieval.context import payload_digest, render_evidence
-from ragpipe.work.chat import ChatMessage, ChatRequest, reply_body
+from ragpipe.work.chat import ChatMessage, ChatRequest
 from ragpipe.work.entries import value_bytes
 
 MAX_REPLY_CHARS = 65_536
@@ -192,16 +192,7 @@ def _short(value: object) -> str:
 def parse_verdict(reply: str, n_facts: int, cited_labels: Sequence[str]) -> Verdict:
     """The verdict of a judge's reply, or ``InvalidVerdict`` naming the first broken rule
     (module docstring)."""
-    if len(reply) > MAX_REPLY_CHARS:
-        raise InvalidVerdict(f"reply has {len(reply)} characters, more than {MAX_REPLY_CHARS}")
-    try:
-        # strictly: a key given twice, nesting past the bound (never json's recursion limit), NaN
-        obj = load_json(reply_body(reply), "reply")
-        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates, escaped or raw
-    except UnicodeEncodeError:
-        raise InvalidVerdict("reply is not valid Unicode text (an unpaired surrogate)") from None
-    except StrictLoadError as exc:
-        raise InvalidVerdict(f"reply is not JSON ({exc.rule})") from None
+    obj = contract_json(reply, MAX_REPLY_CHARS, InvalidVerdict)
     if not isinstance(obj, dict) or set(obj) != set(KEYS):
         present = set(obj) if isinstance(obj, dict) else None
         missing = [k for k in KEYS if present is not None and k not in present]

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragpipe.evaluation.contract_calls import refusal
 from ragpipe.evaluation.judge import CitedEvidence, InvalidVerdict, answer_digest, judge_request, parse_verdict
 from ragpipe.evaluation.judge_spec import LABELS, JudgeSpec
 from ragpipe.evaluation.judge_step import (
@@ -48,7 +49,6 @@ from ragpipe.evaluation.judge_step import (
     JudgeOutcome,
     judge_answers,
     judge_key,
-    refusal_of,
     withheld_reason,
 )
 from ragpipe.evaluation.metrics import MetricSpec
@@ -257,7 +257,7 @@ def recompute_judge(
     )
     if request.digest != expected.digest:
         raise JudgeCheckError("the recorded request is not the one the spec, the case and the answer make")
-    if refusal_of(evidence["response"]) is not None:
+    if refusal(evidence["response"]) is not None:
         if outcome != "refused":
             raise JudgeCheckError(f"recorded {outcome}, but the response is a refusal")
         return {"judge_failure_rate": 1.0}

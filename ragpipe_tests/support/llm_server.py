@@ -24,6 +24,11 @@ reads the request's required facts, answer and citations and returns a valid ver
 stated when its words appear in the answer, each answer sentence is a claim supported by every
 cited label, and the label follows the share of facts stated.
 
+``draft_reply(request)`` is a responder for the case drafter (``ragpipe.evaluation.drafting``): it
+reads the number of cases asked for from the system message and writes question ``i`` about the
+eight words of the chunk's text from word ``4i`` on (wrapping around), with the first four of them
+as its one required fact.
+
 Usage is deterministic: ``prompt_tokens`` counts the whitespace-separated words of every message,
 ``completion_tokens`` those of the reply, so a test can compute cost by hand. ``delay`` seconds are
 waited before each successful reply (a generation a test can kill in the middle of).
@@ -89,6 +94,21 @@ def judge_reply(request: dict) -> str:
         "explanation": f"{sum(stated)} of {len(facts)} required facts stated.",
     }
     return json.dumps(verdict)
+
+
+def draft_reply(request: dict) -> str:
+    """Valid drafts for a case-draft request (module docstring)."""
+    n = int(request["messages"][0]["content"].split("holding exactly ", 1)[1].split(" ", 1)[0])
+    user = request["messages"][-1]["content"]
+    text = user.partition("\n\n")[2] if user.startswith("Title: ") else user
+    words = text.split() * 3  # a window past the end wraps around
+    cases = []
+    for i in range(n):
+        about = " ".join(words[4 * i : 4 * i + 8]).rstrip(".,;:")
+        cases.append(
+            {"question": f"What is reported about {about}?", "required_facts": [" ".join(words[4 * i : 4 * i + 4])]}
+        )
+    return json.dumps({"cases": cases})
 
 
 class Handler(BaseHTTPRequestHandler):
