@@ -166,6 +166,20 @@ def print_provisional(cases: list[str]) -> None:
         out.print(f"{len(cases)} provisional (not yet adjudicated): " + ", ".join(escape(c) for c in cases))
 
 
+def print_answer_quality(quality: dict[str, Any] | None) -> None:
+    """A judged run's label distribution — always, and before any mean (the table's
+    ``answer_label``) — with what was labelled by rule and the judge's failures."""
+    if quality is None:
+        return
+    labels = " · ".join(f"{label} {n}" for label, n in quality["distribution"].items())
+    failures = ", ".join(f"{kind} {n}" for kind, n in quality["failures"].items() if n) or "none"
+    out.print(
+        f"answer labels: {labels} ({quality['judged']} judged, {quality['by_rule']} abstentions 0_FAIL by rule; "
+        f"judge failures: {failures})",
+        highlight=False,
+    )
+
+
 def print_result(data: dict[str, Any]) -> None:
     cells = data["cells"]
     out.print(
@@ -173,6 +187,7 @@ def print_result(data: dict[str, Any]) -> None:
         f"{len(data['skipped'])} skipped, {cells['failed']} cells failed · {escape(str(data.get('out', '')))}"
     )
     print_provisional(data["provisional"]["cases"])
+    print_answer_quality(data.get("answer_quality"))
     table = Table(title=f"spec {data['spec_id'][:19]}…")
     for col in ("metric", "value", "direction", "unit", "k", "n"):
         table.add_column(col)
