@@ -226,7 +226,17 @@ def dataset_draft(
     data = guarded(run)
     if as_json:
         emit_json(data)
-        return
+    else:
+        _print_drafted(name, data)
+    failed = data["outcomes"].get("provider", 0)
+    if failed:  # the model could not be reached for some chunks: not a success, though drafts were kept
+        fail(
+            f"{failed} of {data['chunks']} chunks failed at the provider (what was drafted is cached and added): "
+            "run the same command again to draft the rest"
+        )
+
+
+def _print_drafted(name: str, data: dict[str, Any]) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in data["outcomes"].items())
     out.print(f"{data['chunks']} chunks: {counts} ({data['cache_hits']} from the cache)", soft_wrap=True)
     for f in data["failures"]:

@@ -4,6 +4,7 @@ pending adjudication, and a draft leaking into another split is excluded with it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ragpipe.bundle.verify import open_bundle
@@ -174,3 +175,23 @@ def test_each_mistake_is_one_line_and_sends_nothing(env, eval_bundle, tmp_path):
     proc = run(env, *base, "--json", "--documents", "nope")
     assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (1, "", 1)
     assert ok(env, "show", "d", "--json")["cases"] == []  # nothing was added
+
+
+def test_chunks_the_model_could_not_be_reached_for_make_the_command_fail(env, eval_bundle, tmp_path):  # noqa: F811
+    """Two chunks, the first call a server error (no retry left): the other chunk's drafts are
+    added, and the command ends with 1 and one line saying how to finish."""
+    bundle, _ = eval_bundle
+    ok(env, "create", "drafts", "--target", "production", "--split", "all=1")
+    with LLMServer() as server:
+        server.scenario, server.responder = "responder", draft_reply
+        server.faults.extend(["500"] * 4)  # every attempt of the first call
+        spec_path = _spec_file(tmp_path, server)
+        args = ("draft", "drafts", "--bundle", str(bundle), "--spec", str(spec_path), "--chunks", "2", "--json")
+        proc = run(env, *args)
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert (data["outcomes"]["provider"], data["outcomes"]["drafted"], data["added"]) == (1, 1, 2)
+    assert proc.stderr == (
+        "error: 1 of 2 chunks failed at the provider (what was drafted is cached and added): "
+        "run the same command again to draft the rest\n"
+    )
