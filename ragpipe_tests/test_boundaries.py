@@ -1,4 +1,5 @@
-"""The layer order of docs/architecture.md ("Layers"), enforced on the source tree.
+"""The layer order of docs/architecture.md ("Layers"), read from its table and enforced on the
+source tree.
 
 Every package (or top-level module) of ``ragpipe`` sits on exactly one floor and imports only
 from floors below it; imports inside a package are free, but no module import graph has a cycle.
@@ -9,36 +10,31 @@ floors and adapters.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ragpipe"
 
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def layer_table(text: str) -> list[tuple[str, str]]:
+    """The (wing, unit) rows of the "Layers" table of docs/architecture.md, bottom to top: the one
+    place the order is written (``kernel/`` → ``kernel``, ``spec.py`` → ``spec``)."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[1].startswith("`") and cells[1].endswith("`"):
+            rows.append((cells[0], cells[1].strip("`").removesuffix("/").removesuffix(".py")))
+    return rows
+
+
+LAYERS = layer_table(ARCHITECTURE.read_text(encoding="utf-8"))
 # Bottom to top: a unit imports only units listed before it.
-FLOORS = (
-    "kernel",  # identity, canonical encoding, publication, ledgers, workspace, locks
-    "storage",  # the object-store interface and its filesystem and S3 backends
-    "work",  # steps for expensive work: keys, policy, caches, leases, admission, usage, the litellm adapter
-    "spec",  # the pipeline spec models every floor above reads
-    "corpus",
-    "chunking",
-    "representations",
-    "embedding",
-    "index",
-    "bundle",
-    "retrieval",  # channels, fusion, authorization, the Retriever: no answering
-    "answer",  # generators, validation, answering on top of retrieval
-    "evaluation",
-    "experiment",  # pure: pairing, comparison, statistics, gate policy and decision
-    "release",
-    "api",  # the Python API: retrieval and answering over a release
-    "server",  # the HTTP service following a target's active release
-    "stages",  # one plain function per asset
-    "gc",
-    "defs",  # only what Dagster loads
-    "orchestration",  # driving Dagster from outside
-    "candidates",
-    "cli",
-)
+FLOORS = tuple(unit for _, unit in LAYERS)
+# Bottom to top; each wing is a run of consecutive floors.
+WINGS = tuple(dict.fromkeys(wing for wing, _ in LAYERS))
 HEAVY = {
     "torch",
     "onnxruntime",
@@ -104,6 +100,22 @@ def test_every_unit_sits_on_one_floor():
         "a package or top-level module with no floor: add it to FLOORS and docs/architecture.md"
     )
     assert set(FLOORS) - units == set(), "a floor without code: remove it from FLOORS and docs/architecture.md"
+
+
+def test_the_layer_table_is_well_formed():
+    """Every floor once, and the seven wings each a run of consecutive floors, named in the order
+    the page's prose gives them."""
+    assert len(FLOORS) == len(set(FLOORS))
+    runs = [wing for i, (wing, _) in enumerate(LAYERS) if i == 0 or LAYERS[i - 1][0] != wing]
+    assert runs == list(WINGS), "a wing's floors are not consecutive in docs/architecture.md"
+    assert WINGS == ("foundation", "build", "query", "judge", "serve", "run", "face")
+    prose = ARCHITECTURE.read_text(encoding="utf-8").split("seven **wings**", 1)[1].split("\n\n", 1)[0]
+    assert tuple(re.findall(r"\*([a-z]+)\*", prose)) == WINGS
+
+
+def test_layer_table_parsing():
+    text = "x\n## Layers\n\n| wing | floor | role |\n|---|---|---|\n| a | `k/` | r |\n| b | `s.py` | r |\n\n## Next\n| c | `z/` | r |\n"
+    assert layer_table(text) == [("a", "k"), ("b", "s")]
 
 
 def test_imports_only_run_downward():

@@ -122,11 +122,21 @@ def test_make_targets_named_in_docs_exist():
 
 
 def test_the_readme_layout_lists_each_unit_once_in_floor_order_and_every_top_level_entry():
-    from ragpipe_tests.test_boundaries import FLOORS
+    from ragpipe_tests.test_boundaries import FLOORS, LAYERS, WINGS
 
     text = (REPO / "README.md").read_text(encoding="utf-8")
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
-    entries = [line.split()[0] for line in block.splitlines() if line.strip()]
+    lines = [line for line in block.splitlines() if line.strip()]
+    # each unit under the heading of its wing (docs/architecture.md's table), the wings in order
+    heading, placed = None, []
+    for line in lines:
+        if line.startswith("# "):
+            heading = line[2:]
+        elif line.startswith("ragpipe/"):
+            placed.append((heading, line.split()[0].removeprefix("ragpipe/").rstrip("/").removesuffix(".py")))
+    assert [(w, u) for w, u in placed if u in FLOORS] == LAYERS
+    assert [line[2:] for line in lines if line.startswith("# ")][: len(WINGS)] == list(WINGS)
+    entries = [line.split()[0] for line in lines if not line.startswith("# ")]
     assert len(entries) == len(set(entries)), "an entry is listed twice"
     units = [e.removeprefix("ragpipe/").rstrip("/").removesuffix(".py") for e in entries if e.startswith("ragpipe/")]
     assert [u for u in units if u in FLOORS] == list(FLOORS)
