@@ -149,3 +149,10 @@ def test_the_readme_layout_lists_each_unit_once_in_floor_order_and_every_top_lev
         ).stdout.split()
     }
     assert tracked - listed - {".gitignore", "README.md"} == set()
+
+
+def test_the_docs_index_lists_every_page_once():
+    index = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = re.findall(r"\]\(([\w-]+\.md)\)", index)
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(linked) == pages
