@@ -14,7 +14,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import tantivy
 
 from ragpipe.index.lexical import lexical_schema
@@ -61,12 +60,10 @@ def structure_problems(directory: Path, spec: LexicalIndexSpec, row_scopes: Sequ
     for scope in sorted(expected_scopes):
         query = tantivy.Query.term_query(schema, "access_scope", scope)
         found = [address for _, address in searcher.search(query, limit=limit, count=False).hits]
-        actual = np.sort(np.asarray(searcher.fast_field_values("row", found), dtype=np.int64))
-        wanted = rows.rows_with(scope)
-        if not np.array_equal(actual, wanted):
-            extra, missing = np.setdiff1d(actual, wanted), np.setdiff1d(wanted, actual)
+        if wrong := rows.scope_mismatch(scope, searcher.fast_field_values("row", found)):
+            extra, missing = wrong
             problems.append(
-                f"{LABEL}: the access_scope {scope!r} postings match rows {extra[:5].tolist()} that lack the scope "
-                f"and miss rows {missing[:5].tolist()} that have it"
+                f"{LABEL}: the access_scope {scope!r} postings match rows {extra} that lack the scope "
+                f"and miss rows {missing} that have it"
             )
     return problems

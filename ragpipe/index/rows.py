@@ -107,6 +107,16 @@ class RowScopes(Sequence[tuple[str, ...]]):
         having = np.array([scope in g for g in self.groups], dtype=bool)
         return np.flatnonzero(having[self.index]) if len(self.groups) else np.empty(0, dtype=np.intp)
 
+    def scope_mismatch(self, scope: str, found: np.ndarray) -> tuple[list[int], list[int]] | None:
+        """What an index's answer for ``scope`` (``found``: the row positions it matched, in any
+        order) gets wrong, as (rows it matched that lack the scope, rows it missed that have it) —
+        at most five of each, ascending — or ``None`` when it matched exactly the rows with it."""
+        actual = np.sort(np.asarray(found, dtype=np.int64))
+        wanted = self.rows_with(scope)
+        if np.array_equal(actual, wanted):
+            return None
+        return np.setdiff1d(actual, wanted)[:5].tolist(), np.setdiff1d(wanted, actual)[:5].tolist()
+
 
 INDEX_FIELDS = ("representation_id", "chunk_id", "document_id", "kind", "source_role")
 

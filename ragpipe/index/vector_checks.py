@@ -56,13 +56,11 @@ def search_path_problems(
             query = query.nprobes(ivf_partitions(rows))
         # _distance selected explicitly: lance warns (on stderr, every build) when it adds it implicitly
         found = query.select(["row", "_distance"]).limit(max(1, rows)).to_arrow().column("row")
-        actual = np.sort(found.to_numpy().astype(np.int64))
-        wanted = expected.rows_with(scope)
-        if not np.array_equal(actual, wanted):
-            extra, missing = np.setdiff1d(actual, wanted), np.setdiff1d(wanted, actual)
+        if wrong := expected.scope_mismatch(scope, found.to_numpy()):
+            extra, missing = wrong
             problems.append(
-                f"{LABEL}: a search prefiltered to {scope!r} returns rows {extra[:5].tolist()} that lack the scope and "
-                f"misses rows {missing[:5].tolist()} that have it (scope or vector index altered)"
+                f"{LABEL}: a search prefiltered to {scope!r} returns rows {extra} that lack the scope and "
+                f"misses rows {missing} that have it (scope or vector index altered)"
             )
     return problems
 
