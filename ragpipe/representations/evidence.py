@@ -30,7 +30,6 @@ from pydantic import Field, ValidationError
 
 from ragpipe.chunking.models import Chunk
 from ragpipe.corpus.models import Document
-from ragpipe.kernel.models import FrozenModel
 from ragpipe.representations.generate import (
     InvalidOutput,
     chat_request,
@@ -40,11 +39,15 @@ from ragpipe.representations.generate import (
 )
 from ragpipe.spec import GeneratedKindSpec, RepresentationSpec, content_digest_of
 from ragpipe.work.chat import ChatRequest
+from ragpipe.work.usage import Usage
 
 GENERATIONS_FILE = "generations.parquet"
 
 
-class GenerationRecord(FrozenModel):
+class GenerationRecord(Usage):
+    """One chunk's generation for one kind: the call's evidence, or why there was none (an invalid
+    reply's broken rule, a withheld chunk's disclosure rule), and the call's ``Usage``."""
+
     chunk_id: str
     kind: str
     status: str = Field(pattern=r"^(ok|invalid_output|withheld)$")
@@ -55,18 +58,13 @@ class GenerationRecord(FrozenModel):
     content: str  # the reply's text
     response: str  # litellm's response, JSON
     producer_spec_id: str
-    provider: str
-    model: str
-    input_tokens: int = Field(ge=0)
-    output_tokens: int = Field(ge=0)
-    latency_ms: int = Field(ge=0)
-    cost_micros: int | None = Field(ge=0)
 
 
+# The record's own fields, then the usage's: the column order of every generations file written.
 GENERATIONS_SCHEMA = pa.schema(
     [
         (name, pa.int64() if name.endswith(("_tokens", "_ms", "_micros")) else pa.string())
-        for name in GenerationRecord.model_fields
+        for name in [*(n for n in GenerationRecord.model_fields if n not in Usage.model_fields), *Usage.model_fields]
     ]
 )
 

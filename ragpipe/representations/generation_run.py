@@ -169,10 +169,5 @@ def evidence_record(chunk_id: str, kind: str, key: str, value: dict, producer_sp
         content=value["content"],
         response=json.dumps(value["response"], sort_keys=True, ensure_ascii=False),
         producer_spec_id=producer_spec_id,
-        provider=usage.provider,
-        model=usage.model,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        latency_ms=usage.latency_ms,
-        cost_micros=usage.cost_micros,
+        **usage.model_dump(),
     )
