@@ -217,6 +217,29 @@ def refusal(release_id: str, problems: list[str]) -> str:
     return f"release {release_id} failed verification; not activated:\n  " + "\n  ".join(problems)
 
 
+def settle_or_reject(
+    store: ReleaseStore,
+    config: TargetsConfig,
+    history: History,
+    action: str,
+    release_id: str,
+    problems: list[str],
+    by: str,
+    refused: str,
+) -> None:
+    """What activation and rollback do first under the target's lock: refuse a change out of time
+    order, settle an interrupted swap, and record ``release_id`` as rejected — then raise
+    ``ReleaseError(refused)`` — when it no longer verifies (``problems``)."""
+    refuse_untimely(config, history.target, history.state)
+    settle(store, history)
+    if problems:
+        history.append(
+            "rejected",
+            {"action": action, "release_id": release_id, "reason": "; ".join(problems), "by": by, "at": now_iso()},
+        )
+        raise ReleaseError(refused)
+
+
 def swap(
     store: ReleaseStore, history: History, release_id: str, action: str, by: str, step: StepHook, waived: bool = False
 ) -> SwapResult:
@@ -301,20 +324,7 @@ def activate(
     problems = verify_release(ws, manifest, child_checks)  # slow: outside the lock
     step("verified")
     with store.target_lock(name), History(store, name) as history:
-        refuse_untimely(config, name, history.state)
-        settle(store, history)
-        if problems:
-            history.append(
-                "rejected",
-                {
-                    "action": "activate",
-                    "release_id": release_id,
-                    "reason": "; ".join(problems),
-                    "by": by,
-                    "at": now_iso(),
-                },
-            )
-            raise ReleaseError(refusal(release_id, problems))
+        settle_or_reject(store, config, history, "activate", release_id, problems, by, refusal(release_id, problems))
         if history.state.active == release_id:
             pointer = read_pointer(store, name)
             return SwapResult(name, release_id, history.state.generation, pointer.previous if pointer else None, False)

@@ -15,14 +15,13 @@ from collections.abc import Sequence
 
 from ragpipe.kernel.publish import StepHook
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.activation import ChildCheck, SwapResult, swap, verify_release
-from ragpipe.release.history import History, TargetHistory, now_iso, read_history
+from ragpipe.release.activation import ChildCheck, SwapResult, settle_or_reject, swap, verify_release
+from ragpipe.release.history import History, TargetHistory, read_history
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import check_generation
-from ragpipe.release.recovery import recover_target, settle
+from ragpipe.release.recovery import recover_target
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 from ragpipe.release.targets import TargetsConfig, load_targets
-from ragpipe.release.time_order import refuse_untimely
 
 
 def _noop(_: str) -> None:
@@ -71,22 +70,10 @@ def rollback(
     problems = verify_release(ws, load_manifest(store, release_id), child_checks)
     step("verified")
     with store.target_lock(name), History(store, name) as history:
-        refuse_untimely(config, name, history.state)
-        settle(store, history)
-        if problems:
-            history.append(
-                "rejected",
-                {
-                    "action": "rollback",
-                    "release_id": release_id,
-                    "reason": "; ".join(problems),
-                    "by": by,
-                    "at": now_iso(),
-                },
-            )
-            raise ReleaseError(
-                f"rollback of target {name!r} to release {release_id} refused: it no longer verifies "
-                f"(pick another with --to):\n  " + "\n  ".join(problems)
-            )
+        refused = (
+            f"rollback of target {name!r} to release {release_id} refused: it no longer verifies "
+            f"(pick another with --to):\n  " + "\n  ".join(problems)
+        )
+        settle_or_reject(store, config, history, "rollback", release_id, problems, by, refused)
         check_generation(store, name, state.generation)  # the choice was made at this generation
         return swap(store, history, release_id, "rollback", by, step)
