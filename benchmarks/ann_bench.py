@@ -575,6 +575,7 @@ def vector_only(
     exact search and approximate search per setting; into ``out``."""
     from ragpipe.index import vector as vector_module
     from ragpipe.index.hits import recall_of
+    from ragpipe.index.prefilter import Prefilter
     from ragpipe.index.rows import IndexRow
     from ragpipe.index.vector import VectorSearcher, build_vector_index
     from ragpipe.index.vector_ann import ApproximateVectorSearcher
@@ -623,10 +624,10 @@ def vector_only(
     exact = MemoryVectorSearcher("cosine", ids, [("public",)] * args.n, vectors)
     index = VectorSearcher(folder, "cosine", ids)
     out["searchers_rss_mib"] = rss_mib()
-    scopes = ("public",)
+    where = Prefilter(("public",))
     results: dict[str, object] = {}
     for k in (int(x) for x in args.ks.split(",")):
-        truth, exact_latency = timed(lambda q, k=k: exact.search(q, k, scopes), queries)
+        truth, exact_latency = timed(lambda q, k=k: exact.search(q, k, where), queries)
         per_k: dict[str, object] = {"exact": exact_latency, "approximate": []}
         for nprobes, ef in parse_settings(args.settings, partitions):
             searcher = ApproximateVectorSearcher(
@@ -634,9 +635,9 @@ def vector_only(
             )
             short = 0
             for q in queries:  # short answers: the index returned fewer candidates than asked
-                query, visible = exact.prepare(q, k, scopes)
-                short += searcher.candidates(query, k, visible, scopes).size < min(k * args.refine, visible.size)
-            found, latency = timed(lambda q, k=k, s=searcher: s.search(q, k, scopes), queries)
+                query, visible = exact.prepare(q, k, where)
+                short += searcher.candidates(query, k, visible, where).size < min(k * args.refine, visible.size)
+            found, latency = timed(lambda q, k=k, s=searcher: s.search(q, k, where), queries)
             recall = statistics.fmean(recall_of(a, e) for a, e in zip(found, truth))
             per_k["approximate"].append(
                 {

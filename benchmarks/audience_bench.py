@@ -34,6 +34,7 @@ from pathlib import Path
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.index.lexical import LexicalSearcher, build_lexical_index, verify_scope_groups
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.segments import read_scope_groups
 from ragpipe.representations.derive import read_representations
@@ -164,7 +165,7 @@ def exactness(
         view, _ = retriever.lexical.searcher_for(Subject("x", scopes))
         for text in claims[:sample]:
             compared += 1
-            identical += view.search(text, 100, scopes) == reference.search(text, 100, scopes)
+            identical += view.search(text, 100, Prefilter(scopes)) == reference.search(text, 100, Prefilter(scopes))
     return {
         "subjects": len(SUBJECTS),
         "claims_per_subject": sample,

@@ -40,6 +40,7 @@ from ragpipe.bundle.verify import check_vector_table
 from ragpipe.evaluation.metrics import aggregate, collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.suite_load import load_suite
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import index_rows
 from ragpipe.index.vector import VectorSearcher
 from ragpipe.index.vector_memory import open_vector_searcher
@@ -101,7 +102,7 @@ def vector_components(retriever: Retriever, texts: list[str]) -> dict[str, objec
     (docs/benchmarks.md)."""
     plan = retriever.plan
     rows = plan.depth_policy.request_multiple * max(plan.channels["vector"].depth, 10)
-    embedder, searcher, scopes = retriever.embedder(), retriever.vector, Subject.default().scopes
+    embedder, searcher, where = retriever.embedder(), retriever.vector, Prefilter(Subject.default().scopes)
     if searcher is None:
         raise ValueError(f"bundle {retriever.bundle_id} has no vector index")
 
@@ -115,8 +116,8 @@ def vector_components(retriever: Retriever, texts: list[str]) -> dict[str, objec
 
     vectors = [embedder.embed_query(t) for t in texts]
     embed = p50(embedder.embed_query, texts)
-    search = p50(lambda v: searcher.search(v, rows, scopes), vectors)
-    both = p50(lambda t: searcher.search(embedder.embed_query(t), rows, scopes), texts)
+    search = p50(lambda v: searcher.search(v, rows, where), vectors)
+    both = p50(lambda t: searcher.search(embedder.embed_query(t), rows, where), texts)
     return {
         "engine": searcher.engine,
         "rows": rows,

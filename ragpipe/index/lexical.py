@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ import pyarrow as pa
 import tantivy
 
 from ragpipe.index.hits import Hit
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow, RowScopes
 from ragpipe.index.segments import (
     ScopeGroupError,
@@ -186,31 +187,26 @@ class LexicalSearcher:
         self,
         text: str,
         k: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
     ) -> list[Hit]:
         """The ``k`` best hits under ragpipe's total order (score, then IDs). Hits tying with the
         k-th score are all fetched before the cut, so which of them are returned never depends
         on tantivy's document addresses (which differ between a view and a rebuilt index).
-        ``exclude_documents``: documents whose rows are left out (a must-not clause, so deepening
-        a document-level ranking never re-reads the rows of documents already ranked).
-        ``source_roles``: when given, only rows of documents with one of these roles (a
-        zero-score filter, like the scopes: BM25 scores are those of the unfiltered view).
-        ``selection``: only rows of the documents a metadata filter admits (``index.selection``),
-        likewise a zero-score clause."""
+        ``where`` (``index.prefilter``) is applied as zero-score clauses, so BM25 scores are those of
+        the unfiltered view; excluded documents are a must-not clause, so deepening a
+        document-level ranking never re-reads the rows of documents already ranked."""
         terms = query_terms(text)
-        if not terms or not scopes or k < 1 or (selection is not None and selection.empty):
+        if not terms or k < 1 or where.admits_nothing:
             return []
         text_query = self.index.parse_query(" ".join(terms), ["text"])
-        clauses = [(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._filter("access_scope", scopes))]
-        if source_roles:
-            clauses.append((tantivy.Occur.Must, self._filter("source_role", source_roles)))
+        clauses = [(tantivy.Occur.Must, text_query), (tantivy.Occur.Must, self._filter("access_scope", where.scopes))]
+        if where.source_roles:
+            clauses.append((tantivy.Occur.Must, self._filter("source_role", where.source_roles)))
+        selection = where.selection
         if selection is not None and not selection.everything:
             clauses.append(selection.compiled("tantivy", lambda: self._selection_clause(selection)))
-        if exclude_documents:
-            excluded = tantivy.Query.term_set_query(self.schema, "document_id", sorted(exclude_documents))
+        if where.exclude_documents:
+            excluded = tantivy.Query.term_set_query(self.schema, "document_id", sorted(where.exclude_documents))
             clauses.append((tantivy.Occur.MustNot, excluded))
         query = tantivy.Query.boolean_query(clauses)
         limit = k + 1

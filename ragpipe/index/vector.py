@@ -21,7 +21,7 @@ import asyncio
 import re
 import threading
 import weakref
-from collections.abc import Collection, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,8 +33,8 @@ from lancedb.index import HnswSq, IvfFlat, IvfPq, LabelList
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ivf_partitions
 from ragpipe.index.predicates import exclusion_predicate, role_predicate, scope_predicate, selection_predicate
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexColumns, IndexRow
-from ragpipe.index.selection import Selection
 from ragpipe.spec import HnswSqIndex, PqIndex
 
 T = TypeVar("T")
@@ -266,16 +266,10 @@ class VectorSearcher:
         self,
         vector: np.ndarray,
         k: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
     ) -> list[Hit]:
-        """The ``k`` nearest rows visible to ``scopes`` (none for no scopes), skipping the rows
-        of ``exclude_documents``, when ``source_roles`` is given the rows of documents with
-        another role, and when ``selection`` is given the rows of documents a metadata filter
-        does not admit; every filter is a prefilter, applied before the top ``k``."""
-        if not scopes or (selection is not None and selection.empty):
+        """The ``k`` nearest rows ``where`` lets through (``index.prefilter``: applied before the top ``k``)."""
+        if where.admits_nothing:
             return []
         query = self.table.query().nearest_to(vector.astype(np.float32)).distance_type(self.metric)
         if self.nprobes is not None:
@@ -283,8 +277,7 @@ class VectorSearcher:
         elif self.ann_indexed:
             query = query.bypass_vector_index()
         # where() on a vector query is a prefilter unless postfilter() is asked for
-        predicate = _predicate(scopes, exclude_documents, source_roles, selection)
-        query = query.where(predicate).select(["_distance"]).with_row_id().limit(k)
+        query = query.where(_predicate(where)).select(["_distance"]).with_row_id().limit(k)
         result = self._loops.run(query.to_arrow())
         rows = self.rows
         positions = self._positions(result.column("_rowid").to_numpy()).tolist()
@@ -297,10 +290,7 @@ class VectorSearcher:
         self,
         vector: np.ndarray,
         limit: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
         *,
         nprobes: int,
         ef: int,
@@ -312,7 +302,7 @@ class VectorSearcher:
         index's quantised ones, which callers do not use (``ragpipe.index.vector_ann``)."""
         if not self.ann_indexed:
             raise ValueError("this vector table has no ANN index")
-        if not scopes or (selection is not None and selection.empty):
+        if where.admits_nothing:
             return np.empty(0, dtype=np.intp)
         query = (
             self.table.query()
@@ -321,8 +311,7 @@ class VectorSearcher:
             .nprobes(nprobes)  # minimum and maximum: lance probes no more on a narrow filter
             .ef(max(ef, limit))
         )
-        predicate = _predicate(scopes, exclude_documents, source_roles, selection)
-        query = query.where(predicate).select(["_distance"]).with_row_id().limit(limit)
+        query = query.where(_predicate(where)).select(["_distance"]).with_row_id().limit(limit)
         return self._positions(self._loops.run(query.to_arrow()).column("_rowid").to_numpy())
 
     def _positions(self, rowids: np.ndarray) -> np.ndarray:
@@ -353,20 +342,16 @@ class VectorSearcher:
         self._loops.close()
 
 
-def _predicate(
-    scopes: tuple[str, ...],
-    exclude_documents: Collection[str],
-    source_roles: tuple[str, ...],
-    selection: Selection | None,
-) -> str:
-    """The lancedb prefilter of a search: scopes, roles, metadata selection, excluded documents."""
-    predicate = scope_predicate(scopes)
-    if source_roles:
-        predicate = f"{predicate} AND {role_predicate(source_roles)}"
+def _predicate(where: Prefilter) -> str:
+    """The lancedb ``where`` prefilter of a search (``index.prefilter``)."""
+    predicate = scope_predicate(where.scopes)
+    if where.source_roles:
+        predicate = f"{predicate} AND {role_predicate(where.source_roles)}"
+    selection = where.selection
     if selection is not None and not selection.everything:
         predicate = f"{predicate} AND {selection.compiled('lancedb', lambda: selection_predicate(selection))}"
-    if exclude_documents:
-        predicate = f"{predicate} AND {exclusion_predicate(exclude_documents)}"
+    if where.exclude_documents:
+        predicate = f"{predicate} AND {exclusion_predicate(where.exclude_documents)}"
     return predicate
 
 

@@ -35,7 +35,7 @@ per thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from ragpipe.index.hits import Hit
 from ragpipe.index.ivf import ANN_INDEX_TYPES
-from ragpipe.index.selection import Selection
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 
 
@@ -54,10 +54,7 @@ class AnnIndex(Protocol):
         self,
         vector: np.ndarray,
         limit: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
         *,
         nprobes: int,
         ef: int,
@@ -109,20 +106,17 @@ class ApproximateVectorSearcher:
         self,
         vector: np.ndarray,
         k: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
     ) -> list[Hit]:
         """The ``k`` best candidates by exact score among the visible rows the index returns
         (module docstring); the arguments and their errors are exact search's."""
-        prepared = self.exact.prepare(vector, k, scopes, exclude_documents, source_roles, selection)
+        prepared = self.exact.prepare(vector, k, where)
         if prepared is None:
             return []
         query, visible = prepared
-        candidates = self.candidates(query, k, visible, scopes, exclude_documents, source_roles, selection)
+        candidates = self.candidates(query, k, visible, where)
         if candidates.size < min(k * self.refine_factor, visible.size):
-            return self.exact.search(vector, k, scopes, exclude_documents, source_roles, selection)
+            return self.exact.search(vector, k, where)
         return self.exact.ranked(query, candidates, k)
 
     def candidates(
@@ -130,20 +124,14 @@ class ApproximateVectorSearcher:
         query: np.ndarray,
         k: int,
         visible: np.ndarray,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
     ) -> np.ndarray:
         """The ascending positions of the visible rows (``visible``, ascending) among the index's
         ``refine_factor × k`` candidates for ``query``."""
         found = self.index.ann_rows(
             query,
             k * self.refine_factor,
-            scopes,
-            exclude_documents,
-            source_roles,
-            selection,
+            where,
             nprobes=self.nprobes,
             ef=self.ef,
         )

@@ -49,7 +49,7 @@ its own arrays.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +58,8 @@ import numpy as np
 from ragpipe.embedding.compute import embeddings_digest as digest_of_vectors
 from ragpipe.index.hits import Hit
 from ragpipe.index.predicates import role_predicate, scope_predicate
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import RowScopes
-from ragpipe.index.selection import Selection
 
 log = logging.getLogger(__name__)
 
@@ -138,18 +138,13 @@ class MemoryVectorSearcher:
         self,
         vector: np.ndarray,
         k: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
     ) -> list[Hit]:
-        """The ``k`` best rows visible to ``scopes`` (none for no scopes) by exact score, skipping
-        the rows of ``exclude_documents`` (and of documents another role or a ``selection`` leaves
-        out); every filter applies before the top ``k``. A row is visible if its scopes intersect
-        ``scopes``; scope and role names are checked as the lancedb prefilter checks them
+        """The ``k`` best rows ``where`` lets through (``index.prefilter``: applied before the top
+        ``k``) by exact score; scope and role names are checked as the lancedb prefilter checks them
         (``ValueError``). Order: score descending, then row; rows whose score is not finite are left out."""
         tables = self._tables_or_closed()  # one reference: a search finishes on the state it started with
-        prepared = self._prepare(tables, vector, k, scopes, exclude_documents, source_roles, selection)
+        prepared = self._prepare(tables, vector, k, where)
         if prepared is None:
             return []
         chosen, scores = self._best(tables, *prepared, k)
@@ -159,30 +154,24 @@ class MemoryVectorSearcher:
         self,
         vector: np.ndarray,
         k: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str] = (),
-        source_roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
+        where: Prefilter,
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """A search's arguments checked as ``search`` checks them: (the float32 query, the
         ascending positions of the visible rows), or None when no row is visible."""
-        return self._prepare(self._tables_or_closed(), vector, k, scopes, exclude_documents, source_roles, selection)
+        return self._prepare(self._tables_or_closed(), vector, k, where)
 
     def _prepare(
         self,
         tables: _Tables,
         vector: np.ndarray,
         k: int,
-        scopes: tuple[str, ...],
-        exclude_documents: Collection[str],
-        source_roles: tuple[str, ...],
-        selection: Selection | None,
+        where: Prefilter,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        if not scopes:
+        if not where.scopes:
             return None
-        scope_predicate(scopes)  # the same validation, and error, as the lancedb prefilter
-        if source_roles:
-            role_predicate(source_roles)
+        scope_predicate(where.scopes)  # the same validation, and error, as the lancedb prefilter
+        if where.source_roles:
+            role_predicate(where.source_roles)
             if not tables.role_rows and self.rows:
                 raise ValueError("this searcher was opened without source roles: it cannot filter on them")
         if k < 1:
@@ -190,9 +179,9 @@ class MemoryVectorSearcher:
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if query.shape[0] != self.dimension:
             raise ValueError(f"query has {query.shape[0]} dimensions, the vectors {self.dimension}")
-        if selection is not None and len(selection.rows) != len(self.rows):
-            raise ValueError(f"selection covers {len(selection.rows)} rows, this searcher has {len(self.rows)}")
-        visible = _visible(tables, scopes, exclude_documents, source_roles, selection)
+        if where.selection is not None and len(where.selection.rows) != len(self.rows):
+            raise ValueError(f"selection covers {len(where.selection.rows)} rows, this searcher has {len(self.rows)}")
+        visible = _visible(tables, where)
         return None if visible.size == 0 else (query, visible)
 
     def ranked(self, query: np.ndarray, candidates: np.ndarray, k: int) -> list[Hit]:
@@ -446,28 +435,20 @@ def _document_rows(rows: Sequence[Row]) -> _DocumentRows:
     return _DocumentRows(rows)
 
 
-def _visible(
-    tables: _Tables,
-    scopes: tuple[str, ...],
-    exclude_documents: Collection[str],
-    source_roles: tuple[str, ...] = (),
-    selection: Selection | None = None,
-) -> np.ndarray:
-    """Positions of the rows sharing a scope with ``scopes`` (and, given ``source_roles``, of a
-    document with one of them; given ``selection``, admitted by it), minus ``exclude_documents``'
-    rows."""
-    masks = [m for s in set(scopes) if (m := tables.scope_rows.get(s)) is not None]
+def _visible(tables: _Tables, where: Prefilter) -> np.ndarray:
+    """Positions (ascending) of the rows ``where`` lets through."""
+    masks = [m for s in set(where.scopes) if (m := tables.scope_rows.get(s)) is not None]
     if not masks:
         return np.empty(0, dtype=np.intp)
     visible = np.logical_or.reduce(masks) if len(masks) > 1 else masks[0].copy()
-    if source_roles:
-        roles = [m for r in set(source_roles) if (m := tables.role_rows.get(r)) is not None]
+    if where.source_roles:
+        roles = [m for r in set(where.source_roles) if (m := tables.role_rows.get(r)) is not None]
         if not roles:
             return np.empty(0, dtype=np.intp)
         visible &= np.logical_or.reduce(roles) if len(roles) > 1 else roles[0]
-    if selection is not None:
-        visible &= selection.rows
-    for document_id in exclude_documents:
+    if where.selection is not None:
+        visible &= where.selection.rows
+    for document_id in where.exclude_documents:
         positions = tables.document_rows.get(document_id)
         if positions is not None:
             visible[positions] = False

@@ -32,7 +32,7 @@ import numpy as np
 
 from ragpipe.index.hits import Hit
 from ragpipe.index.lexical import LexicalSearcher
-from ragpipe.index.selection import Selection
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.fusion.order import RankedHit, hit_key
 from ragpipe.retrieval.plan import DepthPolicy
@@ -155,9 +155,8 @@ def _settled(best: dict[str, Hit], last: Sequence[Hit], complete: bool) -> dict[
     return {key: h for key, h in best.items() if h.score > boundary}
 
 
-# ``roles``: when given, only rows of documents with one of these source roles (a prefilter in
-# both channels, like the scopes); ``selection``: only rows of the documents a metadata filter
-# admits (``ragpipe.index.selection``), likewise a prefilter.
+# ``where``: the subject's scopes, source roles and metadata selection (``ragpipe.index.prefilter``),
+# to which each request adds the documents it excludes.
 # ``size`` of both backends: the rows the subject may see (an upper bound on any request's hits
 # that does not depend on hidden rows, so the trace's request sizes reveal nothing about them).
 
@@ -168,27 +167,11 @@ class LexicalBackend:
 
     excludes_documents = True
 
-    def __init__(
-        self,
-        searcher: LexicalSearcher,
-        text: str,
-        scopes: tuple[str, ...],
-        size: int,
-        roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
-    ):
-        self.searcher, self.text, self.scopes, self.size, self.roles = searcher, text, scopes, size, roles
-        self.selection = selection
+    def __init__(self, searcher: LexicalSearcher, text: str, where: Prefilter, size: int):
+        self.searcher, self.text, self.where, self.size = searcher, text, where, size
 
     def search(self, depth: int, exclude_documents: Collection[str]) -> list[Hit]:
-        return self.searcher.search(
-            self.text,
-            depth,
-            self.scopes,
-            exclude_documents=exclude_documents,
-            source_roles=self.roles,
-            selection=self.selection,
-        )
+        return self.searcher.search(self.text, depth, self.where.excluding(exclude_documents))
 
 
 class VectorBackend:
@@ -196,17 +179,8 @@ class VectorBackend:
 
     excludes_documents = True
 
-    def __init__(
-        self,
-        searcher: MemoryVectorSearcher,
-        vector: np.ndarray,
-        scopes: tuple[str, ...],
-        size: int,
-        roles: tuple[str, ...] = (),
-        selection: Selection | None = None,
-    ):
-        self.searcher, self.vector, self.scopes, self.size, self.roles = searcher, vector, scopes, size, roles
-        self.selection = selection
+    def __init__(self, searcher: MemoryVectorSearcher, vector: np.ndarray, where: Prefilter, size: int):
+        self.searcher, self.vector, self.where, self.size = searcher, vector, where, size
 
     def search(self, depth: int, exclude_documents: Collection[str]) -> list[Hit]:
-        return self.searcher.search(self.vector, depth, self.scopes, exclude_documents, self.roles, self.selection)
+        return self.searcher.search(self.vector, depth, self.where.excluding(exclude_documents))

@@ -30,6 +30,7 @@ from ragpipe.bundle.verify import VerifiedBundle, check_vector_table, open_bundl
 from ragpipe.corpus.metadata import Metadata, metadata_from_json, shown_metadata
 from ragpipe.corpus.models import SCOPE_PATTERN, pages_of
 from ragpipe.index.lexical import LexicalSearcher
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import SLICE_ROWS, RowScopes, index_columns
 from ragpipe.index.selection import Selection
 from ragpipe.kernel.workspace import Workspace, default_home
@@ -418,8 +419,9 @@ class Retriever:
         resolved = None if filter is None else self.filters.resolve(filter, audience.groups)
         selection = None if resolved is None else resolved.selection
         vector = self._embed_query(self.embedder(), text)
-        approximate = self.vector.search(vector, k, subject.scopes, (), roles, selection)
-        exact = self.vector.exact.search(vector, k, subject.scopes, (), roles, selection)
+        where = Prefilter(subject.scopes, (), roles, selection)
+        approximate = self.vector.search(vector, k, where)
+        exact = self.vector.exact.search(vector, k, where)
         return AnnComparison(approximate, exact)
 
     def _check_request(self, text: str, k: int) -> None:
@@ -478,12 +480,13 @@ class Retriever:
         def units(name: str) -> int:
             return max(plan.channels[name].depth, k)
 
+        where = Prefilter(subject.scopes, (), roles, selection)
         ranked: dict[str, ChannelRanking] = {}
         statistics = None
         lexical: Callable[[], ChannelRanking] | None = None
         if "lexical" in plan.channels:
             searcher, statistics = self.lexical.searcher_for(subject)
-            backend = LexicalBackend(searcher, text, subject.scopes, visible_rows, roles, selection)
+            backend = LexicalBackend(searcher, text, where, visible_rows)
             lexical = partial(
                 timed, "lexical", partial(rank_channel, backend, units("lexical"), plan.collapse, plan.depth_policy)
             )
@@ -492,9 +495,7 @@ class Retriever:
             embedder = self._embedder if self._embedder is not None else timed("embedder_load", self.embedder)
 
             def vector() -> ChannelRanking:
-                backend = VectorBackend(
-                    self.vector, self._embed_query(embedder, text), subject.scopes, visible_rows, roles, selection
-                )
+                backend = VectorBackend(self.vector, self._embed_query(embedder, text), where, visible_rows)
                 return rank_channel(backend, units("vector"), plan.collapse, plan.depth_policy)
 
             if lexical is None:

@@ -20,6 +20,7 @@ from ragpipe.bundle.verify import BundleVerificationError, check_vector_table, f
 from ragpipe.chunking.models import read_chunks, write_chunks
 from ragpipe.corpus.snapshot import documents_table, read_snapshot_documents
 from ragpipe.index.lexical import build_lexical_index
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow, index_rows
 from ragpipe.index.vector import build_vector_index, read_vector_rows
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file, vectors_file_bytes
@@ -432,7 +433,7 @@ def test_lance_rows_escalated_are_refused_and_never_widen_what_queries_see(forge
     assert "access_scopes ('public',) differs from its representation's document (('secret',))" in str(info.value)
     retriever = Retriever(open_bundle(forgeable, key=None, defer_vector_table=True))
     secret_rows = [i for i, r in enumerate(retriever.vector.rows) if r[2] == "sec-aspirin"]
-    hits = retriever.vector.search(matrix[secret_rows[0]], 50, ("public",))
+    hits = retriever.vector.search(matrix[secret_rows[0]], 50, Prefilter(("public",)))
     assert hits and not {h.document_id for h in hits} & {"sec-aspirin", "sec-twin"}
     retriever.close()
 

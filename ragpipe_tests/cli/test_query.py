@@ -249,6 +249,8 @@ def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bund
     """Defence in depth: a vector backend that drops the scope prefilter (searches as if the
     subject saw everything) — its hidden hits are re-checked away before fusion and counted in
     the audit view only."""
+    from dataclasses import replace
+
     from ragpipe.retrieval.retriever import Retriever
 
     r = Retriever(scoped_bundles[0])
@@ -257,9 +259,7 @@ def test_hits_of_a_backend_ignoring_the_prefilter_never_reach_fusion(scoped_bund
     monkeypatch.setattr(
         r.vector,
         "search",
-        lambda vector, k, scopes, exclude=(), roles=(), selection=None: search(
-            vector, k, ("public", "secret", "staff"), exclude, roles, selection
-        ),
+        lambda vector, k, where: search(vector, k, replace(where, scopes=("public", "secret", "staff"))),
     )
     leaky = r.query("secret aspirin stroke trial", k=5, mode="vector", audit=True)
     hidden = {"sec-aspirin", "sec-twin", "staff-aspirin"}

@@ -58,8 +58,8 @@ class FarthestRows:
         self.exact = exact
         self.position = {row[0]: i for i, row in enumerate(exact.rows)}
 
-    def ann_rows(self, vector, limit, scopes, exclude_documents=(), source_roles=(), selection=None, *, nprobes, ef):
-        ranked = self.exact.search(vector, len(self.exact.rows), scopes, exclude_documents, source_roles, selection)
+    def ann_rows(self, vector, limit, where, *, nprobes, ef):
+        ranked = self.exact.search(vector, len(self.exact.rows), where)
         return np.array([self.position[h.representation_id] for h in ranked[-limit:]], dtype=np.intp)
 
     def close(self):

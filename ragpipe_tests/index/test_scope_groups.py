@@ -11,6 +11,7 @@ import tantivy
 
 from ragpipe.index import segments as segments_module
 from ragpipe.index.lexical import LexicalSearcher, _write_rows, lexical_schema, read_lexical_rows, verify_scope_groups
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.segments import file_stem, read_meta, read_scope_groups
 from ragpipe.kernel.canonical import canonical_bytes
@@ -60,15 +61,15 @@ def test_opening_the_index_adds_no_file(tmp_path: Path):
     directory = tmp_path / "lexical"
     searcher = open_index(directory, rows)
     before = sorted(p.name for p in directory.iterdir())
-    searcher.search("aspirin", 5, ("public",))
-    LexicalSearcher.open(directory, triples(rows)).search("heart", 5, ("staff",))
+    searcher.search("aspirin", 5, Prefilter(("public",)))
+    LexicalSearcher.open(directory, triples(rows)).search("heart", 5, Prefilter(("staff",)))
     assert sorted(p.name for p in directory.iterdir()) == before
 
 
 def test_empty_corpus_gives_a_valid_empty_index(tmp_path: Path):
     directory = tmp_path / "lexical"
     searcher = open_index(directory, [])
-    assert searcher.num_docs == 0 and searcher.search("aspirin", 5, ("public",)) == []
+    assert searcher.num_docs == 0 and searcher.search("aspirin", 5, Prefilter(("public",))) == []
     assert read_meta(directory)["segments"] == []
     assert (directory / "scope_groups.json").read_bytes() == b'{"format":"ragpipe/lexical-scope-groups/v1","groups":[]}'
     assert sorted(p.name for p in directory.iterdir()) == [".tantivy-meta.lock", "meta.json", "scope_groups.json"]
@@ -98,7 +99,7 @@ def test_a_group_outgrowing_the_writer_heap_spans_segments_and_stays_exact(tmp_p
     assert stats.index == "audience" and stats.rows == public.rows
     reference = authorized_only(tmp_path / "ref", rows, ("public",))
     for query in (" ".join(vocab[:3]), vocab[10], " ".join(vocab[100:110])):
-        assert searcher.search(query, 50, ("public",)) == reference.search(query, 50, ("public",))
+        assert searcher.search(query, 50, Prefilter(("public",))) == reference.search(query, 50, Prefilter(("public",)))
 
 
 # --- verification -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.vector import (
     ANN_INDEX_NAME,
@@ -173,8 +174,10 @@ class FakeIndex:
     def __init__(self, found):
         self.found, self.calls, self.closed = np.asarray(found, dtype=np.intp), [], False
 
-    def ann_rows(self, vector, limit, scopes, exclude_documents=(), source_roles=(), selection=None, *, nprobes, ef):
-        self.calls.append((limit, tuple(scopes), tuple(sorted(exclude_documents)), source_roles, nprobes, ef))
+    def ann_rows(self, vector, limit, where, *, nprobes, ef):
+        self.calls.append(
+            (limit, tuple(where.scopes), tuple(sorted(where.exclude_documents)), where.source_roles, nprobes, ef)
+        )
         return self.found
 
     def close(self):
@@ -197,9 +200,9 @@ def test_the_index_can_narrow_the_candidates_never_widen_them(small):
     everything = FakeIndex(np.arange(len(rows))[::-1])  # hidden rows included, in any order
     searcher = ApproximateVectorSearcher(exact, everything, kind="ivf_hnsw_sq", nprobes=3, ef=7, refine_factor=2)
     for scopes in (("public",), ("staff", "secret"), ("nobody",)):
-        assert bits(searcher.search(query, 5, scopes)) == bits(exact.search(query, 5, scopes))
+        assert bits(searcher.search(query, 5, Prefilter(scopes))) == bits(exact.search(query, 5, Prefilter(scopes)))
     assert everything.calls[0] == (10, ("public",), (), (), 3, 7)
-    searcher.search(query, 4, ("staff",), exclude_documents={"d00002"}, source_roles=("primary",))
+    searcher.search(query, 4, Prefilter(("staff",), exclude_documents={"d00002"}, source_roles=("primary",)))
     assert everything.calls[-1] == (8, ("staff",), ("d00002",), ("primary",), 3, 7)
 
 
@@ -207,13 +210,13 @@ def test_candidates_are_ranked_by_exact_scores_and_a_short_answer_is_exact(small
     rows, vectors = small
     exact = exact_searcher(rows, vectors)
     query = unit_vectors(1, 8, seed=5)[0]
-    visible = exact.prepare(query, 3, ("public",))[1]
+    visible = exact.prepare(query, 3, Prefilter(("public",)))[1]
     chosen = visible[::3][:12]  # 12 visible candidates, plus hidden ones the searcher must drop
     hidden = np.setdiff1d(np.arange(len(rows)), visible)[:5]
     searcher = ApproximateVectorSearcher(
         exact, FakeIndex(np.concatenate([hidden, chosen])), kind="ivf_pq", nprobes=1, ef=1, refine_factor=4
     )
-    hits = searcher.search(query, 3, ("public",))
+    hits = searcher.search(query, 3, Prefilter(("public",)))
     scores = exact_scores("cosine", vectors[chosen], query)
     best = chosen[np.lexsort((chosen, -scores))[:3]]
     assert [h.representation_id for h in hits] == [rows[i].representation_id for i in best]
@@ -222,11 +225,13 @@ def test_candidates_are_ranked_by_exact_scores_and_a_short_answer_is_exact(small
     ]
     assert "approximate" in searcher.why and searcher.approximate and not exact.approximate
     # 12 visible candidates for k = 4 and refine_factor 4: fewer than the 16 asked, so exact search answers
-    assert bits(searcher.search(query, 4, ("public",))) == bits(exact.search(query, 4, ("public",)))
+    assert bits(searcher.search(query, 4, Prefilter(("public",)))) == bits(
+        exact.search(query, 4, Prefilter(("public",)))
+    )
     searcher.close()
     assert searcher.index.closed
     with pytest.raises(RuntimeError, match="closed"):
-        searcher.search(query, 3, ("public",))
+        searcher.search(query, 3, Prefilter(("public",)))
 
 
 def test_arguments_are_checked_as_exact_search_checks_them(small):
@@ -235,13 +240,13 @@ def test_arguments_are_checked_as_exact_search_checks_them(small):
         exact_searcher(rows, vectors), FakeIndex([]), kind="ivf_hnsw_sq", nprobes=1, ef=1, refine_factor=1
     )
     query = vectors[0]
-    assert searcher.search(query, 3, ()) == []
+    assert searcher.search(query, 3, Prefilter(())) == []
     with pytest.raises(ValueError, match="invalid scope name"):
-        searcher.search(query, 3, ("x') OR true --",))
+        searcher.search(query, 3, Prefilter(("x') OR true --",)))
     with pytest.raises(ValueError, match="k must be positive"):
-        searcher.search(query, 0, ("public",))
+        searcher.search(query, 0, Prefilter(("public",)))
     with pytest.raises(ValueError, match="query has 4 dimensions"):
-        searcher.search(query[:4], 3, ("public",))
+        searcher.search(query[:4], 3, Prefilter(("public",)))
     with pytest.raises(ValueError, match="must be >= 1"):
         ApproximateVectorSearcher(searcher.exact, FakeIndex([]), kind="ivf_pq", nprobes=0, ef=1, refine_factor=1)
 
@@ -274,8 +279,8 @@ def test_laws_of_approximate_search_on_a_real_hnsw_index(hnsw_searchers, seed, s
     exact, searcher = hnsw_searchers
     query = unit_vectors(1, 16, seed=seed)[0]
     args = (tuple(scopes), {f"d{d:05d}" for d in excluded}, roles)
-    approximate = searcher.search(query, k, *args)
-    everything = exact.search(query, len(exact.rows), *args)  # every visible row, exactly ranked
+    approximate = searcher.search(query, k, Prefilter(*args))
+    everything = exact.search(query, len(exact.rows), Prefilter(*args))  # every visible row, exactly ranked
     score_of = dict(bits(everything))
     position = {r[0]: i for i, r in enumerate(exact.rows)}
     assert len(approximate) == min(k, len(everything))
@@ -300,12 +305,14 @@ def test_with_every_partition_probed_a_pq_index_returns_every_visible_row_asked_
         for seed in range(5):
             query = unit_vectors(1, 16, seed=100 + seed)[0]
             for scopes, k in ((("public",), 10), (("secret",), 50), (("public", "staff", "secret"), 20)):
-                query32, visible = exact.prepare(query, k, scopes)
-                found = searcher.candidates(query32, k, visible, scopes)
+                query32, visible = exact.prepare(query, k, Prefilter(scopes))
+                found = searcher.candidates(query32, k, visible, Prefilter(scopes))
                 assert len(found) == min(3 * k, len(visible))
                 if 3 * k >= len(visible):
                     assert found.tolist() == visible.tolist()
-                    assert bits(searcher.search(query, k, scopes)) == bits(exact.search(query, k, scopes))
+                    assert bits(searcher.search(query, k, Prefilter(scopes))) == bits(
+                        exact.search(query, k, Prefilter(scopes))
+                    )
     finally:
         index.close()
 

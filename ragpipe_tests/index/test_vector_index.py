@@ -6,6 +6,7 @@ import numpy as np
 
 from ragpipe.index.ivf import IVF_MIN_ROWS, ivf_partitions
 from ragpipe.index.predicates import scope_predicate
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.vector import VectorSearcher, build_vector_index
 
@@ -24,7 +25,7 @@ def test_ivf_search_equals_exhaustive_cosine_ranking(tmp_path):
     assert searcher.nprobes == ivf_partitions(n) == 17
     for q in rng.normal(size=(5, dim)).astype(np.float32):
         q /= np.linalg.norm(q)
-        hits = searcher.search(q, 50, ("public",))
+        hits = searcher.search(q, 50, Prefilter(("public",)))
         sims = vectors @ q
         allowed = [i for i in range(n) if scopes[i] == ("public",)]
         expected = sorted(allowed, key=lambda i: -sims[i])[:50]

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from ragpipe.embedding.compute import embeddings_digest
 from ragpipe.index.hits import Hit
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.vector import build_vector_index
 from ragpipe.index.vector_memory import (
@@ -141,7 +142,7 @@ def cases(seed: int, n: int, dim: int, style: str, distinct: int, queries) -> li
             out.append(
                 {
                     "expected": bits(reference_search(metric, rows, vectors, query, k, scopes, exclude)),
-                    "actual": bits(searcher.search(query, k, scopes, exclude)),
+                    "actual": bits(searcher.search(query, k, Prefilter(scopes, exclude))),
                 }
             )
     return out
@@ -257,7 +258,7 @@ GOLDEN = {
 def test_golden_scores_of_a_fixed_table(metric):
     rows, query = golden_table()
     table = [IndexRow(f"r{i:02d}", f"c{i:02d}", f"d{i:02d}", "raw", "", ("public",), "primary") for i in range(48)]
-    hits = searcher_of(table, rows, metric).search(query, 5, ("public",))
+    hits = searcher_of(table, rows, metric).search(query, 5, Prefilter(("public",)))
     got = [(h.representation_id, float(h.score).hex()) for h in hits]
     assert got == GOLDEN[metric]
     assert got == [(h.representation_id, float(h.score).hex()) for h in reference_search(
@@ -301,13 +302,13 @@ def small():
 def test_no_scopes_unknown_scopes_and_excluded_documents_give_nothing(small):
     memory, rows, vectors = small
     for args in [((), ()), (("nobody",), ()), (SCOPES, sorted({r.document_id for r in rows}))]:
-        assert memory.search(vectors[0], 5, *args) == []
+        assert memory.search(vectors[0], 5, Prefilter(*args)) == []
 
 
 def test_k_above_the_visible_rows_returns_every_visible_row(small):
     memory, rows, vectors = small
     visible = [r for r in rows if "secret" in r.access_scopes]
-    hits = memory.search(vectors[1], 1000, ("secret",))
+    hits = memory.search(vectors[1], 1000, Prefilter(("secret",)))
     assert sorted(h.representation_id for h in hits) == [r.representation_id for r in visible]
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
@@ -315,38 +316,38 @@ def test_k_above_the_visible_rows_returns_every_visible_row(small):
 def test_invalid_scope_names_k_and_dimensions_are_refused(small):
     memory, _, vectors = small
     with pytest.raises(ValueError, match=r"invalid scope name \"x'\) OR true --\""):
-        memory.search(vectors[0], 3, ("public", "x') OR true --"))
+        memory.search(vectors[0], 3, Prefilter(("public", "x') OR true --")))
     with pytest.raises(ValueError, match="k must be positive"):
-        memory.search(vectors[0], 0, ("public",))
+        memory.search(vectors[0], 0, Prefilter(("public",)))
     with pytest.raises(ValueError, match="query has 31 dimensions, the vectors 32"):
-        memory.search(vectors[0][:31], 3, ("public",))
+        memory.search(vectors[0][:31], 3, Prefilter(("public",)))
 
 
 def test_a_zero_cosine_query_or_row_scores_nothing(small):
     memory, rows, vectors = small
-    assert memory.search(np.zeros(vectors.shape[1], dtype=np.float32), 5, SCOPES) == []
+    assert memory.search(np.zeros(vectors.shape[1], dtype=np.float32), 5, Prefilter(SCOPES)) == []
     with_zero = vectors.copy()
     with_zero[4] = 0.0
-    hits = searcher_of(rows, with_zero, "cosine").search(vectors[4], 40, SCOPES)
+    hits = searcher_of(rows, with_zero, "cosine").search(vectors[4], 40, Prefilter(SCOPES))
     assert len(hits) == 39 and "r00004" not in {h.representation_id for h in hits}
     with_infinity = vectors.copy()
     with_infinity[7, 3] = np.inf  # its dot score is an infinity: no ranking, never a hit
     for metric in METRICS:
-        hits = searcher_of(rows, with_infinity, metric).search(vectors[7], 40, SCOPES)
+        hits = searcher_of(rows, with_infinity, metric).search(vectors[7], 40, Prefilter(SCOPES))
         assert len(hits) == 39 and "r00007" not in {h.representation_id for h in hits}, metric
 
 
 def test_a_closed_searcher_refuses_searches(small):
     memory, _, vectors = small
-    memory.search(vectors[0], 3, ("public",))
+    memory.search(vectors[0], 3, Prefilter(("public",)))
     memory.close()
     with pytest.raises(RuntimeError, match="vector searcher is closed"):
-        memory.search(vectors[0], 3, ("public",))
+        memory.search(vectors[0], 3, Prefilter(("public",)))
 
 
 def test_concurrent_searches_equal_sequential_ones(small):
     memory, _, vectors = small
-    cases_ = [(vectors[i % len(vectors)], 1 + i % 17, SCOPES[: 1 + i % 3]) for i in range(64)]
+    cases_ = [(vectors[i % len(vectors)], 1 + i % 17, Prefilter(SCOPES[: 1 + i % 3])) for i in range(64)]
     expected = [memory.search(*case) for case in cases_]
     barrier = threading.Barrier(8)
 
@@ -386,7 +387,9 @@ def test_the_factory_serves_verified_vectors_from_either_store(tmp_path):
         "exact scores (float64_sequential/v1) in memory: 60 vectors of 32 dimensions, 7,680 bytes, read from vectors.arrow"
     )
     assert read.why.endswith("read from the lance table (this bundle has no vectors.arrow)")
-    assert given.search(vectors[2], 7, ("public", "staff")) == read.search(vectors[2], 7, ("public", "staff"))
+    assert given.search(vectors[2], 7, Prefilter(("public", "staff"))) == read.search(
+        vectors[2], 7, Prefilter(("public", "staff"))
+    )
 
 
 def test_vectors_that_are_not_the_manifests_are_refused(tmp_path):
@@ -419,7 +422,7 @@ def test_retriever_scores_are_the_definitions(scoped_bundles):
         metric = retriever.vector.metric
         for text in ("aspirin stroke", "secret trial"):
             query = retriever.embedder().embed_query(text)
-            hits = retriever.vector.search(query, 10, ("public", "secret", "staff"))
+            hits = retriever.vector.search(query, 10, Prefilter(("public", "secret", "staff")))
             assert len(hits) == 10
             for hit in hits:
                 row = tables.matrix[row_of[hit.representation_id]]

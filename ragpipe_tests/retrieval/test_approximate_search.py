@@ -20,6 +20,7 @@ from ragpipe.evaluation.ledger import read_ledger
 from ragpipe.evaluation.runner import run_evaluation
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.index.hits import recall_of
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.vector_ann import ApproximateVectorSearcher
 from ragpipe.index.vector_memory import MemoryVectorSearcher
 from ragpipe.retrieval.authz import Subject
@@ -188,7 +189,7 @@ def test_approximate_results_say_so_and_carry_exact_search_scores(ann_bundle, re
             "approximate": True,
         }
         assert len(data["hits"]) == 10
-        everything = searcher.exact.search(embedder.embed_query(text), len(searcher.rows), PUBLIC.scopes)
+        everything = searcher.exact.search(embedder.embed_query(text), len(searcher.rows), Prefilter(PUBLIC.scopes))
         score_of = {h.representation_id: np.float64(h.score).tobytes() for h in everything}
         for ranked in result.rankings.channels["vector"]:
             assert np.float64(ranked.hit.score).tobytes() == score_of[ranked.hit.representation_id]
@@ -216,7 +217,7 @@ def test_the_comparison_helper_returns_both_top_lists(retrievers):
     narrow = retrievers["narrow"]
     comparison = narrow.ann_comparison("aspirin and stroke", PUBLIC, k=10)
     vector = narrow.embedder().embed_query("aspirin and stroke")
-    assert comparison.exact == narrow.vector.exact.search(vector, 10, PUBLIC.scopes)
+    assert comparison.exact == narrow.vector.exact.search(vector, 10, Prefilter(PUBLIC.scopes))
     assert len(comparison.approximate) == 10
     assert comparison.recall == recall_of(comparison.approximate_ids, comparison.exact_ids)
     with pytest.raises(QueryError, match="k must be an integer >= 1"):

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ragpipe.index import segments as segments_module
 from ragpipe.index.lexical import LexicalSearcher, build_lexical_index
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.rows import IndexRow
 from ragpipe.index.segments import SegmentView, read_scope_groups
 from ragpipe.retrieval.audience import AudienceIndexes
@@ -89,8 +90,8 @@ def test_audience_view_results_equal_an_authorized_only_index(grouped, scopes):
     assert (stats.index, stats.rows) == ("audience", references[scopes].num_docs)
     for query in QUERIES:
         for k in (1, 3, 10, 200):
-            got = searcher.search(query, k, scopes)
-            assert got == references[scopes].search(query, k, scopes), (query, k)
+            got = searcher.search(query, k, Prefilter(scopes))
+            assert got == references[scopes].search(query, k, Prefilter(scopes)), (query, k)
             assert not {h.document_id for h in got} - {
                 r.document_id for r in rows if set(r.access_scopes) & set(scopes)
             }
@@ -99,9 +100,9 @@ def test_audience_view_results_equal_an_authorized_only_index(grouped, scopes):
 def test_bundle_statistics_differ_from_an_audience_s(grouped):
     """The fixture is not trivial: over the whole bundle (filter only) scores differ."""
     rows, bundle, references = grouped
-    filtered = bundle.search("aspirin stroke", 10, ("public",))
+    filtered = bundle.search("aspirin stroke", 10, Prefilter(("public",)))
     assert [h.representation_id for h in filtered] and filtered != references[("public",)].search(
-        "aspirin stroke", 10, ("public",)
+        "aspirin stroke", 10, Prefilter(("public",))
     )
 
 
@@ -112,12 +113,12 @@ def test_ties_at_the_cut_are_settled_by_ids_not_addresses(tmp_path: Path):
         for d in (9, 8, 7, 3, 2, 1)
     ]
     bundle = open_index(tmp_path / "lexical", rows)
-    assert [h.document_id for h in bundle.search("aspirin", 2, ("public", "staff"))] == ["d1", "d2"]
+    assert [h.document_id for h in bundle.search("aspirin", 2, Prefilter(("public", "staff")))] == ["d1", "d2"]
     view, _ = audiences(bundle, rows).searcher_for(Subject("p", ("public",)))
-    assert [h.document_id for h in view.search("aspirin", 2, ("public",))] == ["d2", "d3"]
-    assert view.search("aspirin", 2, ("public",)) == authorized_only(tmp_path / "ref", rows, ("public",)).search(
-        "aspirin", 2, ("public",)
-    )
+    assert [h.document_id for h in view.search("aspirin", 2, Prefilter(("public",)))] == ["d2", "d3"]
+    assert view.search("aspirin", 2, Prefilter(("public",))) == authorized_only(
+        tmp_path / "ref", rows, ("public",)
+    ).search("aspirin", 2, Prefilter(("public",)))
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_law_view_equals_authorized_only_index(bundles_by_seed, tmp_path_factory
     # A folder that outlives the example: tantivy-py's meta.json watcher thread lives as long as
     # the opened index and may create its lock file while a TemporaryDirectory is being removed.
     reference = authorized_only(tmp_path_factory.mktemp("ref") / "ref", rows, scopes)
-    assert searcher.search(query, k, scopes) == reference.search(query, k, scopes)
+    assert searcher.search(query, k, Prefilter(scopes)) == reference.search(query, k, Prefilter(scopes))
 
 
 # --- which searcher, caching, lifetime ---------------------------------------------------------
@@ -177,7 +178,7 @@ def test_a_subject_who_sees_nothing_gets_an_empty_view(grouped):
     indexes = audiences(bundle, rows)
     searcher, stats = indexes.searcher_for(Subject("stranger", ("nobody",)))
     assert (stats.index, stats.documents, stats.rows) == ("audience", 0, 0)
-    assert searcher.search("aspirin stroke", 10, ("nobody",)) == []
+    assert searcher.search("aspirin stroke", 10, Prefilter(("nobody",))) == []
     assert sorted(p.name for p in searcher.view.path.iterdir()) == [".tantivy-meta.lock", "meta.json"]
     indexes.close()
 
@@ -199,12 +200,14 @@ def test_views_are_reused_bounded_evicted_and_removed(grouped):
     assert all(
         (folder / n).stat().st_ino == (bundle.directory / n).stat().st_ino for n in linked
     )  # hard links, no copy
-    expected = references[("public",)].search("aspirin stroke", 10, ("public",))
+    expected = references[("public",)].search("aspirin stroke", 10, Prefilter(("public",)))
     indexes.searcher_for(Subject("c", ("staff",)))
     indexes.searcher_for(Subject("d", ("secret",)))  # third view: the least recently used (public) goes
     assert (indexes.cached_audiences, indexes.builds) == (2, 3)
     assert public.view.closed and not folder.exists()
-    assert public.search("aspirin stroke", 10, ("public",)) == expected  # a searcher handed out earlier still works
+    assert (
+        public.search("aspirin stroke", 10, Prefilter(("public",))) == expected
+    )  # a searcher handed out earlier still works
     reopened, stats = indexes.searcher_for(Subject("a", ("public",)))
     assert reopened is not public and stats.build_ms is not None and indexes.builds == 4
     folders = [v.view.path for v in indexes._views.values()]
@@ -233,7 +236,9 @@ def test_views_fall_back_to_symlinks_across_file_systems(grouped, monkeypatch):
     searcher, _ = indexes.searcher_for(Subject("a", ("staff",)))
     linked = [p for p in searcher.view.path.iterdir() if p.name not in ("meta.json", ".tantivy-meta.lock")]
     assert linked and all(p.is_symlink() and p.resolve().parent == bundle.directory.resolve() for p in linked)
-    assert searcher.search("heart", 10, ("staff",)) == references[("staff",)].search("heart", 10, ("staff",))
+    assert searcher.search("heart", 10, Prefilter(("staff",))) == references[("staff",)].search(
+        "heart", 10, Prefilter(("staff",))
+    )
     indexes.close()
 
 
@@ -275,7 +280,9 @@ def test_eight_threads_get_the_sequential_results_and_each_view_is_opened_once(g
     subjects = [Subject(f"u{i}", SUBJECTS[i % 6]) for i in range(8)] + [Subject("admin", ALL_SCOPES)]
     work = [(s, q, k) for s in subjects for q in QUERIES for k in (3, 20)]
     sequential_indexes = audiences(bundle, rows)
-    sequential = {(s.principal, q, k): sequential_indexes.searcher_for(s)[0].search(q, k, s.scopes) for s, q, k in work}
+    sequential = {
+        (s.principal, q, k): sequential_indexes.searcher_for(s)[0].search(q, k, Prefilter(s.scopes)) for s, q, k in work
+    }
     sequential_indexes.close()
 
     opened: list[tuple[str, ...]] = []
@@ -315,7 +322,7 @@ def test_eight_threads_get_the_sequential_results_and_each_view_is_opened_once(g
             barrier.wait()
             for i in range(len(work)):
                 s, q, k = work[(i + n * 7) % len(work)]  # every thread walks all subjects, from its own start
-                results[(s.principal, q, k)] = indexes.searcher_for(s)[0].search(q, k, s.scopes)
+                results[(s.principal, q, k)] = indexes.searcher_for(s)[0].search(q, k, Prefilter(s.scopes))
                 assert results[(s.principal, q, k)] == sequential[(s.principal, q, k)]
         except BaseException as exc:  # surfaced below with the thread's failure
             errors.append(exc)

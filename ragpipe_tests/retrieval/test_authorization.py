@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from ragpipe.answer.answering import answer
 from ragpipe.answer.litellm_generator import LiteLLMGenerator
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.retrieval.authz import AuthorizationError, CertifiedItem, ScopePolicy, Subject, issue_certificate
 from ragpipe.retrieval.context import Context, Evidence, render_payload
@@ -315,12 +316,13 @@ def test_bundle_index_scope_clause_filters_inside_tantivy(retrievers):
     full, _ = retrievers
     searcher = full.lexical.bundle_searcher
     everyone = [
-        h.document_id for h in searcher.search("secret aspirin stroke trial", 10, ("public", "secret", "staff"))
+        h.document_id
+        for h in searcher.search("secret aspirin stroke trial", 10, Prefilter(("public", "secret", "staff")))
     ]
-    public = [h.document_id for h in searcher.search("secret aspirin stroke trial", 10, ("public",))]
+    public = [h.document_id for h in searcher.search("secret aspirin stroke trial", 10, Prefilter(("public",)))]
     assert everyone[0] == "sec-aspirin"
     assert public and not set(public) & (SECRET_IDS | {"staff-aspirin"})
-    assert searcher.search("aspirin", 10, ()) == []
+    assert searcher.search("aspirin", 10, Prefilter(())) == []
 
 
 def test_subject_with_no_visible_documents_gets_nothing(retrievers):

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragpipe.index.hits import Hit
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.channels import rank_channel
 from ragpipe.retrieval.fusion import fuse
@@ -178,9 +179,9 @@ def _oracle(r: Retriever, text: str, subject: Subject, k: int, mode: str) -> lis
     full = {}
     if "lexical" in plan.channels:
         searcher, _ = r.lexical.searcher_for(subject)
-        full["lexical"] = searcher.search(text, 10**6, subject.scopes)
+        full["lexical"] = searcher.search(text, 10**6, Prefilter(subject.scopes))
     if "vector" in plan.channels:
-        full["vector"] = r.vector.search(r.embedder().embed_query(text), 10**6, subject.scopes)
+        full["vector"] = r.vector.search(r.embedder().embed_query(text), 10**6, Prefilter(subject.scopes))
     ranked = {n: collapse(hits, plan.collapse)[: max(plan.channels[n].depth, k)] for n, hits in full.items()}
     fused = fuse(plan, ranked)  # the checked-in plan's fusion (z-score convex since the SciFact tune)
     return [(f.chunk_id, f.score) for f in fused[:k]]
@@ -241,9 +242,9 @@ def test_document_level_vector_exclusion_quotes_document_ids(k_retrievers):
     r = k_retrievers["document", 1, 2]
     admin = Subject("admin", ("public", "secret"))
     vector = r.embedder().embed_query("aspirin stroke")
-    everything = r.vector.search(vector, 1000, admin.scopes)
+    everything = r.vector.search(vector, 1000, Prefilter(admin.scopes))
     assert "o'brien-note" in {h.document_id for h in everything}
-    rest = r.vector.search(vector, 1000, admin.scopes, exclude_documents=["o'brien-note", "doc-00"])
+    rest = r.vector.search(vector, 1000, Prefilter(admin.scopes, exclude_documents=["o'brien-note", "doc-00"]))
     assert {h.representation_id for h in rest} == {
         h.representation_id for h in everything if h.document_id not in ("o'brien-note", "doc-00")
     }

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ragpipe.answer.answering import answer
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.plan import load_plan
 from ragpipe.retrieval.retriever import Retriever
@@ -133,7 +134,7 @@ def test_vector_event_loops_end_with_their_threads(scoped_bundles):
         vector = retriever.embedder().embed_query("aspirin")
         alive = sum(f.alive for f in loops._finalizers)  # the loop of the thread that opened the table
         with ThreadPoolExecutor(4) as pool:
-            found = list(pool.map(lambda _: lance.search(vector, 3, ("public",)), range(16)))
+            found = list(pool.map(lambda _: lance.search(vector, 3, Prefilter(("public",))), range(16)))
         assert all(hits == found[0] for hits in found) and len(found[0]) == 3
         gc.collect()
         assert sum(f.alive for f in loops._finalizers) == alive  # the 4 workers' loops were closed with them

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragpipe.index.prefilter import Prefilter
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors_file
 from ragpipe.retrieval.vector_engine import VectorEngine
 
@@ -25,10 +26,11 @@ from pathlib import Path
 import numpy as np
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.retrieval.retriever import Retriever
+from ragpipe.index.prefilter import Prefilter
 bundle = open_bundle(Path(sys.argv[1]), defer_vector_table=True)
 r = Retriever(bundle)
 probe = np.asarray(json.loads(sys.argv[2]), dtype=np.float32)
-hits = r.vector.search(probe, 8, ("public", "staff"))
+hits = r.vector.search(probe, 8, Prefilter(("public", "staff")))
 print(json.dumps({
     "engine": r.vector.engine,
     "lancedb": "lancedb" in sys.modules,
@@ -65,7 +67,10 @@ def test_a_new_process_serves_vectors_arrow_without_lancedb_and_the_same_bits_on
     served = _child(bundle, probe)
     restricted = _child(bundle, probe, NPY_DISABLE_CPU_FEATURES=" ".join(__cpu_dispatch__))
     here = Retriever(bundle)
-    expected = [[h.representation_id, float(h.score).hex()] for h in here.vector.search(probe, 8, ("public", "staff"))]
+    expected = [
+        [h.representation_id, float(h.score).hex()]
+        for h in here.vector.search(probe, 8, Prefilter(("public", "staff")))
+    ]
     here.close()
     assert served == {"engine": "memory", "lancedb": False, "table_checked": False, "hits": expected}
     assert restricted == served and len(expected) == 8
