@@ -7,7 +7,7 @@
 | ``POST /v1/feedback`` | ``{"trace_id", "verdict", "note"}`` → a verdict on a traced answer (``ragpipe.server.feedback``) |
 | ``GET /v1/release`` | the release served (ID, target, generation, since when, bundle, plan) and the last refusal |
 | ``GET /v1/tools``   | ``knowledge_search`` as an OpenAI-style function schema (``ragpipe.server.knowledge``) |
-| ``/mcp``            | the same tool over MCP, streamable HTTP (``ragpipe.server.mcp_tool``), same keys |
+| ``/mcp``            | that tool and ``knowledge_answer`` (``/v1/answer``'s) over MCP, streamable HTTP (``ragpipe.server.mcp_tool``), same keys |
 | ``GET /healthz``    | 200 while the process runs |
 | ``GET /readyz``     | 200 while a release is served (with the last refusal, if any), else 503 and why |
 | ``GET /metrics``    | Prometheus text format (``ragpipe.server.metrics``) |
@@ -41,7 +41,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.authz import AuthorizationError
-from ragpipe.retrieval.results import FilterQueryError, QueryError
+from ragpipe.retrieval.results import QueryError
+from ragpipe.server.answers import FILTER_DESCRIPTION, AnswerRequest, answer_body, refusal
 from ragpipe.server.auth import Caller, KeyRing
 from ragpipe.server.bodies import BodyLimit
 from ragpipe.server.config import ServeConfig
@@ -55,7 +56,7 @@ from ragpipe.server.metrics import ServerMetrics
 from ragpipe.server.proxies import ForwardedClient
 from ragpipe.server.ratelimit import RateLimiter
 from ragpipe.server.redact import PathRedactor
-from ragpipe.server.tracing import TraceLog, new_trace_id, record_answer
+from ragpipe.server.tracing import TraceLog
 
 access_log = logging.getLogger("ragpipe.access")
 log = logging.getLogger("ragpipe.server")
@@ -75,12 +76,6 @@ RELEASE_HEADER = "X-Release-Id"
 TRACE_HEADER = "X-Trace-Id"  # every /v1/answer response's trace ID (ragpipe.server.tracing)
 
 
-FILTER_DESCRIPTION = (
-    "Only chunks of documents whose metadata matches this filter, e.g. "
-    '{"and": [{"field": "category", "eq": "faq"}, {"field": "year", "gte": 2020}]} (docs/retrieval.md).'
-)
-
-
 class QueryRequest(BaseModel):
     # Unknown fields (a smuggled "scopes" or "principal") are ignored, never honoured or echoed.
     model_config = ConfigDict(extra="ignore")
@@ -92,14 +87,6 @@ class QueryRequest(BaseModel):
     source_roles: list[str] | None = Field(
         None, min_length=1, max_length=32, description="Only chunks of documents with one of these source roles."
     )
-    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
-
-
-class AnswerRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    question: str = Field(description="The question.")
-    mode: Literal["hybrid", "lexical", "vector"] | None = None
     filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
 
 
@@ -205,45 +192,13 @@ def _query(service: Service, body: QueryRequest, caller: Caller, request: Reques
     return service.compute(request.state, work)
 
 
-def _answer(service: Service, body: AnswerRequest, caller: Caller, request: Request) -> dict[str, object]:
-    from ragpipe.answer.answering import answer, make_generator
-
-    service.check_text(body.question, "question")
-    if service.config.log_query_text:
-        request.state.query_text = body.question
-    request.state.mode = body.mode
-
-    def work(in_service: InService) -> dict[str, object]:
-        plan = in_service.served.plan.answer.generator
-        timeout = min(plan.timeout_seconds, service.config.limits.llm_timeout_s)
-        generator = in_service.generators.get("answer")
-        if generator is None:
-            bounded = plan.model_copy(update={"timeout_seconds": timeout})
-            generator = in_service.generators.setdefault(
-                "answer", make_generator(bounded, in_service.served.bundle.bundle_id, service.ws.home / "answer_cache")
-            )
-        result = answer(
-            in_service.retriever, body.question, caller.subject, generator=generator, mode=body.mode, filter=body.filter
-        )
-        data = {**result.as_dict(), "release_id": in_service.release_id, "trace_id": request.state.trace_id}
-        request.state.hits = len(data.get("evidence", []))  # type: ignore[arg-type]
-        record_answer(service.traces, service.config.tracing, service.follower.target, data, caller, body.question)
-        return data
-
-    return service.compute(request.state, work)
-
-
 def _answered(service: Service, work, field: str) -> JSONResponse:
     """``work()``'s body as JSON; the retriever's refusals as JSON errors naming ``field`` (their
     text redacted: a retriever's message may name a file of the bundle)."""
     try:
         return JSONResponse(work())
-    except FilterQueryError as exc:
-        raise ApiError(422, "invalid_filter", service.redact(str(exc)), "filter") from None
-    except QueryError as exc:
-        raise ApiError(422, "invalid_query", service.redact(str(exc)), field) from None
-    except AuthorizationError as exc:
-        raise ApiError(500, "authorization_check_failed", service.redact(str(exc))) from None
+    except (QueryError, AuthorizationError) as exc:
+        raise refusal(exc, service.redact, field) from None
 
 
 def create_app(
@@ -310,9 +265,9 @@ def create_app(
 
     @app.post("/v1/answer", response_model=None)
     def answer_route(request: Request, body: AnswerRequest, caller: CallerDep) -> JSONResponse:
-        """A grounded answer with citations, or an abstention, from the release served now."""
-        request.state.trace_id = new_trace_id()  # in the body, X-Trace-Id and the access line
-        return _answered(service, lambda: _answer(service, body, caller, request), "question")
+        """A grounded answer with citations, or an abstention, from the release served now (the
+        same answer as MCP's ``knowledge_answer``: ``ragpipe.server.answers``)."""
+        return JSONResponse(answer_body(service, body, caller, request.state))
 
     @app.post("/v1/feedback", response_model=None)
     def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:

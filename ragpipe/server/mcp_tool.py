@@ -1,11 +1,17 @@
-"""``knowledge_search`` over MCP: the official SDK's server, streamable HTTP, mounted at ``/mcp``.
+"""The MCP tools: the official SDK's server, streamable HTTP, mounted at ``/mcp``.
+
+``knowledge_search`` (``ragpipe.server.knowledge``): labelled evidence. ``knowledge_answer``: a
+grounded answer with citations, exactly ``POST /v1/answer``'s (``ragpipe.server.answers``: the
+same body with ``release_id`` and ``trace_id``, the same limits and trace record, which says
+``via: "mcp"``). A refusal is a one-line tool error: ``<code>: <message>`` for what HTTP answers
+with a JSON error, the rule broken for a bad ``knowledge_search`` argument.
 
 The MCP app sits behind ``KeyGuard``, which authenticates every HTTP request with the server's own
-``KeyRing`` (the same keys, the same 401, the same rate limit) and hands the subject to the tool
+``KeyRing`` (the same keys, the same 401, the same rate limit) and hands the subject to the tools
 through the request state; the SDK also binds each MCP session to the authenticated user, so
 another key presenting a session's ID is refused. Sessions are bounded per key as well as in all
-(``ragpipe.server.sessions``; refusals are the server's JSON errors). The tool runs the query in a
-worker thread and in one of the server's compute slots, on the release captured once for the call.
+(``ragpipe.server.sessions``; refusals are the server's JSON errors). A tool call runs in a worker
+thread and in one of the server's compute slots, on the release captured once for the call.
 
 The session ID the evidence ledger is scoped to is the ``Mcp-Session-Id`` header. Clients on a
 protocol version without sessions (or in stateless mode) have none: they pass ``run_id`` to keep
@@ -24,14 +30,22 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError as McpToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
+from ragpipe.server.answers import AnswerRequest, Mode, answer_body
 from ragpipe.server.config import Limits
 from ragpipe.server.errors import ApiError, error_body
 from ragpipe.server.knowledge import TOOL_DESCRIPTION, TOOL_NAME, EvidenceLedgers, ToolError, check_arguments, search
 from ragpipe.server.sessions import SessionQuota, may_open_session
 
+ANSWER_TOOL_NAME = "knowledge_answer"
+ANSWER_TOOL_DESCRIPTION = (
+    "Answer a question from the knowledge base (the active, verified release) with citations to the evidence "
+    "it used, or abstain when the evidence does not answer it; only evidence the caller may see is used. "
+    "Returns the answer, its citations and evidence, the release_id and a trace_id to send feedback on."
+)
+
 
 def build_mcp(service) -> MCPServer:
-    """The MCP server with its one tool, answering from ``service`` (``ragpipe.server.app.Service``)."""
+    """The MCP server with its two tools, answering from ``service`` (``ragpipe.server.app.Service``)."""
     mcp = MCPServer("ragpipe", instructions=TOOL_DESCRIPTION, log_level="WARNING")
     ledgers = EvidenceLedgers()
 
@@ -59,11 +73,32 @@ def build_mcp(service) -> MCPServer:
         except ToolError as exc:
             raise McpToolError(str(exc)) from None
         except ApiError as exc:
-            raise McpToolError(f"{exc.code}: {service.redact(exc.message)}") from None
+            raise refused(service, exc) from None
         except ValueError as exc:  # QueryError, AuthorizationError: the retriever's one-line refusals
             raise McpToolError(service.redact(str(exc))) from None
 
+    @mcp.tool(name=ANSWER_TOOL_NAME, description=ANSWER_TOOL_DESCRIPTION)
+    async def knowledge_answer(
+        question: str,
+        ctx: Context,
+        mode: Mode | None = None,
+        filter: dict[str, Any] | None = None,
+    ) -> dict[str, object]:
+        request = ctx.request_context.request
+        body = AnswerRequest(question=question, mode=mode, filter=filter)
+        try:
+            return await anyio.to_thread.run_sync(
+                answer_body, service, body, request.state.caller, request.state, "mcp"
+            )
+        except ApiError as exc:  # every refusal of the answer path, the retriever's included
+            raise refused(service, exc) from None
+
     return mcp
+
+
+def refused(service, exc: ApiError) -> McpToolError:
+    """The tool error of what HTTP refuses with ``exc``: ``<code>: <message>``, one line, redacted."""
+    return McpToolError(f"{exc.code}: {service.redact(exc.message)}")
 
 
 def mcp_app(mcp: MCPServer, limits: Limits):

@@ -11,7 +11,9 @@ an append-only, hash-chained ledger (``ragpipe.kernel.ledger``, domain ``serve-t
 sealed like every ledger when a key is configured, scope ``<target>/<release_id>``). Two kinds of
 record:
 
-- ``trace``: ``trace_id``, ``at`` (UTC), ``target``, ``release_id`` — always — then exactly the
+- ``trace``: ``trace_id``, ``at`` (UTC), ``target``, ``release_id`` — always — ``via``
+  (``"mcp"``) for an answer asked over MCP (``knowledge_answer``; absent for ``/v1/answer``, so
+  the records written before it existed, and every HTTP one, are unchanged) — then exactly the
   fields of ``tracing.keep`` (``TRACE_FIELDS``: ``subject`` (the principal), ``key_id`` (None for
   an anonymous caller), ``certificate_id``, ``context_digest``, ``answer`` (its text),
   ``abstained``, ``citations`` (``[{label, chunk_id, document_id}]``)), and ``query`` (the
@@ -80,11 +82,18 @@ def nfc_strings(value: Any) -> Any:
 
 
 def trace_payload(
-    policy: Tracing, target: str, answer: dict[str, Any], subject: str, key_id: str | None, question: str
+    policy: Tracing,
+    target: str,
+    answer: dict[str, Any],
+    subject: str,
+    key_id: str | None,
+    question: str,
+    via: str | None = None,
 ) -> dict[str, Any]:
     """The ``trace`` record of one answer (``answer``: the ``/v1/answer`` body, with its
-    ``trace_id`` and ``release_id``): the fixed fields, exactly the fields ``policy.keep`` names,
-    and the question only with ``keep_query_text``."""
+    ``trace_id`` and ``release_id``): the fixed fields, ``via`` when given (the channel it was
+    asked over if not HTTP), exactly the fields ``policy.keep`` names, and the question only with
+    ``keep_query_text``."""
     available = {
         "subject": subject,
         "key_id": key_id,
@@ -95,6 +104,8 @@ def trace_payload(
         "citations": answer.get("citations", []),
     }
     payload = {"trace_id": answer["trace_id"], "at": now_iso(), "target": target, "release_id": answer["release_id"]}
+    if via is not None:
+        payload["via"] = via
     payload |= {name: available[name] for name in policy.keep}
     if policy.keep_query_text:
         payload["query"] = question
@@ -144,12 +155,18 @@ class TraceLog:
 
 
 def record_answer(
-    traces: TraceLog, policy: Tracing, target: str, answer: dict[str, Any], caller: Caller, question: str
+    traces: TraceLog,
+    policy: Tracing,
+    target: str,
+    answer: dict[str, Any],
+    caller: Caller,
+    question: str,
+    via: str | None = None,
 ) -> None:
-    """Append the trace of ``answer`` (a ``/v1/answer`` body) to its release's log, when
-    ``policy`` enables tracing; nothing otherwise."""
+    """Append the trace of ``answer`` (a ``/v1/answer`` body; ``via``: see ``trace_payload``) to
+    its release's log, when ``policy`` enables tracing; nothing otherwise."""
     if policy.enabled:
-        payload = trace_payload(policy, target, answer, caller.subject.principal, caller.key_id, question)
+        payload = trace_payload(policy, target, answer, caller.subject.principal, caller.key_id, question, via)
         traces.append(target, answer["release_id"], TRACE, payload)
 
 

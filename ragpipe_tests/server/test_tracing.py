@@ -319,16 +319,19 @@ def test_a_writer_killed_mid_append_leaves_a_log_the_next_writer_continues(
     keep_query_text=st.booleans(),
     question=st.text(max_size=20),
     text=st.text(max_size=20),
+    via=st.sampled_from([None, "mcp"]),
 )
 def test_law_a_trace_holds_exactly_the_policy_fields_in_canonical_form(
-    keep: list[str], keep_query_text: bool, question: str, text: str
+    keep: list[str], keep_query_text: bool, question: str, text: str, via: str | None
 ):
-    """For any policy and any texts (NFC or not): the record's keys are the fixed ones, exactly
-    ``keep``, and ``query`` only with ``keep_query_text``; it always encodes canonically (texts are
-    kept in NFC), and the question appears nowhere unless kept."""
+    """For any policy and any texts (NFC or not): the record's keys are the fixed ones, ``via``
+    only for an answer asked over MCP, exactly ``keep``, and ``query`` only with
+    ``keep_query_text``; it always encodes canonically (texts are kept in NFC), and the question
+    appears nowhere unless kept."""
     policy = Tracing(enabled=True, keep=tuple(keep), keep_query_text=keep_query_text)
     body = {"answer": text, "abstained": False, "citations": [], "certificate_id": "c", "context_digest": "d"}
     body |= {"trace_id": new_trace_id(), "release_id": RELEASE}
-    payload = trace_payload(policy, "staging", body, text, "alice", MARKER + question)
-    assert set(payload) == FIXED | set(keep) | ({"query"} if keep_query_text else set())
+    payload = trace_payload(policy, "staging", body, text, "alice", MARKER + question, via)
+    assert set(payload) == FIXED | set(keep) | ({"query"} if keep_query_text else set()) | ({"via"} if via else set())
+    assert payload.get("via") == via
     assert (MARKER.encode() in canonical_bytes(payload)) is keep_query_text
