@@ -168,16 +168,26 @@ def print_provisional(cases: list[str]) -> None:
 
 def print_answer_quality(quality: dict[str, Any] | None) -> None:
     """A judged run's label distribution — always, and before any mean (the table's
-    ``answer_label``) — with what was labelled by rule and the judge's failures."""
+    ``answer_label``) — over cells, and over cases when they differ (repeats), with what was
+    labelled by rule and the judge's failures; then, when the suite has reference labels, one line
+    of the judge's agreement with them."""
     if quality is None:
         return
-    labels = " · ".join(f"{label} {n}" for label, n in quality["distribution"].items())
+    from ragpipe.evaluation.report import agreement_summary
+
+    cells, cases = quality["cells"], quality["cases"]
+    labels = " · ".join(f"{label} {n}" for label, n in cells["distribution"].items())
     failures = ", ".join(f"{kind} {n}" for kind, n in quality["failures"].items() if n) or "none"
     out.print(
-        f"answer labels: {labels} ({quality['judged']} judged, {quality['by_rule']} abstentions 0_FAIL by rule; "
+        f"answer labels: {labels} ({quality['judged']} judged, {cells['by_rule']} abstentions 0_FAIL by rule; "
         f"judge failures: {failures})",
         highlight=False,
     )
+    if cases["distribution"] != cells["distribution"]:
+        per_case = " · ".join(f"{label} {n:g}" for label, n in cases["distribution"].items())
+        out.print(f"answer labels per case (a case weighs 1, shared by its repeats): {per_case}", highlight=False)
+    if (agreed := quality.get("agreement")) is not None:
+        out.print(f"agreement with reference labels: {escape(agreement_summary(agreed))}", highlight=False)
 
 
 def print_result(data: dict[str, Any]) -> None:

@@ -71,8 +71,9 @@ def _answer(
 ) -> tuple[dict[str, float], list[Shown], dict[str, object], dict[str, object], JudgeItem | None]:
     """The answer step's metrics, the items it showed beyond the hits (context evidence, then
     cited sources), the answer fields the metrics were computed on, the cell record's
-    ``answer_ms`` and ``answer_usage``, and — in a judged run — what the judge is to judge
-    (an answerable case answered; an abstention takes its label by rule, ``judging``)."""
+    ``answer_ms`` and ``answer_usage`` (and, for an answer to judge, its ``answer_digest``), and —
+    in a judged run — what the judge is to judge (an answerable case answered; an abstention takes
+    its label by rule, ``judging``)."""
     started = time.perf_counter()
     answer = answer_question(retriever, case.query, subject, mode=body.mode, filter=case.filter)
     elapsed = _ms(started)
@@ -91,6 +92,8 @@ def _answer(
         else:
             evidence = [{**e.public(), "access_scopes": e.access_scopes} for e in answer.context.evidence]
             item = judge_item(case, data, evidence)
+            # the answer judged, bound in the cell's own record (its text is only in the judge's entry)
+            extra["answer_digest"] = item.answer_digest
     return metrics, shown, recorded, extra, item
 
 

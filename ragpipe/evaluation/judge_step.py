@@ -19,13 +19,17 @@ The step key is ``step_key("judge", 1, {judge_spec, case, answer, endpoint})``: 
 digest the caller passes, ``answer_digest`` (text, citations, cited payload digest) and the
 endpoint. The call, its cache and its checks are ``ragpipe.evaluation.contract_calls``'s: only
 judged calls are cached, and a cached value must rebuild its key, hold exactly the request this run
-would send and parse as a verdict — else it is set aside and asked again. A budget stop
+would send and parse as a verdict — else it is set aside and asked again. A judged outcome is
+``cached`` unless this invocation's provider call produced it (a hit before admission, a value a
+concurrent run committed while this one waited, or a second item with the key of one judged
+earlier in the same invocation): only the others were paid for here. A budget stop
 (``BudgetExhausted``) leaves every judged call cached: the next run with budget left judges only
 the rest.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +42,10 @@ from ragpipe.evaluation.judge import CitedEvidence, Verdict, answer_digest, judg
 from ragpipe.evaluation.judge_spec import JudgeSpec
 from ragpipe.kernel.models import FrozenModel
 from ragpipe.work.admission import Budget
+from ragpipe.work.failures import StepFailure
 from ragpipe.work.keys import step_key
 from ragpipe.work.policy import ExecutionPolicy
-from ragpipe.work.runner import StepReport
+from ragpipe.work.runner import Done, StepReport
 from ragpipe.work.usage import PriceTable
 
 JUDGE_STEP = "judge"
@@ -63,6 +68,12 @@ class JudgeItem(FrozenModel):
     citations: tuple[str, ...]
     cited_evidence: tuple[CitedEvidence, ...]
 
+    @property
+    def answer_digest(self) -> str:
+        """``judge.answer_digest`` of the answer judged (what the key binds besides the case);
+        ``ValueError`` when the cited evidence is not the citations'."""
+        return answer_digest(self.answer_text, self.citations, self.cited_evidence)
+
 
 @dataclass(frozen=True)
 class JudgeOutcome:
@@ -79,6 +90,7 @@ class JudgeOutcome:
     detail: str | None = None
     message: str | None = None
     evidence: dict | None = None
+    cached: bool = False  # a judged verdict no provider call of this invocation produced
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,7 @@ def judge_key(spec: JudgeSpec, case_digest: str, answer: str) -> str:
 
 def judge_input(spec: JudgeSpec, item: JudgeItem) -> tuple[str, JudgeInput]:
     """The key and step input of one item."""
-    inputs = key_inputs(spec, item.case_digest, answer_digest(item.answer_text, item.citations, item.cited_evidence))
+    inputs = key_inputs(spec, item.case_digest, item.answer_digest)
     request = judge_request(
         spec, item.question, item.required_facts, item.answer_text, item.citations, item.cited_evidence
     )
@@ -126,6 +138,19 @@ class JudgeStep(ContractStep):
             JUDGE_STEP, "execution.judging.budget_micros", spec.api_base, spec.timeout_seconds, prices, api_key
         )
         self.spec = spec
+        self.called: set[str] = set()  # keys whose value a call of this step produced (the rest: cached)
+        self._lock = threading.Lock()  # batches may compute on several threads
+
+    def compute(self, inputs: list[ContractCall]) -> list[Done[dict] | StepFailure]:
+        outcomes = super().compute(inputs)
+        produced = {
+            step_key(JUDGE_STEP, JUDGE_STEP_VERSION, item.key_inputs)
+            for item, outcome in zip(inputs, outcomes, strict=True)
+            if isinstance(outcome, Done)
+        }
+        with self._lock:
+            self.called |= produced
+        return outcomes
 
 
 def withheld_reason(spec: JudgeSpec, item: JudgeItem) -> str | None:
@@ -157,6 +182,7 @@ def judge_answers(
     step = JudgeStep(spec, prices, api_key)
     results = run_calls(step, JUDGE_STEP_VERSION, "a verdict", sent, cache_root, policy, budget)
     outcomes = []
+    paid: set[str] = set()  # keys whose call is already counted for an earlier item
     for i, (item, key, inp) in enumerate(keyed):
         n = inp.n_facts
         if i in withheld:
@@ -166,10 +192,10 @@ def judge_answers(
                 )
             )
         elif key in results.values:
-            value = results.values[key]
-            outcomes.append(
-                JudgeOutcome(item.case_digest, key, "judged", n, verdict=inp.parse(value["content"]), evidence=value)
-            )
+            value, cached = results.values[key], key not in step.called or key in paid
+            paid.add(key)
+            verdict = inp.parse(value["content"])
+            outcomes.append(JudgeOutcome(item.case_digest, key, "judged", n, verdict, evidence=value, cached=cached))
         else:
             f = results.failures[key]
             outcomes.append(

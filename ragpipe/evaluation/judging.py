@@ -20,17 +20,26 @@ digest; budgeted; every failure counted). Per cell:
 The cell's trace description carries ``judge``, as ASCII JSON text (the evidence exactly, whatever
 its Unicode form): the outcome, the item judged (answer text, citations, cited evidence: what the
 request was built from), the verdict, and the call's evidence (request, reply, response, usage)
-when there was a reply; its record carries ``judge_outcome`` and ``judge_usage``. ``recompute_judge`` rebuilds the metrics at verification: the item's citations
-are the recorded answer's, the key and the request rebuild from the bound judge spec, the case and
-the item, the cited items' scopes are the cited rows' (so a claimed ``withheld`` is the
-disclosure policy's), the reply is the response's message and parses (or, recorded invalid, does
-not) — so an edited label, fact or claim, another case's request, or a judged cell recorded as
-refused or withheld, is refused. Not recomputable: whether the model said it (evidence of a call,
-as for generated representations), whether the cited texts are the bundle's (the bundle is not
-opened to verify a run), which of two answers to one case with the same citations was given (the
-answer's text is recorded only in the judge's entry, so an entry of another run's cell of the
-same case could stand in), and a provider failure (it keeps no evidence: it costs a forger only
-``judge_failure_rate``, which a policy that gates on labels must bound).
+when there was a reply; its record carries ``judge_outcome``, ``judge_usage`` (the call's, as its
+evidence reports it), ``judge_cached: true`` only when no provider call of this run produced the
+verdict (``judge_step``: it was in the judge cache), and — for every answer put to the judge —
+``answer_digest`` (``judge.answer_digest`` of the answer's text, citations and cited payload),
+written when the answer is made, in the cell's own record. None of these fields exists in a cell
+with nothing to judge, so runs without a judge keep their records. ``recompute_judge`` rebuilds
+the metrics at verification: the item's citations are the recorded answer's, its digest is the
+record's ``answer_digest`` (so the entry of another cell — another repeat of the case, or another
+run's cell with the same citations — cannot stand in), the key and the request rebuild from the
+bound judge spec, the case and the item, the cited items' scopes are the cited rows' (so a claimed
+``withheld`` is the disclosure policy's), the reply is the response's message and parses (or,
+recorded invalid, does not) — so an edited label, fact or claim, another case's request, another
+cell's judged answer, or a judged cell recorded as refused or withheld, is refused. Not
+recomputable: whether the model said it (evidence of a call, as for generated representations),
+whether the answer's text is what the generator said (the trace keeps it only in the judge's
+entry; the record's digest binds which answer, not that the generator gave it — likewise evidence
+of a call), whether the cited texts are the bundle's (the bundle is not opened to verify a run),
+``judge_usage`` and ``judge_cached`` (operational accounting, as ``answer_usage`` is), and a
+provider failure (it keeps no evidence: it costs a forger only ``judge_failure_rate``, which a
+policy that gates on labels must bound).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ragpipe.evaluation.contract_calls import refusal
-from ragpipe.evaluation.judge import CitedEvidence, InvalidVerdict, answer_digest, judge_request, parse_verdict
+from ragpipe.evaluation.judge import CitedEvidence, InvalidVerdict, judge_request, parse_verdict
 from ragpipe.evaluation.judge_spec import LABELS, JudgeSpec
 from ragpipe.evaluation.judge_step import (
     JudgeItem,
@@ -69,6 +78,8 @@ JUDGE_RATES = (
     ("judge_failure_rate", "lower"),
 )
 JUDGE_METRICS = ("answer_label", *(name for name, _ in JUDGE_RATES))
+# what a judged cell's record may carry besides its metrics (none of them in a run without a judge)
+JUDGE_RECORD_FIELDS = ("judge_outcome", "judge_usage", "judge_cached", "answer_digest")
 
 
 def judge_metric_specs() -> tuple[MetricSpec, ...]:
@@ -166,8 +177,9 @@ def trace_entry(item: JudgeItem, outcome: JudgeOutcome) -> dict[str, Any]:
 
 def judge_cells(items: Sequence[tuple[JudgeItem, dict[str, Any], dict[str, Any] | None]], judging: Judging) -> None:
     """Judge ``items`` — ``(item, record payload, trace description)`` of each answered cell of a
-    group — in one step run, adding each one's metrics, ``judge_outcome`` and ``judge_usage`` to
-    its record and description and its ``judge`` entry to the description. Raises
+    group — in one step run, adding each one's metrics, ``judge_outcome``, ``judge_usage`` and
+    (a verdict from the cache) ``judge_cached`` to its record and description and its ``judge``
+    entry to the description. Raises
     ``BudgetExhausted`` (the group stays open: resuming runs it again, judged calls cached)."""
     if not items:
         return
@@ -183,6 +195,8 @@ def judge_cells(items: Sequence[tuple[JudgeItem, dict[str, Any], dict[str, Any] 
     for (item, payload, described), outcome in zip(items, run.outcomes, strict=True):
         usage = (outcome.evidence or {}).get("usage")
         added = {"judge_outcome": outcome.status, "judge_usage": usage}
+        if outcome.cached:  # only then: a cold run's records stay as they were
+            added["judge_cached"] = True
         payload["metrics"] = {**payload["metrics"], **outcome_metrics(outcome)}
         payload.update(added)
         if described is not None:
@@ -204,16 +218,18 @@ def recompute_judge(
     cited_scopes: Sequence[tuple[str, ...]],
     entry: object,
     outcome: object,
+    recorded_digest: object,
 ) -> dict[str, float]:
     """The judge metrics of one cell, rebuilt from its trace entry (module docstring);
     ``cited_scopes``: the access scopes of the cited rows the trace shows, in citation order (what
-    decides whether the item could be sent); ``JudgeCheckError`` when the evidence does not hold."""
+    decides whether the item could be sent); ``recorded_digest``: the record's ``answer_digest``
+    (the answer the cell judged); ``JudgeCheckError`` when the evidence does not hold."""
     if case.answerability != "answerable":
-        if entry is not None or outcome is not None:
+        if entry is not None or outcome is not None or recorded_digest is not None:
             raise JudgeCheckError("an unanswerable case is never judged")
         return {}
     if answer["abstained"]:
-        if entry is not None or outcome is not None:
+        if entry is not None or outcome is not None or recorded_digest is not None:
             raise JudgeCheckError("an abstention is not judged (its label is 0_FAIL by rule)")
         return abstained_metrics(case)
     try:
@@ -232,9 +248,12 @@ def recompute_judge(
     if [tuple(sorted(e.access_scopes)) for e in item.cited_evidence] != [tuple(sorted(s)) for s in cited_scopes]:
         raise JudgeCheckError("the judged item's cited scopes are not the cited rows' the trace shows")
     try:
-        key = judge_key(spec, case.digest, answer_digest(item.answer_text, item.citations, item.cited_evidence))
+        digest = item.answer_digest
     except ValueError as exc:
         raise JudgeCheckError(f"the judged item's evidence is not its citations ({exc})") from None
+    if digest != recorded_digest:
+        raise JudgeCheckError("the judged answer is not this cell's: its digest is not the record's answer_digest")
+    key = judge_key(spec, case.digest, digest)
     if entry.get("key") != key or item.question != case.query or item.required_facts != case.required_facts:
         raise JudgeCheckError("the judge key does not rebuild from the spec, the case and the item")
     if outcome == "withheld":

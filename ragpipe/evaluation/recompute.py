@@ -15,8 +15,9 @@ from its trace (already checked against the record's digest) and the run's bound
 * with answers, the answer metrics equal ``safety.answer_metrics`` of the recorded answer, and
   the outcome is ``abstained`` exactly when the answer abstained;
 * with a judge, its metrics equal what the cell's judge entry gives (``judging.recompute_judge``:
-  the request rebuilt from the bound judge spec, the case and the judged item; the verdict parsed
-  from the recorded reply), and without one no cell carries a judge outcome;
+  the request rebuilt from the bound judge spec, the case and the judged item — whose answer is
+  the one the record's ``answer_digest`` names; the verdict parsed from the recorded reply), and
+  without one no cell carries a judge outcome, usage, cache flag or answer digest;
 * in a run that measures ``ann_recall@10`` (an approximate plan), it equals ``recall_of`` the
   trace's ``ann_approximate`` and ``ann_exact`` lists, which must be lists one comparison could
   produce (``ragpipe.evaluation.ann.check_ann_rows``); in any other run no cell may claim it.
@@ -40,7 +41,7 @@ import pyarrow.compute as pc
 
 from ragpipe.evaluation.ann import ANN_STAGES, ann_recall, check_ann_rows, measures_ann
 from ragpipe.evaluation.eval_spec import EvaluationSpec
-from ragpipe.evaluation.judging import JudgeCheckError, recompute_judge
+from ragpipe.evaluation.judging import JUDGE_RECORD_FIELDS, JudgeCheckError, recompute_judge
 from ragpipe.evaluation.ledger import LEDGER, Record
 from ragpipe.evaluation.metrics import collapse, score_cases
 from ragpipe.evaluation.safety import ANSWER_FIELDS, answer_metrics, unauthorized_disclosures
@@ -186,11 +187,11 @@ def _judged(
     none, and no judge entry, in a run without a judge."""
     entry, outcome = meta.get("judge"), payload.get("judge_outcome")
     if spec.judge is None:
-        if entry is not None or outcome is not None or "judge_usage" in payload:
+        if entry is not None or outcome is not None or any(k in payload for k in JUDGE_RECORD_FIELDS):
             raise TraceError(f"{where}: a judge outcome in a run whose answers are not judged")
         return {}
     try:
-        return recompute_judge(spec.judge, case, answer, cited_scopes, entry, outcome)
+        return recompute_judge(spec.judge, case, answer, cited_scopes, entry, outcome, payload.get("answer_digest"))
     except JudgeCheckError as exc:
         raise TraceError(f"{where}: {exc}") from None
 

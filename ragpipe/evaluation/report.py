@@ -12,7 +12,8 @@ Latency: p50 / p95 by nearest rank over the completed cells' query latencies, wi
 ``evaluated`` counts cases all of whose cells completed. A run that generates answers adds
 ``answer_usage``: the completed cells' model calls, cached answers, tokens and micros summed
 (``sum_answer_usage``; a sum with any unknown part is unknown, ``null``); a judged run adds
-``answer_quality`` (``answer_quality``: the label distribution first). Nothing operational that varies between
+``answer_quality`` (``answer_quality``: the label distributions first, over cells and over cases,
+and the agreement with the suite's reference labels). Nothing operational that varies between
 rebuilds (paths, time) is in a report; ``eval --json`` adds ``out``.
 
 Provisional cases (suite cases no person has adjudicated yet, listed by ``RunCreated``): the report's
@@ -33,6 +34,7 @@ from ragpipe.evaluation.judge_spec import LABELS
 from ragpipe.evaluation.judge_step import FAILURE_STATUSES
 from ragpipe.evaluation.ledger import Record
 from ragpipe.evaluation.metrics import MetricSpec, aggregate
+from ragpipe.evaluation.report_quality import agreement, label_counts
 from ragpipe.evaluation.run_state import COMPLETED_OUTCOMES, FAILED_OUTCOMES, RunState, cell_dict
 from ragpipe.evaluation.traces import verify_trace
 from ragpipe.kernel.publish import write_file_atomic
@@ -84,8 +86,12 @@ def _metric_table(
     return {name: value.as_dict() for name, value in aggregate(per_case, specs).items()}
 
 
-def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[str, Any]:
-    """The report object (module docstring); refuses when a referenced trace differs."""
+def build_report(
+    run: Path, records: Sequence[Record], state: RunState, references: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The report object (module docstring); refuses when a referenced trace differs.
+    ``references``: the run's bound suite's reference ``quality_label`` by case ID
+    (``Suite.quality_labels``), which a judged run's answer labels are compared with."""
     created = state.created
     spec = created["spec"]
     specs = [MetricSpec.model_validate(m) for m in spec["metrics"]]
@@ -153,34 +159,40 @@ def build_report(run: Path, records: Sequence[Record], state: RunState) -> dict[
         usages = [p.get("answer_usage", unknown) for p in state.terminal.values() if p["outcome"] in COMPLETED_OUTCOMES]
         report["answer_usage"] = sum_answer_usage(usages)
     if spec.get("judge") is not None:
-        report["answer_quality"] = answer_quality(state)
+        report["answer_quality"] = answer_quality(state, evaluated, references)
     return report
 
 
-def answer_quality(state: RunState) -> dict[str, Any]:
-    """A judged run's answer quality over its completed cells: the label ``distribution`` (all
-    four labels, always — the mean never replaces it), ``labelled`` cells (judged, or abstained on
-    an answerable case: 0_FAIL by rule, counted in ``by_rule``), their ``mean_label``, the
-    ``judged`` calls and the judge's ``failures`` by kind (never a label), and ``judge_usage`` (the
-    calls behind the verdicts, summed like ``answer_usage``)."""
-    completed = [p for p in state.terminal.values() if p["outcome"] in COMPLETED_OUTCOMES]
-    labels = [int(p["metrics"]["answer_label"]) for p in completed if "answer_label" in p["metrics"]]
-    outcomes = [p.get("judge_outcome") for p in completed]
-    usages = [
-        {"calls": 1, "cached": False, **{k: p["judge_usage"].get(k) for k in ("input_tokens", "output_tokens")}}
-        | {"cost_micros": p["judge_usage"].get("cost_micros")}
-        for p in completed
-        if isinstance(p.get("judge_usage"), dict)
-    ]
-    return {
-        "distribution": {label: labels.count(rank) for rank, label in enumerate(LABELS)},
-        "labelled": len(labels),
-        "by_rule": sum(1 for p in completed if "answer_label" in p["metrics"] and p.get("judge_outcome") is None),
-        "mean_label": math.fsum(labels) / len(labels) if labels else None,
+def answer_quality(
+    state: RunState, evaluated: Sequence[str], references: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A judged run's answer quality over its completed cells: the label counts over ``cells`` and
+    over ``cases`` (``report_quality.label_counts``: all four labels, always — the mean never
+    replaces them), the ``judged`` calls and the judge's ``failures`` by kind (never a label),
+    ``judge_usage`` (summed like ``answer_usage``, but a verdict taken from the judge cache is
+    ``cached``, no call, and costs nothing: its call was paid for by the run that made it), and —
+    when a cell of a case with a reference ``quality_label`` (``references``) was put to the judge
+    — the ``agreement`` with those labels (``report_quality.agreement``)."""
+    completed = [(key[0], p) for key, p in state.terminal.items() if p["outcome"] in COMPLETED_OUTCOMES]
+    outcomes = [p.get("judge_outcome") for _, p in completed]
+    usages = [_judge_usage(p) for _, p in completed if isinstance(p.get("judge_usage"), dict)]
+    quality = {
+        **label_counts(completed, evaluated),
         "judged": outcomes.count("judged"),
         "failures": {kind: outcomes.count(kind) for kind in FAILURE_STATUSES},
         "judge_usage": sum_answer_usage(usages),
     }
+    if (agreed := agreement(completed, references or {})) is not None:
+        quality["agreement"] = agreed
+    return quality
+
+
+def _judge_usage(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """One judged cell's usage as ``sum_answer_usage`` reads it: a provider call, or a cached verdict."""
+    if payload.get("judge_cached"):
+        return {"calls": 0, "cached": True, "input_tokens": 0, "output_tokens": 0, "cost_micros": 0}
+    usage = payload["judge_usage"]
+    return {"calls": 1, "cached": False, **{k: usage.get(k) for k in USAGE_FIGURES}}
 
 
 def mark_provisional(
@@ -202,6 +214,50 @@ def _fmt(value: object, unit: str = "ratio") -> str:
     if isinstance(value, float):
         return f"{value:g}" if unit == "count" else f"{value:.4f}"
     return str(value)
+
+
+def _count(value: float) -> str:
+    return f"{value:g}"  # a case count is a whole number unless the case's repeats disagree
+
+
+def _quality_lines(q: Mapping[str, Any]) -> list[str]:
+    """The answer-quality section: the label distributions (cells, then cases), then the mean,
+    then the agreement with the reference labels when there is one."""
+    cells, cases = q["cells"], q["cases"]
+    mean = "n/a" if cells["mean_label"] is None else f"{cells['mean_label']:.3f}"
+    case_mean = "n/a" if cases["mean_label"] is None else f"{cases['mean_label']:.3f}"
+    failures = ", ".join(f"{kind} {n}" for kind, n in q["failures"].items())
+    lines = [
+        "| over | " + " | ".join(cells["distribution"]) + " |",
+        "|---|" + "---|" * len(cells["distribution"]),
+        "| cells | " + " | ".join(str(n) for n in cells["distribution"].values()) + " |",
+        "| cases | " + " | ".join(_count(n) for n in cases["distribution"].values()) + " |",
+        "",
+        f"{cells['labelled']} answers labelled ({q['judged']} judged, {cells['by_rule']} abstentions 0_FAIL by rule) "
+        f"in {cases['labelled']} cases (a case weighs 1, shared by its repeats) · mean label {mean} over cells, "
+        f"{case_mean} over cases (0–3; the distribution above is the figure) · judge failures: {failures}",
+    ]
+    u = q["judge_usage"]
+    cost = "unknown" if u["cost_micros"] is None else f"{u['cost_micros']} micros"
+    lines += ["", f"Judge usage: {u['calls']} calls · {u['cached']} cached · cost {cost}"]
+    if (a := q.get("agreement")) is not None:
+        lines += ["", f"Agreement with reference labels: {agreement_summary(a)}", ""]
+        lines += ["| reference ↓ judge → | " + " | ".join(LABELS) + " |", "|---|" + "---|" * len(LABELS)]
+        lines += [
+            f"| {ref} | " + " | ".join(str(n) for n in row.values()) + " |" for ref, row in a["confusion"].items()
+        ]
+    return lines
+
+
+def agreement_summary(a: Mapping[str, Any]) -> str:
+    """One line of ``answer_quality.agreement`` (the report's Markdown and ``ragpipe eval``)."""
+    rate = {k: "n/a" if a[k] is None else f"{a[k]:.3f}" for k in ("exact_rate", "within_one_rate")}
+    apart = ", ".join(a["disagreements"]) or "none"
+    return (
+        f"{a['cells']} judged answers of {a['cases']} cases · exact {rate['exact_rate']} · "
+        f"within one {rate['within_one_rate']} · 2+ apart: {apart} · not compared: "
+        f"{a['judge_failed']} judge failures, {a['by_rule']} abstentions by rule"
+    )
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
@@ -237,19 +293,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             + (f" ({u['unknown_cost_cells']} cells of unknown cost)" if u["unknown_cost_cells"] else ""),
         ]
     if (q := report.get("answer_quality")) is not None:
-        mean = "n/a" if q["mean_label"] is None else f"{q['mean_label']:.3f}"
-        failures = ", ".join(f"{kind} {n}" for kind, n in q["failures"].items())
-        lines += [
-            "",
-            "## Answer quality",
-            "",
-            "| " + " | ".join(q["distribution"]) + " |",
-            "|" + "---|" * len(q["distribution"]),
-            "| " + " | ".join(str(n) for n in q["distribution"].values()) + " |",
-            "",
-            f"{q['labelled']} answers labelled ({q['judged']} judged, {q['by_rule']} abstentions 0_FAIL by rule) · "
-            f"mean label {mean} (0–3; the distribution above is the figure) · judge failures: {failures}",
-        ]
+        lines += ["", "## Answer quality", "", *_quality_lines(q)]
     lines += [
         "",
         "## Per tag",

@@ -148,7 +148,8 @@ def rebuild_report(out: Path) -> dict[str, Any]:
     state = reduce_records(read.records, str(out / LEDGER))
     if state.status == "empty":
         raise LedgerError(f"{out / LEDGER}: record 1: the ledger holds no record")
-    check_cells(out, read.records, load_inputs(out, read.records, state))
-    report = build_report(out, read.records, state)
+    spec = load_inputs(out, read.records, state)
+    check_cells(out, read.records, spec)
+    report = build_report(out, read.records, state, spec.suite.quality_labels())
     write_reports(out, report)
     return report

@@ -323,7 +323,7 @@ def _execute_cells(
     ledger.append(
         "RunCompleted", {"cells": len(final.expected), "completed": len(final.terminal) - failed, "failed": failed}
     )
-    report = build_report(run, ledger.records, ledger.state)
+    report = build_report(run, ledger.records, ledger.state, spec.suite.quality_labels())
     write_reports(run, report)
     return EvaluationResult(report, run, getattr(retriever, "vector_engine", None))
 

@@ -217,6 +217,11 @@ class Suite:
         """The IDs of the cases no person has adjudicated yet, sorted."""
         return tuple(c.id for c in self.cases if c.provisional)
 
+    def quality_labels(self) -> dict[str, str]:
+        """Case ID → the reference ``quality_label`` a person gave, for the cases that have one
+        (a judged run's report measures the judge's agreement with them)."""
+        return {c.id: c.quality_label for c in self.cases if c.quality_label is not None}
+
     def cases_of_split(self, split: str) -> tuple[Case, ...]:
         """The cases whose judgments come (also) from ``split``."""
         return tuple(c for c in self.cases if split in c.split)

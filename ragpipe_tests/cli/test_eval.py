@@ -277,3 +277,31 @@ def test_suite_validate_lists_provisional_cases(tmp_path):
     assert json.loads(done.stdout)["provisional"] == ["draft-2"]
     done = cli("suite", "validate", str(target), home=tmp_path)
     assert done.stdout.splitlines()[-1] == "1 provisional (not yet adjudicated): draft-2"
+
+
+def test_a_judged_runs_labels_print_per_cell_then_per_case_then_the_agreement(capsys):
+    """``ragpipe eval``'s answer-quality lines, on a report's ``answer_quality`` as
+    ``report_quality`` builds it: two repeats whose verdicts disagree, so the per-case line shows."""
+    from ragpipe.cli.eval import print_answer_quality
+    from ragpipe.evaluation.report_quality import agreement, label_counts
+
+    def judged(label: int) -> dict:
+        return {"metrics": {"answer_label": float(label)}, "judge_outcome": "judged"}
+
+    cells = [("a", judged(2)), ("a", judged(3)), ("b", judged(0)), ("b", {"metrics": {}, "judge_outcome": "refused"})]
+    quality = {
+        **label_counts(cells, ["a", "b"]),
+        "judged": 3,
+        "failures": {"provider": 0, "invalid_output": 0, "refused": 1, "withheld": 0},
+        "agreement": agreement(cells, {"a": "2_SUBSTANTIAL", "b": "2_SUBSTANTIAL"}),
+    }
+    print_answer_quality(quality)
+    printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert printed == (
+        "answer labels: 0_FAIL 1 · 1_PARTIAL 0 · 2_SUBSTANTIAL 1 · 3_AUTHORITATIVE 1 (3 judged, 0 abstentions "
+        "0_FAIL by rule; judge failures: refused 1) "
+        "answer labels per case (a case weighs 1, shared by its repeats): 0_FAIL 1 · 1_PARTIAL 0 · "
+        "2_SUBSTANTIAL 0.5 · 3_AUTHORITATIVE 0.5 "
+        "agreement with reference labels: 3 judged answers of 2 cases · exact 0.333 · within one 0.667 · "
+        "2+ apart: b · not compared: 1 judge failures, 0 abstentions by rule"
+    )

@@ -195,6 +195,27 @@ def test_a_cache_hit_makes_no_request_and_a_rubric_change_is_a_new_key(tmp_path)
     assert {o.key for o in third.outcomes}.isdisjoint(o.key for o in first.outcomes)
 
 
+def test_a_verdict_no_call_of_this_invocation_produced_is_cached(tmp_path):
+    """Cached: a hit before admission, and a second item with the key of one judged in the same
+    invocation (one request for both); a failure is never cached."""
+    twice = [item("c1"), item("c2"), item("c1")]
+    with judging(LLMServer()) as server:
+        spec = spec_for(server)
+        first = judge_answers(spec, twice, tmp_path, ONCE, PRICES)
+        assert len(server.requests) == 2
+        assert [(o.status, o.cached) for o in first.outcomes] == [
+            ("judged", False),
+            ("judged", False),
+            ("judged", True),
+        ]
+        again = judge_answers(spec, [*twice, item("c3")], tmp_path, ONCE, PRICES)
+        assert len(server.requests) == 3
+        assert [o.cached for o in again.outcomes] == [True, True, True, False]
+        server.faults.append("content:not json")
+        (broken,) = judge_answers(spec, [item("c4")], tmp_path, ONCE, PRICES).outcomes
+    assert (broken.status, broken.cached) == ("invalid_output", False)
+
+
 def _entry(root: Path, key: str) -> Path:
     return JsonEntryStore(root, "judge cache").path_of(key)
 

@@ -11,8 +11,11 @@ import pytest
 
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.judge_spec import DEFAULT_JUDGE_SPEC, judge_spec
-from ragpipe.evaluation.judging import JUDGE_METRICS, Judging
-from ragpipe.evaluation.run_folder import verify_run
+from ragpipe.evaluation.judge_step import JudgeItem
+from ragpipe.evaluation.judging import JUDGE_METRICS, JUDGE_RECORD_FIELDS, Judging
+from ragpipe.evaluation.ledger import read_ledger, reduce_records
+from ragpipe.evaluation.report import build_report, render_markdown
+from ragpipe.evaluation.run_folder import rebuild_report, verify_run
 from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
 from ragpipe.evaluation.suite import Case, Suite, check_against_bundle, write_suite
 from ragpipe.evaluation.suite_load import load_suite
@@ -163,20 +166,56 @@ def test_the_report_shows_the_distribution_and_then_the_mean(judged):
         if suite[k[0]].answerability == "answerable" and p["outcome"] == "abstained"
     )
     assert ruled >= 2
-    assert quality["distribution"] == {"0_FAIL": ruled, "1_PARTIAL": 0, "2_SUBSTANTIAL": n, "3_AUTHORITATIVE": 0}
-    assert (quality["labelled"], quality["judged"], quality["by_rule"]) == (n + ruled, n, ruled)
-    assert quality["mean_label"] == pytest.approx(2 * n / (n + ruled))
+    cells, cases = quality["cells"], quality["cases"]
+    assert cells["distribution"] == {"0_FAIL": ruled, "1_PARTIAL": 0, "2_SUBSTANTIAL": n, "3_AUTHORITATIVE": 0}
+    assert (cells["labelled"], quality["judged"], cells["by_rule"]) == (n + ruled, n, ruled)
+    assert cells["mean_label"] == pytest.approx(2 * n / (n + ruled))
+    # one repeat, every case evaluated: the same numbers per case, and the table's mean exactly
+    assert (cases["distribution"], cases["labelled"]) == (cells["distribution"], n + ruled)
+    assert cases["mean_label"] == judged["report"]["metrics"]["answer_label"]["value"]
     assert quality["failures"] == {"provider": 0, "invalid_output": 0, "refused": 0, "withheld": 0}
-    assert quality["judge_usage"]["calls"] == n and quality["judge_usage"]["cost_micros"] > 0
+    usage = quality["judge_usage"]
+    assert (usage["cells"], usage["calls"], usage["cached"]) == (n, n, 0) and usage["cost_micros"] > 0
+    assert "agreement" not in quality  # the suite has no reference label
     md = (judged["run"] / "report.md").read_text()
-    table = md.index("| 0_FAIL | 1_PARTIAL | 2_SUBSTANTIAL | 3_AUTHORITATIVE |")
-    assert table < md.index("mean label") and f"| {ruled} | 0 | {n} | 0 |" in md
+    table = md.index("| over | 0_FAIL | 1_PARTIAL | 2_SUBSTANTIAL | 3_AUTHORITATIVE |")
+    assert table < md.index("mean label") and f"| cells | {ruled} | 0 | {n} | 0 |" in md
+    assert f"| cases | {ruled} | 0 | {n} | 0 |" in md
+    assert f"Judge usage: {n} calls · 0 cached · cost {usage['cost_micros']} micros" in md
 
 
 def test_a_second_run_takes_every_verdict_from_the_cache(judged):
     assert judged["cached_calls"] == 0
     first, again = verify_run(judged["run"]), verify_run(judged["again"])
     assert {k: p["metrics"] for k, p in first.terminal.items()} == {k: p["metrics"] for k, p in again.terminal.items()}
+    # the re-judged run paid for nothing: every verdict is counted cached, none a call, no cost
+    n = judged["judge_calls"]
+    with_judge = [p for p in again.terminal.values() if p.get("judge_outcome") == "judged"]
+    assert len(with_judge) == n and all(p["judge_cached"] is True for p in with_judge)
+    assert not any("judge_cached" in p for p in first.terminal.values())  # a cold run's records as before
+    usage = rebuild_report(judged["again"])["answer_quality"]["judge_usage"]
+    assert usage == {
+        "cells": n,
+        "calls": 0,
+        "cached": n,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cost_micros": 0,
+        "unknown_cost_cells": 0,
+    }
+
+
+def test_each_judged_cell_records_the_digest_of_the_answer_it_judged(judged):
+    """The judged answer is bound in the cell's own record (and trace description), not only in
+    the judge's entry; a cell with nothing judged carries none."""
+    run = judged["run"]
+    for payload in verify_run(run).terminal.values():
+        if payload.get("judge_outcome") is None:
+            assert "answer_digest" not in payload and "answer_digest" not in _description(run, payload)
+            continue
+        item = JudgeItem.model_validate(json.loads(_description(run, payload)["judge"])["item"])
+        assert payload["answer_digest"] == item.answer_digest == _description(run, payload)["answer_digest"]
+        assert payload["answer_digest"].startswith("sha256:")
 
 
 def test_labels_of_a_judged_run_pair_only_with_the_same_judge(judged, eval_bundle, tmp_path):  # noqa: F811
@@ -191,6 +230,9 @@ def test_labels_of_a_judged_run_pair_only_with_the_same_judge(judged, eval_bundl
         plan = _plan(server)
         plain = EvaluationSpec.build(spec.suite, plan, bundle, spec.body.bundle_id, k=20, answers=True)
         run_evaluation(plain, tmp_path / "plain", retriever_factory=lambda _: Retriever(bundle, plan=plan))
+    # a run without a judge records none of the judge's fields (its records are what they were)
+    plain_cells = verify_run(tmp_path / "plain").terminal.values()
+    assert not any(set(JUDGE_RECORD_FIELDS) & set(p) for p in plain_cells)
     with pytest.raises(PairingError, match=r"^runs differ in judge: incumbent 'sha256:"):
         pair(arm, load_arm(tmp_path / "plain"))
 
@@ -396,3 +438,175 @@ def test_a_judged_cell_claimed_withheld_is_refused(judged, tmp_path):
     rewrite(run, edit)
     with pytest.raises(TraceError, match=r"recorded withheld, but the disclosure policy lets the item be sent"):
         verify_run(run)
+
+
+ANSWER_ALL = json.dumps({"answer": "Yes, it does, placebo [E1].", "citations": ["E1"], "abstained": False})
+
+
+class Alternating(Both):
+    """``Both``, but the second, fourth … answer to a question states every fact (3_AUTHORITATIVE):
+    two repeats of a case give two answers, judged 2_SUBSTANTIAL and 3_AUTHORITATIVE."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: dict[str, int] = {}
+
+    def reply(self, request: dict) -> str:
+        text = super().reply(request)
+        if text != ANSWER:
+            return text
+        user = str(request["messages"][-1]["content"])
+        self.asked[user] = self.asked.get(user, 0) + 1
+        return ANSWER if self.asked[user] % 2 else ANSWER_ALL
+
+
+@pytest.fixture(scope="module")
+def repeated(eval_bundle, tmp_path_factory):  # noqa: F811
+    """A judged run of two repeats whose suite gives every answerable case the reference label
+    2_SUBSTANTIAL."""
+    root = tmp_path_factory.mktemp("repeated")
+    bundle, _ = eval_bundle
+    suite_path, abstained, failed = _suite(eval_bundle, root)
+    cases = [
+        Case(**(c.canonical() | ({"quality_label": "2_SUBSTANTIAL"} if c.answerability == "answerable" else {})))
+        for c in load_suite(suite_path).cases
+    ]
+    suite = Suite.of(cases, "repeated")
+    with Alternating() as server:
+        server.scenario, server.responder = "responder", server.reply
+        server.abstain_on, server.fail_on = suite.by_id()[abstained].query, suite.by_id()[failed].query
+        plan = _plan(server)
+        judge = judge_spec({"model": "openai/gpt-4o-mini", "api_base": server.api_base, "rubric_version": 1}, PROMPT)
+        retriever = Retriever(bundle, plan=plan)
+        spec = EvaluationSpec.build(
+            suite, plan, bundle, retriever.bundle_id, k=20, answers=True, judge=judge, repeats=2
+        )
+        judging = Judging(judge, root / "judge-cache", ExecutionPolicy(max_attempts=1), load_prices())
+        result = run_evaluation(spec, root / "run", retriever_factory=lambda _: retriever, judging=judging)
+    yield {"run": root / "run", "report": result.report, "spec": spec}
+
+
+def _labels_by_case(state) -> dict[str, list[int]]:
+    labels: dict[str, list[int]] = {}
+    for key, p in state.terminal.items():
+        if "answer_label" in p["metrics"]:
+            labels.setdefault(key[0], []).append(int(p["metrics"]["answer_label"]))
+    return {case: sorted(ls) for case, ls in labels.items()}
+
+
+def test_with_repeats_cells_and_cases_are_both_reported_and_cases_weigh_as_the_metric_tables(repeated):
+    state = verify_run(repeated["run"])
+    labels = _labels_by_case(state)
+    answered = sorted(c for c, ls in labels.items() if ls == [2, 3])  # the two repeats' two answers
+    ruled = sorted(c for c, ls in labels.items() if ls == [0, 0])  # abstained in both repeats
+    assert len(answered) > 0 and len(ruled) >= 2 and len(answered) + len(ruled) == len(labels)
+    n, r = len(answered), len(ruled)
+    quality = repeated["report"]["answer_quality"]
+    assert quality["cells"] == {
+        "distribution": {"0_FAIL": 2 * r, "1_PARTIAL": 0, "2_SUBSTANTIAL": n, "3_AUTHORITATIVE": n},
+        "labelled": 2 * (n + r),
+        "by_rule": 2 * r,
+        "mean_label": 5 * n / (2 * (n + r)),
+    }
+    assert quality["cases"] == {
+        "distribution": {"0_FAIL": float(r), "1_PARTIAL": 0.0, "2_SUBSTANTIAL": n / 2, "3_AUTHORITATIVE": n / 2},
+        "labelled": n + r,
+        "mean_label": quality["cases"]["mean_label"],
+    }
+    table = repeated["report"]["metrics"]
+    assert quality["cases"]["mean_label"] == table["answer_label"]["value"] == pytest.approx(2.5 * n / (n + r))
+    assert quality["cases"]["distribution"]["0_FAIL"] / (n + r) == table["label_fail_rate"]["value"]
+    share = quality["cases"]["distribution"]["3_AUTHORITATIVE"] / (n + r)
+    assert share == pytest.approx(table["label_authoritative_rate"]["value"])
+    assert (quality["judged"], quality["judge_usage"]["calls"], quality["judge_usage"]["cached"]) == (2 * n, 2 * n, 0)
+
+
+def test_agreement_with_the_suites_reference_labels(repeated):
+    """Every answerable case's reference is 2_SUBSTANTIAL: of each answered case's two verdicts one
+    agrees exactly, the other (3_AUTHORITATIVE) within one; abstentions are by rule, not compared."""
+    state = verify_run(repeated["run"])
+    labels = _labels_by_case(state)
+    answered = sorted(c for c, ls in labels.items() if ls == [2, 3])
+    n, r = len(answered), len(labels) - len(answered)
+    confusion = {ref: dict.fromkeys(("0_FAIL", "1_PARTIAL", "2_SUBSTANTIAL", "3_AUTHORITATIVE"), 0) for ref in
+                 ("0_FAIL", "1_PARTIAL", "2_SUBSTANTIAL", "3_AUTHORITATIVE")}  # fmt: skip
+    confusion["2_SUBSTANTIAL"].update({"2_SUBSTANTIAL": n, "3_AUTHORITATIVE": n})
+    assert repeated["report"]["answer_quality"]["agreement"] == {
+        "cells": 2 * n,
+        "cases": n,
+        "exact_rate": 0.5,
+        "within_one_rate": 1.0,
+        "confusion": confusion,
+        "disagreements": [],
+        "judge_failed": 0,
+        "by_rule": 2 * r,
+    }
+    assert rebuild_report(repeated["run"]) == repeated["report"]  # rebuilt from the bound suite alike
+    md = (repeated["run"] / "report.md").read_text()
+    summary = (
+        f"Agreement with reference labels: {2 * n} judged answers of {n} cases · exact 0.500 · within one 1.000 · "
+        f"2+ apart: none · not compared: 0 judge failures, {2 * r} abstentions by rule"
+    )
+    assert summary in md and f"| 2_SUBSTANTIAL | 0 | 0 | {n} | {n} |" in md
+    # references two ranks below a case's verdicts: that case disagrees (its 3 is three apart)
+    read = read_ledger(repeated["run"])
+    state = reduce_records(read.records)
+    report = build_report(repeated["run"], read.records, state, {answered[0]: "0_FAIL"})
+    agreed = report["answer_quality"]["agreement"]
+    assert (agreed["cells"], agreed["exact_rate"], agreed["within_one_rate"]) == (2, 0.0, 0.0)
+    assert agreed["disagreements"] == [answered[0]]
+    assert agreed["confusion"]["0_FAIL"] == {"0_FAIL": 0, "1_PARTIAL": 0, "2_SUBSTANTIAL": 1, "3_AUTHORITATIVE": 1}
+    assert f"2+ apart: {answered[0]} ·" in render_markdown(report)
+
+
+def _swap_judge_entries(run: Path, also_digests: bool) -> None:
+    """Swap everything the judge gave two repeats of one case — the trace's judge entries, the
+    metrics and usage in records and descriptions — with every digest recomputed; the cells'
+    ``answer_digest`` too when ``also_digests``."""
+    state = verify_run(run)
+    case = next(k[0] for k, p in state.terminal.items() if k[1] == 0 and p.get("judge_outcome") == "judged")
+
+    def edit(payloads):
+        first, second = (
+            next(
+                p
+                for k, p in payloads
+                if k == "CellCompleted" and p["cell"]["case"] == case and p["cell"]["repeat"] == r
+            )
+            for r in (0, 1)
+        )
+        entries = [_description(run, first)["judge"], _description(run, second)["judge"]]
+        moved = ["metrics", "judge_usage"] + (["answer_digest"] if also_digests else [])
+        taken = [{k: first[k] for k in moved}, {k: second[k] for k in moved}]
+        for payload, fields, entry in ((first, taken[1], entries[1]), (second, taken[0], entries[0])):
+            payload.update(fields)
+
+            def meta(described, fields=fields, entry=entry):
+                described.update(fields)
+                described["judge"] = entry
+
+            retrace(run, payloads, payload, lambda t: t, meta)
+
+    rewrite(run, edit)
+
+
+def test_the_judge_entries_of_two_repeats_swapped_are_refused(repeated, tmp_path):
+    """Two repeats of one case gave two answers with the same citations; swapping what the judge
+    said of each (every digest recomputed) no longer verifies: each cell's record names the answer
+    it judged."""
+    run = Path(shutil.copytree(repeated["run"], tmp_path / "run"))
+    _swap_judge_entries(run, also_digests=False)
+    with pytest.raises(
+        TraceError,
+        match=r"record \d+: the judged answer is not this cell's: its digest is not the record's answer_digest$",
+    ):
+        verify_run(run)
+
+
+def test_moving_the_answer_digests_too_is_what_only_a_seal_stops(repeated, tmp_path):
+    """The same swap with the records' answer digests swapped as well verifies: which answer a cell
+    gave is the record's word (the answer's text is evidence of a call), as with a reply — a whole
+    cell forged consistently is what the keyed seal stops (docs/trust.md)."""
+    run = Path(shutil.copytree(repeated["run"], tmp_path / "run"))
+    _swap_judge_entries(run, also_digests=True)
+    verify_run(run)

@@ -247,6 +247,14 @@ def test_suite_lists_its_provisional_cases():
     assert suite.provisional() == ("a", "b")
 
 
+def test_suite_gives_its_reference_quality_labels_by_case():
+    suite = parse_suite_bytes(
+        (line(id="b", quality_label="0_FAIL") + line(id="a", quality_label="3_AUTHORITATIVE") + line(id="c")).encode(),
+        "s.jsonl",
+    )
+    assert suite.quality_labels() == {"a": "3_AUTHORITATIVE", "b": "0_FAIL"}
+
+
 texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1, max_size=10).filter(
     str.strip
 )
