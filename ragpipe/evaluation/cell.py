@@ -17,7 +17,12 @@ vectors approximately (``ragpipe.evaluation.ann``: both top-10 lists go into the
 the query's wall time in ms
 (execution data: recorded and reported, never in an ID); ``answer_ms`` is the answer step's and
 ``answer_usage`` what it took from a model (``ragpipe.answer.results.AnswerUsage``: calls,
-tokens, micros — a cached answer's are those of the call that produced it).
+tokens, micros — a cached answer's are those of the call that produced it). Given an
+``answer_cache`` folder (the runner gives each cell its own, ``runner.pending_answers``), a model's
+answer is kept there by the generator's answer cache (``answer.litellm_generator``: keyed by the
+provider configuration, prompt, certified evidence and question; verified on load), so a cell run
+again after a stop — its group never closed — reuses the answer it was given instead of asking
+the model again (``answer_usage.cached`` then says so, with the producing call's usage).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import time
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -67,7 +73,7 @@ def _ms(started: float) -> float:
 
 
 def _answer(
-    retriever: Retriever, case: Case, subject: Subject, body: SpecBody
+    retriever: Retriever, case: Case, subject: Subject, body: SpecBody, answer_cache: Path | None = None
 ) -> tuple[dict[str, float], list[Shown], dict[str, object], dict[str, object], JudgeItem | None]:
     """The answer step's metrics, the items it showed beyond the hits (context evidence, then
     cited sources), the answer fields the metrics were computed on, the cell record's
@@ -75,7 +81,7 @@ def _answer(
     in a judged run — what the judge is to judge (an answerable case answered; an abstention takes
     its label by rule, ``judging``)."""
     started = time.perf_counter()
-    answer = answer_question(retriever, case.query, subject, mode=body.mode, filter=case.filter)
+    answer = answer_question(retriever, case.query, subject, mode=body.mode, filter=case.filter, cache_dir=answer_cache)
     elapsed = _ms(started)
     data = answer.as_dict()
     shown: list[Shown] = [(e.chunk_id, e.document_id, e.access_scopes) for e in answer.context.evidence]
@@ -125,9 +131,11 @@ def score_group(runs: list[CellRun], cases: dict[str, Case], body: SpecBody) -> 
             run.described["metrics"] = run.payload["metrics"]
 
 
-def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> CellRun:
+def run_cell(
+    retriever: Retriever, body: SpecBody, case: Case, key: CellKey, answer_cache: Path | None = None
+) -> CellRun:
     """Execute one cell (module docstring) but for its ranking metrics, which ``score_group``
-    adds; writes nothing."""
+    adds; writes nothing but, with ``answer_cache``, the model's answer there."""
     cell = cell_dict(key)
     subject = subject_for(case, body)
     try:
@@ -140,7 +148,7 @@ def run_cell(retriever: Retriever, body: SpecBody, case: Case, key: CellKey) -> 
         seen = [(e.document_id, e.access_scopes) for e in result.evidence]
         outcome, extra, shown, answer, item = "success", {}, [], None, None
         if body.answers:
-            answered, shown, answer, extra, item = _answer(retriever, case, subject, body)
+            answered, shown, answer, extra, item = _answer(retriever, case, subject, body, answer_cache)
             metrics.update(answered)
             seen += [(document, scopes) for _, document, scopes in shown]
             outcome = "abstained" if answer["abstained"] else "success"

@@ -23,6 +23,7 @@ response's message as its reply and meet the contract again — else it is set a
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,15 +44,16 @@ CALL_FIELDS = {"inputs", "request", "content", "response", "usage"}
 
 
 @dataclass(frozen=True)
-class ContractCall:
-    """One item: the inputs its key covers and the request. Subclasses define ``parse``."""
+class ContractCall(ABC):
+    """One item: the inputs its key covers and the request. Abstract: each contract (the judge's
+    ``JudgeInput``, the drafter's ``DraftInput``) is a subclass defining ``parse``."""
 
     key_inputs: dict
     request: ChatRequest
 
+    @abstractmethod
     def parse(self, content: str) -> object:
         """The reply's meaning under the contract; ``ValueError`` naming the first broken rule."""
-        raise NotImplementedError
 
 
 def contract_json(reply: str, max_chars: int, error: type[ValueError]) -> object:

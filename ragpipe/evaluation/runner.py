@@ -19,6 +19,15 @@ point leaves each cell closed or not (never half-closed): the closing records ar
 group's, and a cell whose record is not durable is simply run again on resume (at most two groups). When none is missing, ``RunCompleted`` is appended and the reports are written.
 A closed cell is never rerun. The group size is operational: it changes where records and rows
 are stored, never what they say.
+
+Pending answers: in a run that generates answers with a model, each cell's answer is kept in
+``answers/<cell digest>/`` (``pending_answers``) by the generator's own answer cache until the
+cell's closing record is durable, then removed (the answer is in the trace by then); the folder
+goes when ``RunCompleted`` is appended. A cell run again on resume — its group stopped by a judge
+budget, an interrupt or a crash — thus reuses the answer it was given: an entry is served only
+when it names the key this cell's question, certified evidence, prompt and provider
+configuration make now and its value's digest recomputes (else it is set aside and the model
+asked again), and the cell's record says ``answer_usage.cached``. A failed call is never kept.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import gc
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -62,6 +72,7 @@ Progress = Callable[[int, int, CellKey], None]  # (cells done, cells expected, c
 # Cells closed by one group commit: 32 puts the commit's fsyncs and file publication below 1 % of a
 # k = 1000 SciFact cell (docs/benchmarks.md, "Group commit"); a crash loses at most two groups' work.
 CELLS_PER_COMMIT = 32
+ANSWERS = "answers"  # the pending answers of cells not closed yet (module docstring)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,12 @@ def new_run_id() -> str:
     value = (value & ~(0x3 << 62)) | (0x2 << 62)
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def pending_answers(run: Path, key: CellKey) -> Path:
+    """The folder keeping cell ``key``'s answer until the cell closes: one per cell, so the
+    repeats of a case never share an answer."""
+    return run / ANSWERS / bytes_digest(canonical_bytes(cell_dict(key))).split(":", 1)[1]
 
 
 def default_factory(spec: EvaluationSpec) -> Retriever:
@@ -258,6 +275,9 @@ def _close(ledger: Ledger, written: _Written) -> None:
     """Wait until the group's trace file is durable, then append its closing records (one fsync)."""
     refs = written.refs.result() if written.refs is not None else []
     ledger.append_group(_closing(written.runs, refs))
+    if (ledger.folder / ANSWERS).is_dir():
+        for key in written.group:  # closed: their answers are in the trace now
+            shutil.rmtree(pending_answers(ledger.folder, key), ignore_errors=True)
 
 
 def _salvage(ledger: Ledger, written: _Written, error: BaseException) -> None:
@@ -289,6 +309,9 @@ def _execute_cells(
     position = {key: i for i, key in enumerate(state.expected, start=1)}
     done, missing = len(state.terminal), state.missing()
 
+    def kept(key: CellKey) -> Path | None:
+        return pending_answers(run, key) if spec.body.answers else None
+
     def closed(written: _Written) -> None:
         nonlocal done
         _close(ledger, written)
@@ -305,7 +328,7 @@ def _execute_cells(
                 pending.refs.result()  # a failed write stops the run before another group starts
             ledger.append_group([("CellStarted", {"cell": cell_dict(key)}) for key in group])
             try:
-                runs = [run_cell(retriever, spec.body, cases[key[0]], key) for key in group]
+                runs = [run_cell(retriever, spec.body, cases[key[0]], key, kept(key)) for key in group]
                 score_group(runs, cases, spec.body)
                 if judging is not None:
                     judge_cells([(r.judge_item, r.payload, r.described) for r in runs if r.judge_item], judging)
@@ -323,6 +346,7 @@ def _execute_cells(
     ledger.append(
         "RunCompleted", {"cells": len(final.expected), "completed": len(final.terminal) - failed, "failed": failed}
     )
+    shutil.rmtree(run / ANSWERS, ignore_errors=True)  # what a stop left of cells closed since
     report = build_report(run, ledger.records, ledger.state, spec.suite.quality_labels())
     write_reports(run, report)
     return EvaluationResult(report, run, getattr(retriever, "vector_engine", None))
@@ -384,6 +408,7 @@ __all__ = [
     "bundle_binding",
     "create_run",
     "new_run_id",
+    "pending_answers",
     "resume_evaluation",
     "run_evaluation",
 ]

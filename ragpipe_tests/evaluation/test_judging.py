@@ -16,7 +16,13 @@ from ragpipe.evaluation.judging import JUDGE_METRICS, JUDGE_RECORD_FIELDS, Judgi
 from ragpipe.evaluation.ledger import read_ledger, reduce_records
 from ragpipe.evaluation.report import build_report, render_markdown
 from ragpipe.evaluation.run_folder import rebuild_report, verify_run
-from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
+from ragpipe.evaluation.runner import (
+    ANSWERS,
+    CELLS_PER_COMMIT,
+    pending_answers,
+    resume_evaluation,
+    run_evaluation,
+)
 from ragpipe.evaluation.suite import Case, Suite, check_against_bundle, write_suite
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.evaluation.traces import TraceError
@@ -337,7 +343,16 @@ def test_an_edited_bound_judge_spec_is_refused(judged, tmp_path):
         verify_run(run)
 
 
-def test_a_budget_stop_keeps_the_run_and_a_resume_judges_the_rest(eval_bundle, tmp_path):  # noqa: F811
+def test_a_budget_stop_keeps_the_run_and_a_resume_judges_the_rest_with_the_answers_given(eval_bundle, tmp_path):  # noqa: F811
+    suite_path, _, failed = _suite(eval_bundle, tmp_path / "ids")
+    queries = {c.id: c.query for c in load_suite(suite_path).cases}
+
+    def asked(requests: list[dict]) -> list[str]:
+        """The query of each generator request (the judge's left out), in order (two cases of the
+        suite share a query: x-forbidden is another case's query)."""
+        texts = [str(r["messages"][-1]["content"]) for r in requests if not _judge_request(r)]
+        return [max((q for q in queries.values() if q in text), key=len) for text in texts]
+
     with Both() as server:
         server.scenario, server.responder = "responder", server.reply
         from ragpipe.work.failures import BudgetExhausted
@@ -345,10 +360,11 @@ def test_a_budget_stop_keeps_the_run_and_a_resume_judges_the_rest(eval_bundle, t
         with pytest.raises(BudgetExhausted):
             _judged_run(eval_bundle, tmp_path, server, "run", budget=0)
         run = tmp_path / "run"
-        before = verify_run(run)
-        assert before.status == "running" and len(before.terminal) == 0  # the first group never closed
-        judged_before = sum("3_AUTHORITATIVE" in str(r["messages"][0]["content"]) for r in server.requests)
-        assert judged_before == 0  # a budget of 0 admits no call
+        stopped = verify_run(run)
+        assert sum(map(_judge_request, server.requests)) == 0  # a budget of 0 admits no call
+        first = asked(server.requests)
+        kept = sorted(p.name for p in (run / ANSWERS).iterdir())
+        before = len(server.requests)
         result = resume_evaluation(
             run,
             retriever_factory=lambda s: Retriever(s.bundle_path, plan=s.plan),
@@ -356,8 +372,24 @@ def test_a_budget_stop_keeps_the_run_and_a_resume_judges_the_rest(eval_bundle, t
                 s.judge, tmp_path / "judge-cache", ExecutionPolicy(max_attempts=1), load_prices()
             ),
         )
+        again = asked(server.requests[before:])
+    group, rest = stopped.expected[:CELLS_PER_COMMIT], stopped.expected[CELLS_PER_COMMIT:]
+    assert stopped.status == "running" and len(stopped.terminal) == 0  # the first group never closed
+    assert (len(stopped.expected), len(group), len(rest)) == (38, 32, 6)
+    assert first == [queries[case] for case, _, _ in group]  # once per cell of the stopped group
+    # the stopped group's answers are kept, one folder per cell; the failed call (MALFORMED) is not
+    assert kept == sorted(pending_answers(run, key).name for key in group if key[0] != failed)
+    # the resume asks again only for the answer that failed, then for the cells that never ran
+    assert again == [queries[failed]] + [queries[case] for case, _, _ in rest]
     assert result.report["status"] == "completed" and result.report["answer_quality"]["judged"] > 0
+    usage = result.report["answer_usage"]
+    assert (usage["cells"], usage["calls"], usage["cached"]) == (38, 38, 31)
+    assert not (run / ANSWERS).exists()  # the pending answers go when the run completes
     verify_run(run)
+
+
+def _judge_request(request: dict) -> bool:
+    return "3_AUTHORITATIVE" in str(request["messages"][0]["content"])
 
 
 def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundle, tmp_path):  # noqa: F811
