@@ -102,10 +102,7 @@ def build_report(
             if (ref["file"], ref["digest"]) not in checked:
                 verify_trace(run, ref, f"{run / 'ledger.jsonl'}: record {record.seq}")
                 checked.add((ref["file"], ref["digest"]))
-    expected_cases: dict[str, int] = {}
-    for key in state.expected:
-        expected_cases[key[0]] = expected_cases.get(key[0], 0) + 1
-    done: dict[str, int] = {}
+    completed = 0
     failed = []
     latencies = []
     for key in state.expected:
@@ -113,14 +110,14 @@ def build_report(
         if payload is None:
             continue
         if payload["outcome"] in COMPLETED_OUTCOMES:
-            done[key[0]] = done.get(key[0], 0) + 1
+            completed += 1
             latencies.append(float(payload["latency_ms"]))
         elif payload["outcome"] in FAILED_OUTCOMES:
             failed.append({**cell_dict(key), "outcome": payload["outcome"], "error": payload.get("error")})
     per_case = _per_case(state)
     provisional = sorted(created.get("provisional", ()))
     failed = mark_provisional(failed, provisional, "case")
-    evaluated = sorted(c for c, n in expected_cases.items() if done.get(c) == n)
+    evaluated = evaluated_cases(state)
     tags: dict[str, list[str]] = {}
     for case in evaluated:
         for tag in created["tags"].get(case, ()):
@@ -137,7 +134,7 @@ def build_report(
         "cases": created["cases"],
         "cells": {
             "expected": len(state.expected),
-            "completed": sum(done.values()),
+            "completed": completed,
             "failed": len(failed),
             "pending": len(state.missing()),
         },
@@ -161,6 +158,19 @@ def build_report(
     if spec.get("judge") is not None:
         report["answer_quality"] = answer_quality(state, evaluated, references)
     return report
+
+
+def evaluated_cases(state: RunState) -> list[str]:
+    """The cases every expected cell of which completed (success or abstained), sorted: what the
+    metric tables average over."""
+    expected: dict[str, int] = {}
+    done: dict[str, int] = {}
+    for key in state.expected:
+        expected[key[0]] = expected.get(key[0], 0) + 1
+        payload = state.terminal.get(key)
+        if payload is not None and payload["outcome"] in COMPLETED_OUTCOMES:
+            done[key[0]] = done.get(key[0], 0) + 1
+    return sorted(c for c, n in expected.items() if done.get(c) == n)
 
 
 def answer_quality(

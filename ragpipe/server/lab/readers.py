@@ -24,6 +24,7 @@ from typing import Any
 
 from ragpipe.evaluation.eval_spec import EvaluationSpec
 from ragpipe.evaluation.ledger import HEAD, LEDGER, read_ledger, reduce_records
+from ragpipe.evaluation.report import answer_quality, evaluated_cases
 from ragpipe.evaluation.run_folder import load_inputs, verify_run
 from ragpipe.evaluation.run_state import RunState
 from ragpipe.evaluation.suite import Case
@@ -356,6 +357,15 @@ class LabReader:
             with self._lock:
                 _bounded_put(self._comparisons, key, cached)
         return cached
+
+    def answer_quality(self, run_id: str) -> dict[str, Any] | None:
+        """A judged run's answer quality (``ragpipe.evaluation.report.answer_quality``: the label
+        distributions over cells and cases, judge failures, agreement with reference labels),
+        computed from its verified ledger; None when the run judges nothing."""
+        run = self.run(run_id)
+        if run.spec.body.judge is None:
+            return None
+        return answer_quality(run.state, evaluated_cases(run.state), run.spec.suite.quality_labels())
 
     def corpus_digest(self, bundle_id: str) -> str | None:
         """The corpus digest the bundle's manifest records, None when the bundle is not here."""

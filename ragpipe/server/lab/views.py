@@ -265,7 +265,8 @@ def lab_app(service) -> Starlette:
                     lab.reader.corpus_digest(a.spec.body.bundle_id),
                     lab.reader.corpus_digest(b.spec.body.bundle_id),
                 )
-                values.update(result=result, pairing=pairing, digests=digests)
+                qualities = (lab.reader.answer_quality(incumbent), lab.reader.answer_quality(challenger))
+                values.update(result=result, pairing=pairing, digests=digests, qualities=qualities)
         return lab.render(request, "compare.html", session=session, **values)
 
     @page

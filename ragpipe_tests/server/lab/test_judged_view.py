@@ -43,18 +43,19 @@ def judged_home(tmp_path_factory, lab_state: LabState):
             Suite.of(cases, "judged"), retriever.plan, bundle, retriever.bundle_id, k=10, scopes=SCOPES,
             answers=True, judge=spec_judge,
         )  # fmt: skip
-        run_id = new_run_id()
         judging = Judging(spec_judge, root / "cache", ExecutionPolicy(max_attempts=1), load_prices())
-        run = home / "evaluations" / run_id
-        run_evaluation(spec, run, run_id=run_id, retriever_factory=lambda _: retriever, judging=judging)
+        run_ids = [new_run_id(), new_run_id()]  # two runs of one spec: the lab compares them
+        for run_id in run_ids:
+            run = home / "evaluations" / run_id
+            run_evaluation(spec, run, run_id=run_id, retriever_factory=lambda _: retriever, judging=judging)
         retriever.close()
-    state = verify_run(run)
+    state = verify_run(home / "evaluations" / run_ids[0])
     with served(app_from(home, lab_state.config(), "staging")) as base:
-        yield base, run_id, state
+        yield base, run_ids, state
 
 
 def test_a_staff_reviewer_reads_the_verdict_a_public_one_does_not(judged_home, lab_state: LabState):
-    base, run_id, state = judged_home
+    base, (run_id, _), state = judged_home
     judged = {key[0]: p for key, p in state.terminal.items() if p.get("judge_outcome") == "judged"}
     assert "keys" in judged  # the answer on key rotation cites the staff-only runbook
     staff, public = login(base, lab_state.keys["rev-staff"]), login(base, lab_state.keys["rev-public"])
@@ -75,3 +76,22 @@ def test_a_staff_reviewer_reads_the_verdict_a_public_one_does_not(judged_home, l
     finally:
         staff.close()
         public.close()
+
+
+def test_the_comparison_shows_both_runs_label_distributions(judged_home, lab_state: LabState):
+    base, (first, second), state = judged_home
+    labels = [int(p["metrics"]["answer_label"]) for p in state.terminal.values() if "answer_label" in p["metrics"]]
+    names = ["0_FAIL", "1_PARTIAL", "2_SUBSTANTIAL", "3_AUTHORITATIVE"]
+    reviewer = login(base, lab_state.keys["rev-public"])
+    try:
+        page = reviewer.get("/lab/compare", params={"incumbent": first, "challenger": second})
+        assert page.status_code == 200 and "<h2>Answer labels</h2>" in page.text
+        for rank, name in enumerate(names):  # the same verdicts (cached) on both sides
+            count = labels.count(rank)
+            row = (
+                f'<tr><th scope="row">{name}</th><td><a href="/lab/runs/{first}">{count}</a></td>'
+                f'<td><a href="/lab/runs/{second}">{count}</a></td></tr>'
+            )
+            assert row in page.text
+    finally:
+        reviewer.close()

@@ -209,6 +209,7 @@ def test_comparison_of_runs_on_one_corpus(public: httpx.Client, lab_state: LabSt
     assert page.text.count("<tr data-row>") == 4
     assert "<caption>All 4 paired cases" in page.text
     assert "<h2>Coverage</h2>" not in page.text
+    assert "Answer labels" not in page.text  # neither run is judged
 
 
 def test_comparison_warns_when_the_corpus_digests_differ(public: httpx.Client, lab_state: LabState):
