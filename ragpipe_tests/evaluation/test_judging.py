@@ -396,3 +396,31 @@ def test_a_judged_cell_claimed_withheld_is_refused(judged, tmp_path):
     rewrite(run, edit)
     with pytest.raises(TraceError, match=r"recorded withheld, but the disclosure policy lets the item be sent"):
         verify_run(run)
+
+
+def test_judging_for_reaches_the_homes_judge_cache_and_refuses_in_the_callers_words(tmp_path: Path):
+    from ragpipe.evaluation.judging import judging_for
+
+    spec_judge = judge_spec({"model": "openai/gpt-4o-mini", "rubric_version": 1}, PROMPT)
+    reached = judging_for(spec_judge, tmp_path / "home", 5000, 3)
+    assert reached.cache_root == tmp_path / "home" / "generation_cache" / "judge"
+    assert (reached.policy.concurrency, reached.budget.limit if reached.budget else None) == (3, 5000)
+    assert judging_for(spec_judge, tmp_path / "home").budget is None
+    unpriced = judge_spec({"model": "openai/unpriced-judge", "rubric_version": 1}, PROMPT)
+    refusals = {
+        (spec_judge, -1, 4, "--judge-budget-micros must be >= 0, got -1"),
+        (spec_judge, None, 65, "--judge-concurrency must be 1 to 64, got 65"),
+        (
+            unpriced,
+            10,
+            4,
+            "--judge-budget-micros: the judge's model 'openai/unpriced-judge' has no price in the price table "
+            "(ragpipe/specs/prices.yaml or $RAGPIPE_PRICES), so no budget can be kept",
+        ),
+    }
+    for spec, budget, concurrency, message in refusals:
+        with pytest.raises(ValueError) as refused:
+            judging_for(spec, tmp_path / "home", budget, concurrency)
+        assert str(refused.value) == message
+    assert judging_for(unpriced, tmp_path / "home").budget is None  # no budget: nothing to price
+    assert not (tmp_path / "home").exists()  # nothing written: the cache folder is made by the first call
