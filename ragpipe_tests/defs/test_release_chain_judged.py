@@ -1,8 +1,9 @@
 """A judged release chain through Dagster: ``evaluation.judge`` set, the judge a real local
 OpenAI-protocol server, a tiny corpus. The evaluation run's report carries the label
 distribution, and the gate applies a hard ``groundedness_rate`` bound — one policy passes, a
-stricter one refuses with its exact reason; a judge budget reached fails the step with one line
-and keeps the run folder."""
+stricter one refuses with its exact reason; the incumbent release's bundle is judged by the
+chain's judge when the judge changes, so the arms pair; a judge budget reached fails the step
+with one line and keeps the run folder."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from ragpipe.evaluation.run_folder import verify_run
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.orchestration.failures import failure_messages
+from ragpipe.release.activation import activate
+from ragpipe.release.targets import load_targets
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.gate_steps import read_decision
 from ragpipe.stages.steps import read_stage_record
@@ -126,7 +129,14 @@ def judged_chain(tmp_path_factory: pytest.TempPathFactory):
     instance = DagsterInstance.local_temp(str(root / "dagster"))
     instance.add_dynamic_partitions("corpus_revisions", ["tiny"])
     register_revision(ws.registry, "tiny", write_beir(root / "tiny.jsonl", DOCS), "beir", "public")
-    with Judge() as server:
+    targets = cfg / "targets.yaml"  # staging also accepts the two test policies
+    text = (SPECS / "targets.yaml").read_text(encoding="utf-8")
+    targets.write_text(
+        text.replace("gate_policies: [default]   #", "gate_policies: [default, lenient.yaml, strict.yaml]   #", 1),
+        encoding="utf-8",
+    )
+    with Judge() as server, pytest.MonkeyPatch.context() as env:
+        env.setenv("RAGPIPE_TARGETS", str(targets))
         server.scenario, server.responder = "responder", server.reply
         judge = write_judge(cfg, "judge.yaml", server.api_base)
         out: dict = {"ws": ws, "cfg": cfg, "server": server}
@@ -134,14 +144,24 @@ def judged_chain(tmp_path_factory: pytest.TempPathFactory):
         out["lenient_eval"] = read_stage_record(ws, "tiny", "evaluation_run")
         out["lenient_gate"] = read_stage_record(ws, "tiny", "gate_decision")
         out["calls_after_lenient"] = judge_calls(server)
+        # the lenient release goes live: later gates pair with it (the incumbent)
+        out["release"] = read_stage_record(ws, "tiny", "release_manifest").data_version
+        activate(ws, out["release"], "staging", config=load_targets(targets))
         # the same judge, a stricter policy: the new run's verdicts come from the judge cache
         out["strict"] = materialize(ws, instance, write_spec(cfg, "strict.yaml", judge))
         out["strict_eval"] = read_stage_record(ws, "tiny", "evaluation_run")
         out["strict_gate"] = read_stage_record(ws, "tiny", "gate_decision")
         out["calls_after_strict"] = judge_calls(server)
-        # another judge (nothing cached) on a budget of 1 micro: the evaluation step stops
-        other = write_judge(cfg, "judge-v2.yaml", server.api_base, rubric_version=2)
-        out["budget"] = materialize(ws, instance, write_spec(cfg, "lenient.yaml", other, budget=1))
+        # another judge: the incumbent's run (judged by the first) no longer pairs, so the gate
+        # evaluates the incumbent's bundle again, judged by the new judge
+        v2 = write_judge(cfg, "judge-v2.yaml", server.api_base, rubric_version=2)
+        out["v2"] = materialize(ws, instance, write_spec(cfg, "lenient.yaml", v2))
+        out["v2_eval"] = read_stage_record(ws, "tiny", "evaluation_run")
+        out["v2_gate"] = read_stage_record(ws, "tiny", "gate_decision")
+        out["calls_after_v2"] = judge_calls(server)
+        # a third judge (nothing cached) on a budget of 1 micro: the evaluation step stops
+        v3 = write_judge(cfg, "judge-v3.yaml", server.api_base, rubric_version=3)
+        out["budget"] = materialize(ws, instance, write_spec(cfg, "lenient.yaml", v3, budget=1))
         out["calls_after_budget"] = judge_calls(server)
         yield out
     instance.dispose()
@@ -178,7 +198,7 @@ def test_a_hard_groundedness_bound_passes_one_policy_and_refuses_a_stricter_one(
     assert (bound["phase"], bound["value"], bound["threshold"], bound["verdict"]) == ("hard", 0.75, 0.7, "pass")
     assert judged_chain["strict"] == []
     strict = decision(ws, judged_chain["strict_gate"])
-    assert (strict["eligible"], strict["decisive_phase"]) == (False, "hard")
+    assert (strict["mode"], strict["eligible"], strict["decisive_phase"]) == ("paired", False, "hard")
     assert strict["reasons"] == ["hard min groundedness_rate: 0.75 is not >= 0.9"]
     # the stricter policy's run was a new evaluation of the same judge: every verdict from the cache
     assert judged_chain["strict_eval"].facts["run_id"] != judged_chain["lenient_eval"].facts["run_id"]
@@ -195,8 +215,28 @@ def test_a_judge_budget_reached_fails_the_evaluation_step_with_one_line_and_keep
     )
     assert Path(run).parent == ws.home / "evaluations" and read_ledger(Path(run)).records  # kept, incomplete
     assert verify_run(Path(run)).status == "running"
-    assert judged_chain["calls_after_budget"] == judged_chain["calls_after_strict"]  # nothing was admitted
-    # no record names it: the revision's evaluation_run is still the strict policy's run
-    assert (
-        read_stage_record(ws, "tiny", "evaluation_run").facts["run_id"] == judged_chain["strict_eval"].facts["run_id"]
-    )
+    assert judged_chain["calls_after_budget"] == judged_chain["calls_after_v2"]  # nothing was admitted
+    # no record names it: the revision's evaluation_run is still the last one that completed
+    last = judged_chain["v2_eval"].facts["run_id"]
+    assert read_stage_record(ws, "tiny", "evaluation_run").facts["run_id"] == last
+
+
+def test_the_incumbent_is_judged_by_the_chains_judge_so_the_runs_pair(judged_chain):
+    ws = judged_chain["ws"]
+    same = judged_chain["strict_gate"].facts  # the incumbent's own run was judged by this judge
+    assert (same["incumbent_release"], same["incumbent_reevaluated"]) == (judged_chain["release"], None)
+    assert same["incumbent_run"] == judged_chain["lenient_eval"].facts["run_id"]
+    assert judged_chain["v2"] == []
+    facts = judged_chain["v2_gate"].facts
+    assert facts["incumbent_release"] == judged_chain["release"]
+    assert facts["incumbent_reevaluated"] == facts["incumbent_run"] != same["incumbent_run"]
+    v2 = load_judge_spec(judged_chain["cfg"] / "judge-v2.yaml").spec_id
+    incumbent = load_arm(ws.home / "evaluations" / str(facts["incumbent_run"]))
+    challenger = load_arm(ws.located(str(judged_chain["v2_eval"].facts["run_path"])))
+    assert incumbent.coordinates == challenger.coordinates and incumbent.coordinates.judge == v2
+    # the challenger's 4 answers were judged anew; the incumbent's (the same bundle: the same
+    # answers) came from the judge cache
+    assert judged_chain["calls_after_v2"] == judged_chain["calls_after_strict"] + 4
+    d = decision(ws, judged_chain["v2_gate"])
+    assert (d["mode"], d["eligible"], d["decisive_phase"], d["reasons"]) == ("paired", True, None, [])
+    assert d["comparison_id"] is not None  # paired case by case: the labels of one judge on both sides
