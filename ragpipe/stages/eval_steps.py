@@ -117,6 +117,15 @@ def judge_budget_stop(run: Path) -> Iterator[None]:
         ) from None
 
 
+def label_table(report: dict[str, Any]) -> Table | None:
+    """A judged run's label distribution (answers per label, all four; ``None`` unjudged): shown
+    beside the metric table, so the mean label never stands alone."""
+    quality = report.get("answer_quality")
+    if quality is None:
+        return None
+    return table([("label", "string"), ("answers", "int")], [[k, int(n)] for k, n in quality["distribution"].items()])
+
+
 def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:
     cells = report["cells"]
     return {
@@ -184,6 +193,7 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
         metadata["no_case_applies"] = f"{skipped_cases_text(skips)} (suite {chain.section.suite})"
     tables = {
         "metrics": metric_table(report["metrics"]),
+        "answer_labels": label_table(report),
         "tag_slices": tag_table(report["tags"]),
         "skipped_cases": table(
             [("case", "string"), ("reason", "string")], [[s["case_id"], s["reason"]] for s in report["skipped"]]

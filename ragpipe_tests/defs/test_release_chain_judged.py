@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from ragpipe.corpus.registry import register_revision
 from ragpipe.defs import build_definitions
@@ -139,7 +139,7 @@ def judged_chain(tmp_path_factory: pytest.TempPathFactory):
         env.setenv("RAGPIPE_TARGETS", str(targets))
         server.scenario, server.responder = "responder", server.reply
         judge = write_judge(cfg, "judge.yaml", server.api_base)
-        out: dict = {"ws": ws, "cfg": cfg, "server": server}
+        out: dict = {"ws": ws, "cfg": cfg, "server": server, "instance": instance}
         out["lenient"] = materialize(ws, instance, write_spec(cfg, "lenient.yaml", judge), chain_only=False)
         out["lenient_eval"] = read_stage_record(ws, "tiny", "evaluation_run")
         out["lenient_gate"] = read_stage_record(ws, "tiny", "gate_decision")
@@ -186,6 +186,21 @@ def test_the_evaluation_run_is_judged_and_its_report_carries_the_label_distribut
         "judge_failure_rate": 0.0,
     }
     assert judged_chain["calls_after_lenient"] == 4  # one call per answer
+    # the Dagster UI shows the distribution beside the metrics
+    found = judged_chain["instance"].fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey("evaluation_run"), asset_partitions=["tiny"]), limit=10
+    )
+    (m,) = [
+        r.asset_materialization
+        for r in found.records
+        if r.asset_materialization.metadata["run_id"].value == record.facts["run_id"]
+    ]
+    assert [(r.data["label"], r.data["answers"]) for r in m.metadata["answer_labels"].value.records] == [
+        ("0_FAIL", 0),
+        ("1_PARTIAL", 1),
+        ("2_SUBSTANTIAL", 1),
+        ("3_AUTHORITATIVE", 2),
+    ]
     # the run binds the chain's judge, which is in its coordinates: only runs of one judge pair
     assert load_arm(run).coordinates.judge == load_judge_spec(judged_chain["cfg"] / "judge.yaml").spec_id
 
