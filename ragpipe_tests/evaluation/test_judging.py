@@ -348,9 +348,12 @@ def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundl
         server.responder = server.reply
     worse = load_arm(tmp_path / "worse")
 
+    # a policy bounding a judge label must bound judge failures too (docs/gates.md)
+    failures = {"judge_failure_rate": {"max": 0.05, "if_measured": True}}
+
     def hard(challenger) -> str:
         base = policy_doc()
-        doc = {**base, "hard": {**base["hard"], "groundedness_rate": {"min": 1.0, "if_measured": True}}}
+        doc = {**base, "hard": {**base["hard"], **failures, "groundedness_rate": {"min": 1.0, "if_measured": True}}}
         checks = decide(parse_policy(doc, "p.yaml"), None, challenger).checks
         (check,) = [c for c in checks if c.phase == "hard" and c.metric == "groundedness_rate"]
         return check.verdict
@@ -362,7 +365,9 @@ def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundl
     delta = abs(stats.mean)
 
     def regression(limit: float) -> str:
-        doc = policy_doc(regression={"overall": {"label_fail_rate": limit}, "tags": {}})
+        base = policy_doc()
+        doc = {**base, "hard": {**base["hard"], **failures}}
+        doc["regression"] = {"overall": {"label_fail_rate": limit}, "tags": {}}
         decision = decide(parse_policy(doc, "p.yaml"), comparison)
         (check,) = [c for c in decision.checks if c.phase == "regression" and c.metric == "label_fail_rate"]
         return check.verdict
