@@ -32,6 +32,7 @@ from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy
 from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.strict_load import load_yaml
 from ragpipe.retrieval.authz import ScopePolicy
 from ragpipe.retrieval.plan import QueryPlan, load_plan
 from ragpipe.spec import EvaluationSection, PipelineSpec
@@ -143,6 +144,20 @@ def _stamp(path: Path | None) -> tuple[int, int] | None:
     return None if info is None else (info.st_mtime_ns, info.st_size)
 
 
+def _judge_files(path: Path | None) -> tuple[Path, ...]:
+    """The judge spec file and the prompt file it names (relative to it): an edit of either is a
+    new judge. Only the ``prompt`` key is read here; a file that does not parse is refused by
+    ``load_judge_spec``, in its own words."""
+    if path is None:
+        return ()
+    try:
+        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, ValueError):  # StrictLoadError is a ValueError
+        return (path,)
+    prompt = raw.get("prompt") if isinstance(raw, dict) else None
+    return (path, path.parent / prompt) if isinstance(prompt, str) else (path,)
+
+
 @lru_cache(maxsize=4)
 def _load(section: EvaluationSection, stamps: tuple) -> ChainPlan:
     """The chain's inputs, read once per version of their files (``stamps``): a suite that grows
@@ -164,6 +179,5 @@ def chain_plan(spec: PipelineSpec) -> ChainPlan:
             "the pipeline spec has no evaluation: section, so there is no evaluation → gate → release chain"
         )
     section = spec.evaluation
-    return _load(
-        section, tuple(_stamp(p) for p in (section.suite, section.query_plan, section.gate_policy, section.judge))
-    )
+    files = (section.suite, section.query_plan, section.gate_policy, *_judge_files(section.judge))
+    return _load(section, tuple(_stamp(p) for p in files))

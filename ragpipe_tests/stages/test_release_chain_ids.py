@@ -1,6 +1,6 @@
 """The chain's code versions with and without an answer judge (``evaluation.judge``): a spec
 without one keeps its exact code versions, a judge's spec ID enters them, its budget and
-concurrency never do, and an edited judge file is read again."""
+concurrency never do, and an edited judge file (or its prompt) is read again."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_a_judge_enters_every_code_version_and_implies_answers(judge_file: Path)
     assert len({unjudged["evaluation_run"], versions["evaluation_run"], CHECKED_IN["evaluation_run"]}) == 3
 
 
-def test_an_edited_judge_file_is_read_again(judge_file: Path):
+def test_an_edited_judge_file_or_prompt_is_read_again(judge_file: Path):
     spec = with_section(load_pipeline_spec(), judge=judge_file)
     before = chain_plan(spec)
     assert chain_plan(spec) is before  # read once per version of its files
@@ -75,6 +75,14 @@ def test_an_edited_judge_file_is_read_again(judge_file: Path):
     after = chain_plan(spec)
     assert after.judge is not None and after.judge.rubric_version == 2
     assert after.evaluation_code_version != before.evaluation_code_version
+    # so is an edited prompt (the file the judge spec names)
+    prompt = judge_file.parent / "prompts" / "judge.txt"
+    prompt.write_text(prompt.read_text(encoding="utf-8") + "Be brief.\n", encoding="utf-8")
+    info = prompt.stat()
+    os.utime(prompt, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    edited = chain_plan(spec)
+    assert edited.judge is not None and edited.judge.prompt_text.endswith("Be brief.\n")
+    assert edited.evaluation_code_version not in (before.evaluation_code_version, after.evaluation_code_version)
 
 
 def test_the_judge_path_is_resolved_against_the_spec_folder(tmp_path: Path, judge_file: Path):
