@@ -19,11 +19,12 @@ outside the metric's range, an unreachable improvement, no bootstrap floor for t
 build-cost ratio below 1), and a policy that bounds a judge label metric (``answer_label``, the
 label rates, ``required_fact_recall``, ``groundedness_rate``: anywhere) without a hard ``max``
 on ``judge_failure_rate`` — a judged cell recorded as a judge failure keeps no label, so without
-that bound a bad label could be hidden as a provider failure. The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds
-are stored as floats so ``0`` and ``0.0`` give one ID, and mapping order never changes it. A
-build-cost bound that is left out or ``null`` is not in the ID at all, nor are ``refresh``,
-``max_lost_rate``, ``new_coverage_floors`` and ``max_provisional_cases`` at their defaults, so a
-policy written before those fields existed keeps its ID.
+that bound a bad label could be hidden as a provider failure. The policy ID is
+``content_id("gate-policy", 1, policy)``; thresholds are stored as floats so ``0`` and ``0.0``
+give one ID, and mapping order never changes it. A build-cost bound that is left out or ``null``
+is not in the ID at all, nor are ``refresh``, ``max_lost_rate``, ``new_coverage_floors`` and
+``max_provisional_cases`` at their defaults, so a policy written before those fields existed
+keeps its ID.
 """
 
 from __future__ import annotations
