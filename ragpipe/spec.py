@@ -619,7 +619,11 @@ class EvaluationSection(_Spec):
     ``gate_decision`` applies. Relative paths are relative to the spec file (resolved at load).
 
     Semantic: every field except the paths themselves reaches an ID through the content it names
-    (suite digest, plan ID, policy ID; see ``ragpipe.stages.release_chain_ids``), never the path string.
+    (suite digest, plan ID, policy ID, judge spec ID; see ``ragpipe.stages.release_chain_ids``),
+    never the path string. ``judge`` (a judge spec file, ``ragpipe.evaluation.judge_spec``) judges
+    the run's answers, so it implies ``answers``. Operational, in no ID: ``judge_budget_micros``
+    (the most one step — ``evaluation_run``, or ``gate_decision`` re-evaluating the incumbent —
+    may spend on judge calls; None: no bound) and ``judge_concurrency`` (judge calls in flight).
     """
 
     suite: Path
@@ -632,6 +636,9 @@ class EvaluationSection(_Spec):
     answers: bool = False
     query_plan: Path | None = None  # None: the checked-in ragpipe/specs/query_plan.yaml
     gate_policy: Path | None = None  # None: the checked-in ragpipe/specs/gate_policy.yaml
+    judge: Path | None = None  # None: answers are not judged
+    judge_budget_micros: int | None = Field(None, ge=0)
+    judge_concurrency: int = Field(4, ge=1, le=64)
 
     def __hash__(self) -> int:  # cutoffs is a dict
         return hash(
@@ -646,6 +653,9 @@ class EvaluationSection(_Spec):
                 self.answers,
                 self.query_plan,
                 self.gate_policy,
+                self.judge,
+                self.judge_budget_micros,
+                self.judge_concurrency,
             )
         )
 
@@ -653,7 +663,7 @@ class EvaluationSection(_Spec):
         """This section with relative paths made absolute against ``base`` (the spec's folder)."""
         fix = {
             name: (base / p).resolve()
-            for name in ("suite", "query_plan", "gate_policy")
+            for name in ("suite", "query_plan", "gate_policy", "judge")
             if (p := getattr(self, name)) is not None
         }
         return self.model_copy(update=fix)

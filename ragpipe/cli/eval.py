@@ -268,7 +268,10 @@ def eval_run(
     from ragpipe.evaluation.runner import new_run_id, resume_evaluation, run_evaluation
 
     def reach(spec):
-        return judging_for(spec.judge, judge_budget, judge_concurrency)
+        from ragpipe.evaluation.judging import judging_for
+        from ragpipe.kernel.workspace import default_home
+
+        return judging_for(spec.judge, default_home(), judge_budget, judge_concurrency)
 
     def run():
         if resume is not None:
@@ -341,34 +344,6 @@ def budget_stop(run_dir: Path):
             f"judge budget reached: {exc.spent} micros spent by {exc.totals.calls} calls, {exc.not_admitted} answers "
             f"not judged; the run is kept: continue it with ragpipe eval --resume {run_dir} --judge-budget-micros N"
         ) from None
-
-
-def judging_for(spec, budget_micros: int | None, concurrency: int):
-    """How this invocation reaches ``spec``'s judge: the home's judge cache, the price table,
-    ``concurrency`` calls at once, retries of transient failures, and one budget for all of it."""
-    from ragpipe.evaluation.judging import Judging
-    from ragpipe.kernel.workspace import Workspace, default_home
-    from ragpipe.work.admission import Budget
-    from ragpipe.work.policy import ExecutionPolicy
-    from ragpipe.work.usage import load_prices
-
-    if budget_micros is not None and budget_micros < 0:
-        raise ValueError(f"--judge-budget-micros must be >= 0, got {budget_micros}")
-    if not 1 <= concurrency <= 64:
-        raise ValueError(f"--judge-concurrency must be 1 to 64, got {concurrency}")
-    prices = load_prices()
-    if budget_micros is not None and prices.price(spec.model) is None:  # refused before any run folder exists
-        raise ValueError(
-            f"--judge-budget-micros: the judge's model {spec.model!r} has no price in the price table "
-            "(ragpipe/specs/prices.yaml or $RAGPIPE_PRICES), so no budget can be kept"
-        )
-    return Judging(
-        spec=spec,
-        cache_root=Workspace(default_home()).generation_cache / "judge",
-        policy=ExecutionPolicy(concurrency=concurrency),
-        prices=prices,
-        budget=None if budget_micros is None else Budget(budget_micros),
-    )
 
 
 def _require_an_evaluable_case(suite, retriever, source: Path) -> None:

@@ -293,3 +293,45 @@ def recompute_judge(
     if entry.get("verdict") != verdict.model_dump(mode="json"):
         raise JudgeCheckError("the recorded verdict is not what the reply says")
     return _verdict_metrics(verdict.label, verdict.stated, len(item.required_facts), verdict.grounded)
+
+
+def require_priced(spec: JudgeSpec, prices: PriceTable, budget_micros: int | None, setting: str) -> None:
+    """A judge budget can be kept only for a model the price table prices: ``ValueError``
+    ``<setting>: the judge's model '<model>' has no price …`` otherwise (no budget: nothing to keep)."""
+    if budget_micros is not None and prices.price(spec.model) is None:
+        raise ValueError(
+            f"{setting}: the judge's model {spec.model!r} has no price in the price table "
+            "(ragpipe/specs/prices.yaml or $RAGPIPE_PRICES), so no budget can be kept"
+        )
+
+
+def judging_for(
+    spec: JudgeSpec,
+    home: Path,
+    budget_micros: int | None = None,
+    concurrency: int = 4,
+    *,
+    budget_setting: str = "--judge-budget-micros",
+    concurrency_setting: str = "--judge-concurrency",
+) -> Judging:
+    """How one invocation reaches ``spec``'s judge: the judge cache of the workspace at ``home``
+    (``generation_cache/judge``), the price table, ``concurrency`` calls at once, retries of
+    transient failures, and one budget of ``budget_micros`` for all of it (None: no bound).
+    Refused with ``ValueError`` naming ``budget_setting`` / ``concurrency_setting`` (the CLI's
+    options, or a pipeline spec's fields) before anything is called or written."""
+    from ragpipe.kernel.workspace import Workspace
+    from ragpipe.work.usage import load_prices
+
+    if budget_micros is not None and budget_micros < 0:
+        raise ValueError(f"{budget_setting} must be >= 0, got {budget_micros}")
+    if not 1 <= concurrency <= 64:
+        raise ValueError(f"{concurrency_setting} must be 1 to 64, got {concurrency}")
+    prices = load_prices()
+    require_priced(spec, prices, budget_micros, budget_setting)
+    return Judging(
+        spec=spec,
+        cache_root=Workspace(home).generation_cache / "judge",
+        policy=ExecutionPolicy(concurrency=concurrency),
+        prices=prices,
+        budget=None if budget_micros is None else Budget(budget_micros),
+    )

@@ -16,11 +16,15 @@ nesting deeper than 64 levels, YAML aliases (``kernel/strict_load.py``),
 unknown phases or keys, missing phases, phases out of order, unknown metrics, non-numbers
 (booleans included), non-finite thresholds, and contradictory bounds (min above max, a bound
 outside the metric's range, an unreachable improvement, no bootstrap floor for the target, a
-build-cost ratio below 1). The policy ID is ``content_id("gate-policy", 1, policy)``; thresholds
-are stored as floats so ``0`` and ``0.0`` give one ID, and mapping order never changes it. A
-build-cost bound that is left out or ``null`` is not in the ID at all, nor are ``refresh``,
-``max_lost_rate``, ``new_coverage_floors`` and ``max_provisional_cases`` at their defaults, so a
-policy written before those fields existed keeps its ID.
+build-cost ratio below 1), and a policy that bounds a judge label metric (``answer_label``, the
+label rates, ``required_fact_recall``, ``groundedness_rate``: anywhere) without a hard ``max``
+on ``judge_failure_rate`` — a judged cell recorded as a judge failure keeps no label, so without
+that bound a bad label could be hidden as a provider failure. The policy ID is
+``content_id("gate-policy", 1, policy)``; thresholds are stored as floats so ``0`` and ``0.0``
+give one ID, and mapping order never changes it. A build-cost bound that is left out or ``null``
+is not in the ID at all, nor are ``refresh``, ``max_lost_rate``, ``new_coverage_floors`` and
+``max_provisional_cases`` at their defaults, so a policy written before those fields existed
+keeps its ID.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_serializer
 
+from ragpipe.evaluation.judging import JUDGE_METRICS
 from ragpipe.experiment.catalog import ARM_ONLY, KNOWN_NAMES, known_metric
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.models import FrozenModel
@@ -400,6 +405,35 @@ def _check_phase_order(r: _Reader, doc: dict[str, Any]) -> None:
         raise r.fail("", "missing key 'bootstrap_floors' (the absolute floors of a decision without an incumbent)")
 
 
+# The judge's label metrics: what a forger could hide by recording a judged cell as a judge failure.
+LABEL_METRICS = tuple(m for m in JUDGE_METRICS if m != "judge_failure_rate")
+
+
+def _label_bounds(policy: GatePolicy) -> list[str]:
+    """Where ``policy`` bounds a judge label metric, as key paths, in file order."""
+    named = [
+        *((f"hard.{m}", m) for m in policy.hard),
+        (f"target.metric ({policy.target.metric})", policy.target.metric),
+        *((f"regression.overall.{m}", m) for m in policy.regression.overall),
+        *((f"regression.tags.{t}.{m}", m) for t, limits in policy.regression.tags.items() for m in limits),
+        *((f"coverage.new_coverage_floors.{m}", m) for m in policy.coverage.new_coverage_floors or {}),
+        *((f"bootstrap_floors.{m}", m) for m in policy.bootstrap_floors),
+    ]
+    return [path for path, metric in named if metric in LABEL_METRICS]
+
+
+def _check_judge_failures_bounded(r: _Reader, policy: GatePolicy) -> None:
+    """A policy that bounds a judge label must bound ``judge_failure_rate`` with a hard max (module docstring)."""
+    labels = _label_bounds(policy)
+    bound = policy.hard.get("judge_failure_rate")
+    if labels and (bound is None or bound.max is None):
+        raise r.fail(
+            "hard" if bound is None else "hard.judge_failure_rate",
+            f"the policy bounds a judge label ({labels[0]}), so it must bound judge_failure_rate with a max "
+            "(a judged answer recorded as a judge failure keeps no label and would escape that bound)",
+        )
+
+
 def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> GatePolicy:
     """A ``GatePolicy`` from a parsed document (module docstring for what is refused)."""
     r = _Reader(where, lines or {})
@@ -420,7 +454,7 @@ def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> G
             "bootstrap_floors",
             f"contradictory policy: no floor for the target metric {target.metric!r} (a bootstrap decision would have no target)",
         )
-    return GatePolicy(
+    policy = GatePolicy(
         human_apply_required=apply_flag,
         hard=_hard(r, doc["hard"]),
         coverage=_coverage(r, doc["coverage"]),
@@ -430,6 +464,8 @@ def parse_policy(doc: Any, where: str, lines: dict[str, int] | None = None) -> G
         cost=_cost(r, doc["cost"]),
         bootstrap_floors=floors,
     )
+    _check_judge_failures_bounded(r, policy)
+    return policy
 
 
 def policy_document(policy: GatePolicy) -> dict[str, Any]:

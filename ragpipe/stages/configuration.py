@@ -5,9 +5,11 @@
 1. the pipeline spec: ``$RAGPIPE_PIPELINE_SPEC``, else the checked-in ``ragpipe/specs/pipeline.yaml``;
 2. when it has an ``evaluation:`` section, every file that section names: ``suite`` (a JSONL suite
    or a BEIR folder, with ``split``), ``query_plan`` and ``gate_policy`` (left out or ``null``: the
-   checked-in ``ragpipe/specs/query_plan.yaml`` / ``gate_policy.yaml``); a relative path is
-   relative to the folder of the spec file, never to the working directory. Then the section's
-   ``cutoffs`` and the chain's code versions (``ragpipe.stages.release_chain_ids``);
+   checked-in ``ragpipe/specs/query_plan.yaml`` / ``gate_policy.yaml``) and ``judge`` (left out or
+   ``null``: answers are not judged); a relative path is relative to the folder of the spec file,
+   never to the working directory. Then the section's ``cutoffs``, a judge budget's price (a
+   budget on a model the price table does not price cannot be kept) and the chain's code versions
+   (``ragpipe.stages.release_chain_ids``);
 3. the release targets: ``$RAGPIPE_TARGETS``, else ``ragpipe/specs/targets.yaml``, and the gate
    policies each target accepts (relative to the targets file);
 4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
@@ -23,6 +25,7 @@ the rule; nothing is written anywhere. The lines::
     <spec>: invalid pipeline spec: <field.path>: <rule>
     <spec>: evaluation.<field>: '<path as written>' (resolved to <absolute path>): <problem>
     <spec>: evaluation.cutoffs: <rule>
+    <spec>: evaluation.judge_budget_micros: the judge's model '<model>' has no price in the price table …
     <targets>: cannot read targets config: <OS error> | invalid YAML at line L, column C: <problem>
     <targets>: invalid targets config: <field.path>: <rule>
     <targets>: target '<name>': gate policy '<entry>': <the policy's own line>
@@ -31,7 +34,8 @@ the rule; nothing is written anywhere. The lines::
 
 ``<problem>`` is the named file's own one-line error without its path (given just before):
 ``cannot read suite: No such file or directory``, ``line 3: not valid JSON: …`` (suite line),
-``invalid query plan: fusion.k: …``, ``line 12: target.metric: …`` (gate policy line). A field
+``invalid query plan: fusion.k: …``, ``line 12: target.metric: …`` (gate policy line),
+``invalid judge spec: rubric_version: …``. A field
 left out shows ``default`` for the path as written; ``(resolved to …)`` is left out when the
 path as written is already that absolute path.
 
@@ -49,6 +53,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ragpipe.evaluation.eval_spec import metric_specs
+from ragpipe.evaluation.judge_spec import JudgeSpecError
+from ragpipe.evaluation.judging import require_priced
 from ragpipe.evaluation.suite_rules import SuiteError
 from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, PolicyError
 from ragpipe.kernel.strict_load import load_yaml
@@ -66,6 +72,7 @@ from ragpipe.spec import (
 from ragpipe.stages.embedding_shards import shard_count
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
 from ragpipe.storage.location import LocationError, store_from_env
+from ragpipe.work.usage import load_prices
 
 # The files of an evaluation: section, in the order chain_plan loads them, with the error type
 # each loader raises (so the field of a failure is known) and the file an unset field means.
@@ -73,6 +80,7 @@ _CHAIN_FILES: tuple[tuple[str, type[ValueError], Path | None], ...] = (
     ("suite", SuiteError, None),
     ("query_plan", PlanError, DEFAULT_PLAN_PATH),
     ("gate_policy", PolicyError, DEFAULT_POLICY_PATH),
+    ("judge", JudgeSpecError, None),
 )
 
 
@@ -149,13 +157,18 @@ def _check_chain(path: Path, spec: PipelineSpec) -> ChainPlan:
     assert section is not None
     try:
         chain = chain_plan(spec)
-    except (SuiteError, PlanError, PolicyError) as exc:
+    except (SuiteError, PlanError, PolicyError, JudgeSpecError) as exc:
         field, default = next((f, d) for f, kind, d in _CHAIN_FILES if isinstance(exc, kind))
         raise ConfigurationError(_named_file_problem(path, section, field, default, str(exc))) from None
     try:
-        metric_specs(section.cutoffs, section.answers)
+        metric_specs(section.cutoffs, section.answers or chain.judge is not None)
     except ValueError as exc:
         raise ConfigurationError(f"{path}: evaluation.cutoffs: {exc}") from None
+    if chain.judge is not None:
+        try:  # the CLI's rule for --judge-budget-micros, before any step could spend
+            require_priced(chain.judge, load_prices(), section.judge_budget_micros, "evaluation.judge_budget_micros")
+        except ValueError as exc:
+            raise ConfigurationError(f"{path}: {exc}") from None
     if (
         chain.plan.approximate
         and section.mode in ("hybrid", "vector")

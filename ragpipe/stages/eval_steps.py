@@ -12,12 +12,19 @@ skipped cases per reason code as ``skipped_<code>`` (``skipped_missing_judged_ta
 and why, without reading the run again (``ragpipe.orchestration.materialize``); and which vector
 engine served the run and how (``vector_engine``, ``vector_engine_why``). When none applies,
 the materialization's metadata says so too (``no_case_applies``), for the UI.
+
+With a judge (``evaluation.judge``) the run's answers are judged (``ragpipe.evaluation.judging``;
+the judge cache is the workspace's ``generation_cache/judge``). A judge budget
+(``evaluation.judge_budget_micros``, for this step alone) reached mid-run fails the step with one
+line (``judge_budget_stop``); the incomplete run folder is kept and no record names it.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +41,9 @@ from ragpipe.spec import PipelineSpec
 from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain
 from ragpipe.stages.results import Table, table
-from ragpipe.stages.stage_store import holding_workspace_lock, read_output
+from ragpipe.stages.stage_store import StageError, holding_workspace_lock, read_output
 from ragpipe.storage.location import store_from_env
+from ragpipe.work.failures import BudgetExhausted
 
 STAGE = "evaluation_run"
 SKIPPED_PREFIX = "skipped_"  # facts ``skipped_<reason code>``: skipped cases per reason
@@ -94,6 +102,30 @@ def engine_facts(engine: VectorEngine | None) -> dict[str, str]:
     return {} if engine is None else {"vector_engine": engine.engine, "vector_engine_why": engine.why}
 
 
+@contextmanager
+def judge_budget_stop(run: Path) -> Iterator[None]:
+    """A judge budget reached inside a chain step: ``StageError`` in one line saying what was
+    spent and how to go on (the incomplete run folder ``run`` is kept; judged calls are cached, so
+    the next attempt pays only for the answers not judged yet)."""
+    try:
+        yield
+    except BudgetExhausted as exc:
+        raise StageError(
+            f"judge budget reached: {exc.spent} micros spent by {exc.totals.calls} calls, {exc.not_admitted} "
+            f"answers not judged; the incomplete run {run} is kept: raise evaluation.judge_budget_micros "
+            "and materialize again (judged answers are cached)"
+        ) from None
+
+
+def label_table(report: dict[str, Any]) -> Table | None:
+    """A judged run's label distribution (answers per label, all four; ``None`` unjudged): shown
+    beside the metric table, so the mean label never stands alone."""
+    quality = report.get("answer_quality")
+    if quality is None:
+        return None
+    return table([("label", "string"), ("answers", "int")], [[k, int(n)] for k, n in quality["distribution"].items()])
+
+
 def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:
     cells = report["cells"]
     return {
@@ -125,7 +157,8 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = run_evaluation(ev, out, run_id=run_id)
+    with judge_budget_stop(out):
+        result = run_evaluation(ev, out, run_id=run_id, judging=chain.judging(ws.home))
     report = result.report
     push_run(ws, out)  # before its record: the gate and activation may run on other machines
     skips = skipped_reasons(report["skipped"])
@@ -160,6 +193,7 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
         metadata["no_case_applies"] = f"{skipped_cases_text(skips)} (suite {chain.section.suite})"
     tables = {
         "metrics": metric_table(report["metrics"]),
+        "answer_labels": label_table(report),
         "tag_slices": tag_table(report["tags"]),
         "skipped_cases": table(
             [("case", "string"), ("reason", "string")], [[s["case_id"], s["reason"]] for s in report["skipped"]]

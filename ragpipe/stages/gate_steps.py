@@ -13,7 +13,8 @@
   evaluated first under the current spec, with the query plan its run bound, in a new run
   (``incumbent_run`` in the record); that run is the incumbent arm. The same happens when the
   incumbent's run records no build figures (made before runs bound them) and the policy bounds
-  build cost relative to the incumbent.
+  build cost relative to the incumbent. A judged chain judges that run with its own judge
+  (``evaluation.judge``) and budget, so both arms carry one judge's labels.
 - **Change kind**: the challenger's basis (its bundle's stage specs and default scope, the chain's
   query plan, answer plan and authorization policy) against the incumbent release's
   (``ragpipe.release.change_basis``): a *refresh* (only the corpus differs) is gated by
@@ -56,6 +57,7 @@ from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 from ragpipe.retrieval.plan import parse_plan
 from ragpipe.spec import PipelineSpec
+from ragpipe.stages.eval_steps import judge_budget_stop
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
@@ -90,7 +92,11 @@ def _incumbent_arm(
         )
     run_id = new_run_id()
     out = evaluations_dir(ws) / run_id
-    run_evaluation(chain.evaluation_spec(bundle, manifest.bundle_id, plan), out, run_id=run_id)
+    # judged by the chain's judge, as the challenger was: labels of two judges never pair
+    with judge_budget_stop(out):
+        run_evaluation(
+            chain.evaluation_spec(bundle, manifest.bundle_id, plan), out, run_id=run_id, judging=chain.judging(ws.home)
+        )
     push_run(ws, out)  # activation makes the decision again from it, wherever it runs
     return load_arm(out), run_id
 

@@ -5,8 +5,11 @@ Code versions (Dagster ``code_version``; docs/architecture.md):
 
 - ``evaluation_run``: the *static* evaluation spec ID: the evaluation spec body
   (``ragpipe.evaluation.eval_spec.SpecBody``: suite digest, query plan ID, mode, scopes, depth,
-  metric specs and cutoffs, repeats, answers, evaluator version) without the bundle ID, which is
-  only known when the bundle is built. The run's full spec ID (with the bundle) is its data version.
+  metric specs and cutoffs, repeats, answers, the judge spec ID when answers are judged,
+  evaluator version) without the bundle ID, which is only known when the bundle is built. The
+  run's full spec ID (with the bundle) is its data version. A section without ``judge`` makes the
+  body it made before judges existed (the body leaves an unset judge out), so its code versions
+  stay; the judge's budget and concurrency are operational and enter nothing.
 - ``gate_decision``: the static evaluation spec ID, the gate policy ID and the comparison spec.
 - ``release_manifest``: the gate plan plus what a manifest binds besides the run: query plan,
   answer plan and authorization policy IDs.
@@ -22,11 +25,14 @@ from pathlib import Path
 
 from ragpipe.answer.identity import answer_plan_id
 from ragpipe.evaluation.eval_spec import EvaluationSpec
+from ragpipe.evaluation.judge_spec import JudgeSpec, load_judge_spec
+from ragpipe.evaluation.judging import Judging, judging_for
 from ragpipe.evaluation.suite import Suite
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy
 from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.strict_load import load_yaml
 from ragpipe.retrieval.authz import ScopePolicy
 from ragpipe.retrieval.plan import QueryPlan, load_plan
 from ragpipe.spec import EvaluationSection, PipelineSpec
@@ -43,7 +49,23 @@ class ChainPlan:
     suite: Suite
     plan: QueryPlan
     policy: GatePolicy
+    judge: JudgeSpec | None = None  # the section's judge, loaded (None: answers are not judged)
     comparison: ComparisonSpec = ComparisonSpec()
+
+    def judging(self, home: Path) -> Judging | None:
+        """How one chain step reaches the judge (None without one): the judge cache of the
+        workspace at ``home``, the section's budget (for this step alone) and concurrency."""
+        if self.judge is None:
+            return None
+        s = self.section
+        return judging_for(
+            self.judge,
+            home,
+            s.judge_budget_micros,
+            s.judge_concurrency,
+            budget_setting="evaluation.judge_budget_micros",
+            concurrency_setting="evaluation.judge_concurrency",
+        )
 
     def evaluation_spec(self, bundle_path: Path, bundle_id: str, plan: QueryPlan | None = None) -> EvaluationSpec:
         """The evaluation spec of one bundle (``plan``: another query plan, e.g. an incumbent's)."""
@@ -58,7 +80,8 @@ class ChainPlan:
             k=s.k,
             cutoffs=s.cutoffs,
             repeats=s.repeats,
-            answers=s.answers,
+            answers=s.answers or self.judge is not None,  # a judge implies answers
+            judge=self.judge,
         )
 
     @cached_property
@@ -121,6 +144,20 @@ def _stamp(path: Path | None) -> tuple[int, int] | None:
     return None if info is None else (info.st_mtime_ns, info.st_size)
 
 
+def _judge_files(path: Path | None) -> tuple[Path, ...]:
+    """The judge spec file and the prompt file it names (relative to it): an edit of either is a
+    new judge. Only the ``prompt`` key is read here; a file that does not parse is refused by
+    ``load_judge_spec``, in its own words."""
+    if path is None:
+        return ()
+    try:
+        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, ValueError):  # StrictLoadError is a ValueError
+        return (path,)
+    prompt = raw.get("prompt") if isinstance(raw, dict) else None
+    return (path, path.parent / prompt) if isinstance(prompt, str) else (path,)
+
+
 @lru_cache(maxsize=4)
 def _load(section: EvaluationSection, stamps: tuple) -> ChainPlan:
     """The chain's inputs, read once per version of their files (``stamps``): a suite that grows
@@ -130,15 +167,17 @@ def _load(section: EvaluationSection, stamps: tuple) -> ChainPlan:
         load_suite(section.suite, split=section.split),
         load_plan(section.query_plan),
         load_policy(section.gate_policy),
+        None if section.judge is None else load_judge_spec(section.judge),
     )
 
 
 def chain_plan(spec: PipelineSpec) -> ChainPlan:
     """The chain of ``spec``; ``ValueError`` when the spec has no ``evaluation:`` section. A bad
-    suite, plan or policy raises its own error naming the file and line."""
+    suite, plan, policy or judge spec raises its own error naming the file and line."""
     if spec.evaluation is None:
         raise ValueError(
             "the pipeline spec has no evaluation: section, so there is no evaluation → gate → release chain"
         )
     section = spec.evaluation
-    return _load(section, tuple(_stamp(p) for p in (section.suite, section.query_plan, section.gate_policy)))
+    files = (section.suite, section.query_plan, section.gate_policy, *_judge_files(section.judge))
+    return _load(section, tuple(_stamp(p) for p in files))

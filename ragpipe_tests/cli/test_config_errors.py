@@ -236,6 +236,50 @@ def targets_policy_missing(cfg: Path) -> str:
     )
 
 
+def _with_judge(cfg: Path, extra: str = "") -> None:
+    """The checked-in judge (and its prompt) beside the spec, named by ``evaluation.judge``."""
+    (cfg / "prompts").mkdir(exist_ok=True)
+    shutil.copyfile(SPECS / "judge.yaml", cfg / "judge.yaml")
+    shutil.copyfile(SPECS / "prompts" / "judge.txt", cfg / "prompts" / "judge.txt")
+    edit(cfg / "pipeline.yaml", "  gate_policy: null ", f"  judge: judge.yaml\n{extra}  gate_policy: null ")
+
+
+def judge_missing(cfg: Path) -> str:
+    edit(cfg / "pipeline.yaml", "  gate_policy: null ", "  judge: judges/strict.yaml\n  gate_policy: null ")
+    return (
+        f"{cfg}/pipeline.yaml: evaluation.judge: 'judges/strict.yaml' (resolved to {cfg}/judges/strict.yaml): "
+        "cannot read judge spec: No such file or directory"
+    )
+
+
+def judge_invalid(cfg: Path) -> str:
+    _with_judge(cfg)
+    edit(cfg / "judge.yaml", "rubric_version: 1\n", "rubric_version: 0\n")
+    return (
+        f"{cfg}/pipeline.yaml: evaluation.judge: 'judge.yaml' (resolved to {cfg}/judge.yaml): "
+        "invalid judge spec: rubric_version: Input should be greater than or equal to 1"
+    )
+
+
+def judge_budget_unpriced(cfg: Path) -> str:
+    """The CLI's rule for --judge-budget-micros: a budget on a model without a price cannot be kept."""
+    _with_judge(cfg, "  judge_budget_micros: 50000\n")
+    edit(cfg / "judge.yaml", "model: openai/gpt-4o-mini\n", "model: openai/unpriced-judge\n")
+    return (
+        f"{cfg}/pipeline.yaml: evaluation.judge_budget_micros: the judge's model 'openai/unpriced-judge' has no "
+        "price in the price table (ragpipe/specs/prices.yaml or $RAGPIPE_PRICES), so no budget can be kept"
+    )
+
+
+def judge_settings_out_of_range(cfg: Path) -> str:
+    _with_judge(cfg, "  judge_budget_micros: -1\n  judge_concurrency: 65\n")
+    return (
+        f"{cfg}/pipeline.yaml: invalid pipeline spec: "
+        "evaluation.judge_budget_micros: Input should be greater than or equal to 0; "
+        "evaluation.judge_concurrency: Input should be less than or equal to 64"
+    )
+
+
 CASES: dict[str, Breaker] = {
     f.__name__: f
     for f in (
@@ -256,6 +300,10 @@ CASES: dict[str, Breaker] = {
         policy_invalid,
         policy_duplicate_key,
         cutoffs_invalid,
+        judge_missing,
+        judge_invalid,
+        judge_budget_unpriced,
+        judge_settings_out_of_range,
         targets_invalid,
         targets_bad_yaml,
         targets_duplicate_key,

@@ -422,9 +422,12 @@ def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundl
         server.responder = server.reply
     worse = load_arm(tmp_path / "worse")
 
+    # a policy bounding a judge label must bound judge failures too (docs/gates.md)
+    failures = {"judge_failure_rate": {"max": 0.05, "if_measured": True}}
+
     def hard(challenger) -> str:
         base = policy_doc()
-        doc = {**base, "hard": {**base["hard"], "groundedness_rate": {"min": 1.0, "if_measured": True}}}
+        doc = {**base, "hard": {**base["hard"], **failures, "groundedness_rate": {"min": 1.0, "if_measured": True}}}
         checks = decide(parse_policy(doc, "p.yaml"), None, challenger).checks
         (check,) = [c for c in checks if c.phase == "hard" and c.metric == "groundedness_rate"]
         return check.verdict
@@ -436,7 +439,9 @@ def test_a_gate_bounds_groundedness_and_regressions_of_0_fail(judged, eval_bundl
     delta = abs(stats.mean)
 
     def regression(limit: float) -> str:
-        doc = policy_doc(regression={"overall": {"label_fail_rate": limit}, "tags": {}})
+        base = policy_doc()
+        doc = {**base, "hard": {**base["hard"], **failures}}
+        doc["regression"] = {"overall": {"label_fail_rate": limit}, "tags": {}}
         decision = decide(parse_policy(doc, "p.yaml"), comparison)
         (check,) = [c for c in decision.checks if c.phase == "regression" and c.metric == "label_fail_rate"]
         return check.verdict
@@ -642,3 +647,31 @@ def test_moving_the_answer_digests_too_is_what_only_a_seal_stops(repeated, tmp_p
     run = Path(shutil.copytree(repeated["run"], tmp_path / "run"))
     _swap_judge_entries(run, also_digests=True)
     verify_run(run)
+
+
+def test_judging_for_reaches_the_homes_judge_cache_and_refuses_in_the_callers_words(tmp_path: Path):
+    from ragpipe.evaluation.judging import judging_for
+
+    spec_judge = judge_spec({"model": "openai/gpt-4o-mini", "rubric_version": 1}, PROMPT)
+    reached = judging_for(spec_judge, tmp_path / "home", 5000, 3)
+    assert reached.cache_root == tmp_path / "home" / "generation_cache" / "judge"
+    assert (reached.policy.concurrency, reached.budget.limit if reached.budget else None) == (3, 5000)
+    assert judging_for(spec_judge, tmp_path / "home").budget is None
+    unpriced = judge_spec({"model": "openai/unpriced-judge", "rubric_version": 1}, PROMPT)
+    refusals = {
+        (spec_judge, -1, 4, "--judge-budget-micros must be >= 0, got -1"),
+        (spec_judge, None, 65, "--judge-concurrency must be 1 to 64, got 65"),
+        (
+            unpriced,
+            10,
+            4,
+            "--judge-budget-micros: the judge's model 'openai/unpriced-judge' has no price in the price table "
+            "(ragpipe/specs/prices.yaml or $RAGPIPE_PRICES), so no budget can be kept",
+        ),
+    }
+    for spec, budget, concurrency, message in refusals:
+        with pytest.raises(ValueError) as refused:
+            judging_for(spec, tmp_path / "home", budget, concurrency)
+        assert str(refused.value) == message
+    assert judging_for(unpriced, tmp_path / "home").budget is None  # no budget: nothing to price
+    assert not (tmp_path / "home").exists()  # nothing written: the cache folder is made by the first call

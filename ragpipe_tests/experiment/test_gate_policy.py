@@ -269,3 +269,59 @@ def test_policy_id_is_the_domain_separated_hash_of_its_canonical_form(tmp_path: 
     }
     expected = "sha256:" + hashlib.sha256(b"ragpipe/gate-policy/v1\0" + rfc8785.dumps(canonical)).hexdigest()
     assert load_policy(write(tmp_path, BASE)).policy_id == expected == GOLDEN_ID
+
+
+LABEL_RULE = (
+    "must bound judge_failure_rate with a max (a judged answer recorded as a judge failure keeps no "
+    "label and would escape that bound)"
+)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        (
+            "  answer_contract_valid_rate: {min: 0.99, if_measured: true}\n",
+            "  groundedness_rate: {min: 0.9}\n",
+            "hard.groundedness_rate",
+        ),
+        (
+            "  overall: {recall@100: 0.02}\n",
+            "  overall: {recall@100: 0.02, answer_label: 0.1}\n",
+            "regression.overall.answer_label",
+        ),
+        ("  tags: {}\n", "  tags: {rare: {label_fail_rate: 0.05}}\n", "regression.tags.rare.label_fail_rate"),
+        ("  metric: ndcg@10\n", "  metric: required_fact_recall\n", "target.metric (required_fact_recall)"),
+    ],
+    ids=["hard", "regression", "tag", "target"],
+)
+def test_a_policy_bounding_judge_labels_must_bound_judge_failures_with_a_hard_max(
+    tmp_path: Path, old: str, new: str, where: str
+):
+    text = edit(old, new)
+    if "required_fact_recall" in new:  # its bootstrap floor, too
+        text = text.replace("  ndcg@10: 0.3\n", "  required_fact_recall: 0.5\n")
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert str(info.value) == f"{path}:3: hard: the policy bounds a judge label ({where}), so it {LABEL_RULE}"
+    # a min is no bound on failures
+    hard = "hard:\n  judge_failure_rate: {min: 0.0}\n"
+    with pytest.raises(PolicyError) as info:
+        load_policy(write(tmp_path, text.replace("hard:\n", hard)))
+    assert str(info.value) == (
+        f"{path}:4: hard.judge_failure_rate: the policy bounds a judge label ({where}), so it {LABEL_RULE}"
+    )
+    bounded = load_policy(write(tmp_path, text.replace("hard:\n", "hard:\n  judge_failure_rate: {max: 0.02}\n")))
+    assert bounded.hard["judge_failure_rate"].max == 0.02
+
+
+def test_the_failure_rate_alone_and_the_checked_in_policy_need_no_label_rule(tmp_path: Path):
+    alone = load_policy(
+        write(tmp_path, edit("hard:\n", "hard:\n  judge_failure_rate: {max: 0.05, if_measured: true}\n"))
+    )
+    assert "judge_failure_rate" in alone.hard
+    default = load_policy()
+    assert not default.metrics() & {"answer_label", "label_fail_rate", "groundedness_rate", "required_fact_recall"}
+    # the checked-in policy bounds no judge label: its ID is the one it had before the rule
+    assert default.policy_id == "sha256:388b55a0d3a70d7bd566eaa98786acf2e3cf4166ed5cbb30a8bf5a843a5d9265"
