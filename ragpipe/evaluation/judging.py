@@ -179,8 +179,8 @@ def judge_cells(items: Sequence[tuple[JudgeItem, dict[str, Any], dict[str, Any] 
     """Judge ``items`` — ``(item, record payload, trace description)`` of each answered cell of a
     group — in one step run, adding each one's metrics, ``judge_outcome``, ``judge_usage`` and
     (a verdict from the cache) ``judge_cached`` to its record and description and its ``judge``
-    entry to the description. Raises
-    ``BudgetExhausted`` (the group stays open: resuming runs it again, its answers reused (``runner.pending_answers``), judged calls cached)."""
+    entry to the description. Raises ``BudgetExhausted`` (the group stays open: resuming runs it
+    again, its answers reused (``runner.pending_answers``), judged calls cached)."""
     if not items:
         return
     run = judge_answers(
