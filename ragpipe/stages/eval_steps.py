@@ -118,12 +118,17 @@ def judge_budget_stop(run: Path) -> Iterator[None]:
 
 
 def label_table(report: dict[str, Any]) -> Table | None:
-    """A judged run's label distribution (answers per label, all four; ``None`` unjudged): shown
-    beside the metric table, so the mean label never stands alone."""
+    """A judged run's label distribution (all four labels; ``None`` unjudged) over completed
+    cells (``answers``) and over cases (``cases``: each case weighs 1, shared by its repeats, as in
+    the metric table): shown beside the metric table, so the mean label never stands alone."""
     quality = report.get("answer_quality")
     if quality is None:
         return None
-    return table([("label", "string"), ("answers", "int")], [[k, int(n)] for k, n in quality["distribution"].items()])
+    cells, cases = quality["cells"]["distribution"], quality["cases"]["distribution"]
+    return table(
+        [("label", "string"), ("answers", "int"), ("cases", "float")],
+        [[label, int(n), float(cases[label])] for label, n in cells.items()],
+    )
 
 
 def report_metadata(report: dict[str, Any], run_path: Path) -> dict[str, Any]:

@@ -195,11 +195,12 @@ def test_the_evaluation_run_is_judged_and_its_report_carries_the_label_distribut
         for r in found.records
         if r.asset_materialization.metadata["run_id"].value == record.facts["run_id"]
     ]
-    assert [(r.data["label"], r.data["answers"]) for r in m.metadata["answer_labels"].value.records] == [
-        ("0_FAIL", 0),
-        ("1_PARTIAL", 1),
-        ("2_SUBSTANTIAL", 1),
-        ("3_AUTHORITATIVE", 2),
+    labels = m.metadata["answer_labels"].value.records
+    assert [(r.data["label"], r.data["answers"], r.data["cases"]) for r in labels] == [
+        ("0_FAIL", 0, 0.0),
+        ("1_PARTIAL", 1, 1.0),
+        ("2_SUBSTANTIAL", 1, 1.0),
+        ("3_AUTHORITATIVE", 2, 2.0),
     ]
     # the run binds the chain's judge, which is in its coordinates: only runs of one judge pair
     assert load_arm(run).coordinates.judge == load_judge_spec(judged_chain["cfg"] / "judge.yaml").spec_id
