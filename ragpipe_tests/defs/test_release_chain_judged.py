@@ -178,8 +178,9 @@ def test_the_evaluation_run_is_judged_and_its_report_carries_the_label_distribut
     assert verify_run(run).status == "completed"  # every verdict recomputes from its evidence
     report = json.loads((run / "report.json").read_bytes())
     quality = report["answer_quality"]
-    assert quality["distribution"] == {"0_FAIL": 0, "1_PARTIAL": 1, "2_SUBSTANTIAL": 1, "3_AUTHORITATIVE": 2}
-    assert (quality["judged"], quality["labelled"], quality["mean_label"]) == (4, 4, 2.25)
+    cells = quality["cells"]
+    assert cells["distribution"] == {"0_FAIL": 0, "1_PARTIAL": 1, "2_SUBSTANTIAL": 1, "3_AUTHORITATIVE": 2}
+    assert (quality["judged"], cells["labelled"], cells["mean_label"]) == (4, 4, 2.25)
     assert set(quality["failures"].values()) == {0}
     assert {m: report["metrics"][m]["value"] for m in ("groundedness_rate", "judge_failure_rate")} == {
         "groundedness_rate": 0.75,
