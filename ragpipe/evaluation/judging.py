@@ -21,8 +21,10 @@ The cell's trace description carries ``judge``, as ASCII JSON text (the evidence
 its Unicode form): the outcome, the item judged (answer text, citations, cited evidence: what the
 request was built from), the verdict, and the call's evidence (request, reply, response, usage)
 when there was a reply; its record carries ``judge_outcome``, ``judge_usage`` (the call's, as its
-evidence reports it), ``judge_cached: true`` only when no provider call of this run produced the
-verdict (``judge_step``: it was in the judge cache), and — for every answer put to the judge —
+evidence reports it), ``judge_cached: true`` only when no provider call of the invocation that closed the
+cell produced the verdict (``judge_step``: it was in the judge cache — so a verdict paid for by an
+invocation stopped on its budget counts as cached when the resume closes its cell: that spend is
+in the stop's message, not in the report), and — for every answer put to the judge —
 ``answer_digest`` (``judge.answer_digest`` of the answer's text, citations and cited payload),
 written when the answer is made, in the cell's own record. None of these fields exists in a cell
 with nothing to judge, so runs without a judge keep their records. ``recompute_judge`` rebuilds

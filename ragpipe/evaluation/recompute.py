@@ -190,6 +190,12 @@ def _judged(
         if entry is not None or outcome is not None or any(k in payload for k in JUDGE_RECORD_FIELDS):
             raise TraceError(f"{where}: a judge outcome in a run whose answers are not judged")
         return {}
+    if (case.answerability != "answerable" or answer["abstained"]) and any(k in payload for k in JUDGE_RECORD_FIELDS):
+        raise TraceError(
+            f"{where}: judge fields on a cell with nothing to judge (an unanswerable case or an abstention)"
+        )
+    if "judge_cached" in payload and (payload["judge_cached"] is not True or outcome != "judged"):
+        raise TraceError(f"{where}: judge_cached is true, and only on a judged verdict")
     try:
         return recompute_judge(spec.judge, case, answer, cited_scopes, entry, outcome, payload.get("answer_digest"))
     except JudgeCheckError as exc:

@@ -675,3 +675,39 @@ def test_judging_for_reaches_the_homes_judge_cache_and_refuses_in_the_callers_wo
         assert str(refused.value) == message
     assert judging_for(unpriced, tmp_path / "home").budget is None  # no budget: nothing to price
     assert not (tmp_path / "home").exists()  # nothing written: the cache folder is made by the first call
+
+
+@pytest.mark.parametrize(
+    ("fields", "refusal"),
+    [
+        ({"judge_usage": {"input_tokens": 1}, "judge_cached": True}, "judge fields on a cell with nothing to judge"),
+        ({"answer_digest": "sha256:" + "0" * 64}, "judge fields on a cell with nothing to judge"),
+    ],
+)
+def test_judge_fields_on_a_cell_with_nothing_to_judge_are_refused(judged, tmp_path, fields, refusal):
+    """An abstention or an unanswerable case is never put to the judge: judge usage or a cached
+    mark added to its record (every digest recomputed) would count in the report's judge usage."""
+    run = _copy(judged, tmp_path)
+
+    def edit(payloads):
+        payload = completed(payloads, lambda p: "judge_outcome" not in p)
+        payload.update(fields)
+        retrace(run, payloads, payload, lambda t: t, lambda described: described.update(fields))
+
+    rewrite(run, edit)
+    with pytest.raises(TraceError, match=refusal):
+        verify_run(run)
+
+
+def test_a_cached_mark_on_a_judge_failure_is_refused(judged, tmp_path):
+    """Only a judged verdict comes from the judge cache: a failure marked cached is refused."""
+    run = _copy(judged, tmp_path)
+
+    def edit(payloads):
+        payload = _judged_payload(payloads)
+        payload["judge_cached"] = "yes"
+        retrace(run, payloads, payload, lambda t: t, lambda described: described.update(judge_cached="yes"))
+
+    rewrite(run, edit)
+    with pytest.raises(TraceError, match=r"judge_cached is true, and only on a judged verdict"):
+        verify_run(run)
