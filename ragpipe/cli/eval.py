@@ -341,8 +341,9 @@ def budget_stop(run_dir: Path):
         yield
     except BudgetExhausted as exc:
         raise ValueError(
-            f"judge budget reached: {exc.spent} micros spent by {exc.totals.calls} calls, {exc.not_admitted} answers "
-            f"not judged; the run is kept: continue it with ragpipe eval --resume {run_dir} --judge-budget-micros N"
+            f"judge budget reached: {exc.spent} micros spent, {exc.not_admitted} answers of the open group not "
+            f"admitted and later groups not judged; the run is kept: continue it with ragpipe eval --resume {run_dir} "
+            "--judge-budget-micros N"
         ) from None
 
 

@@ -22,8 +22,9 @@ are stored, never what they say.
 
 Pending answers: in a run that generates answers with a model, each cell's answer is kept in
 ``answers/<cell digest>/`` (``pending_answers``) by the generator's own answer cache until the
-cell's closing record is durable, then removed (the answer is in the trace by then); the folder
-goes when ``RunCompleted`` is appended. A cell run again on resume — its group stopped by a judge
+cell's closing record is durable, then removed (a closed cell is never run again, so nothing
+needs it); the folder goes before ``RunCompleted`` is appended, so no crash leaves one in a
+completed run. A cell run again on resume — its group stopped by a judge
 budget, an interrupt or a crash — thus reuses the answer it was given: an entry is served only
 when it names the key this cell's question, certified evidence, prompt and provider
 configuration make now and its value's digest recomputes (else it is set aside and the model
@@ -276,7 +277,7 @@ def _close(ledger: Ledger, written: _Written) -> None:
     refs = written.refs.result() if written.refs is not None else []
     ledger.append_group(_closing(written.runs, refs))
     if (ledger.folder / ANSWERS).is_dir():
-        for key in written.group:  # closed: their answers are in the trace now
+        for key in written.group:  # closed: never run again
             shutil.rmtree(pending_answers(ledger.folder, key), ignore_errors=True)
 
 
@@ -343,10 +344,10 @@ def _execute_cells(
             closed(pending)
     final = ledger.state
     failed = sum(1 for p in final.terminal.values() if p["outcome"] in ("failure", "cancelled"))
+    shutil.rmtree(run / ANSWERS, ignore_errors=True)  # every cell is closed: before the run is
     ledger.append(
         "RunCompleted", {"cells": len(final.expected), "completed": len(final.terminal) - failed, "failed": failed}
     )
-    shutil.rmtree(run / ANSWERS, ignore_errors=True)  # what a stop left of cells closed since
     report = build_report(run, ledger.records, ledger.state, spec.suite.quality_labels())
     write_reports(run, report)
     return EvaluationResult(report, run, getattr(retriever, "vector_engine", None))

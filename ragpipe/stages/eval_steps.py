@@ -21,6 +21,7 @@ line (``judge_budget_stop``); the incomplete run folder is kept and no record na
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from typing import Any
 from ragpipe.bundle.objects import open_bundle_here
 from ragpipe.evaluation.ledger import read_ledger
 from ragpipe.evaluation.run_folder import verify_run
-from ragpipe.evaluation.runner import new_run_id, run_evaluation
+from ragpipe.evaluation.runner import ANSWERS, new_run_id, run_evaluation
 from ragpipe.experiment.decision import skipped_cases_text
 from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.workspace import Workspace
@@ -105,15 +106,18 @@ def engine_facts(engine: VectorEngine | None) -> dict[str, str]:
 @contextmanager
 def judge_budget_stop(run: Path) -> Iterator[None]:
     """A judge budget reached inside a chain step: ``StageError`` in one line saying what was
-    spent and how to go on (the incomplete run folder ``run`` is kept; judged calls are cached, so
-    the next attempt pays only for the answers not judged yet)."""
+    spent and how to go on. The incomplete run folder ``run`` is kept for inspection, without its
+    pending answers: the next attempt is a new run (a fresh run ID), which generates its answers
+    again — the verdicts already paid for are served from the judge cache when an answer is the
+    same (the judge key binds the answer's digest)."""
     try:
         yield
     except BudgetExhausted as exc:
+        shutil.rmtree(run / ANSWERS, ignore_errors=True)  # no attempt resumes this run
         raise StageError(
-            f"judge budget reached: {exc.spent} micros spent by {exc.totals.calls} calls, {exc.not_admitted} "
-            f"answers not judged; the incomplete run {run} is kept: raise evaluation.judge_budget_micros "
-            "and materialize again (judged answers are cached)"
+            f"judge budget reached: {exc.spent} micros spent, {exc.not_admitted} answers of the open group not "
+            f"admitted and later groups not judged; the incomplete run {run} is kept: raise "
+            "evaluation.judge_budget_micros and materialize again (verdicts already paid for are cached)"
         ) from None
 
 

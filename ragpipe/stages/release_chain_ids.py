@@ -36,6 +36,7 @@ from ragpipe.kernel.strict_load import load_yaml
 from ragpipe.retrieval.authz import ScopePolicy
 from ragpipe.retrieval.plan import QueryPlan, load_plan
 from ragpipe.spec import EvaluationSection, PipelineSpec
+from ragpipe.work.disclosure import DisclosurePolicy
 
 # A stand-in for the bundle ID in the static spec: removed again before hashing.
 _NO_BUNDLE = ""
@@ -159,15 +160,18 @@ def _judge_files(path: Path | None) -> tuple[Path, ...]:
 
 
 @lru_cache(maxsize=4)
-def _load(section: EvaluationSection, stamps: tuple) -> ChainPlan:
+def _load(section: EvaluationSection, stamps: tuple, disclosure: str) -> ChainPlan:
     """The chain's inputs, read once per version of their files (``stamps``): a suite that grows
-    with the corpus is read again in a process that outlives one edit of it."""
+    with the corpus is read again in a process that outlives one edit of it. ``disclosure``: the
+    pipeline spec's disclosure policy (JSON, hashable), which decides the scopes the judge's
+    endpoint may receive — as it does for the build's generated representations."""
+    policy = DisclosurePolicy.model_validate_json(disclosure)
     return ChainPlan(
         section,
         load_suite(section.suite, split=section.split),
         load_plan(section.query_plan),
         load_policy(section.gate_policy),
-        None if section.judge is None else load_judge_spec(section.judge),
+        None if section.judge is None else load_judge_spec(section.judge, policy),
     )
 
 
@@ -180,4 +184,4 @@ def chain_plan(spec: PipelineSpec) -> ChainPlan:
         )
     section = spec.evaluation
     files = (section.suite, section.query_plan, section.gate_policy, *_judge_files(section.judge))
-    return _load(section, tuple(_stamp(p) for p in files))
+    return _load(section, tuple(_stamp(p) for p in files), spec.disclosure.model_dump_json())

@@ -227,8 +227,9 @@ def test_a_judge_budget_reached_fails_the_evaluation_step_with_one_line_and_keep
     (message,) = judged_chain["budget"]
     run = message.split("the incomplete run ", 1)[1].split(" is kept", 1)[0]
     assert message == (
-        "evaluation_run: judge budget reached: 0 micros spent by 0 calls, 4 answers not judged; the incomplete run "
-        f"{run} is kept: raise evaluation.judge_budget_micros and materialize again (judged answers are cached)"
+        "evaluation_run: judge budget reached: 0 micros spent, 4 answers of the open group not admitted and later "
+        f"groups not judged; the incomplete run {run} is kept: raise evaluation.judge_budget_micros and materialize "
+        "again (verdicts already paid for are cached)"
     )
     assert Path(run).parent == ws.home / "evaluations" and read_ledger(Path(run)).records  # kept, incomplete
     assert verify_run(Path(run)).status == "running"

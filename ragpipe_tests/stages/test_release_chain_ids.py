@@ -94,3 +94,20 @@ def test_the_judge_path_is_resolved_against_the_spec_folder(tmp_path: Path, judg
     spec = load_pipeline_spec(tmp_path / "pipeline.yaml")
     assert spec.evaluation is not None and spec.evaluation.judge == judge_file
     assert (spec.evaluation.judge_budget_micros, spec.evaluation.judge_concurrency) == (None, 4)
+
+
+def test_the_chains_judge_sends_under_the_pipeline_specs_disclosure_policy(judge_file: Path):
+    """A judge behind a local proxy (loopback) the spec lets receive only public text: the chain's
+    judge may send no staff evidence, and its spec ID says so (another ID than the default's)."""
+    judge_file.write_text(
+        judge_file.read_text(encoding="utf-8").replace("api_base: null", "api_base: http://localhost:4000"),
+        encoding="utf-8",
+    )
+    spec = with_section(load_pipeline_spec(), judge=judge_file)
+    spec = spec.model_copy(
+        update={"disclosure": spec.disclosure.model_validate({"endpoints": {"http://localhost:4000": ["public"]}})}
+    )
+    judge = chain_plan(spec).judge
+    assert judge is not None and judge.send_scopes == ("public",)
+    assert (judge.may_send(("staff",)), judge.may_send(("public",))) == (False, True)
+    assert judge.spec_id != load_judge_spec(judge_file).spec_id  # the default policy sends every scope here
