@@ -426,11 +426,11 @@ def _check_judge_failures_bounded(r: _Reader, policy: GatePolicy) -> None:
     """A policy that bounds a judge label must bound ``judge_failure_rate`` with a hard max (module docstring)."""
     labels = _label_bounds(policy)
     bound = policy.hard.get("judge_failure_rate")
-    if labels and (bound is None or bound.max is None):
+    if labels and (bound is None or bound.max is None or bound.max >= 1):
         raise r.fail(
             "hard" if bound is None else "hard.judge_failure_rate",
             f"the policy bounds a judge label ({labels[0]}), so it must bound judge_failure_rate with a max "
-            "(a judged answer recorded as a judge failure keeps no label and would escape that bound)",
+            "below 1 (a judged answer recorded as a judge failure keeps no label and would escape that bound)",
         )
 
 

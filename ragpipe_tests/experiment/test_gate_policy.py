@@ -272,7 +272,7 @@ def test_policy_id_is_the_domain_separated_hash_of_its_canonical_form(tmp_path: 
 
 
 LABEL_RULE = (
-    "must bound judge_failure_rate with a max (a judged answer recorded as a judge failure keeps no "
+    "must bound judge_failure_rate with a max below 1 (a judged answer recorded as a judge failure keeps no "
     "label and would escape that bound)"
 )
 
@@ -309,6 +309,12 @@ def test_a_policy_bounding_judge_labels_must_bound_judge_failures_with_a_hard_ma
     hard = "hard:\n  judge_failure_rate: {min: 0.0}\n"
     with pytest.raises(PolicyError) as info:
         load_policy(write(tmp_path, text.replace("hard:\n", hard)))
+    assert str(info.value) == (
+        f"{path}:4: hard.judge_failure_rate: the policy bounds a judge label ({where}), so it {LABEL_RULE}"
+    )
+    # a max of 1 bounds nothing: every answer may be a failure
+    with pytest.raises(PolicyError) as info:
+        load_policy(write(tmp_path, text.replace("hard:\n", "hard:\n  judge_failure_rate: {max: 1.0}\n")))
     assert str(info.value) == (
         f"{path}:4: hard.judge_failure_rate: the policy bounds a judge label ({where}), so it {LABEL_RULE}"
     )
