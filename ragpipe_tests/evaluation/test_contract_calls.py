@@ -13,7 +13,9 @@ REQUEST = ChatRequest(model="m", messages=(ChatMessage(role="user", content="q")
 
 
 def test_the_base_cannot_be_instantiated():
-    with pytest.raises(TypeError, match="^Can't instantiate abstract class ContractCall with abstract method parse$"):
+    with pytest.raises(
+        TypeError, match=r"^Can't instantiate abstract class ContractCall with.* abstract method '?parse'?$"
+    ):
         ContractCall({"a": 1}, REQUEST)
 
 
@@ -21,7 +23,9 @@ def test_a_subclass_without_parse_cannot_be_instantiated():
     class NoContract(ContractCall):
         pass
 
-    with pytest.raises(TypeError, match="^Can't instantiate abstract class NoContract with abstract method parse$"):
+    with pytest.raises(
+        TypeError, match=r"^Can't instantiate abstract class NoContract with.* abstract method '?parse'?$"
+    ):
         NoContract({"a": 1}, REQUEST)
 
 
