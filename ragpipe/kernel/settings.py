@@ -92,7 +92,7 @@ VARIABLES: tuple[Variable, ...] = (
     _v("RAGPIPE_PRICES", "prices", "ragpipe/specs/prices.yaml", "the model price table (budgets, costs)", "embedding, generation, eval, dataset draft"),
     _v("RAGPIPE_LLM_API_KEY", "llm_api_key", "(unset: provider's own variable)", "the API key for chat models (secret)", "answer, eval judge, dataset draft"),
     _v("RAGPIPE_EMBEDDER_API_KEY", "embedder_api_key", "(unset: provider's own variable)", "the API key for a remote embedder (secret)", "the embeddings asset, query"),
-    _v("RAGPIPE_EMBEDDER_PATH", "embedder_path", "(unset: none)", "folders holding pinned model folders, os.pathsep-separated", "embedder pin, query, build"),
+    _v("RAGPIPE_EMBEDDER_PATH", "embedder_path", "(unset: none)", "folders holding pinned model folders, os.pathsep-separated", "whatever loads a pinned model: build, query, eval"),
     _v("RAGPIPE_EXECUTOR", "executor", "in_process", "what runs a job's steps: in_process, celery or k8s", "the code location; build"),
     _v("RAGPIPE_CELERY_BROKER", "celery_broker", "(unset)", "the Celery broker URL (needed by celery)", "the code location at launch"),
     _v("RAGPIPE_CELERY_BACKEND", "celery_backend", "(unset)", "the Celery result backend URL (needed by celery)", "the code location at launch"),
