@@ -25,8 +25,8 @@ def build_definitions(
     """Definitions for ``spec`` (default: the checked-in pipeline spec or ``$RAGPIPE_PIPELINE_SPEC``).
 
     ``settings`` (default: read from the environment once, here) are the ``RAGPIPE_*`` variables
-    (``ragpipe.kernel.settings``); the resource ``ragpipe`` binds ``RAGPIPE_HOME`` and
-    ``RAGPIPE_EXECUTOR`` as Dagster ``EnvVar``s (``RagpipeHome.bound``).
+    (``ragpipe.kernel.settings``): they choose the executor and are what the configuration
+    check reads.
     ``home`` empty means ``$RAGPIPE_HOME`` at run time: that is what the code location loads, and
     ``ragpipe build`` runs that location. The executor ``RAGPIPE_EXECUTOR`` names (default: in
     process) runs every job, including the implicit asset job that UI materializations and
@@ -52,6 +52,6 @@ def build_definitions(
         jobs=[build_revision_job(spec, settings), activate_release_job],
         sensors=[corpus_revision_sensor, activation_sensor_def(targets)],
         schedules=[nightly_rebuild],
-        resources={"ragpipe": RagpipeHome.bound(settings, home)},
+        resources={"ragpipe": RagpipeHome(home=home)},
         executor=executor_from(settings),
     )
