@@ -10,7 +10,6 @@ downstream, while the ``execution`` section (batch sizes, threads) and the ``dag
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Callable, Mapping
 from functools import cached_property
@@ -34,6 +33,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ragpipe.kernel.ids import SpecId, content_id
+from ragpipe.kernel.settings import current_settings
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.work.disclosure import DisclosurePolicy, endpoint_identity
 from ragpipe.work.policy import ExecutionPolicy
@@ -838,7 +838,7 @@ def _spec_path(loc: tuple) -> tuple:
 
 def pipeline_spec_path(path: Path | None = None) -> Path:
     """The spec a build uses: ``path``, else ``$RAGPIPE_PIPELINE_SPEC``, else the checked-in one."""
-    return Path(path or os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
+    return Path(path or current_settings().pipeline_spec or DEFAULT_SPEC_PATH)
 
 
 def load_pipeline_spec(path: Path | None = None) -> PipelineSpec:

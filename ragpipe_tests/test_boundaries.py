@@ -249,3 +249,125 @@ def test_boundary_scanner_sees_imports(tmp_path: Path):
         "ragpipe.retrieval",
         "ragpipe.cli.app",
     ]
+
+
+SETTINGS_MODULE = "kernel/settings.py"  # the one reader of RAGPIPE_* variables (docs/configuration.md)
+_ENVIRON = {"environ", "environb"}
+_ENV_CALLS = {"getenv", "getenvb"}
+
+
+def _literals(tree: ast.Module) -> dict[str, object]:
+    """``NAME = <str or bytes literal>`` at the top level of a module."""
+    found: dict[str, object] = {}
+    for node in tree.body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        value = getattr(node, "value", None)
+        if isinstance(value, ast.Constant) and isinstance(value.value, (str, bytes)):
+            found.update({t.id: value.value for t in targets if isinstance(t, ast.Name)})
+    return found
+
+
+def _constants(tree: ast.Module, package: Path) -> dict[str, list[object]]:
+    """What a name may stand for: the module's own literals, those it imports from another
+    ragpipe module (``from ragpipe.x import NAME``), and a loop variable over a tuple or list of
+    those (``for name in (A, B)``, in a statement or a comprehension)."""
+    found: dict[str, list[object]] = {name: [value] for name, value in _literals(tree).items()}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package.name:
+            parts = node.module.split(".")[1:]
+            source = package.joinpath(*parts).with_suffix(".py")
+            if source.is_file():
+                theirs = _literals(ast.parse(source.read_text(encoding="utf-8")))
+                found.update({a.asname or a.name: [theirs[a.name]] for a in node.names if a.name in theirs})
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            if isinstance(node.iter, (ast.Tuple, ast.List)):
+                values = [v for element in node.iter.elts for v in _key(element, found)]
+                found[node.target.id] = list(dict.fromkeys([*found.get(node.target.id, []), *values]))
+    return found
+
+
+def _key(node: ast.AST | None, constants: dict[str, list[object]]) -> list[object]:
+    """The literals a key expression may stand for: a literal, a constant (``_constants``), or
+    either wrapped in ``os.fsencode(...)`` / ``.encode()``; none when it is not that simple."""
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, ast.Name):
+        return constants.get(node.id, [])
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "encode":
+            return _key(func.value, constants)
+        if (isinstance(func, ast.Attribute) and func.attr == "fsencode") or (
+            isinstance(func, ast.Name) and func.id == "fsencode"
+        ):
+            return _key(node.args[0] if node.args else None, constants)
+    return []
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr in _ENVIRON) or (
+        isinstance(node, ast.Name) and node.id in _ENVIRON
+    )
+
+
+def ragpipe_environ_reads(path: Path, package: Path = PACKAGE) -> list[str]:
+    """``line: NAME`` for each access to the process environment with a ``RAGPIPE_*`` name:
+    ``os.environ[...]``, ``os.environ.get/setdefault/pop(...)``, ``... in os.environ``,
+    ``os.getenv(...)``, the same on ``environb`` or a bare ``environ`` (``from os import environ``),
+    the name a literal or a constant (``_constants``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    constants = _constants(tree, package)
+    keys: list[tuple[int, ast.AST | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and _is_environ(node.value):
+            keys.append((node.lineno, node.slice))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_environ(node.func.value):
+            keys.append((node.lineno, node.args[0] if node.args else None))
+        elif isinstance(node, ast.Call) and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr in _ENV_CALLS)
+            or (isinstance(node.func, ast.Name) and node.func.id in _ENV_CALLS)
+        ):
+            keys.append((node.lineno, node.args[0] if node.args else None))
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+            keys.append((node.lineno, node.left))
+    found = []
+    for line, key in sorted(keys, key=lambda k: k[0]):
+        for value in _key(key, constants):
+            name = value.decode(errors="replace") if isinstance(value, bytes) else value
+            if isinstance(name, str) and name.startswith("RAGPIPE_"):
+                found.append(f"{line}: {name}")
+    return list(dict.fromkeys(found))
+
+
+def test_only_the_settings_module_reads_ragpipe_variables():
+    readers = {str(p.relative_to(PACKAGE)): ragpipe_environ_reads(p) for p in modules()}
+    assert {path: reads for path, reads in readers.items() if reads and path != SETTINGS_MODULE} == {}
+
+
+def test_the_environ_scanner_sees_every_form(tmp_path: Path):
+    package = tmp_path / "ragpipe"
+    package.mkdir()
+    (package / "names.py").write_text("EXECUTOR_ENV = 'RAGPIPE_X'\n")
+    probe = package / "probe.py"
+    probe.write_text(
+        "import os\nfrom os import environ, getenv\nfrom ragpipe.names import EXECUTOR_ENV as EXE\n"
+        "ENV = 'RAGPIPE_A'\nKEY: str = 'RAGPIPE_B'\n"
+        "os.environ.get('RAGPIPE_C')\nos.environ[ENV]\nos.getenv(KEY, '')\nenviron.setdefault('RAGPIPE_D', '')\n"
+        "os.environb[os.fsencode(ENV)]\n'RAGPIPE_E' in os.environ\ngetenv(b'RAGPIPE_F'.decode())\n"
+        "os.environ.get('HF_HUB_OFFLINE')\nchild = {**os.environ, 'RAGPIPE_G': 'x'}\nos.environ.get(KEY.lower())\n"
+        "os.environ.get(EXE)\n{n: os.environb[os.fsencode(n)] for n in (ENV, KEY)}\n"
+    )
+    assert ragpipe_environ_reads(probe, package) == [
+        "6: RAGPIPE_C",
+        "7: RAGPIPE_A",
+        "8: RAGPIPE_B",
+        "9: RAGPIPE_D",
+        "10: RAGPIPE_A",
+        "11: RAGPIPE_E",
+        "16: RAGPIPE_X",
+        "17: RAGPIPE_A",
+        "17: RAGPIPE_B",
+    ]

@@ -24,7 +24,7 @@ from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.retrieval.authz import AuthorizationCertificate
 from ragpipe.retrieval.context import Context, payload_digest
 from ragpipe.retrieval.plan import GeneratorPlan
-from ragpipe.work.chat import ChatMessage, ChatRequest, complete, reply_json
+from ragpipe.work.chat import ChatMessage, ChatRequest, complete, llm_api_key, reply_json
 from ragpipe.work.failures import StepFailure
 from ragpipe.work.usage import Usage, load_prices
 
@@ -74,7 +74,7 @@ class LiteLLMGenerator:
         self.plan = plan
         self.bundle_id = bundle_id
         self.cache_dir = cache_dir
-        self.api_key = api_key or os.environ.get("RAGPIPE_LLM_API_KEY") or "no-key"
+        self.api_key = api_key or llm_api_key() or "no-key"
         self.name = f"litellm:{plan.model}"
 
     def provider_config(self) -> dict[str, object]:

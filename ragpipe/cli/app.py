@@ -7,10 +7,12 @@ import gc as collector  # `gc` is the garbage-collection command below
 import sys
 
 import typer
+from rich.markup import escape
 
 from ragpipe.cli.build import build, gc
 from ragpipe.cli.bundle import bundle_app
 from ragpipe.cli.candidate import candidate_app, tune
+from ragpipe.cli.common import err
 from ragpipe.cli.dataset import dataset_app
 from ragpipe.cli.embedder import embedder_app
 from ragpipe.cli.eval import eval_app, suite_app
@@ -19,10 +21,27 @@ from ragpipe.cli.init import init
 from ragpipe.cli.query import answer, query
 from ragpipe.cli.release import release_app
 from ragpipe.cli.serve import serve, serve_key
+from ragpipe.kernel.settings import Settings, SettingsError
 
 app = typer.Typer(
     help="Build, evaluate, gate, release and query retrieval index bundles.", no_args_is_help=True, add_completion=False
 )
+
+
+@app.callback()
+def check_settings() -> None:
+    """Every command starts by reading the ``RAGPIPE_*`` variables once (``ragpipe.kernel.settings``):
+    a problem prints one ``error:`` line each and exits 1 before the command does anything. The
+    commands below read the same values through ``current_settings()``, which re-reads only if a
+    variable changed."""
+    try:
+        Settings.from_environ()
+    except SettingsError as exc:
+        for problem in exc.problems:
+            err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
 app.command()(init)
 app.command()(build)
 app.command()(gc)

@@ -77,10 +77,10 @@ def build(
     from ragpipe.stages.configuration import ConfigurationError, check_configuration
 
     try:  # the whole configuration first: a bad spec, suite, plan, policy or targets file registers nothing
-        check_configuration()
+        checked = check_configuration()
     except ConfigurationError as exc:
         fail(str(exc))
-    ws = Workspace(default_home())
+    ws = Workspace.of(checked.settings)
     corpus_format = fmt.value if fmt else detect_format(path)
     statuses = tuple(wxr_status.split(",")) if wxr_status is not None else None
     try:  # validated and registered before Dagster is even loaded: a bad corpus fails fast
@@ -107,6 +107,7 @@ def build(
             on_progress=view,
             launch=launch.value.replace("-", "_"),
             verbose=verbose,
+            configuration=checked,  # checked once here; the code location checks its own when it loads
         )
     except (CorpusError, RevisionError, BuildFailed, LaunchError, ConfigurationError) as exc:
         fail(str(exc))  # ConfigurationError: the configuration changed after the check above

@@ -147,7 +147,7 @@ def resolve_parent(
     from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH
     from ragpipe.kernel.workspace import Workspace, default_home
     from ragpipe.retrieval.plan import DEFAULT_PLAN_PATH
-    from ragpipe.spec import DEFAULT_SPEC_PATH
+    from ragpipe.spec import pipeline_spec_path
 
     if (Path(parent) / RECORD).is_file():
         candidate = validate_candidate(Path(parent))
@@ -156,7 +156,7 @@ def resolve_parent(
         return parent_from_candidate(candidate)
     if suite is None:
         raise ValueError("give --suite SUITE: a candidate locks the suite it is evaluated on")
-    pipeline = pipeline or Path(os.environ.get("RAGPIPE_PIPELINE_SPEC") or DEFAULT_SPEC_PATH)
+    pipeline = pipeline or pipeline_spec_path()
     return parent_from_revision(
         Workspace(default_home()),
         parent,

@@ -13,6 +13,7 @@ import typer
 import yaml
 
 from ragpipe.cli.common import JsonOpt, emit_json, err, fail, out
+from ragpipe.kernel.settings import Settings
 from ragpipe.kernel.workspace import default_home
 
 
@@ -45,7 +46,7 @@ def serve(
         settings = load_serve_config(config)
         from ragpipe.server.app import app_from
 
-        app = app_from(default_home(), settings, target)
+        app = app_from(default_home(Settings.from_environ()), settings, target)
     except (ServeConfigError, ReleaseError, ValueError) as exc:
         fail(str(exc))
 

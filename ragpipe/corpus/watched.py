@@ -11,7 +11,6 @@ Configuration is operational: it never enters an ID.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from datetime import date
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ragpipe.corpus.connectors import CorpusFormat, source_digest
 from ragpipe.corpus.registry import list_revisions, load_revision, register_revision
 from ragpipe.corpus.wxr import DEFAULT_WXR_STATUSES
+from ragpipe.kernel.settings import current_settings
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.kernel.workspace import Workspace
 
@@ -53,7 +53,7 @@ class SourcesConfig(BaseModel):
 
 def load_sources(path: Path | None = None) -> tuple[WatchedSource, ...]:
     """The watched sources, paths resolved against the file's folder; duplicate names refused."""
-    path = Path(path or os.environ.get("RAGPIPE_SOURCES") or DEFAULT_SOURCES_PATH)
+    path = Path(path or current_settings().sources or DEFAULT_SOURCES_PATH)
     try:
         config = SourcesConfig.model_validate(load_yaml(path.read_text(encoding="utf-8"), str(path)))
     except StrictLoadError as exc:

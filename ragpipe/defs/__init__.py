@@ -5,12 +5,13 @@ from dagster import Definitions
 from ragpipe.defs.activation import activate_release_job, activation_sensor_def
 from ragpipe.defs.assets import build_assets
 from ragpipe.defs.checks import build_checks
-from ragpipe.defs.executors import executor_from_env
+from ragpipe.defs.executors import executor_from
 from ragpipe.defs.jobs import build_revision_job
 from ragpipe.defs.release_chain import build_chain_checks
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.defs.schedules import nightly_rebuild
 from ragpipe.defs.sensors import corpus_revision_sensor
+from ragpipe.kernel.settings import Settings, current_settings
 from ragpipe.release.targets import TargetsConfig
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.configuration import ConfigurationError, check_configuration
@@ -18,9 +19,14 @@ from ragpipe.stages.configuration import ConfigurationError, check_configuration
 __all__ = ["ConfigurationError", "build_definitions"]
 
 
-def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Definitions:
+def build_definitions(
+    spec: PipelineSpec | None = None, home: str = "", settings: Settings | None = None
+) -> Definitions:
     """Definitions for ``spec`` (default: the checked-in pipeline spec or ``$RAGPIPE_PIPELINE_SPEC``).
 
+    ``settings`` (default: read from the environment once, here) are the ``RAGPIPE_*`` variables
+    (``ragpipe.kernel.settings``): they choose the executor and are what the configuration
+    check reads.
     ``home`` empty means ``$RAGPIPE_HOME`` at run time: that is what the code location loads, and
     ``ragpipe build`` runs that location. The executor ``RAGPIPE_EXECUTOR`` names (default: in
     process) runs every job, including the implicit asset job that UI materializations and
@@ -36,15 +42,16 @@ def build_definitions(spec: PipelineSpec | None = None, home: str = "") -> Defin
     """
     targets: TargetsConfig | None = None
     if spec is None:
-        checked = check_configuration()
-        spec, targets = checked.spec, checked.targets
+        checked = check_configuration(settings=settings)
+        spec, targets, settings = checked.spec, checked.targets, checked.settings
+    settings = settings or current_settings()
     chain_checks = build_chain_checks() if spec.evaluation is not None else []
     return Definitions(
         assets=build_assets(spec),
         asset_checks=[*build_checks(), *chain_checks],
-        jobs=[build_revision_job(spec), activate_release_job],
+        jobs=[build_revision_job(spec, settings), activate_release_job],
         sensors=[corpus_revision_sensor, activation_sensor_def(targets)],
         schedules=[nightly_rebuild],
         resources={"ragpipe": RagpipeHome(home=home)},
-        executor=executor_from_env(),
+        executor=executor_from(settings),
     )

@@ -15,19 +15,17 @@ location loads: every job, the UI's asset job and backfills use it.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from dagster import Executor, ExecutorDefinition, executor, in_process_executor, multiple_process_executor_requirements
 
 from ragpipe.defs.celery_wait import QueueWatch
-from ragpipe.stages.configuration import EXECUTOR_ENV
-
-WAIT_REPORT_ENV = "RAGPIPE_CELERY_WAIT_REPORT_S"
+from ragpipe.kernel.settings import Settings, current_settings
 
 
-def celery_configured() -> bool:
-    return os.environ.get(EXECUTOR_ENV, "in_process") == "celery"
+def celery_configured(settings: Settings | None = None) -> bool:
+    """Whether ``settings`` (default: ``current_settings()``) choose the Celery executor."""
+    return (settings or current_settings()).executor == "celery"
 
 
 class RunInterrupted(RuntimeError):
@@ -89,11 +87,12 @@ def k8s_executor() -> ExecutorDefinition:
     )
 
 
-def executor_from_env() -> ExecutorDefinition:
-    """The executor ``RAGPIPE_EXECUTOR`` names (checked by ``check_configuration`` beforehand)."""
-    if os.environ.get(EXECUTOR_ENV) == "k8s":
+def executor_from(settings: Settings) -> ExecutorDefinition:
+    """The executor ``settings.executor`` (``RAGPIPE_EXECUTOR``) names; what it needs is checked
+    by ``check_configuration`` beforehand."""
+    if settings.executor == "k8s":
         return k8s_executor()
-    if not celery_configured():
+    if not celery_configured(settings):
         return in_process_executor
     from celery.exceptions import DuplicateTaskNameWarning
     from dagster_celery import celery_executor
@@ -101,7 +100,7 @@ def executor_from_env() -> ExecutorDefinition:
     # dagster-celery registers its one task, execute_plan, again for every run it launches from a
     # process; Celery warns that the second registration is ignored, which is what it intends.
     warnings.filterwarnings("ignore", category=DuplicateTaskNameWarning, message=r"Task name 'execute_plan'")
-    after_s = float(os.environ.get(WAIT_REPORT_ENV, "30"))
+    after_s = settings.celery_wait_report_s
 
     @executor(
         name="celery",

@@ -17,8 +17,9 @@ import warnings
 from dagster import AssetSelection, BetaWarning, define_asset_job
 
 from ragpipe.defs.assets import GROUP as BUILD_GROUP
-from ragpipe.defs.executors import executor_from_env
+from ragpipe.defs.executors import executor_from
 from ragpipe.defs.release_chain import GROUP as CHAIN_GROUP
+from ragpipe.kernel.settings import Settings, current_settings
 from ragpipe.spec import PipelineSpec
 
 BUILD_JOB = "build_revision"
@@ -33,14 +34,16 @@ warnings.filterwarnings(
 )
 
 
-def build_revision_job(spec: PipelineSpec):  # -> the unresolved asset job define_asset_job returns (no public type)
+def build_revision_job(
+    spec: PipelineSpec, settings: Settings | None = None
+):  # -> the unresolved asset job define_asset_job returns (no public type)
     chain = spec.evaluation is not None
     selection = AssetSelection.groups(BUILD_GROUP, CHAIN_GROUP) if chain else AssetSelection.groups(BUILD_GROUP)
     what = "snapshot → bundle → evaluation → gate → release manifest" if chain else "snapshot → bundle"
     return define_asset_job(
         BUILD_JOB,
         selection=selection,
-        executor_def=executor_from_env(),
+        executor_def=executor_from(settings or current_settings()),
         owners=list(spec.dagster.owners),
         description=(
             f"Materialize the whole graph ({what}) for one corpus revision "

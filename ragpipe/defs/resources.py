@@ -10,7 +10,14 @@ from ragpipe.kernel.workspace import Workspace, default_home
 
 
 class RagpipeHome(ConfigurableResource):
-    """The runtime state folder; empty means ``$RAGPIPE_HOME`` or ``./var/ragpipe``."""
+    """The runtime state folder; empty means ``RAGPIPE_HOME`` (or ``./var/ragpipe``) of the process
+    that executes the run, like every other ``RAGPIPE_*`` value there (``current_settings()``).
+
+    Not a Dagster ``EnvVar``: every ragpipe variable is optional, an unset ``EnvVar`` fails the
+    run's config, and binding one only when the variable is set would make the job's snapshot
+    depend on the environment of whoever loaded the location (a CLI run would no longer carry the
+    snapshot the UI shows). Reading the settings where the run executes is what an ``EnvVar``
+    would do, without either problem (docs/configuration.md, "Dagster")."""
 
     home: str = ""
 

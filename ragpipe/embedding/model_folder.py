@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragpipe.kernel.ids import content_id
+from ragpipe.kernel.settings import current_settings
 
 MANIFEST = "ragpipe-files.json"
 MANIFEST_KIND = "ragpipe.model_files/v1"
@@ -176,10 +177,7 @@ def candidate_folders() -> list[Path]:
     """Folders named by ``$RAGPIPE_EMBEDDER_PATH`` (``os.pathsep``-separated): model folders, or
     folders holding model folders."""
     found: list[Path] = []
-    for part in os.environ.get(ENV_MODEL_FOLDERS, "").split(os.pathsep):
-        if not part.strip():
-            continue
-        root = Path(part.strip()).expanduser()
+    for root in current_settings().embedder_path:
         found.append(root)
         if root.is_dir() and not (root / "modules.json").exists() and not (root / "config.json").exists():
             found += sorted(p for p in root.iterdir() if p.is_dir() and pinned(p.name))

@@ -39,11 +39,11 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.files import read_regular
 from ragpipe.kernel.ids import domain_digest
 from ragpipe.kernel.publish import rename_noreplace
+from ragpipe.kernel.settings import MIN_KEY_BYTES, Settings, SettingsError, current_settings
 from ragpipe.kernel.workspace import Workspace
 
 KEY_ENV = "RAGPIPE_BUNDLE_KEY"
 KEY_FILE_ENV = "RAGPIPE_BUNDLE_KEY_FILE"
-MIN_KEY_BYTES = 32
 SEAL = "seal"  # the member a sealed document carries beside its content
 HOME_KEY = "home.key"  # under the home's verified/ folder
 HOME_KEY_BYTES = 32
@@ -107,33 +107,29 @@ def unsealed(document: Mapping[str, Any], domain: str, key: SealKey | None) -> t
     return content, seal_problem(document.get(SEAL), domain, content, key)
 
 
-def configured_key(environ: Mapping[str, str] | None = None) -> SealKey | None:
-    """The key from the environment, or None when neither variable is set (module docstring).
-    The inline key is the raw bytes of the variable; a key file loses one trailing ``\\n`` or
-    ``\\r\\n``."""
-    if environ is None:
-        env = {
-            name: os.environb[os.fsencode(name)] for name in (KEY_ENV, KEY_FILE_ENV) if os.fsencode(name) in os.environb
-        }
-    else:
-        env = {name: os.fsencode(environ[name]) for name in (KEY_ENV, KEY_FILE_ENV) if name in environ}
-    inline, path = env.get(KEY_ENV), env.get(KEY_FILE_ENV)
-    if inline is not None and path is not None:
-        raise SealKeyError(f"both {KEY_ENV} and {KEY_FILE_ENV} are set: configure one key")
-    if path is not None:
-        shown = os.fsdecode(path)
-        if not path:
-            raise SealKeyError(f"{KEY_FILE_ENV} is set but empty: name the key file, or unset it")
+def configured_key(settings: Settings | Mapping[str, str] | None = None) -> SealKey | None:
+    """The key ``settings`` configure (a mapping: read as an environment by
+    ``Settings.from_environ``; None: this process's ``current_settings()``), or None when neither
+    variable is set (module docstring). The inline key is the raw bytes of the variable; a key
+    file loses one trailing ``\\n`` or ``\\r\\n``. ``SealKeyError`` in one line when the
+    configuration is unusable."""
+    try:
+        if settings is None:
+            settings = current_settings()
+        elif not isinstance(settings, Settings):
+            settings = Settings.from_environ(settings)
+    except SettingsError as exc:
+        raise SealKeyError(exc.one_line()) from None
+    if settings.bundle_key_file is not None:
+        path = settings.bundle_key_file
         try:
-            secret = Path(os.fsdecode(path)).read_bytes()
+            secret = path.read_bytes()
         except OSError as exc:
-            raise SealKeyError(f"{KEY_FILE_ENV}={shown}: cannot read the key file: {exc.strerror}") from None
+            raise SealKeyError(f"{KEY_FILE_ENV}={path}: cannot read the key file: {exc.strerror}") from None
         secret = secret.removesuffix(b"\n").removesuffix(b"\r")
-        source = f"{KEY_FILE_ENV}={shown}"
-    elif inline is not None:
-        if not inline:
-            raise SealKeyError(f"{KEY_ENV} is set but empty: set the key, or unset it")
-        secret, source = inline, KEY_ENV
+        source = f"{KEY_FILE_ENV}={path}"
+    elif settings.bundle_key is not None:
+        return SealKey(settings.bundle_key.get_secret_value())  # its length is checked by Settings
     else:
         return None
     if len(secret) < MIN_KEY_BYTES:

@@ -28,20 +28,28 @@ re-creates what it needs.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ragpipe.kernel.settings import Settings, current_settings
 
 DEFAULT_HOME = Path("var") / "ragpipe"
 
 
-def default_home() -> Path:
-    return Path(os.environ.get("RAGPIPE_HOME") or DEFAULT_HOME).resolve()
+def default_home(settings: Settings | None = None) -> Path:
+    """The home ``settings`` name (``RAGPIPE_HOME``, default ``./var/ragpipe``), absolute; without
+    settings, this process's ``current_settings()``."""
+    return (settings or current_settings()).home.resolve()
 
 
 @dataclass(frozen=True)
 class Workspace:
     home: Path
+
+    @classmethod
+    def of(cls, settings: Settings) -> Workspace:
+        """The workspace at ``settings.home`` (resolved against the working directory)."""
+        return cls(default_home(settings))
 
     @property
     def registry(self) -> Path:

@@ -28,6 +28,7 @@ from dagster import DagsterInstance, DagsterRunStatus, EventLogEntry, RunsFilter
 
 import ragpipe
 from ragpipe.kernel.processes import WORKER, machine_id, parse_worker_tag, process_start, worker_tag
+from ragpipe.kernel.settings import Settings, current_settings
 from ragpipe.orchestration.dagster_internals import (
     PARTITION_NAME_TAG,
     BaseWorkspaceRequestContext,
@@ -80,17 +81,18 @@ def repo_root() -> Path:
         where = ", ".join(getattr(ragpipe, "__path__", [])) or "an unknown location"
         raise LaunchError(
             f"the ragpipe package was imported as a namespace package from {where} (a 'ragpipe' folder without "
-            "__init__.py shadows the installed package): run from another folder, or set RAGPIPE_WORKSPACE"
+            "__init__.py shadows the installed package): run from another folder, or set RAGPIPE_DAGSTER_WORKSPACE"
         )
     return Path(file).resolve().parents[1]
 
 
-def workspace_yaml() -> Path:
-    """``$RAGPIPE_WORKSPACE``, else the ``workspace.yaml`` next to the ``ragpipe`` package."""
-    path = Path(os.environ.get("RAGPIPE_WORKSPACE") or repo_root() / "workspace.yaml")
+def workspace_yaml(settings: Settings | None = None) -> Path:
+    """``RAGPIPE_DAGSTER_WORKSPACE`` of ``settings`` (default: ``current_settings()``), else the
+    ``workspace.yaml`` next to the ``ragpipe`` package."""
+    path = (settings or current_settings()).dagster_workspace or repo_root() / "workspace.yaml"
     if not path.is_file():
         raise LaunchError(
-            f"{path}: workspace file not found (set RAGPIPE_WORKSPACE to the workspace.yaml that defines location {LOCATION!r})"
+            f"{path}: workspace file not found (set RAGPIPE_DAGSTER_WORKSPACE to the workspace.yaml that defines location {LOCATION!r})"
         )
     return path
 

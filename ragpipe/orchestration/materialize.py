@@ -28,7 +28,7 @@ from ragpipe.orchestration.build_state import BuildSummary, NotBuilt, build_summ
 from ragpipe.orchestration.failures import failure_messages
 from ragpipe.orchestration.progress import Progress, Tracker
 from ragpipe.spec import PipelineSpec
-from ragpipe.stages.configuration import check_configuration
+from ragpipe.stages.configuration import Configuration, check_configuration
 
 INSTANCE_LOCK = ".ragpipe-instance.lock"
 
@@ -77,15 +77,21 @@ def _ensure_partition(instance: DagsterInstance, revision: str) -> None:
             raise
 
 
-def _check_matches_location(ws: Workspace, spec: PipelineSpec | None) -> PipelineSpec:
+def _check_matches_location(
+    ws: Workspace, spec: PipelineSpec | None, configuration: Configuration | None
+) -> PipelineSpec:
     """The code location reads ``$RAGPIPE_HOME`` and ``$RAGPIPE_PIPELINE_SPEC``; a different
-    workspace or spec passed here would build something else than the caller asked for."""
-    if ws.home.resolve() != default_home():
+    workspace or spec passed here would build something else than the caller asked for.
+    ``configuration``: what the caller's ``check_configuration`` returned (not read again)."""
+    # the location's whole configuration: ConfigurationError, one line
+    configuration = configuration or check_configuration()
+    home = default_home(configuration.settings)
+    if ws.home.resolve() != home:
         raise ValueError(
-            f"workspace {ws.home} is not $RAGPIPE_HOME ({default_home()}): the code location builds in "
+            f"workspace {ws.home} is not $RAGPIPE_HOME ({home}): the code location builds in "
             "$RAGPIPE_HOME, so set RAGPIPE_HOME to the workspace instead"
         )
-    current = check_configuration().spec  # the location's whole configuration: ConfigurationError, one line
+    current = configuration.spec
     if spec is not None and spec.model_dump() != current.model_dump():
         raise ValueError(
             "the pipeline spec passed differs from the one the code location loads "
@@ -125,6 +131,7 @@ def materialize_revision(
     on_progress: Callable[[Progress], None] | None = None,
     launch: str = "auto",
     verbose: bool = False,
+    configuration: Configuration | None = None,
 ) -> BuildSummary:
     """Add ``revision`` as a partition and run ``build_revision`` for it; wait for the run.
 
@@ -132,14 +139,16 @@ def materialize_revision(
     code location loads, else ``ValueError``. ``launch``: ``auto`` (queue when a daemon serves it,
     else in process), ``in_process`` or ``queue``. ``on_progress`` receives each step, check,
     pool wait and embedding progress as it happens; ``verbose`` turns on Dagster's event stream.
+    ``configuration``: the caller's checked configuration (``check_configuration``), so it is not
+    read again; without it, it is read here.
 
     A revision whose bundle is already materialized under the current specs is not rebuilt. While
     another build of the same revision runs, this one waits for it (``on_wait`` is told why) and
     then usually finds that build's bundle up to date. A failed run raises ``BuildFailed`` naming
     the root cause of each failed step and the description of each failed check.
     """
-    ws = ws or Workspace(default_home())
-    spec = _check_matches_location(ws, spec)
+    ws = ws or Workspace(default_home(configuration.settings if configuration else None))
+    spec = _check_matches_location(ws, spec, configuration)
     if launch not in runs.LAUNCHES:
         raise ValueError(f"launch must be one of {', '.join(runs.LAUNCHES)}, not {launch!r}")
     load_revision(ws.registry, revision)  # an unregistered or malformed key fails here, clearly

@@ -15,13 +15,13 @@ Configuration is operational: it never enters a release ID.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from ragpipe.experiment.gate_policy import PolicyError, load_policy
+from ragpipe.kernel.settings import current_settings
 from ragpipe.kernel.signatures import PUBLIC_KEY, KeyFileError, load_key_file, public_key_text
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 from ragpipe.release.store import TARGET_NAME, ReleaseError
@@ -108,7 +108,7 @@ class TargetsConfig(BaseModel):
 
 def targets_path(path: Path | None = None) -> Path:
     """The targets file in use: ``path``, else ``$RAGPIPE_TARGETS``, else the checked-in one."""
-    return Path(path or os.environ.get("RAGPIPE_TARGETS") or DEFAULT_TARGETS_PATH)
+    return Path(path or current_settings().targets or DEFAULT_TARGETS_PATH)
 
 
 def load_targets(path: Path | None = None) -> TargetsConfig:

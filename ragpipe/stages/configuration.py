@@ -2,6 +2,8 @@
 
 ``check_configuration()`` reads, in this order, and stops at the first problem:
 
+0. the ``RAGPIPE_*`` variables (``ragpipe.kernel.settings``; given, or read from the environment),
+   every problem of them joined into the one line;
 1. the pipeline spec: ``$RAGPIPE_PIPELINE_SPEC``, else the checked-in ``ragpipe/specs/pipeline.yaml``;
 2. when it has an ``evaluation:`` section, every file that section names: ``suite`` (a JSONL suite
    or a BEIR folder, with ``split``), ``query_plan`` and ``gate_policy`` (left out or ``null``: the
@@ -45,7 +47,6 @@ path as written is already that absolute path.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from ragpipe.evaluation.judge_spec import JudgeSpecError
 from ragpipe.evaluation.judging import require_priced
 from ragpipe.evaluation.suite_rules import SuiteError
 from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, PolicyError
+from ragpipe.kernel.settings import BY_NAME, Settings, SettingsError
 from ragpipe.kernel.strict_load import load_yaml
 from ragpipe.release.store import ReleaseError
 from ragpipe.release.targets import TargetsConfig, load_targets, targets_path
@@ -69,9 +71,8 @@ from ragpipe.spec import (
     pipeline_spec_path,
     validation_error_text,
 )
-from ragpipe.stages.embedding_shards import shard_count
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
-from ragpipe.storage.location import LocationError, store_from_env
+from ragpipe.storage.location import LocationError, store_from
 from ragpipe.work.usage import load_prices
 
 # The files of an evaluation: section, in the order chain_plan loads them, with the error type
@@ -101,19 +102,28 @@ class Configuration:
     chain: ChainPlan | None  # None: the spec has no evaluation: section
     targets_path: Path
     targets: TargetsConfig
+    settings: Settings
 
 
-def check_configuration(spec_path: Path | None = None, targets: Path | None = None) -> Configuration:
+def check_configuration(
+    spec_path: Path | None = None, targets: Path | None = None, settings: Settings | None = None
+) -> Configuration:
     """Read and check the whole configuration of a build (module docstring); ``spec_path`` and
-    ``targets`` default to ``$RAGPIPE_PIPELINE_SPEC`` / ``$RAGPIPE_TARGETS`` / the checked-in files.
-    Raises ``ConfigurationError`` (one line) at the first problem."""
-    path = pipeline_spec_path(spec_path)
+    ``targets`` default to ``$RAGPIPE_PIPELINE_SPEC`` / ``$RAGPIPE_TARGETS`` / the checked-in files,
+    ``settings`` to this process's environment. Raises ``ConfigurationError`` (one line) at the
+    first problem."""
+    if settings is None:
+        try:
+            settings = Settings.from_environ()
+        except SettingsError as exc:
+            raise ConfigurationError(exc.one_line()) from None
+    path = pipeline_spec_path(spec_path or settings.pipeline_spec)
     try:
         spec = load_pipeline_spec(path)
     except PipelineSpecError as exc:
         raise ConfigurationError(str(exc)) from None
     chain = _check_chain(path, spec) if spec.evaluation is not None else None
-    where = targets_path(targets)
+    where = targets_path(targets or settings.targets)
     try:
         config = load_targets(where)
         for name in config.targets:
@@ -121,34 +131,27 @@ def check_configuration(spec_path: Path | None = None, targets: Path | None = No
     except ReleaseError as exc:
         raise ConfigurationError(str(exc)) from None
     try:
-        store_from_env()  # parsed only: reaching the store is the first step's business, not loading's
+        store_from(settings)  # parsed only: reaching the store is the first step's business, not loading's
     except LocationError as exc:
         raise ConfigurationError(str(exc)) from None
-    _check_executor()
-    try:
-        shard_count()
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
-    return Configuration(path, spec, chain, where, config)
+    _check_executor(settings)
+    return Configuration(path, spec, chain, where, config, settings)
 
 
 EXECUTOR_ENV = "RAGPIPE_EXECUTOR"
-EXECUTORS = ("in_process", "celery", "k8s")
 NEEDS = {
     "celery": ("RAGPIPE_CELERY_BROKER", "RAGPIPE_CELERY_BACKEND", "RAGPIPE_STORE"),
     "k8s": ("RAGPIPE_K8S_IMAGE", "RAGPIPE_K8S_NAMESPACE", "RAGPIPE_STORE"),
 }
 
 
-def _check_executor() -> None:
+def _check_executor(settings: Settings) -> None:
     """``RAGPIPE_EXECUTOR`` names a known executor; Celery needs its broker and backend, Kubernetes
     its image and namespace, and both a store (their steps share no disk: without a store a step
     could not find what the previous one wrote)."""
-    name = os.environ.get(EXECUTOR_ENV, "in_process")
-    if name not in EXECUTORS:
-        raise ConfigurationError(f"{EXECUTOR_ENV}: {name!r}: must be one of {', '.join(EXECUTORS)}")
+    name = settings.executor  # a known name: Settings checks it
     for needed in NEEDS.get(name, ()):
-        if not os.environ.get(needed):
+        if not getattr(settings, BY_NAME[needed].field):
             raise ConfigurationError(f'{EXECUTOR_ENV}: {name} needs {needed} (docs/operations.md, "Scaling out")')
 
 

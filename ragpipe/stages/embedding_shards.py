@@ -19,7 +19,6 @@ up, so its output does not depend on how many shards filled the cache, or where.
 
 from __future__ import annotations
 
-import os
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +27,7 @@ from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.compute import EmbeddingFailed, EmbeddingStats, Progress, compute_embeddings
 from ragpipe.kernel.seals import configured_key
+from ragpipe.kernel.settings import Settings, current_settings
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import Representation, read_representations
 from ragpipe.spec import PipelineSpec
@@ -36,17 +36,11 @@ from ragpipe.storage.location import store_from_env
 from ragpipe.work.failures import BudgetExhausted, BudgetUnenforceable
 from ragpipe.work.usage import PriceError, load_prices
 
-MAX_SHARDS = 64
-ENV_SHARDS = "RAGPIPE_EMBEDDING_SHARDS"
 
-
-def shard_count() -> int:
-    """``RAGPIPE_EMBEDDING_SHARDS`` (default 1: the one-step asset); ``ValueError`` in one line
-    unless it is an integer from 1 to ``MAX_SHARDS`` (``check_configuration`` reports it)."""
-    text = os.environ.get(ENV_SHARDS, "").strip() or "1"
-    if not text.isdigit() or not 1 <= int(text) <= MAX_SHARDS:
-        raise ValueError(f"{ENV_SHARDS}={text!r}: must be an integer from 1 to {MAX_SHARDS}")
-    return int(text)
+def shard_count(settings: Settings | None = None) -> int:
+    """``RAGPIPE_EMBEDDING_SHARDS`` of ``settings`` (default: ``current_settings()``; 1: the
+    one-step asset). ``Settings`` checks it is an integer from 1 to 64 (``SettingsError``)."""
+    return (settings or current_settings()).embedding_shards
 
 
 @lru_cache(maxsize=2)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from ragpipe.kernel.settings import Settings, current_settings
 from ragpipe.storage.objects import ObjectStore, check_prefix
 
 ENV_STORE = "RAGPIPE_STORE"
@@ -48,21 +49,26 @@ def open_store(
     return _local(Path(location))
 
 
-def store_from_env() -> ObjectStore | None:
-    """The store ``RAGPIPE_STORE`` names, or ``None`` when it is unset (local-only operation).
-    One store object per process and configuration: its client (a connection pool) is reused."""
-    location = os.environ.get(ENV_STORE, "")
-    if not location:
+def store_from(settings: Settings) -> ObjectStore | None:
+    """The store ``settings.store`` (``RAGPIPE_STORE``) names, or ``None`` when it is unset
+    (local-only operation). One store object per process and configuration: its client (a
+    connection pool) is reused."""
+    if not settings.store:
         return None
     return _opened(
-        location, os.environ.get(ENV_ENDPOINT), os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION")
+        settings.store, settings.s3_endpoint, os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION")
     )
+
+
+def store_from_env() -> ObjectStore | None:
+    """``store_from(current_settings())``: for library code that was given no settings."""
+    return store_from(current_settings())
 
 
 @functools.lru_cache(maxsize=4)
 def _opened(location: str, endpoint: str | None, region: str | None, default_region: str | None) -> ObjectStore:
     # the arguments are the cache key: a changed environment opens a new store
-    return open_store(location, source=ENV_STORE)
+    return open_store(location, endpoint_url=endpoint, source=ENV_STORE)
 
 
 def _local(path: Path) -> ObjectStore:
@@ -79,7 +85,7 @@ def _s3(location: str, bucket: str, path: str, endpoint: str | None, region: str
         check_prefix(prefix + "/" if prefix else "")
     except ValueError as exc:
         raise LocationError(f"{source}: {location!r}: the prefix: {exc}") from None
-    endpoint = endpoint or os.environ.get(ENV_ENDPOINT) or None
+    endpoint = endpoint or current_settings().s3_endpoint
     if endpoint is not None and "@" in urlsplit(endpoint).netloc:
         raise LocationError(f"{source}: the endpoint may not carry credentials (user:secret@); use AWS_* variables")
     if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):

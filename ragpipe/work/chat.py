@@ -21,6 +21,7 @@ from pydantic import Field
 
 from ragpipe.kernel.ids import domain_digest
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.settings import current_settings
 from ragpipe.work.entries import value_bytes
 from ragpipe.work.failures import StepFailure
 from ragpipe.work.usage import PriceTable, Usage
@@ -139,6 +140,12 @@ def provider_of(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else "openai"
 
 
+def llm_api_key() -> str | None:
+    """``RAGPIPE_LLM_API_KEY`` (``current_settings().llm_api_key``), None when unset."""
+    key = current_settings().llm_api_key
+    return None if key is None else key.get_secret_value()
+
+
 def litellm_module():
     """litellm, imported offline: it never fetches its cost map, never prints its banner. The one
     import of litellm (``ragpipe.work.embed`` calls it through this too)."""
@@ -160,7 +167,7 @@ def complete(
             model=request.model,
             messages=[m.model_dump() for m in request.messages],
             api_base=api_base,
-            api_key=api_key or os.environ.get("RAGPIPE_LLM_API_KEY") or "no-key",
+            api_key=api_key or llm_api_key() or "no-key",
             temperature=request.temperature,
             seed=request.seed,
             max_tokens=request.max_tokens,

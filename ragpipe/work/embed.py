@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ragpipe.kernel.settings import current_settings
 from ragpipe.work.chat import litellm_module, provider_failure, provider_of
 from ragpipe.work.failures import StepFailure
 from ragpipe.work.usage import PriceTable, Usage
@@ -52,9 +52,9 @@ def api_key_for(api_base: str | None) -> str | None:
     """``$RAGPIPE_EMBEDDER_API_KEY``; else None for a provider's own endpoint (litellm reads the
     provider's variable, ``OPENAI_API_KEY`` …) and a placeholder for an endpoint of one's own (a
     local server asks for none, and an OpenAI-compatible client refuses to send nothing)."""
-    key = os.environ.get(ENV_API_KEY)
-    if key:
-        return key
+    key = current_settings().embedder_api_key
+    if key is not None:
+        return key.get_secret_value()
     return None if api_base is None else "no-key"
 
 

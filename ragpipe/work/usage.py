@@ -13,13 +13,13 @@ the longest matching pattern.
 from __future__ import annotations
 
 import fnmatch
-import os
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, ValidationError
 
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.settings import current_settings
 from ragpipe.kernel.strict_load import StrictLoadError, load_yaml
 
 DEFAULT_PRICES = Path(__file__).resolve().parent.parent / "specs" / "prices.yaml"
@@ -75,8 +75,9 @@ def _load(path: Path) -> PriceTable:
 
 
 def load_prices(path: Path | None = None) -> PriceTable:
-    """The price table at ``path``, ``$RAGPIPE_PRICES`` or the checked-in one."""
-    return _load(Path(path or os.environ.get("RAGPIPE_PRICES") or DEFAULT_PRICES).resolve())
+    """The price table at ``path``, else ``RAGPIPE_PRICES`` (``current_settings().prices``), else
+    the checked-in one."""
+    return _load(Path(path or current_settings().prices or DEFAULT_PRICES).resolve())
 
 
 class Usage(FrozenModel):

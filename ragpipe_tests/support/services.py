@@ -3,7 +3,7 @@
 Used by the tests that operate ragpipe the way a Dagster user does (UI checks, Postgres instance,
 backfills) and by the UI backfill benchmark. Both services load the same code location as the UI
 and ``ragpipe build``: the repository's ``workspace.yaml`` (location ``ragpipe``), or
-``$RAGPIPE_WORKSPACE`` (``ragpipe.orchestration.launch.workspace_yaml``).
+``$RAGPIPE_DAGSTER_WORKSPACE`` (``ragpipe.orchestration.launch.workspace_yaml``).
 
 Each service runs in its own session (process group), which also holds the gRPC code server and
 the run workers it starts, so ``DagsterProcess.stop`` ends all of them and nothing else.
