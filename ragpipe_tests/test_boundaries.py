@@ -371,3 +371,45 @@ def test_the_environ_scanner_sees_every_form(tmp_path: Path):
         "17: RAGPIPE_A",
         "17: RAGPIPE_B",
     ]
+
+
+WORKSPACE_MODULE = "kernel/workspace.py"
+# an expression that is a home itself: home, ws.home, self.home, default_home(…), _home(), Path(home)
+HOME_EXPRESSION = re.compile(r"(^|\.)(home|_home\(\)|default_home\(.*\))$|^Path\(([\w.]*\.)?home\)$")
+
+
+def home_folder_joins(path: Path) -> list[str]:
+    """``<home> / "<name>"`` joins in ``path``: a ``/`` whose left side names a home (``home``,
+    ``ws.home``, ``default_home()``, ``Path(home)`` …) and whose right side is a string literal —
+    a folder of ``$RAGPIPE_HOME`` named outside ``Workspace``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and isinstance(node.right, ast.Constant)
+            and isinstance(node.right.value, str)
+            and HOME_EXPRESSION.search(ast.unparse(node.left))
+        ):
+            found.append((node.lineno, f"{node.lineno}: {ast.unparse(node)}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_the_homes_layout_is_named_only_by_workspace():
+    """Every folder of ``$RAGPIPE_HOME`` is a property of ``Workspace`` (kernel/workspace.py)."""
+    joins = {str(p.relative_to(PACKAGE)): home_folder_joins(p) for p in modules()}
+    assert {path: found for path, found in joins.items() if found and path != WORKSPACE_MODULE} == {}
+
+
+def test_the_home_join_scanner_sees_every_form(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "a = ws.home / 'evaluations'\nb = default_home() / 'tune' / run\nc = Path(home) / 'datasets'\n"
+        "d = folder / 'leases'\ne = ws.evaluations / run_id\nf = self.home / DATASETS\n"
+        "g = dataset_dir(home, name) / 'ledger.jsonl'\nh = Workspace(home).generation_cache / 'judge'\n"
+    )
+    assert home_folder_joins(probe) == [
+        "1: ws.home / 'evaluations'",
+        "2: default_home() / 'tune'",
+        "3: Path(home) / 'datasets'",
+    ]

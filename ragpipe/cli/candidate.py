@@ -341,7 +341,7 @@ def tune(
     def run():
         loaded = load_space(space)
         root = resolve_parent(parent, suite, split, pipeline, plan, policy, mode, k, allow_test_split)
-        target = out_dir or default_home() / "tune" / new_run_id()
+        target = out_dir or Workspace(default_home()).tune / new_run_id()
         return walk(Workspace(default_home()), root, loaded, target, build_in_child, on_step=report).as_json()
 
     data = guarded(run)

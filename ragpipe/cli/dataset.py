@@ -137,6 +137,7 @@ def _draft(
     from ragpipe.evaluation.draft_spec import load_draft_spec
     from ragpipe.evaluation.drafting import bundle_corpus, draft_chunks, exclude_against, validate_drafts
     from ragpipe.evaluation.suite import Case, Suite, write_suite
+    from ragpipe.kernel.workspace import Workspace
     from ragpipe.spec import load_pipeline_spec
     from ragpipe.work.policy import ExecutionPolicy
     from ragpipe.work.usage import load_prices
@@ -152,7 +153,7 @@ def _draft(
     run = draft_chunks(
         spec,
         chosen,
-        _home() / "draft_cache",
+        Workspace(_home()).draft_cache,
         # the budget through the policy: the runner then refuses a model without a price
         ExecutionPolicy(budget_micros=budget_micros),
         load_prices(),

@@ -238,7 +238,7 @@ def eval_run(
         typer.Option("--scope", "-s", help="Subject scope for cases without their own (repeatable; default: public)."),
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run folder to create (default: $RAGPIPE_HOME/eval_runs/<run ID>).")
+        Path | None, typer.Option("--out", help="Run folder to create (default: $RAGPIPE_HOME/evaluations/<run ID>).")
     ] = None,
     resume: Annotated[
         Path | None, typer.Option("--resume", help="Continue this run folder: only its missing cells run.")
@@ -284,7 +284,7 @@ def eval_run(
         from ragpipe.evaluation.eval_spec import EvaluationSpec, metric_specs
         from ragpipe.evaluation.judge_spec import load_judge_spec
         from ragpipe.evaluation.suite_load import load_suite
-        from ragpipe.kernel.workspace import default_home
+        from ragpipe.kernel.workspace import Workspace, default_home
         from ragpipe.retrieval.plan import load_plan
         from ragpipe.retrieval.retriever import Retriever
 
@@ -293,7 +293,7 @@ def eval_run(
         judge_spec = None if judge is None else load_judge_spec(judge)
         metric_specs(cutoffs, answers or judge_spec is not None)
         run_id = new_run_id()
-        target = out_dir or default_home() / "eval_runs" / run_id
+        target = out_dir or Workspace(default_home()).evaluations / run_id
         if target.exists():
             raise ValueError(f"{target}: already exists (a run folder is created once; use --resume to continue it)")
         loaded = load_suite(suite, split=split or ["test"])

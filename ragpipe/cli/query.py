@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ragpipe.cli.common import BundleOpt, JsonOpt, Mode, RevisionOpt, bundle_path, emit_json, err, fail, out
-from ragpipe.kernel.workspace import default_home
+from ragpipe.kernel.workspace import Workspace, default_home
 
 ScopeOpt = Annotated[
     list[str] | None, typer.Option("--scope", "-s", help="Scope of the caller (repeatable; default: public).")
@@ -220,7 +220,7 @@ def answer(
             )
         from ragpipe.api import answer, make_generator
 
-        generator = make_generator(gen_plan, retriever.bundle_id, cache_dir=default_home() / "answer_cache")
+        generator = make_generator(gen_plan, retriever.bundle_id, cache_dir=Workspace(default_home()).answer_cache)
         subject = _subject(principal, scope)
         result = answer(
             retriever, text, subject, generator=generator, mode=mode.value if mode else None, filter=metadata_filter

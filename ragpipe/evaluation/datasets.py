@@ -60,6 +60,7 @@ from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, head_path
 from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.publish import write_file_atomic
 from ragpipe.kernel.signatures import sign, verify
+from ragpipe.kernel.workspace import Workspace
 
 DOMAIN = Domain("dataset-record", 1)
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
@@ -247,7 +248,7 @@ class DatasetVersion:
 def dataset_dir(home: Path, name: str) -> Path:
     if not isinstance(name, str) or not NAME.match(name):
         raise DatasetError(f"dataset name {name!r}: 1-64 of a-z 0-9 . _ - (starting with a letter or digit)")
-    return Path(home) / "datasets" / name
+    return Workspace(Path(home)).datasets / name
 
 
 def _ledger_path(home: Path, name: str) -> Path:

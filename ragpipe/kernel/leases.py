@@ -24,7 +24,7 @@ _LEASE = re.compile(r"^([0-9a-f]{64})\.[0-9]+\.[0-9a-f]{16}\.lease$")
 
 
 def leases_dir(ws: Workspace) -> Path:
-    return ws.home / "leases"
+    return ws.leases
 
 
 class BundleLease:

@@ -18,7 +18,20 @@ verified/<target>.json               the live release's full verification, remem
 verified/home.key                    the home's own sealing key (0600), for the two records above
                                      when no key is configured (ragpipe.kernel.seals)
 locks/                               flock files (workspace.lock, build-<key>.lock)
+evaluations/<run id>/                evaluation runs: the chain's and ``ragpipe eval``'s
+releases/                            manifests, kept decisions, target pointers and histories
+datasets/<name>/                     datasets people adjudicate (ledger, versions)
+serve_traces/<target>/<release hex>/ served answers' trace logs
+leases/                              bundles a running server holds
+tune/<run id>/                       ``ragpipe tune``'s default output
+answer_cache/, draft_cache/          generated answers and drafted cases, one verified entry per request
+lab/pairwise.jsonl                   the lab's pairwise review choices (a ledger)
 ```
+
+Every folder above is a property of ``Workspace``; no other module builds a path under the home
+from a folder name (``ragpipe_tests/test_boundaries.py``). Homes made before evaluation runs had
+one folder kept ``ragpipe eval``'s runs in ``eval_runs/``: move them with
+``mv $RAGPIPE_HOME/eval_runs/* $RAGPIPE_HOME/evaluations/`` (run IDs are unique UUIDv7s).
 
 Stage outputs and bundles accumulate until ``ragpipe.gc.collect_garbage`` removes those no
 ``latest.json`` references (see ``docs/operations.md``); query graphs are a cache that garbage
@@ -87,6 +100,51 @@ class Workspace:
     @property
     def locks(self) -> Path:
         return self.home / "locks"
+
+    @property
+    def evaluations(self) -> Path:
+        """Evaluation runs, one folder per run ID: the chain's and ``ragpipe eval``'s alike."""
+        return self.home / "evaluations"
+
+    @property
+    def releases(self) -> Path:
+        """Release manifests, kept decisions, target pointers and histories (``ragpipe.release.store``)."""
+        return self.home / "releases"
+
+    @property
+    def datasets(self) -> Path:
+        """Datasets people adjudicate, one folder per name (``ragpipe.evaluation.datasets``)."""
+        return self.home / "datasets"
+
+    @property
+    def serve_traces(self) -> Path:
+        """Served answers' trace logs, per target and release (``ragpipe.server.tracing``)."""
+        return self.home / "serve_traces"
+
+    @property
+    def leases(self) -> Path:
+        """Bundles a running server holds (``ragpipe.kernel.leases``)."""
+        return self.home / "leases"
+
+    @property
+    def tune(self) -> Path:
+        """``ragpipe tune``'s default output folders."""
+        return self.home / "tune"
+
+    @property
+    def answer_cache(self) -> Path:
+        """Generated answers, one verified entry per request (``ragpipe answer``, the server)."""
+        return self.home / "answer_cache"
+
+    @property
+    def lab(self) -> Path:
+        """The lab's own ledgers (pairwise review choices: ``ragpipe.server.lab.review``)."""
+        return self.home / "lab"
+
+    @property
+    def draft_cache(self) -> Path:
+        """Drafted cases' model calls (``ragpipe dataset draft``)."""
+        return self.home / "draft_cache"
 
     def stored(self, path: Path) -> str:
         """How state refers to ``path``: relative to the home (POSIX) when inside it, so a home

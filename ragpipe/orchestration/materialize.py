@@ -48,18 +48,18 @@ def dagster_instance() -> DagsterInstance:
 
     A home without ``dagster.yaml`` gets a copy of the repository's top-level ``dagster.yaml``: without it the instance
     would have no pool limits and silently run stages of one partition concurrently."""
-    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path("var/dagster").resolve())))
-    if not home.is_absolute():  # Dagster refuses it deep inside with a traceback; say it first
+    dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path("var/dagster").resolve())))
+    if not dagster_home.is_absolute():  # Dagster refuses it deep inside with a traceback; say it first
         raise runs.LaunchError(
-            f"DAGSTER_HOME {str(home)!r} is not an absolute path: set it to one, e.g. DAGSTER_HOME={home.resolve()}"
+            f"DAGSTER_HOME {str(dagster_home)!r} is not an absolute path: set it to one, e.g. DAGSTER_HOME={dagster_home.resolve()}"
         )
-    home.mkdir(parents=True, exist_ok=True)
+    dagster_home.mkdir(parents=True, exist_ok=True)
     # A fresh SQLite instance creates its tables when first opened and used; two processes doing
     # that at once fail with "table ... already exists". Open (and touch the event storage) one at a time.
-    with file_lock(home / INSTANCE_LOCK, exclusive=True):
+    with file_lock(dagster_home / INSTANCE_LOCK, exclusive=True):
         template = instance_template()
-        if not (home / "dagster.yaml").exists() and template.is_file():
-            shutil.copyfile(template, home / "dagster.yaml")
+        if not (dagster_home / "dagster.yaml").exists() and template.is_file():
+            shutil.copyfile(template, dagster_home / "dagster.yaml")
         instance = DagsterInstance.get()
         instance.get_dynamic_partitions(corpus_revisions.name)
     return instance

@@ -169,6 +169,6 @@ def run_dir(ws: Workspace, run_id: str) -> Path:
         len(run_id.encode("utf-8", "surrogatepass")) > 200
     ):  # run IDs are UUIDs; a long one would fail in the file system
         raise ReleaseError(f"evaluation run ID {run_id[:40]!r}… is longer than 200 bytes")
-    folder = ws.home / "evaluations" / run_id
+    folder = ws.evaluations / run_id
     fetch_run(folder)
     return folder

@@ -64,7 +64,7 @@ class ReleaseStore:
 
     @property
     def root(self) -> Path:
-        return self.ws.home / "releases"
+        return self.ws.releases
 
     @property
     def manifests(self) -> Path:

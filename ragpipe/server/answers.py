@@ -67,7 +67,7 @@ def answer_body(service, body: AnswerRequest, caller: Caller, state, via: str | 
         if generator is None:
             bounded = plan.model_copy(update={"timeout_seconds": timeout})
             generator = in_service.generators.setdefault(
-                "answer", make_generator(bounded, in_service.served.bundle.bundle_id, service.ws.home / "answer_cache")
+                "answer", make_generator(bounded, in_service.served.bundle.bundle_id, service.ws.answer_cache)
             )
         result = answer(
             in_service.retriever, body.question, caller.subject, generator=generator, mode=body.mode, filter=body.filter

@@ -46,12 +46,12 @@ from ragpipe.evaluation.runner import new_run_id
 from ragpipe.kernel.ledger import Domain, Ledger, LedgerError, Record, read_ledger
 from ragpipe.kernel.locks import file_lock
 from ragpipe.kernel.models import FrozenModel
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.history import now_iso
 from ragpipe.server.auth import Caller
 from ragpipe.server.config import Tracing
 
 TRACE_DOMAIN = Domain("serve-trace-record", 1)
-TRACES_DIR = "serve_traces"
 LOG_NAME = "traces.jsonl"
 TRACE, FEEDBACK = "trace", "feedback"
 
@@ -63,7 +63,7 @@ def new_trace_id() -> str:
 
 def log_path(home: Path, target: str, release_id: str) -> Path:
     """The trace log of ``release_id`` served on ``target`` (both already validated names)."""
-    return home / TRACES_DIR / target / release_id.removeprefix("sha256:") / LOG_NAME
+    return Workspace(home).serve_traces / target / release_id.removeprefix("sha256:") / LOG_NAME
 
 
 def _scope(target: str, release_id: str) -> str:
@@ -200,7 +200,7 @@ def read_log(home: Path, target: str, release_id: str) -> list[TraceEntry]:
 
 def logged_releases(home: Path, target: str) -> list[str]:
     """The releases of ``target`` that have a trace log, most recently written first."""
-    folder = home / TRACES_DIR / target
+    folder = Workspace(home).serve_traces / target
     if not folder.is_dir():
         return []
     logs = [p / LOG_NAME for p in folder.iterdir() if (p / LOG_NAME).is_file()]

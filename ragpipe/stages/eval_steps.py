@@ -40,7 +40,7 @@ from ragpipe.release.replica import push_run, run_dir
 from ragpipe.retrieval.vector_engine import VectorEngine
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.release_chain_ids import chain_plan
-from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain
+from ragpipe.stages.release_chain_store import ChainResult, publish_chain
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock, read_output
 from ragpipe.storage.location import store_from_env
@@ -164,7 +164,7 @@ def run_evaluation_run(ws: Workspace, revision: str, spec: PipelineSpec) -> Chai
         open_bundle_here(bundle_path)
     ev = chain.evaluation_spec(bundle_path, str(bundle.record.facts["bundle_id"]))
     run_id = new_run_id()
-    out = evaluations_dir(ws) / run_id
+    out = ws.evaluations / run_id
     out.parent.mkdir(parents=True, exist_ok=True)
     with judge_budget_stop(out):
         result = run_evaluation(ev, out, run_id=run_id, judging=chain.judging(ws.home))
@@ -217,7 +217,7 @@ def check_evaluation_run(ws: Workspace, revision: str) -> tuple[str, list[str]]:
     ledger, input or trace that does not verify, a run that is not completed, or a ledger head other
     than the one the stage record took from the run."""
     record = read_output(ws, revision, STAGE).record
-    path = evaluations_dir(ws) / str(record.facts["run_id"])
+    path = ws.evaluations / str(record.facts["run_id"])
     try:
         folder = run_dir(ws, path.name)  # fetched when the run was made elsewhere
         state = verify_run(folder)

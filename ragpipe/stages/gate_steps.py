@@ -59,7 +59,7 @@ from ragpipe.retrieval.plan import parse_plan
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.eval_steps import judge_budget_stop
 from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
-from ragpipe.stages.release_chain_store import ChainResult, evaluations_dir, publish_chain, read_chain_input
+from ragpipe.stages.release_chain_store import ChainResult, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock
 
@@ -91,7 +91,7 @@ def _incumbent_arm(
             f"active release {manifest.release_id}: {bound} is plan {plan.plan_id}, not its run's plan {arm.variant.plan_id}"
         )
     run_id = new_run_id()
-    out = evaluations_dir(ws) / run_id
+    out = ws.evaluations / run_id
     # judged by the chain's judge, as the challenger was: labels of two judges never pair
     with judge_budget_stop(out):
         run_evaluation(

@@ -41,10 +41,6 @@ class ChainResult:
     tables: dict[str, Table] = field(default_factory=dict)
 
 
-def evaluations_dir(ws: Workspace) -> Path:
-    return ws.home / "evaluations"
-
-
 def publish_chain(
     ws: Workspace,
     stage: str,

@@ -12,7 +12,6 @@ import pytest
 from ragpipe.release.activation import activate
 from ragpipe.release.store import ReleaseStore
 from ragpipe.server.app import ROUTES, app_from
-from ragpipe.server.tracing import TRACES_DIR
 from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, wait_for
 from ragpipe_tests.support.served_http import served
@@ -154,5 +153,5 @@ def test_access_lines_carry_no_query_text_unless_configured(serving: Serving, ca
         else:
             assert set(line) == expected and not carries, line
     assert lines[1]["trace_id"] == answer_trace_id
-    [log] = (serving.ws.home / TRACES_DIR).rglob("traces.jsonl")
+    [log] = serving.ws.serve_traces.rglob("traces.jsonl")
     assert answer_trace_id.encode() in log.read_bytes() and MARKER.encode() not in log.read_bytes()

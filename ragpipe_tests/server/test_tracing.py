@@ -29,7 +29,6 @@ from ragpipe.server.config import TRACE_FIELDS, KeyEntry, Tracing
 from ragpipe.server.keys import new_key
 from ragpipe.server.tracing import (
     TRACE_DOMAIN,
-    TRACES_DIR,
     TraceLog,
     find_trace,
     log_path,
@@ -93,7 +92,7 @@ def test_every_answer_has_a_trace_id_and_tracing_off_writes_nothing(serving: Ser
     assert query.status_code == 200 and "x-trace-id" not in query.headers and "trace_id" not in query.json()
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragpipe.access"]
     assert [line.get("trace_id") for line in lines] == [*ids, None, None]
-    assert not (serving.ws.home / TRACES_DIR).exists()
+    assert not serving.ws.serve_traces.exists()
     assert refused.status_code == 409
     assert refused.json() == {
         "code": "tracing_disabled",

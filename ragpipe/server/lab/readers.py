@@ -37,7 +37,6 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.authz import ScopePolicy, Subject
 from ragpipe.server.redact import PathRedactor
 
-EVALUATIONS = "evaluations"
 SNAPSHOT_STAGE = "source_snapshot"
 COUNT_STAGES = ("chunks", "representations", "embeddings")
 # Ranked lists (channels, fused, final) are shown to this depth: a run at k = 1000 has thousands of
@@ -143,7 +142,7 @@ class LabReader:
     # ---- runs -------------------------------------------------------------------------------
     @property
     def evaluations(self) -> Path:
-        return self.ws.home / EVALUATIONS
+        return self.ws.evaluations
 
     def run_ids(self) -> list[str]:
         """The run folders present, newest first (run IDs are UUIDv7: they sort by creation)."""

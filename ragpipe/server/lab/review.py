@@ -30,6 +30,7 @@ from typing import Any, Literal
 from ragpipe.evaluation.datasets import NAME, DatasetError, Proposal, read_dataset
 from ragpipe.kernel.ledger import Domain, Ledger, Record, read_ledger
 from ragpipe.kernel.locks import file_lock
+from ragpipe.kernel.workspace import Workspace
 from ragpipe.retrieval.authz import ScopePolicy, Subject
 from ragpipe.server.tracing import TraceEntry, traces_with_feedback
 
@@ -128,7 +129,7 @@ class ReviewReader:
         return dict(spec.approvers)
 
     def datasets(self) -> list[str]:
-        folder = self.home / "datasets"
+        folder = Workspace(self.home).datasets
         if not folder.is_dir():
             return []
         return sorted(
@@ -174,7 +175,7 @@ class ReviewReader:
             return []
         chunk_level = case.get("target_level") == "chunk"
         found: dict[str, tuple[str | None, tuple[str, ...], str | None]] = {}
-        for bundle in _bundles_newest_first(self.home / "bundles"):
+        for bundle in _bundles_newest_first(Workspace(self.home).bundles):
             missing = [t for t, _ in wanted if t not in found]
             if not missing:
                 break
@@ -235,7 +236,7 @@ def _look_up(
 
 
 def pairwise_path(home: Path) -> Path:
-    return Path(home) / "lab" / "pairwise.jsonl"
+    return Workspace(Path(home)).lab / "pairwise.jsonl"
 
 
 def record_choice(home: Path, payload: dict[str, Any]) -> Record:
