@@ -72,8 +72,13 @@ serve-demo: install
 	$(BIN)/ragpipe release rollback --target staging; \
 	$(call serving,$$rel2)
 
+# The BEIR SciFact folder (corpus.jsonl.gz, queries.jsonl, qrels/) the benchmarks read lives outside
+# the repository, so it has no default: `make bench SCIFACT=PATH/TO/scifact` (docs/benchmarks.md, "Data").
+need_scifact = $(if $(SCIFACT),,$(error make $@ needs SCIFACT=PATH/TO/scifact: the BEIR SciFact folder (docs/benchmarks.md "Data")))
+
 query-bench: install
-	$(BIN)/python -m benchmarks.query_bench --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
+	$(need_scifact)
+	$(BIN)/python -m benchmarks.query_bench --scifact "$(SCIFACT)" --bundle "$$(ls -d var/bench/cold/ragpipe/bundles/[0-9a-f]* | head -1)"
 
 # The end-to-end stacks (Celery workers with PostgreSQL, Redis and S3, marked slow) take 21 minutes
 # of a 90-minute suite on a 2-core host without AVX-512: they run in `make test-slow`, not in CI.
@@ -119,7 +124,8 @@ pools: install
 	$(BIN)/dagster instance concurrency set $(SHARD_POOL) $(SHARD_SLOTS)
 
 bench: install
-	$(BIN)/python -m benchmarks.build_bench
+	$(need_scifact)
+	$(BIN)/python -m benchmarks.build_bench --scifact "$(SCIFACT)"
 
 clean:
 	rm -rf var

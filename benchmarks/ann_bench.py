@@ -1,6 +1,6 @@
 """Approximate vector search at scale: ANN index build, memory, latency and recall against exact.
 
-    python -m benchmarks.ann_bench [--n 1000000] [--dim 384] [--sigma 0.02] [--real 4000]
+    python -m benchmarks.ann_bench [--n 1000000] [--dim 384] [--sigma 0.02] [--real 4000] [--scifact PATH]
         [--queries 200] [--kind ivf_hnsw_sq|ivf_pq] [--partitions P] [--m 20] [--ef-construction 300]
         [--sub-vectors 48] [--bits 8] [--settings 1:40,2:100,4:100,8:200] [--refine 4] [--ks 10,200]
         [--work var/ann_bench] [--keep] [--markdown]
@@ -8,7 +8,7 @@
 
 **Vectors.** N vectors (default 1,000,000 of 384 dimensions) sampled from a real embedding
 distribution: ``--real`` (default 4,000) real all-MiniLM-L6-v2 document vectors — the first
-documents of the SciFact corpus (``/work/shared/datasets/scifact/corpus.jsonl.gz``, else the
+documents of the SciFact corpus (``--scifact PATH``'s ``corpus.jsonl.gz``; without ``--scifact``, the
 sample's ``data/scifact-sample/rev-1.jsonl``: title, a blank line and the abstract), embedded with
 the project's embedder (the checked-in pipeline spec's ``embedder``, sentence-transformers, in a
 child process so torch never counts in this process's memory) and cached under ``--work`` by the
@@ -106,8 +106,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.scifact import add_scifact_argument
+
 REPO = Path(__file__).resolve().parent.parent
-SCIFACT = Path("/work/shared/datasets/scifact")
 SAMPLE = REPO / "data" / "scifact-sample"
 
 
@@ -132,10 +133,11 @@ def percentile(values: list[float], q: float) -> float:
 # --- real vectors (seeds and queries), cached ----------------------------------------------------
 
 
-def corpus_documents(n: int | None = None) -> list[dict]:
-    """The first ``n`` (None: every) document of the SciFact corpus, else of the sample."""
-    corpus = SCIFACT / "corpus.jsonl.gz"
-    if corpus.exists():
+def corpus_documents(scifact: Path | None, n: int | None = None) -> list[dict]:
+    """The first ``n`` (None: every) document of the SciFact folder ``scifact``, else (None) of the
+    sample."""
+    if scifact is not None:
+        corpus = scifact / "corpus.jsonl.gz"
         with gzip.open(corpus, "rt", encoding="utf-8") as fh:
             lines = [line for _, line in zip(range(n), fh)] if n is not None else fh.read().splitlines()
     else:
@@ -143,12 +145,13 @@ def corpus_documents(n: int | None = None) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def seed_texts(n: int) -> list[str]:
-    return [f"{d.get('title', '')}\n\n{d['text']}".strip() for d in corpus_documents(n)]
+def seed_texts(scifact: Path | None, n: int) -> list[str]:
+    return [f"{d.get('title', '')}\n\n{d['text']}".strip() for d in corpus_documents(scifact, n)]
 
 
-def query_texts(n: int) -> list[str]:
-    path = SCIFACT / "queries.jsonl" if (SCIFACT / "queries.jsonl").exists() else SAMPLE / "queries.jsonl"
+def query_texts(scifact: Path | None, n: int) -> list[str]:
+    """The first ``n`` queries of the SciFact folder ``scifact``, else (None) of the sample."""
+    path = (scifact if scifact is not None else SAMPLE) / "queries.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines()[:n]
     return [json.loads(line)["text"] for line in lines]
 
@@ -301,11 +304,11 @@ def build_step(home: Path, step: str, args: argparse.Namespace) -> dict[str, obj
         from ragpipe.corpus.bounds import CorpusBounds
         from ragpipe.corpus.registry import register_revision
 
-        seeds, _ = real_vectors(args.work, seed_texts(args.real), queries=False)
+        seeds, _ = real_vectors(args.work, seed_texts(args.scifact, args.real), queries=False)
         _, chosen = synthetic_with_seeds(seeds, args.n, args.sigma, np.random.default_rng(args.seed))
         home.mkdir(parents=True, exist_ok=True)
         corpus = home / "corpus.jsonl"
-        facts["corpus_bytes"] = write_corpus(corpus, chosen, corpus_documents(args.real), args.seed)
+        facts["corpus_bytes"] = write_corpus(corpus, chosen, corpus_documents(args.scifact, args.real), args.seed)
         register_revision(ws.registry, "bench", corpus, "beir", "public", bounds=CorpusBounds(documents=max(args.n, 1)))
     elif step == "embedding_cache":
         # The vectors enter through the embedding cache, keyed as every build keys them (embedder
@@ -327,7 +330,7 @@ def build_step(home: Path, step: str, args: argparse.Namespace) -> dict[str, obj
         rows = np.array([int(d[1:]) for d in reps.column("document_id").to_pylist()])  # d00000042 -> row 42
         digests = reps.column("digest").to_pylist()
         del reps
-        seeds, _ = real_vectors(args.work, seed_texts(args.real), queries=False)
+        seeds, _ = real_vectors(args.work, seed_texts(args.scifact, args.real), queries=False)
         vectors = synthetic(seeds, args.n, args.sigma, np.random.default_rng(args.seed))
         cache = EmbeddingCache(ws.embedding_cache, spec.own_spec_ids["embeddings"], spec.embedder.dimensions)
         for start in range(0, len(digests), 250_000):  # shards well below the cache's 2 GiB bound
@@ -399,7 +402,7 @@ def query_child(bundle: Path, kind: str, args: argparse.Namespace) -> dict[str, 
     from ragpipe.retrieval.retriever import Retriever
     from ragpipe.spec import load_pipeline_spec
 
-    texts = query_texts(args.queries)
+    texts = query_texts(args.scifact, args.queries)
     vectors, _ = real_vectors(args.work, texts, queries=True)
     embedder = PrecomputedQueries(load_pipeline_spec().embedder, texts, vectors)
     exact, approximate = plans(args)
@@ -663,6 +666,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--sigma", type=float, default=0.02)
     parser.add_argument("--real", type=int, default=4000)
     parser.add_argument("--queries", type=int, default=200)
+    add_scifact_argument(parser, fallback="the in-repo sample data/scifact-sample")
     parser.add_argument("--kind", choices=["ivf_hnsw_sq", "ivf_pq"], default="ivf_hnsw_sq")
     parser.add_argument("--partitions", type=int, default=None, help="default: max(1, n // 50,000)")
     parser.add_argument("--m", type=int, default=20)
@@ -708,8 +712,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "machine": {"cpus": os.cpu_count(), "load_start": [round(x, 2) for x in os.getloadavg()]},
         "python": platform.python_version(),
     }
-    seeds, seed_fact = real_vectors(args.work, seed_texts(args.real), queries=False)
-    queries, query_fact = real_vectors(args.work, query_texts(args.queries), queries=True)
+    seeds, seed_fact = real_vectors(args.work, seed_texts(args.scifact, args.real), queries=False)
+    queries, query_fact = real_vectors(args.work, query_texts(args.scifact, args.queries), queries=True)
     if seeds.shape[1] != args.dim:
         raise SystemExit(f"the embedder gives {seeds.shape[1]} dimensions, not --dim {args.dim}")
     inputs = {"seeds": seed_fact, "queries": query_fact}

@@ -1,6 +1,6 @@
 """Audience-view benchmark on SciFact: first-query latency for restricted audiences.
 
-    python -m benchmarks.audience_bench [--scifact ../shared/datasets/scifact]
+    python -m benchmarks.audience_bench --scifact PATH
         [--out var/bench-audience] [--sample 50]
 
 1. Builds a lexical-only bundle (no embeddings) of the SciFact corpus with access scopes assigned
@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.corpus.snapshot import read_snapshot_documents
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.index.lexical import LexicalSearcher, build_lexical_index, verify_scope_groups
@@ -177,7 +178,7 @@ def exactness(
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--out", type=Path, default=Path("var/bench-audience"))
     ap.add_argument("--sample", type=int, default=50)
     args = ap.parse_args()

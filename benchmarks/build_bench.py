@@ -1,6 +1,6 @@
 """Build-side benchmark on SciFact (5,183 abstracts).
 
-    python -m benchmarks.build_bench [--scifact ../shared/datasets/scifact] [--out var/bench]
+    python -m benchmarks.build_bench --scifact PATH [--out var/bench]
 
 Measures, each in a fresh process:
 1. bare ``model.encode`` of exactly the texts the pipeline encodes (same model, batch size, threads);
@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.chunking.chunkers import chunk_documents, make_chunker
 from ragpipe.corpus.connectors import read_beir
 from ragpipe.corpus.snapshot import build_snapshot
@@ -123,7 +124,7 @@ def edit(doc: dict, i: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--out", type=Path, default=Path("var/bench"))
     args = ap.parse_args()
     out = args.out.resolve()

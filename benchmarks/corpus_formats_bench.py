@@ -1,6 +1,6 @@
 """Corpus readers, timed: documents and bytes per second for every corpus format.
 
-    python -m benchmarks.corpus_formats_bench [--scifact ../shared/datasets/scifact] [--documents 600]
+    python -m benchmarks.corpus_formats_bench --scifact PATH [--documents 600]
         [--root DIR] [--repeats 3]
 
 The first ``--documents`` SciFact abstracts (title and text) are written once in each format, as a
@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.corpus.connectors import load_source, parse_source
 from ragpipe_tests.support.corpus_formats import pdf_bytes, sphinx_page, wxr_export, wxr_item
 
@@ -102,7 +103,7 @@ def time_reader(path: Path, fmt: str, repeats: int) -> dict[str, float | int | s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--documents", type=int, default=600)
     ap.add_argument("--root", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=3)

@@ -6,7 +6,7 @@ to the cache as one shard), the *step* arm is ``compute_embeddings`` (``ragpipe.
 lookups, leases, one shard per batch). Rounds alternate and the median per-round ratio step/bare
 is reported.
 
-    python -m benchmarks.embed_step_bench --scifact ../shared/datasets/scifact --texts 1024 --rounds 2
+    python -m benchmarks.embed_step_bench --scifact PATH --texts 1024 --rounds 2
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.build_bench import representation_texts
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.embedding.compute import compute_embeddings
 from ragpipe.embedding.embedder import SentenceTransformerEmbedder
@@ -31,7 +32,7 @@ SLICE = 256
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(parser)
     parser.add_argument("--texts", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """Evaluation-run benchmark on a SciFact bundle: overhead of custody, bytes per cell, resume.
 
-    python -m benchmarks.eval_bench --bundle PATH [--scifact ../shared/datasets/scifact]
+    python -m benchmarks.eval_bench --bundle PATH --scifact PATH
         [--mode hybrid] [--k 1000] [--warmup 30] [--out DIR] [--limit N] [--rounds 3]
 
 In one process, one ``Retriever`` (query embedder loaded, warmed up on ``--warmup`` claims):
@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.evaluation import cell as cell_module
 from ragpipe.evaluation import runner as runner_module
 from ragpipe.evaluation.eval_spec import EvaluationSpec
@@ -116,7 +117,7 @@ def scifact_arguments(warmup: int) -> argparse.ArgumentParser:
     """The options every evaluation benchmark takes (``--warmup`` defaults to ``warmup``)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", type=Path, required=True)
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--mode", default="hybrid")
     ap.add_argument("--k", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=warmup)

@@ -1,6 +1,6 @@
 """Metadata filters, timed: query p50 filtered vs unfiltered, same bundle, one run.
 
-    python -m benchmarks.filter_bench [--scifact ../shared/datasets/scifact] [--documents 600]
+    python -m benchmarks.filter_bench --scifact PATH [--documents 600]
         [--home DIR] [--queries 300] [--warmup 30]
 
 Builds (once per ``--home``) a bundle of the first ``--documents`` SciFact abstracts with metadata
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.query_bench import percentile
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 
@@ -87,7 +88,7 @@ def claims(scifact: Path, n: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--documents", type=int, default=600)
     ap.add_argument("--home", type=Path, default=Path("var/bench/filters"))
     ap.add_argument("--queries", type=int, default=300)

@@ -1,6 +1,6 @@
 """Does hybrid hold against its better channel on suites the fusion was not tuned on?
 
-    python -m benchmarks.fusion_bench --bundle PATH [--scifact ../shared/datasets/scifact]
+    python -m benchmarks.fusion_bench --bundle PATH --scifact PATH
         [--cache var/fusion_bench] [--per-suite 300] [--markdown] [--json OUT]
 
 For each suite, one real hybrid ``Retriever.query(k=1000, trace=True)`` per case collects both
@@ -55,6 +55,7 @@ import tantivy
 
 from benchmarks.plan_cache import CachedQueryEmbedder, Collected, load_or_collect
 from benchmarks.plan_search import variant_plan
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.evaluation.metrics import collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case, Suite
 from ragpipe.evaluation.suite_load import load_suite
@@ -241,7 +242,7 @@ def markdown(report: dict, variants: Sequence[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", type=Path, required=True)
-    parser.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(parser)
     parser.add_argument("--cache", type=Path, default=Path("var/fusion_bench"))
     parser.add_argument("--per-suite", type=int, default=300)
     parser.add_argument("--markdown", action="store_true")

@@ -1,6 +1,7 @@
 """Where a build step's or a query process's memory goes: resident memory per phase.
 
     python -m benchmarks.memory_phases --home H --step vector_index|index_bundle|query [--tracemalloc N]
+        [--scifact PATH]
 
 ``H`` is a home ``ann_bench --hybrid --keep`` built (``var/ann_bench/hybrid-<n>-<key>``): its
 revision ``bench`` with every stage published. The process runs one thing, as the build or a
@@ -13,6 +14,8 @@ plan) — with the functions listed in ``PHASES`` wrapped: for each call, the re
 ``/proc/self/clear_refs``, so it is the call's own peak; an enclosing call's peak includes it).
 Nested calls are indented. ``--tracemalloc N`` also prints the ``N`` source lines holding the
 most Python-allocated memory at the end (slow; its own figures only, RSS is then inflated).
+``--scifact PATH``: the SciFact folder the home's ``ann_bench`` run was given (the ``query`` step
+reads its queries; without it, the in-repo sample's, as ``ann_bench``).
 
 Prints one line per call (MiB) and a JSON summary. Linux only. Nothing here is imported by the
 package.
@@ -30,6 +33,8 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+
+from benchmarks.scifact import add_scifact_argument
 
 # module:attribute (functions) or module:Class.method, wrapped where they are looked up
 PHASES = {
@@ -177,6 +182,7 @@ def main() -> None:
     parser.add_argument("--home", type=Path, required=True, help="an ann_bench --hybrid --keep home")
     parser.add_argument("--step", choices=["vector_index", "index_bundle", "query"], required=True)
     parser.add_argument("--tracemalloc", type=int, default=0)
+    add_scifact_argument(parser, fallback="the in-repo sample data/scifact-sample, as ann_bench")
     args = parser.parse_args()
     os.environ.pop("RAGPIPE_STORE", None)
     if args.tracemalloc:
@@ -235,7 +241,7 @@ def main() -> None:
         from ragpipe.retrieval.plan import load_plan
         from ragpipe.retrieval.retriever import Retriever
 
-        texts = query_texts(50)
+        texts = query_texts(args.scifact, 50)
         vectors, _ = real_vectors(args.home.parent, texts, queries=True)
         embedder = PrecomputedQueries(spec.embedder, texts, vectors)
         verified = open_bundle(Path(build["bundle"]), defer_vector_table=True)

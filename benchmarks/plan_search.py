@@ -1,6 +1,6 @@
 """Query-plan variants on the SciFact **train** split, against an existing bundle.
 
-    python -m benchmarks.plan_search --bundle PATH [--scifact ../shared/datasets/scifact]
+    python -m benchmarks.plan_search --bundle PATH --scifact PATH
         [--levels chunk[,document]] [--replay 10] [--cache var/plan_search] [--markdown]
 
 Only ``qrels/train.tsv`` is read — never the test judgments, which are reported once, at the end,
@@ -41,6 +41,7 @@ import numpy as np
 from scipy.stats import permutation_test
 
 from benchmarks.plan_cache import CachedQueryEmbedder, Collected, Rankings, load_or_collect
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.evaluation.metrics import collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case
 from ragpipe.evaluation.suite_load import load_suite
@@ -243,7 +244,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", type=Path, required=True)
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--levels", default="chunk", help="collapse levels, comma-separated (chunk, document)")
     ap.add_argument("--replay", type=int, default=10, help="claims replayed through a real Retriever per variant")
     ap.add_argument("--cache", type=Path, default=Path("var/plan_search"))

@@ -1,6 +1,6 @@
 """Query-path benchmark on a SciFact bundle: latency, throughput under threads, retrieval quality.
 
-    python -m benchmarks.query_bench --bundle PATH [--scifact ../shared/datasets/scifact]
+    python -m benchmarks.query_bench --bundle PATH --scifact PATH
         [--torch-threads 1] [--warmup 30] [--threads 1,2,4] [--limit N]
         [--vector-engine retriever|lancedb|factory]
 
@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.bundle.verify import check_vector_table
 from ragpipe.evaluation.metrics import aggregate, collapse, default_metric_specs, score_cases
 from ragpipe.evaluation.suite import Case
@@ -176,7 +177,7 @@ def quality(retriever: Retriever, cases: list[Case], mode: str) -> dict[str, flo
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", type=Path, required=True)
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--threads", default="1,2,4", help="thread counts for the throughput runs")

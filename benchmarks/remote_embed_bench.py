@@ -1,6 +1,6 @@
 """A remote-embedder build, timed: the embeddings stage through litellm against a local server.
 
-    python -m benchmarks.remote_embed_bench [--scifact ../shared/datasets/scifact] [--documents 600]
+    python -m benchmarks.remote_embed_bench --scifact PATH [--documents 600]
         [--dimensions 384] [--batch-size 64] [--concurrency 4] [--root DIR]
 
 The first ``--documents`` SciFact abstracts (BEIR) are built up to the representations stage, then
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.filter_bench import write_corpus
+from benchmarks.scifact import add_scifact_argument
 from ragpipe.corpus.registry import register_revision
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
@@ -47,7 +48,7 @@ def remote_spec(api_base: str, dimensions: int, batch_size: int, concurrency: in
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--documents", type=int, default=600)
     ap.add_argument("--dimensions", type=int, default=384)
     ap.add_argument("--batch-size", type=int, default=64)

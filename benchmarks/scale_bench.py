@@ -1,6 +1,6 @@
 """Cost curve as the corpus grows: SciFact at 1×, 2× and 4× its size by re-cut variants.
 
-    python -m benchmarks.scale_bench [--scifact ../shared/datasets/scifact] [--scales 1,2,4]
+    python -m benchmarks.scale_bench --scifact PATH [--scales 1,2,4]
         [--out var/bench-scale] [--claims 300]
 
 No corpus larger than SciFact is available offline, so scale k is SciFact plus k − 1 variants of
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from benchmarks.build_bench import VERIFY, run_build, run_measured, write_jsonl
+from benchmarks.scifact import add_scifact_argument
 
 OPEN_AND_QUERY = """
 import json, statistics, sys, time
@@ -127,7 +128,7 @@ def measure(scale: int, docs: list[dict], scifact: Path, out: Path, claims: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scifact", type=Path, default=Path("../shared/datasets/scifact"))
+    add_scifact_argument(ap)
     ap.add_argument("--scales", default="1,2,4")
     ap.add_argument("--out", type=Path, default=Path("var/bench-scale"))
     ap.add_argument("--claims", type=int, default=300, help="train claims timed per mode")

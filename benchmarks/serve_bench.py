@@ -1,7 +1,7 @@
 """HTTP service benchmark: start to ready, latency and throughput by concurrency, swap delay, memory.
 
     python -m benchmarks.serve_bench --home var/ragpipe [--target staging] [--seconds 10]
-        [--clients 1,4,16] [--scifact ../shared/datasets/scifact]
+        [--clients 1,4,16] --scifact PATH
 
 Starts ``ragpipe serve`` as a subprocess on 127.0.0.1 (anonymous access, no rate limit) over the
 target's active release in ``--home`` and measures:
@@ -51,6 +51,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from benchmarks.scifact import add_scifact_argument
 
 REPO = Path(__file__).resolve().parent.parent
 AB_REQUESTS = 1500
@@ -225,7 +227,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--swap", help="a release ID to activate (then roll back) while serving")
-    parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "datasets" / "scifact")
+    add_scifact_argument(parser)
     args = parser.parse_args()
     claims = _claims(args.scifact)
     base = f"http://127.0.0.1:{args.port}"
