@@ -589,7 +589,7 @@ class DagsterOwnership(_Spec):
 
 
 # The evaluation → gate → release chain downstream of ``index_bundle`` (present when the spec has
-# an ``evaluation:`` section); their code versions come from ``ragpipe.stages.release_chain_ids``.
+# an ``evaluation:`` section); their code versions come from ``ragpipe.stages.chain_plan``.
 CHAIN_ASSETS = ("evaluation_run", "gate_decision", "release_manifest")
 
 
@@ -619,7 +619,7 @@ class EvaluationSection(_Spec):
     ``gate_decision`` applies. Relative paths are relative to the spec file (resolved at load).
 
     Semantic: every field except the paths themselves reaches an ID through the content it names
-    (suite digest, plan ID, policy ID, judge spec ID; see ``ragpipe.stages.release_chain_ids``),
+    (suite digest, plan ID, policy ID, judge spec ID; see ``ragpipe.stages.chain_plan``),
     never the path string. ``judge`` (a judge spec file, ``ragpipe.evaluation.judge_spec``) judges
     the run's answers, so it implies ``answers``. Operational, in no ID: ``judge_budget_micros``
     (the most one step — ``evaluation_run``, or ``gate_decision`` re-evaluating the incumbent —

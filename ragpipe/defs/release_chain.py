@@ -2,7 +2,7 @@
 
 ``evaluation_run`` (deps ``index_bundle``) → ``gate_decision`` → ``release_manifest``, partitioned
 by corpus revision like the build graph, each body delegating to one ``ragpipe.stages`` step.
-Code versions come from ``ragpipe.stages.release_chain_ids``; data versions are the evaluation spec ID,
+Code versions come from ``ragpipe.stages.chain_plan``; data versions are the evaluation spec ID,
 the decision ID and the release ID. The blocking check ``evaluation_ledger_verifies`` stops the
 gate (and the release) when the run's ledger is incomplete or does not verify.
 """
@@ -24,9 +24,9 @@ from ragpipe.defs.metadata import chain_materialize_result
 from ragpipe.defs.partitions import corpus_revisions
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.spec import PipelineSpec
+from ragpipe.stages.chain_plan import chain_plan
 from ragpipe.stages.eval_steps import check_evaluation_run, run_evaluation_run
 from ragpipe.stages.gate_steps import run_gate_decision
-from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_steps import run_release_manifest
 
 GROUP = "release"

@@ -33,9 +33,9 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.replica import run_dir
 from ragpipe.release.status import what_happens_next
 from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpec, PipelineSpecError, load_pipeline_spec
+from ragpipe.stages.chain_plan import chain_plan
 from ragpipe.stages.eval_steps import recorded_skip_reasons
 from ragpipe.stages.gate_steps import read_comparison, read_decision
-from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.stage_store import StageError, StageOutput, read_version
 
 

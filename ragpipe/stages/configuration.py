@@ -11,7 +11,7 @@
    ``null``: answers are not judged); a relative path is relative to the folder of the spec file,
    never to the working directory. Then the section's ``cutoffs``, a judge budget's price (a
    budget on a model the price table does not price cannot be kept) and the chain's code versions
-   (``ragpipe.stages.release_chain_ids``);
+   (``ragpipe.stages.chain_plan``);
 3. the release targets: ``$RAGPIPE_TARGETS``, else ``ragpipe/specs/targets.yaml``, and the gate
    policies each target accepts (relative to the targets file);
 4. the object store ``$RAGPIPE_STORE`` names, if set (``ragpipe.storage.location``): parsed, not
@@ -71,7 +71,7 @@ from ragpipe.spec import (
     pipeline_spec_path,
     validation_error_text,
 )
-from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
+from ragpipe.stages.chain_plan import ChainPlan, chain_plan
 from ragpipe.storage.location import LocationError, store_from
 from ragpipe.work.usage import load_prices
 

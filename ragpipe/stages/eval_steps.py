@@ -39,7 +39,7 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.replica import push_run, run_dir
 from ragpipe.retrieval.vector_engine import VectorEngine
 from ragpipe.spec import PipelineSpec
-from ragpipe.stages.release_chain_ids import chain_plan
+from ragpipe.stages.chain_plan import chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, publish_chain
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock, read_output

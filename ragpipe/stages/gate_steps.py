@@ -57,8 +57,8 @@ from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetsConfig, load_targets
 from ragpipe.retrieval.plan import parse_plan
 from ragpipe.spec import PipelineSpec
+from ragpipe.stages.chain_plan import ChainPlan, chain_plan
 from ragpipe.stages.eval_steps import judge_budget_stop
-from ragpipe.stages.release_chain_ids import ChainPlan, chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, publish_chain, read_chain_input
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock

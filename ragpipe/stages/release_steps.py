@@ -22,8 +22,8 @@ from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.spec import PipelineSpec
+from ragpipe.stages.chain_plan import chain_plan
 from ragpipe.stages.gate_steps import read_comparison, read_decision
-from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_chain_store import ChainResult, publish_chain, read_chain_input, read_chain_upstream
 from ragpipe.stages.stage_store import StageError, holding_workspace_lock
 

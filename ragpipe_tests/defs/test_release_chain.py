@@ -38,9 +38,9 @@ from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.release.targets import load_targets
 from ragpipe.spec import load_pipeline_spec
+from ragpipe.stages.chain_plan import chain_plan
 from ragpipe.stages.eval_steps import attempt_version, check_evaluation_run, run_evaluation_run
 from ragpipe.stages.gate_steps import run_gate_decision
-from ragpipe.stages.release_chain_ids import chain_plan
 from ragpipe.stages.release_steps import run_release_manifest
 from ragpipe.stages.stage_store import StageError, publish_output
 from ragpipe.stages.steps import read_stage_record

@@ -12,7 +12,7 @@ import pytest
 
 from ragpipe.evaluation.judge_spec import load_judge_spec
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
-from ragpipe.stages.release_chain_ids import chain_plan
+from ragpipe.stages.chain_plan import chain_plan
 from ragpipe_tests.conftest import REPO
 
 SPECS = REPO / "ragpipe" / "specs"
