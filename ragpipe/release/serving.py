@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import VerifiedRelease, verified_release
-from ragpipe.release.live import live_release
+from ragpipe.release.live import LiveRelease, live_release
 from ragpipe.release.manifest import ReleaseManifest, evaluation_run_dir, load_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore, check_release_id
 from ragpipe.release.targets import TargetsConfig
@@ -43,9 +43,20 @@ class ServedRelease:
     manifest: ReleaseManifest
     bundle: VerifiedBundle
     plan: QueryPlan
-    target: str | None = None  # with the three below: set by ``active_release``
-    generation: int | None = None
-    since: str | None = None  # when the history made it active (ISO 8601, UTC)
+    live: LiveRelease | None = None  # how it is live (``active_release``); None when served by choice
+
+    @property
+    def target(self) -> str | None:
+        return None if self.live is None else self.live.target
+
+    @property
+    def generation(self) -> int | None:
+        return None if self.live is None else self.live.generation
+
+    @property
+    def since(self) -> str | None:
+        """When the history made it active (ISO 8601, UTC)."""
+        return None if self.live is None else self.live.since
 
 
 def served_release(ws: Workspace, target: str | None = None, release_id: str | None = None) -> ServedRelease:
@@ -63,8 +74,10 @@ def served_release(ws: Workspace, target: str | None = None, release_id: str | N
     return active_release(ws, target, defer_vector_table=True)
 
 
-def _served(ws: Workspace, verified: VerifiedRelease) -> ServedRelease:
-    return ServedRelease(verified.release_id, verified.manifest, verified.bundle, gated_plan(ws, verified.manifest))
+def _served(ws: Workspace, verified: VerifiedRelease, live: LiveRelease | None = None) -> ServedRelease:
+    return ServedRelease(
+        verified.release_id, verified.manifest, verified.bundle, gated_plan(ws, verified.manifest), live
+    )
 
 
 def gated_plan(ws: Workspace, manifest: ReleaseManifest) -> QueryPlan:
@@ -105,7 +118,4 @@ def active_release(
     ``ragpipe.release.verified_record``), opened and with its gated plan parsed; ``ReleaseError``
     naming the first problem."""
     live = live_release(ws, target, config=config, defer_vector_table=defer_vector_table, remember=True)
-    served = _served(ws, live.verified)
-    return ServedRelease(
-        served.release_id, served.manifest, served.bundle, served.plan, live.target, live.generation, live.since
-    )
+    return _served(ws, live.verified, live)
