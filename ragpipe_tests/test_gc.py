@@ -17,7 +17,8 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
 from ragpipe.stages.stage_store import POINTER, read_output, version_name, workspace_lock
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 RUNS = list(steps.BUILD_STEPS)

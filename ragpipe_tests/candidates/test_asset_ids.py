@@ -124,7 +124,7 @@ def test_a_suite_with_test_split_cases_is_refused_unless_allowed_and_then_record
 
     from ragpipe.candidates.create import CandidateError, refuse_test_split
     from ragpipe.evaluation.suite import Case, Suite
-    from ragpipe_tests.conftest import REPO
+    from ragpipe_tests.support.paths import REPO
 
     suite = Suite.of(
         [

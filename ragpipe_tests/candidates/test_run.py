@@ -21,7 +21,8 @@ from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, SAMPLE, build_all_stages
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 PLAN = """schema: ragpipe.query_plan/v1
 channels:

@@ -15,7 +15,8 @@ from dagster import DagsterInstance
 
 from ragpipe.cli.build_view import BuildView
 from ragpipe.orchestration.progress import EmbeddingProgress, StepFinished
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 
 
 def exact_engine(vectors: int) -> dict[str, str]:

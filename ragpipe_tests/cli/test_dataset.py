@@ -12,7 +12,7 @@ import pytest
 
 from ragpipe.evaluation.suite import Case, Suite, write_suite
 from ragpipe.evaluation.suite_load import load_suite
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 
 @pytest.fixture

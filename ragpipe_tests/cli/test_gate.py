@@ -18,9 +18,9 @@ from ragpipe.experiment.arm_source import ArmSourceError, load_arm
 from ragpipe.experiment.gate_policy import load_policy
 from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import REPO
 from ragpipe_tests.support.eval_support import EVALUABLE, eval_bundle  # noqa: F401
 from ragpipe_tests.support.gate_support import policy_doc
+from ragpipe_tests.support.paths import REPO
 
 
 def gate_cli(*args: str) -> subprocess.CompletedProcess:

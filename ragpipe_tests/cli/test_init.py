@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from ragpipe.experiment.decision import decide, skipped_cases_text
-from ragpipe_tests.conftest import REPO, write_tree
+from ragpipe_tests.support.corpora import write_tree
 from ragpipe_tests.support.gate_support import arm, policy
+from ragpipe_tests.support.paths import REPO
 
 NOTES = {
     "garden.md": "---\ntitle: Garden\n---\n# Tomatoes\n\nWater tomato plants deeply twice a week and stake them before they flower.\n",

@@ -14,7 +14,7 @@ import pytest
 
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.store import ReleaseStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, publish
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.

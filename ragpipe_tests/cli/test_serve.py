@@ -11,7 +11,7 @@ import yaml
 
 from ragpipe.server.config import ServeConfig
 from ragpipe.server.keys import key_matches, split_key
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 
 def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:

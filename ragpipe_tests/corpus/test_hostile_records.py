@@ -25,7 +25,8 @@ from ragpipe.corpus.registry import (
 )
 from ragpipe.corpus.rules import MAX_ID_BYTES
 from ragpipe.kernel.ids import bytes_digest
-from ragpipe_tests.conftest import REPO, write_tree
+from ragpipe_tests.support.corpora import write_tree
+from ragpipe_tests.support.paths import REPO
 
 OK_TEXT = "A document with enough text to be kept.\n"
 KEY_RULE = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"

@@ -19,7 +19,8 @@ from ragpipe.embedding.compute import read_embeddings
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.stages.stage_store import read_output
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 
 
 def build(root: Path, corpus: Path, **env: str) -> dict:

@@ -44,7 +44,7 @@ from ragpipe.stages.gate_steps import run_gate_decision
 from ragpipe.stages.release_steps import run_release_manifest
 from ragpipe.stages.stage_store import StageError, publish_output
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
 

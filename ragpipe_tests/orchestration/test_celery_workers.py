@@ -47,9 +47,9 @@ from ragpipe.release.replica import run_dir
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.storage.location import open_store
-from ragpipe_tests.conftest import REPO, SAMPLE
 from ragpipe_tests.orchestration.test_postgres_instance import start_postgres
 from ragpipe_tests.support.celery_workers import CeleryWorker
+from ragpipe_tests.support.paths import REPO, SAMPLE
 from ragpipe_tests.support.private_link import PrivateLink, private_link_here
 from ragpipe_tests.support.redis_server import RedisServer, RedisUnavailable
 from ragpipe_tests.support.s3_server import S3Server

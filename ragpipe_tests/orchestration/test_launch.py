@@ -24,7 +24,8 @@ from ragpipe.kernel import processes
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.orchestration import launch
 from ragpipe.orchestration.materialize import materialize_revision
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.services import open_instance, start_daemon, wait_daemons
 
 TEMPLATE = REPO / "dagster.yaml"

@@ -33,7 +33,7 @@ from ragpipe.release.manifest import load_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.support.paths import REPO, SAMPLE
 from ragpipe_tests.support.pg_server import PostgresServer, PostgresUnavailable
 from ragpipe_tests.support.services import (
     BACKFILL_DONE,

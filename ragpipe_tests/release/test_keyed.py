@@ -131,7 +131,7 @@ def test_a_malformed_key_is_one_line_for_every_release_command(home):
     import subprocess
     import sys
 
-    from ragpipe_tests.conftest import REPO
+    from ragpipe_tests.support.paths import REPO
 
     ws, release_id = home
     env = {**os.environ, "RAGPIPE_HOME": str(ws.home), KEY_ENV: "short"}

@@ -19,7 +19,7 @@ from ragpipe.release.live import live_release
 from ragpipe.release.pointer import Pointer, read_pointer, write_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.release_fixtures import bundle_ids, forge_activation, publish
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")

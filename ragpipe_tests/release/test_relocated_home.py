@@ -21,7 +21,7 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
 from ragpipe.retrieval.retriever import Retriever
 from ragpipe.stages import steps
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.release_fixtures import fresh_ws, publish
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")

@@ -37,10 +37,10 @@ from ragpipe.server.tracing import (
     trace_payload,
     traces_with_feedback,
 )
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.server.test_answer_bounds import llm_release  # noqa: F401  (fixture)
 from ragpipe_tests.support.http_server import release_of, wait_for
 from ragpipe_tests.support.served_http import served
+from ragpipe_tests.support.serving import Serving, config_for
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "zebra-quokka-7319"  # question text that must not reach the disk unless configured

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ragpipe_tests.conftest import REPO, SAMPLE, build_all_stages
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 DOCS = 100
 EVALUABLE = 36 + 2  # sample cases whose judged documents are all in the bundle, plus the two added
