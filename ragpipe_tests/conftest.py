@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.cli import run_cli
 from ragpipe_tests.support.corpora import HANDBOOK, SCOPED_DOCS, write_beir, write_tree
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,6 +35,12 @@ def sigterm_as_the_session_started():
     signal.signal(signal.SIGTERM, SESSION_SIGTERM)
     yield
     signal.signal(signal.SIGTERM, SESSION_SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """The ``ragpipe`` command as a user runs it (``ragpipe_tests.support.cli.run_cli``)."""
+    return run_cli
 
 
 @pytest.fixture

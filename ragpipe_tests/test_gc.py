@@ -238,15 +238,12 @@ def test_sigkill_during_collection(base, ws: Workspace, step: str):
     assert not [p for p in ws.work.rglob(".trash-*")]
 
 
-def test_cli_gc_dry_run_then_collect(base, ws: Workspace):
+def test_cli_gc_dry_run_then_collect(base, ws: Workspace, cli):
     _, _, _, first = base
     expected = expected_b_garbage(ws, first)
-    env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", "gc", *args], capture_output=True, text=True, env=env, timeout=120
-        )
+        return cli("gc", *args, home=ws.home, timeout=120)
 
     dry = run("--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
