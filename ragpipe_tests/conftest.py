@@ -1,14 +1,18 @@
-"""Shared fixtures: small real corpora and a fully built small workspace (real embedder)."""
+"""Shared fixtures: small real corpora and a fully built small workspace (real embedder). The
+helpers they call live in ``ragpipe_tests.support`` (tests import them from there, never from here)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 from pathlib import Path
 
 import pytest
+
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.corpora import HANDBOOK, SCOPED_DOCS, write_beir, write_tree
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -33,50 +37,15 @@ def sigterm_as_the_session_started():
     signal.signal(signal.SIGTERM, SESSION_SIGTERM)
 
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "data" / "scifact-sample"
-
-HANDBOOK = {
-    "guide/intro.md": "---\ntitle: Introduction\n---\n# Introduction\n\nragpipe builds retrieval indexes.\n\n## Goals\n\nExact spans, verified bundles and honest evaluation.\n",
-    "guide/ops.md": "---\naccess_scopes: [staff]\nsource_role: runbook\n---\n# Operations\n\nRotate the signing keys every quarter. Keep the activation pointer backed up.\n",
-    "notes/ünïcode.txt": "Café crème costs 3 €; naïve résumé — 日本語のテキストも含まれます。\r\nSecond line.\r\n",
-    "notes/short.md": "tiny\n",
-}
-
-
-def write_tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.encode("utf-8"))
-    return root
-
-
-def write_beir(path: Path, docs: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-    return path
+@pytest.fixture(scope="session")
+def cli():
+    """The ``ragpipe`` command as a user runs it (``ragpipe_tests.support.cli.run_cli``)."""
+    return run_cli
 
 
 @pytest.fixture
 def handbook(tmp_path: Path) -> Path:
     return write_tree(tmp_path / "handbook", HANDBOOK)
-
-
-def build_all_stages(
-    home: Path, revision: str, corpus: Path, fmt: str, default_scope: str | None = "public", spec=None
-):
-    """Register ``corpus`` and run every stage (plain functions, no Dagster); returns (ws, spec, bundle path)."""
-    from ragpipe.corpus.registry import register_revision
-    from ragpipe.kernel.workspace import Workspace
-    from ragpipe.spec import load_pipeline_spec
-    from ragpipe.stages import steps
-
-    ws = Workspace(home)
-    spec = spec or load_pipeline_spec()
-    register_revision(ws.registry, revision, corpus, fmt, default_scope)
-    for run in steps.BUILD_STEPS:
-        run(ws, revision, spec)
-    return ws, spec, ws.located(str(steps.read_stage_record(ws, revision, "index_bundle").facts["bundle_path"]))
 
 
 @pytest.fixture(scope="session")
@@ -86,52 +55,6 @@ def built_workspace(tmp_path_factory: pytest.TempPathFactory):
     corpus = write_tree(root / "handbook", HANDBOOK)
     ws, spec, _ = build_all_stages(root / "home", "hb", corpus, "markdown")
     return ws, spec
-
-
-# Adversarial authorization fixture: secret documents that would rank first in both channels,
-# a secret twin with exactly the text of a public document (equal-score tie across scopes), and
-# a document whose text names scopes.
-SCOPED_DOCS = [
-    {
-        "_id": "pub-aspirin",
-        "title": "Aspirin and stroke",
-        "text": "Low-dose aspirin reduces the risk of a first stroke in older adults. The effect was modest.",
-    },
-    {
-        "_id": "pub-statin",
-        "title": "Statins",
-        "text": "Statins lower LDL cholesterol and reduce cardiovascular events in high-risk patients.",
-    },
-    {
-        "_id": "pub-twin",
-        "title": "Twin",
-        "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population.",
-    },
-    {
-        "_id": "pub-scopes",
-        "title": "Access scopes",
-        "text": "Documents carry access scopes such as secret and staff; a scope decides who may read a document.",
-    },
-    {
-        "_id": "staff-aspirin",
-        "title": "Aspirin staff memo",
-        "text": "Staff memo: aspirin dosing for stroke patients on the ward.",
-        "metadata": {"access_scopes": ["staff"]},
-    },
-    {
-        "_id": "sec-aspirin",
-        "title": "Aspirin stroke aspirin stroke",
-        "text": "Aspirin stroke aspirin stroke aspirin stroke: the secret aspirin stroke trial data.",
-        "metadata": {"access_scopes": ["secret"]},
-    },
-    {
-        "_id": "sec-twin",
-        "title": "Twin",
-        "text": "Aspirin twin text: aspirin stroke prevention trial results in the general population.",
-        "metadata": {"access_scopes": ["secret"]},
-    },
-]
-SECRET_IDS = {"sec-aspirin", "sec-twin"}
 
 
 @pytest.fixture(scope="session")

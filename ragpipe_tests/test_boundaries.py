@@ -413,3 +413,110 @@ def test_the_home_join_scanner_sees_every_form(tmp_path: Path):
         "2: default_home() / 'tune'",
         "3: Path(home) / 'datasets'",
     ]
+
+
+# ---- the tests' own house: fixtures in conftest.py files, helpers in support/, tests beside ------
+
+TESTS = PACKAGE.parent / "ragpipe_tests"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+SUPPORT = TESTS / "support"
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in ``path``, lazy ones included: ``import a.b`` gives
+    ``a.b``; ``from a import b`` gives ``a.b`` (``b`` may be a module or a name in ``a``); a
+    relative import keeps its leading dots (``from .conftest import x`` gives ``.conftest.x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            joint = "" if base.endswith(".") else "."
+            found += [(node.lineno, f"{base}{joint}{a.name}") for a in node.names]
+    return sorted(found)
+
+
+def conftest_imports(path: Path) -> list[str]:
+    """The imports in ``path`` that reach into a ``conftest`` module (pytest loads conftest.py files
+    as plugins; a module importing one gets a second copy of its fixtures and module state)."""
+    return [f"{line}: {name}" for line, name in imported_names(path) if "conftest" in name.split(".")]
+
+
+def imports_of_tests_beyond_support(path: Path) -> list[str]:
+    """The imports of ``ragpipe_tests`` in ``path`` other than ``ragpipe_tests.support`` and its modules."""
+    return [
+        f"{line}: {name}"
+        for line, name in imported_names(path)
+        if name.split(".")[0] == "ragpipe_tests" and name.split(".")[:2] != ["ragpipe_tests", "support"]
+    ]
+
+
+def non_fixtures(conftest: Path) -> list[str]:
+    """The top-level functions and classes of a conftest.py that are neither pytest fixtures nor
+    pytest hooks (``pytest_*``): helpers, which belong in ``ragpipe_tests/support/``."""
+    found = []
+    for node in ast.parse(conftest.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef):
+            found.append(f"{node.lineno}: class {node.name}")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("pytest_"):
+            decorators = [ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list]
+            if "pytest.fixture" not in decorators:
+                found.append(f"{node.lineno}: def {node.name}")
+    return found
+
+
+def test_no_test_or_benchmark_imports_from_a_conftest_module():
+    files = sorted([*TESTS.rglob("*.py"), *BENCHMARKS.rglob("*.py")])
+    found = {str(p.relative_to(PACKAGE.parent)): conftest_imports(p) for p in files}
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_conftest_files_hold_fixtures_and_hooks_only():
+    found = {str(p.relative_to(TESTS)): non_fixtures(p) for p in sorted(TESTS.rglob("conftest.py"))}
+    assert "conftest.py" in found
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_support_holds_no_test_files():
+    assert sorted(str(p.relative_to(SUPPORT)) for p in SUPPORT.rglob("test_*.py")) == []
+
+
+def test_benchmarks_import_only_the_support_package_of_the_tests():
+    found = {
+        str(p.relative_to(BENCHMARKS)): imports_of_tests_beyond_support(p) for p in sorted(BENCHMARKS.rglob("*.py"))
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_the_test_house_scanners_see_every_form(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from ragpipe_tests.conftest import REPO\nimport ragpipe_tests.server.conftest\n"
+        "from ragpipe_tests import conftest, support\nfrom .conftest import x\nfrom . import conftest as c\n"
+        "from ragpipe_tests.support.cli import run_cli\nimport ragpipe_tests.support.paths\n"
+        "from ragpipe_tests.release import test_live\nfrom conftests import y\n\n\n"
+        "def f():\n    from ragpipe_tests.server.conftest import Serving\n"
+    )
+    assert conftest_imports(probe) == [
+        "1: ragpipe_tests.conftest.REPO",
+        "2: ragpipe_tests.server.conftest",
+        "3: ragpipe_tests.conftest",
+        "4: .conftest.x",
+        "5: .conftest",
+        "13: ragpipe_tests.server.conftest.Serving",
+    ]
+    assert imports_of_tests_beyond_support(probe) == [
+        "1: ragpipe_tests.conftest.REPO",
+        "2: ragpipe_tests.server.conftest",
+        "3: ragpipe_tests.conftest",
+        "8: ragpipe_tests.release.test_live",
+        "13: ragpipe_tests.server.conftest.Serving",
+    ]
+    conftest = tmp_path / "conftest.py"
+    conftest.write_text(
+        "import pytest\nSTATE = 1\n\n\n@pytest.fixture\ndef a(): ...\n\n\n"
+        '@pytest.fixture(scope="session")\ndef b(): ...\n\n\ndef pytest_configure(config): ...\n\n\n'
+        "def helper(): ...\n\n\nclass Serving: ...\n"
+    )
+    assert non_fixtures(conftest) == ["16: def helper", "19: class Serving"]

@@ -17,7 +17,8 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
 from ragpipe.stages.stage_store import POINTER, read_output, version_name, workspace_lock
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 RUNS = list(steps.BUILD_STEPS)
@@ -237,15 +238,12 @@ def test_sigkill_during_collection(base, ws: Workspace, step: str):
     assert not [p for p in ws.work.rglob(".trash-*")]
 
 
-def test_cli_gc_dry_run_then_collect(base, ws: Workspace):
+def test_cli_gc_dry_run_then_collect(base, ws: Workspace, cli):
     _, _, _, first = base
     expected = expected_b_garbage(ws, first)
-    env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", "gc", *args], capture_output=True, text=True, env=env, timeout=120
-        )
+        return cli("gc", *args, home=ws.home, timeout=120)
 
     dry = run("--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Entries at the repository root that a doc may name paths under. Runtime folders (var/, $RAGPIPE_HOME,

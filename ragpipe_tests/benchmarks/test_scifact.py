@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.scifact import add_scifact_argument
-
-REPO = Path(__file__).resolve().parents[2]
+from ragpipe_tests.support.paths import REPO
 
 
 def _parser(fallback: str | None = None) -> argparse.ArgumentParser:

@@ -13,7 +13,8 @@ from ragpipe.embedding.cache import EmbeddingCache
 from ragpipe.index.vector import read_vector_rows
 from ragpipe.representations.derive import read_representations
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
-from ragpipe_tests.conftest import SCOPED_DOCS, build_all_stages, write_beir
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import SCOPED_DOCS, write_beir
 
 # Texts of very different lengths: in a batch they are padded to the longest, which changes the
 # float results in their last bits (the reason the vectors' digest cannot be part of the ID).

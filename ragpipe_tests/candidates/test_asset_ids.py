@@ -115,16 +115,14 @@ def test_check_assets_refuses_unknown_and_missing():
         check_assets({k: v for k, v in a.items() if k != "suite"}, "snap")
 
 
-def test_a_suite_with_test_split_cases_is_refused_unless_allowed_and_then_recorded(tmp_path):
+def test_a_suite_with_test_split_cases_is_refused_unless_allowed_and_then_recorded(tmp_path, cli):
     """Tuning on the test split spends the measure a project reports: ``candidate new`` and
     ``tune`` refuse such a suite (before anything else) unless --allow-test-split, which enters the
     evaluator settings (and ID) the candidate locks; settings without it keep their old ID."""
-    import subprocess
-    import sys
 
     from ragpipe.candidates.create import CandidateError, refuse_test_split
     from ragpipe.evaluation.suite import Case, Suite
-    from ragpipe_tests.conftest import REPO
+    from ragpipe_tests.support.paths import REPO
 
     suite = Suite.of(
         [
@@ -150,14 +148,7 @@ def test_a_suite_with_test_split_cases_is_refused_unless_allowed_and_then_record
         ("candidate", "new", "--set", "query_plan.fusion.k=15", "--out", str(tmp_path / "c")),
         ("tune", "--space", str(REPO / "ragpipe" / "specs" / "tune_space.yaml")),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", *command, "--parent", "r1", "--suite", str(tmp_path)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**__import__("os").environ, "RAGPIPE_HOME": str(tmp_path / "home")},
-            timeout=300,
-        )
+        done = cli(*command, "--parent", "r1", "--suite", str(tmp_path), home=tmp_path / "home", timeout=300)
         assert (done.returncode, done.stdout) == (1, ""), command
         assert "1 of its 1 cases are judged on the test split (first: '1')" in " ".join(done.stderr.split()), (
             done.stderr

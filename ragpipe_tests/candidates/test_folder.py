@@ -17,7 +17,7 @@ from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH, load_policy
 from ragpipe.kernel.ids import bytes_digest
 from ragpipe.retrieval.plan import parse_plan
 from ragpipe.spec import DEFAULT_SPEC_PATH, load_pipeline_spec
-from ragpipe_tests.conftest import SAMPLE
+from ragpipe_tests.support.paths import SAMPLE
 
 PLAN = b"""schema: ragpipe.query_plan/v1
 channels:

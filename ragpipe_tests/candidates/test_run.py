@@ -5,9 +5,7 @@ two-step tune chain. One small workspace (100 SciFact-sample documents) per modu
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,9 @@ from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.experiment.arm_source import load_arm
 from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, SAMPLE, build_all_stages
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.cli import homes_under, run_cli
+from ragpipe_tests.support.paths import SAMPLE
 
 PLAN = """schema: ragpipe.query_plan/v1
 channels:
@@ -166,11 +166,7 @@ def test_tune_chain_reuses_the_incumbent_run(home):
 
 
 def cli(*args: str, root: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(root / "ragpipe"), "DAGSTER_HOME": str(root / "dagster")}
-    env.pop("RAGPIPE_PIPELINE_SPEC", None)
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-    )
+    return run_cli(*args, env=homes_under(root), unset=("RAGPIPE_PIPELINE_SPEC",))
 
 
 def test_cli_new_validate_and_errors(home):

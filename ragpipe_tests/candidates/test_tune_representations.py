@@ -26,9 +26,10 @@ from ragpipe.experiment.gate_policy import DEFAULT_POLICY_PATH
 from ragpipe.spec import DEFAULT_SPEC_PATH
 from ragpipe.stages.steps import read_stage_record
 from ragpipe_tests.candidates.test_run import PLAN
-from ragpipe_tests.conftest import REPO, SAMPLE, build_all_stages
 from ragpipe_tests.representations.generated_support import questions_for
+from ragpipe_tests.support.builds import build_all_stages
 from ragpipe_tests.support.llm_server import LLMServer, words
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 SPACE = REPO / "ragpipe" / "specs" / "tune_space_representations.yaml"
 MODEL = "openai/gpt-4o-mini"  # priced in ragpipe/specs/prices.yaml: 150,000 in, 600,000 out per 10^6 tokens

@@ -15,7 +15,9 @@ from dagster import DagsterInstance
 
 from ragpipe.cli.build_view import BuildView
 from ragpipe.orchestration.progress import EmbeddingProgress, StepFinished
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.cli import homes_under, run_cli
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 
 
 def exact_engine(vectors: int) -> dict[str, str]:
@@ -29,10 +31,7 @@ def exact_engine(vectors: int) -> dict[str, str]:
 
 
 def ragpipe(*args: str, home: Path, **extra_env: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster"), **extra_env}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-    )
+    return run_cli(*args, env={**homes_under(home), **extra_env})
 
 
 @pytest.fixture(scope="module")

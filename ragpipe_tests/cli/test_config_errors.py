@@ -19,7 +19,7 @@ import pytest
 from ragpipe.corpus.registry import list_revisions
 from ragpipe.kernel.workspace import Workspace
 from ragpipe_tests.cli.test_cli import ragpipe
-from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 SPECS = REPO / "ragpipe" / "specs"
 CORPUS = SAMPLE / "rev-1.jsonl"

@@ -5,27 +5,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ragpipe.evaluation.suite import Case, Suite, write_suite
 from ragpipe.evaluation.suite_load import load_suite
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.paths import REPO
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """A fresh home and a targets config whose ``production`` target lists one approver, rita."""
     rita = tmp_path / "rita.pem"
-    made = subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", "release", "approver-key", "rita", "--out", str(rita)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    made = run_cli("release", "approver-key", "rita", "--out", str(rita), timeout=120)
     public = made.stdout.split('rita: "')[1].split('"')[0]
     targets = tmp_path / "targets.yaml"
     targets.write_text(
@@ -39,14 +33,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", "dataset", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    return run_cli("dataset", *args, env=env, timeout=300)
 
 
 def ok(env, *args: str):

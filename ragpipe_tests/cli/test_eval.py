@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ragpipe.evaluation.suite_load import load_suite
-from ragpipe_tests.conftest import SAMPLE
 from ragpipe_tests.support.eval_support import EVALUABLE, SUITE_CASES, cli, eval_bundle  # noqa: F401
+from ragpipe_tests.support.paths import SAMPLE
 
 RESULT_KEYS = {
     "run_id",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,20 +16,13 @@ from ragpipe.experiment.arm_source import ArmSourceError, load_arm
 from ragpipe.experiment.gate_policy import load_policy
 from ragpipe.retrieval.plan import load_plan, parse_plan
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.cli import run_cli
 from ragpipe_tests.support.eval_support import EVALUABLE, eval_bundle  # noqa: F401
 from ragpipe_tests.support.gate_support import policy_doc
 
 
 def gate_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_cli(*args, env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")

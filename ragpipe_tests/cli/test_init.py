@@ -8,17 +8,17 @@ project's state lives in the project (fresh homes under ``tmp_path``). Two real 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ragpipe.experiment.decision import decide, skipped_cases_text
-from ragpipe_tests.conftest import REPO, write_tree
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.corpora import write_tree
 from ragpipe_tests.support.gate_support import arm, policy
+from ragpipe_tests.support.paths import REPO
 
 NOTES = {
     "garden.md": "---\ntitle: Garden\n---\n# Tomatoes\n\nWater tomato plants deeply twice a week and stake them before they flower.\n",
@@ -47,10 +47,7 @@ REFUSED = "is not empty: ragpipe init writes a project into a new or empty folde
 
 def ragpipe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # COLUMNS: rich lays the human output out for a wide terminal, so no line is wrapped
-    full = {**os.environ, "COLUMNS": "1000", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=full, cwd=REPO, timeout=900
-    )
+    return run_cli(*args, env={"COLUMNS": "1000", **(env or {})}, timeout=900)
 
 
 def project_env(project: Path) -> dict[str, str]:
@@ -128,20 +125,12 @@ def test_init_refuses_a_folder_that_is_not_empty(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "taken"]  # no temporary folder left
 
 
-def test_init_into_the_current_empty_folder_keeps_that_folder(tmp_path: Path):
+def test_init_into_the_current_empty_folder_keeps_that_folder(tmp_path: Path, cli):
     """``ragpipe init .``: the files move into the caller's folder, which stays the same folder."""
     here = tmp_path / "here"
     here.mkdir()
     inode = here.stat().st_ino
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", "init", "."],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli("init", ".", env={"PYTHONPATH": str(REPO)}, cwd=here, timeout=120)
     assert done.returncode == 0, done.stderr
     assert here.stat().st_ino == inode and (here / "pipeline.yaml").is_file() and (here / "suite.jsonl").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no temporary folder left

@@ -155,7 +155,8 @@ def test_query_errors_exit_nonzero(scoped_bundles, tmp_path, built_workspace):
 
 def test_lexical_only_bundle(tmp_path, built_workspace):
     from ragpipe.spec import PipelineSpec
-    from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+    from ragpipe_tests.support.builds import build_all_stages
+    from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
     _, spec = built_workspace
     lex_spec = PipelineSpec.model_validate(

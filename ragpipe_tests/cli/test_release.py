@@ -7,14 +7,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.store import ReleaseStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.cli import run_cli
 from ragpipe_tests.support.release_fixtures import H, bundle_ids, bundle_of, fresh_ws, publish
 
 # Fixture releases are gated under fixture policies (release_fixtures.fixture_policy): the targets accept them.
@@ -22,15 +21,8 @@ pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
 
 
 def release(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "80"}  # $RAGPIPE_TARGETS: accepting_fixture_policies
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", "release", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    # $RAGPIPE_TARGETS: accepting_fixture_policies
+    return run_cli("release", *args, home=home, env={"COLUMNS": "80"}, timeout=300)
 
 
 def ok(*args: str, home: Path):
@@ -229,15 +221,7 @@ def test_gc_keeps_released_bundles_and_stops_on_a_damaged_history(built_workspac
     ok("activate", publish(ws, bundle), home=ws.home)
 
     def gc(*args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
-        return subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", "gc", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=300,
-        )
+        return run_cli("gc", *args, home=ws.home, timeout=300)
 
     proc = gc("--json")
     assert proc.returncode == 0, proc.stderr

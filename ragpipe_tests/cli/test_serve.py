@@ -11,18 +11,12 @@ import yaml
 
 from ragpipe.server.config import ServeConfig
 from ragpipe.server.keys import key_matches, split_key
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.paths import REPO
 
 
 def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "RAGPIPE_HOME": str(home), "HF_HUB_OFFLINE": "1"},
-    )
+    return run_cli(*args, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}, home=home, inherit=False, timeout=120)
 
 
 def test_serve_key_prints_a_key_and_the_entry_that_accepts_it(tmp_path: Path):

@@ -14,7 +14,7 @@ from ragpipe.corpus.records import SourceRecord
 from ragpipe.corpus.registry import RevisionError, list_revisions, read_registered_corpus, register_revision
 from ragpipe.corpus.snapshot import build_snapshot
 from ragpipe.spec import SnapshotSpec
-from ragpipe_tests.conftest import write_beir, write_tree
+from ragpipe_tests.support.corpora import write_beir, write_tree
 
 GOOD = b'{"_id": "d1", "title": "T", "text": "Some text that is long enough."}\n'
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,8 @@ from ragpipe.corpus.registry import (
 )
 from ragpipe.corpus.rules import MAX_ID_BYTES
 from ragpipe.kernel.ids import bytes_digest
-from ragpipe_tests.conftest import REPO, write_tree
+from ragpipe_tests.support.cli import homes_under, run_cli
+from ragpipe_tests.support.corpora import write_tree
 
 OK_TEXT = "A document with enough text to be kept.\n"
 KEY_RULE = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -452,10 +452,7 @@ def test_good_revision_keys_and_hand_made_registry_files(tmp_path: Path):
 
 
 def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
-    )
+    return run_cli(*args, env=homes_under(home), timeout=300)
 
 
 def one_line(stderr: str) -> str:

@@ -17,7 +17,7 @@ from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.registry import RevisionError, read_registered_corpus, register_revision
 from ragpipe.corpus.snapshot import build_snapshot
 from ragpipe.spec import SnapshotSpec
-from ragpipe_tests.conftest import write_tree
+from ragpipe_tests.support.corpora import write_tree
 
 OK_TEXT = "A document with enough text to be kept.\n"
 KEY_RULE = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"

@@ -9,7 +9,7 @@ import pytest
 from ragpipe.corpus import registry
 from ragpipe.corpus.normalize import CorpusError
 from ragpipe.corpus.registry import load_revision, read_registered_corpus, register_revision
-from ragpipe_tests.conftest import HANDBOOK, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
 
 @pytest.fixture

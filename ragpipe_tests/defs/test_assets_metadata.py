@@ -29,7 +29,8 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import DEFAULT_SPEC_PATH, PipelineSpecError, load_pipeline_spec
 from ragpipe.stages.results import Table, table
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 
 ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 TABULAR = ASSETS[:-1]

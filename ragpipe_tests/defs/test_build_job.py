@@ -29,7 +29,8 @@ from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
 from ragpipe.stages.stage_store import read_output
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import HANDBOOK, REPO, SAMPLE, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 # Every upstream output an asset reads, i.e. exactly the inputs its stage records.

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,9 @@ from ragpipe.embedding.compute import read_embeddings
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.stages.stage_store import read_output
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 
 
 def build(root: Path, corpus: Path, **env: str) -> dict:
@@ -35,15 +35,8 @@ def build(root: Path, corpus: Path, **env: str) -> dict:
         "DAGSTER_HOME": str(root / "dagster"),
         **env,
     }
-    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", "hb", "--default-scope"]
-    proc = subprocess.run(
-        [*args, "public", "--launch", "in-process", "--json"],
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=REPO,
-        timeout=900,
-    )
+    args = ["build", str(corpus), "--revision", "hb", "--default-scope", "public", "--launch", "in-process", "--json"]
+    proc = run_cli(*args, env=full, inherit=False, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

@@ -17,7 +17,7 @@ from ragpipe.defs import build_definitions
 from ragpipe.defs.executors import K8S_ENV, K8S_SECRET
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.configuration import ConfigurationError, check_configuration
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 CELERY = {
     "RAGPIPE_EXECUTOR": "celery",

@@ -16,7 +16,7 @@ from ragpipe.corpus.registry import list_revisions, load_revision
 from ragpipe.corpus.watched import SourcesError, load_sources
 from ragpipe.defs import build_definitions
 from ragpipe.defs.resources import RagpipeHome
-from ragpipe_tests.conftest import SAMPLE
+from ragpipe_tests.support.paths import SAMPLE
 
 NIGHT_1 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 NIGHT_2 = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
@@ -223,7 +223,7 @@ def test_a_tick_sigkilled_right_after_registering_loses_nothing(env, tmp_path: P
     import subprocess
     import sys
 
-    from ragpipe_tests.conftest import REPO
+    from ragpipe_tests.support.paths import REPO
 
     home, instance, _, _ = env
     proc = subprocess.run(

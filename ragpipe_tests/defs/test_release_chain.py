@@ -44,7 +44,7 @@ from ragpipe.stages.gate_steps import run_gate_decision
 from ragpipe.stages.release_steps import run_release_manifest
 from ragpipe.stages.stage_store import StageError, publish_output
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 CHAIN = ["evaluation_run", "gate_decision", "release_manifest"]
 
@@ -447,19 +447,15 @@ def test_a_rebuild_of_an_up_to_date_revision_runs_nothing(chain):
     assert (again.up_to_date, again.run_id, again.release_id) == (True, None, summaries["scifact-2"].release_id)
 
 
-def test_query_serves_the_active_release_with_its_gated_plan(chain):
+def test_query_serves_the_active_release_with_its_gated_plan(chain, cli):
     """`ragpipe query` without a bundle serves the default target's active release (revision 1's,
     activated above) with the plan it was gated with, and says which release answered."""
     ws, _, _, summaries, _, _ = chain
     s1 = summaries["scifact-1"]
     manifest = load_manifest(ReleaseStore(ws), s1.release_id)
-    env = {**os.environ, "RAGPIPE_HOME": str(ws.home)}
-    env.pop("RAGPIPE_TARGETS", None)
 
     def ragpipe(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-        )
+        return cli(*args, home=ws.home, unset=("RAGPIPE_TARGETS",))
 
     done = ragpipe("query", "aspirin and cardiovascular events", "--k", "3", "--json")
     assert done.returncode == 0, done.stderr

@@ -28,9 +28,10 @@ from ragpipe.release.targets import load_targets
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.gate_steps import read_decision
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, write_beir
+from ragpipe_tests.support.corpora import write_beir
 from ragpipe_tests.support.gate_support import policy_doc
 from ragpipe_tests.support.llm_server import LLMServer, judge_reply
+from ragpipe_tests.support.paths import REPO
 
 CHAIN = ("evaluation_run", "gate_decision", "release_manifest")
 SPECS = REPO / "ragpipe" / "specs"

@@ -17,7 +17,7 @@ from ragpipe.corpus.registry import register_revision
 from ragpipe.defs import build_definitions
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.defs.sensors import MAX_ATTEMPTS, corpus_revision_sensor, load_cursor
-from ragpipe_tests.conftest import HANDBOOK, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
 
 @pytest.fixture

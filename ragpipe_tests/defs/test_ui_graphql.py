@@ -17,7 +17,7 @@ from dagster import AssetKey
 from ragpipe.defs import build_definitions
 from ragpipe.defs.assets import GROUP, POOLS
 from ragpipe.spec import load_pipeline_spec
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.services import (
     ASSET_GRAPH_QUERY,
     INSTANCE_QUERY,

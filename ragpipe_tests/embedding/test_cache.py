@@ -18,8 +18,9 @@ from ragpipe.embedding.compute import compute_embeddings
 from ragpipe.embedding.embedder import SentenceTransformerEmbedder
 from ragpipe.kernel.ids import SpecId, content_id
 from ragpipe.spec import load_pipeline_spec
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
 from ragpipe_tests.embedding.test_embedding import rep
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
 SPEC = SpecId(content_id("embedder", 1, {"t": 1}))
 TEXTS = ["alpha beta", "gamma delta", "epsilon zeta"]

@@ -36,7 +36,8 @@ from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 from ragpipe.spec import EmbedderSpec, PipelineSpec, load_pipeline_spec, own_spec_id
 from ragpipe.stages.stage_store import read_output
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 from ragpipe_tests.support.query_graphs import copy_entry, edit_manifest
 
 TEXTS = [

@@ -219,7 +219,8 @@ def test_a_bundle_built_from_a_folder_is_queried_through_it(pinned_copy, tmp_pat
     from ragpipe.retrieval.authz import Subject
     from ragpipe.retrieval.retriever import Retriever
     from ragpipe.spec import PipelineSpec
-    from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+    from ragpipe_tests.support.builds import build_all_stages
+    from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
     folder, digest = pinned_copy
     data = load_pipeline_spec().model_dump(by_alias=True, exclude={"evaluation"})

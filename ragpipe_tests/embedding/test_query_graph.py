@@ -41,7 +41,7 @@ from ragpipe.kernel.publish import PUBLISH_STEPS
 from ragpipe.kernel.seals import HOME_KEY, SealKey, sealed
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.spec import load_pipeline_spec, own_spec_id
-from ragpipe_tests.conftest import SAMPLE
+from ragpipe_tests.support.paths import SAMPLE
 from ragpipe_tests.support.query_graphs import copy_entry, edit_manifest, read_manifest, write_manifest
 
 TEXTS = [

@@ -19,7 +19,8 @@ from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
 from ragpipe.stages.embedding_shards import run_embedding_shard
 from ragpipe.stages.stage_store import StageError, read_output
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 from ragpipe_tests.support.embeddings_server import EmbeddingsServer, vector_for
 
 DIMS = 16

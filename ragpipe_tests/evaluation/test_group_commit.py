@@ -17,8 +17,8 @@ from ragpipe.evaluation.runner import resume_evaluation, run_evaluation
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.retrieval.plan import load_plan
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import REPO
 from ragpipe_tests.support.eval_support import eval_bundle  # noqa: F401  (fixture)
+from ragpipe_tests.support.paths import REPO
 
 PER_COMMIT = 4
 # The process wraps the runner's own functions and SIGKILLs itself inside the second group (cells

@@ -11,8 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 from ragpipe.evaluation.ledger import LEDGER, read_ledger, reduce_records
-from ragpipe_tests.conftest import REPO
 from ragpipe_tests.support.eval_support import EVALUABLE, cli, eval_bundle  # noqa: F401
+from ragpipe_tests.support.paths import REPO
 
 COMPLETED = b'"kind":"CellCompleted"'
 KILL_AT = (3, 14, 27, 41, 55, 66)  # cumulative cells whose progress call kills the process

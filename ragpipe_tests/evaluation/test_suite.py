@@ -25,9 +25,8 @@ from ragpipe.evaluation.suite import (
 from ragpipe.evaluation.suite_beir import import_beir
 from ragpipe.evaluation.suite_load import load_suite
 from ragpipe.kernel.ids import content_id
+from ragpipe_tests.support.paths import SAMPLE
 
-REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "data" / "scifact-sample"
 SCIFACT = Path("/work/shared/datasets/scifact")
 CHUNK = "sha256:" + "0" * 64
 

@@ -33,10 +33,11 @@ from ragpipe.experiment.pairing import pair
 from ragpipe.index.vector import vector_row_count
 from ragpipe.retrieval.plan import load_plan
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import SAMPLE, build_all_stages
 from ragpipe_tests.experiment.test_gate_policy import BASE, GOLDEN_ID
+from ragpipe_tests.support.builds import build_all_stages
 from ragpipe_tests.support.eval_support import eval_bundle  # noqa: F401
 from ragpipe_tests.support.gate_support import arm, policy_doc
+from ragpipe_tests.support.paths import SAMPLE
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic arms: the decision

@@ -26,7 +26,7 @@ from ragpipe.kernel.ledger import (
     read_head,
     read_ledger,
 )
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 D = Domain("test-ledger-record", 1)
 G = Domain("test-ledger-record", 1, max_group=4)  # the same records, appended in groups of up to 4

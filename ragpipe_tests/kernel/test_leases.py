@@ -12,7 +12,7 @@ import pytest
 
 from ragpipe.kernel.leases import BundleLease, held_bundles, leases_dir
 from ragpipe.kernel.workspace import Workspace
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 B1, B2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 HOLD = """

@@ -15,8 +15,8 @@ from pydantic import SecretBytes, SecretStr
 
 from ragpipe.kernel.settings import VARIABLES, Settings, SettingsError, current_settings
 from ragpipe.kernel.workspace import Workspace, default_home
+from ragpipe_tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 KEY = "k" * 32
 
 

@@ -47,9 +47,10 @@ from ragpipe.release.replica import run_dir
 from ragpipe.release.store import ReleaseStore
 from ragpipe.stages.steps import read_stage_record
 from ragpipe.storage.location import open_store
-from ragpipe_tests.conftest import REPO, SAMPLE
 from ragpipe_tests.orchestration.test_postgres_instance import start_postgres
 from ragpipe_tests.support.celery_workers import CeleryWorker
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.paths import REPO, SAMPLE
 from ragpipe_tests.support.private_link import PrivateLink, private_link_here
 from ragpipe_tests.support.redis_server import RedisServer, RedisUnavailable
 from ragpipe_tests.support.s3_server import S3Server
@@ -184,8 +185,8 @@ def in_process_reference(root: Path, revision: str, corpus: Path) -> Workspace:
         "RAGPIPE_HOME": str(root / "reference" / "ragpipe"),
         "DAGSTER_HOME": str(root / "reference" / "dagster"),
     }
-    args = [sys.executable, "-m", "ragpipe.cli", "build", str(corpus), "--revision", revision, "--default-scope"]
-    proc = subprocess.run([*args, "public", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    args = ["build", str(corpus), "--revision", revision, "--default-scope", "public", "--json"]
+    proc = run_cli(*args, env=env, inherit=False, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return Workspace(root / "reference" / "ragpipe")
 

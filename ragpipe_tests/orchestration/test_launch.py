@@ -24,7 +24,9 @@ from ragpipe.kernel import processes
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.orchestration import launch
 from ragpipe.orchestration.materialize import materialize_revision
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.services import open_instance, start_daemon, wait_daemons
 
 TEMPLATE = REPO / "dagster.yaml"
@@ -37,14 +39,7 @@ def homes(root: Path) -> dict[str, str]:
 
 
 def ragpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        cwd=REPO,
-        timeout=900,
-    )
+    return run_cli(*args, env=env, timeout=900)
 
 
 def ui_job_snapshot_id(instance: DagsterInstance) -> str:

@@ -23,7 +23,8 @@ from ragpipe.defs.assets import POOLS
 from ragpipe.defs.release_chain import CHAIN_POOLS
 from ragpipe.orchestration.launch import create_build_run
 from ragpipe.orchestration.progress import EmbeddingProgress, PoolWait, Tracker
-from ragpipe_tests.conftest import HANDBOOK, REPO, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
+from ragpipe_tests.support.paths import REPO
 
 EXECUTE = (
     "import sys\n"

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,8 @@ from ragpipe.release.manifest import load_manifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.spec import load_pipeline_spec
 from ragpipe.stages.steps import read_stage_record
-from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.support.cli import run_cli
+from ragpipe_tests.support.paths import REPO, SAMPLE
 from ragpipe_tests.support.pg_server import PostgresServer, PostgresUnavailable
 from ragpipe_tests.support.services import (
     BACKFILL_DONE,
@@ -123,14 +123,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 
 
 def ragpipe_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args],
-        capture_output=True,
-        text=True,
-        env=service_env(stack.dagster_home, stack.env),
-        cwd=REPO,
-        timeout=900,
-    )
+    return run_cli(*args, env=service_env(stack.dagster_home, stack.env), inherit=False, timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from ragpipe.release.pointer import read_pointer
 from ragpipe.release.recovery import MOVED, NOT_MOVED, recover_target
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.release_fixtures import fresh_ws, publish
 
 CRASH = """

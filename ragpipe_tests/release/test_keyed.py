@@ -126,15 +126,10 @@ def test_a_run_whose_head_was_recomputed_without_the_key_is_refused(home):
         live_release(ws, "staging")
 
 
-def test_a_malformed_key_is_one_line_for_every_release_command(home):
-    import os
-    import subprocess
-    import sys
-
-    from ragpipe_tests.conftest import REPO
+def test_a_malformed_key_is_one_line_for_every_release_command(home, cli):
 
     ws, release_id = home
-    env = {**os.environ, "RAGPIPE_HOME": str(ws.home), KEY_ENV: "short"}
+    env = {KEY_ENV: "short"}
     for args in (
         ("release", "list"),
         ("release", "current"),
@@ -142,9 +137,7 @@ def test_a_malformed_key_is_one_line_for_every_release_command(home):
         ("release", "rollback", "--target", "staging"),
         ("query", "aspirin"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "ragpipe.cli", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-        )
+        done = cli(*args, home=ws.home, env=env, timeout=300)
         assert (done.returncode, done.stdout) == (1, ""), args
         assert "RAGPIPE_BUNDLE_KEY: key has 5 bytes, at least 32 are required" in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr, args

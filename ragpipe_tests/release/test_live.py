@@ -5,9 +5,7 @@ query`` and ``ragpipe release current`` (exit 1, one line naming the rule)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from ragpipe.release.live import live_release
 from ragpipe.release.pointer import Pointer, read_pointer, write_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseError, ReleaseStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.cli import run_cli
 from ragpipe_tests.support.release_fixtures import bundle_ids, forge_activation, publish
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
@@ -27,10 +25,7 @@ NOT_MOVED = "the pointer was not moved by activation or rollback; refusing to se
 
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
-    )
+    return run_cli(*args, home=home, env={"COLUMNS": "200"}, timeout=300)
 
 
 def refused_everywhere(ws: Workspace, target: str, reason: str) -> None:

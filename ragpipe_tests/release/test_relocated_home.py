@@ -5,10 +5,8 @@ every command — query, eval --resume, release list/current/activate/rollback, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
 from ragpipe.retrieval.retriever import Retriever
 from ragpipe.stages import steps
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.cli import run_cli
 from ragpipe_tests.support.release_fixtures import fresh_ws, publish
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")
@@ -32,10 +30,7 @@ class Stop(Exception):
 
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAGPIPE_HOME": str(home), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
-    )
+    return run_cli(*args, home=home, env={"COLUMNS": "200"}, timeout=300)
 
 
 def unfinished_run(ws: Workspace, bundle: Path) -> Path:

@@ -30,7 +30,7 @@ from ragpipe.release.target_sync import target_key
 from ragpipe.server.follower import ReleaseFollower
 from ragpipe.storage.local import LocalObjectStore
 from ragpipe.storage.objects import ObjectStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.release_fixtures import evaluation_of, publish
 from ragpipe_tests.support.storage_fixtures import delete, store_env
 

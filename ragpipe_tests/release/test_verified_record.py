@@ -27,7 +27,7 @@ from ragpipe.release.verified_record import (
     record_path,
     remembered,
 )
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.release_fixtures import publish
 
 pytestmark = pytest.mark.usefixtures("accepting_fixture_policies")

@@ -23,7 +23,6 @@ from ragpipe.stages import steps
 from ragpipe.stages.stage_store import POINTER, StageError, read_output
 from ragpipe.work.disclosure import endpoint_identity
 from ragpipe_tests.bundle.test_forgery import refusal, reseal
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
 from ragpipe_tests.representations.generated_support import (
     MODEL,
     early_build,
@@ -32,6 +31,8 @@ from ragpipe_tests.representations.generated_support import (
     questions_for,
     serving,
 )
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 from ragpipe_tests.support.llm_server import LLMServer
 
 

@@ -1,4 +1,4 @@
-"""Authorization before disclosure, against adversarial fixtures (see conftest.SCOPED_DOCS)."""
+"""Authorization before disclosure, against adversarial fixtures (see ragpipe_tests.support.corpora.SCOPED_DOCS)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ragpipe.retrieval.context import Context, Evidence, render_payload
 from ragpipe.retrieval.fusion.order import FusedHit
 from ragpipe.retrieval.plan import GeneratorPlan
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import SCOPED_DOCS, SECRET_IDS
+from ragpipe_tests.support.corpora import SCOPED_DOCS, SECRET_IDS
 from ragpipe_tests.support.llm_server import LLMServer
 
 QUERIES = [

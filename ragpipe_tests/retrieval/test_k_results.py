@@ -22,7 +22,8 @@ from ragpipe.retrieval.fusion.order import collapse
 from ragpipe.retrieval.fusion.rrf import weighted_rrf
 from ragpipe.retrieval.plan import DepthPolicy, load_plan
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import build_all_stages, write_beir
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import write_beir
 
 
 class ListBackend:

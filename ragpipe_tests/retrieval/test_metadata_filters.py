@@ -18,7 +18,8 @@ from ragpipe.corpus.metadata_filter import matches
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.results import QueryError
 from ragpipe.retrieval.retriever import Retriever
-from ragpipe_tests.conftest import build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import write_tree
 
 WORDS = "returns refund shipping invoice warranty battery charger cable screen repair price discount".split()
 CATEGORIES = ["faq", "guide", "policy"]

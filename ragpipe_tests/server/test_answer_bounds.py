@@ -13,10 +13,10 @@ import pytest
 from ragpipe.release.activation import activate
 from ragpipe.retrieval.plan import GeneratorPlan, load_plan
 from ragpipe.server.app import app_from
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, running, wait_for
 from ragpipe_tests.support.llm_server import Handler, LLMServer
 from ragpipe_tests.support.release_fixtures import bundle_of, evaluation_of, fixture_targets, fresh_ws, publish
+from ragpipe_tests.support.serving import Serving, config_for
 
 
 @pytest.fixture

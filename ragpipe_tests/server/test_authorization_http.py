@@ -15,7 +15,7 @@ from ragpipe.retrieval.retriever import Retriever
 from ragpipe.server.app import app_from
 from ragpipe.server.config import KeyEntry, ServeConfig
 from ragpipe.server.keys import new_key
-from ragpipe_tests.conftest import SCOPED_DOCS
+from ragpipe_tests.support.corpora import SCOPED_DOCS
 from ragpipe_tests.support.http_server import release_of, running, wait_for
 from ragpipe_tests.support.release_fixtures import fixture_targets, fresh_ws, publish
 

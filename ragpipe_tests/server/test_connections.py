@@ -15,9 +15,9 @@ import pytest
 
 from ragpipe.release.activation import activate
 from ragpipe.server.app import app_from
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, wait_for
 from ragpipe_tests.support.served_http import connect, metric, read_until, read_until_closed, served
+from ragpipe_tests.support.serving import Serving, config_for
 
 HALF_HEAD = b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 IMPLEMENTATIONS = ["h11", "httptools"]

@@ -12,9 +12,9 @@ import pytest
 from ragpipe.release.activation import activate
 from ragpipe.release.store import ReleaseStore
 from ragpipe.server.app import ROUTES, app_from
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, wait_for
 from ragpipe_tests.support.served_http import served
+from ragpipe_tests.support.serving import Serving, config_for
 
 SCANNED = [*ROUTES, "/mcp/", "/mcp", "/v2/nothing"]
 MARKER = "zebra-quokka-7319"  # query text that must not reach a log line

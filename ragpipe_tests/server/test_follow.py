@@ -14,9 +14,9 @@ from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.rollback import rollback
 from ragpipe.release.store import ReleaseStore
 from ragpipe.server.app import app_from
-from ragpipe_tests.server.conftest import Serving, b1_after_a1, config_for, refresh_of
 from ragpipe_tests.support.http_server import release_of, running, wait_for
 from ragpipe_tests.support.release_fixtures import bundle_of, forge_activation
+from ragpipe_tests.support.serving import Serving, b1_after_a1, config_for, refresh_of
 
 CLIENTS, RESPONSES_PER_RELEASE = 4, 30
 

@@ -16,9 +16,9 @@ from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.retrieval.results import QueryError
 from ragpipe.server import follower as follower_module
 from ragpipe.server.follower import ReleaseFollower
-from ragpipe_tests.server.conftest import Serving, b1_after_a1
 from ragpipe_tests.server.test_follow import forge_activation
 from ragpipe_tests.support.release_fixtures import bundle_of, gate_of, manifest_for
+from ragpipe_tests.support.serving import Serving, b1_after_a1
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from ragpipe.release.activation import activate
 from ragpipe.retrieval.authz import Subject
 from ragpipe.retrieval.retriever import Retriever
 from ragpipe.server.app import app_from
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.http_server import release_of, running, wait_for
+from ragpipe_tests.support.serving import Serving, config_for
 
 STAFF_DOC = "guide/ops.md"  # access_scopes: [staff]
 

@@ -24,10 +24,10 @@ from ragpipe.server.keys import new_key
 from ragpipe.server.knowledge import PARAMETERS, TOOL_NAME
 from ragpipe.server.mcp_tool import ANSWER_TOOL_NAME
 from ragpipe.server.tracing import TRACE_DOMAIN, find_trace, log_path, traces_with_feedback
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.server.test_answer_bounds import llm_release  # noqa: F401  (fixture)
 from ragpipe_tests.support.http_server import release_of, running, wait_for
 from ragpipe_tests.support.served_http import metric, served
+from ragpipe_tests.support.serving import Serving, config_for
 
 STAFF_DOC = "guide/ops.md"
 

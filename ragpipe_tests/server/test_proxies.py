@@ -11,8 +11,8 @@ import pytest
 
 from ragpipe.server.app import app_from
 from ragpipe.server.proxies import forwarded_hops, parse_address
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.support.served_http import served
+from ragpipe_tests.support.serving import Serving, config_for
 
 LIMITED = {
     "code": "rate_limited",

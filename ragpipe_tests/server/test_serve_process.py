@@ -16,10 +16,10 @@ import httpx
 import yaml
 
 from ragpipe.release.activation import activate
-from ragpipe_tests.conftest import REPO
-from ragpipe_tests.server.conftest import Serving
 from ragpipe_tests.support.http_server import wait_for
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.served_http import connect, read_until_closed
+from ragpipe_tests.support.serving import Serving
 
 QUERY = "walrus-heron-5521 signing keys"  # text that must not reach the log
 

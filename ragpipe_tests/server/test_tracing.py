@@ -37,12 +37,12 @@ from ragpipe.server.tracing import (
     trace_payload,
     traces_with_feedback,
 )
-from ragpipe_tests.server.conftest import Serving, config_for
 from ragpipe_tests.server.test_answer_bounds import llm_release  # noqa: F401  (fixture)
 from ragpipe_tests.support.http_server import release_of, wait_for
+from ragpipe_tests.support.paths import REPO
 from ragpipe_tests.support.served_http import served
+from ragpipe_tests.support.serving import Serving, config_for
 
-REPO = Path(__file__).resolve().parents[2]
 MARKER = "zebra-quokka-7319"  # question text that must not reach the disk unless configured
 UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 FIXED = {"trace_id", "at", "target", "release_id"}

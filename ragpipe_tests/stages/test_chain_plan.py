@@ -13,7 +13,7 @@ import pytest
 from ragpipe.evaluation.judge_spec import load_judge_spec
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages.chain_plan import chain_plan
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 SPECS = REPO / "ragpipe" / "specs"
 # The checked-in spec's code versions before judges existed: they must never move with this feature.

@@ -31,7 +31,8 @@ from ragpipe.stages.stage_store import (
     read_output,
     version_name,
 )
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 EARLY = [steps.run_source_snapshot, steps.run_chunks, steps.run_representations]

@@ -24,7 +24,7 @@ from ragpipe.stages.stage_store import STORE_STEPS, StageError
 from ragpipe.storage.blobs import blob_key, folder_files, listing_of, put_blob, read_listing
 from ragpipe.storage.local import LocalObjectStore
 from ragpipe.storage.objects import ObjectStore
-from ragpipe_tests.conftest import HANDBOOK, write_tree
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 from ragpipe_tests.support.storage_fixtures import store_env
 
 STAGES = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]

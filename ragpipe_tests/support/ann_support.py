@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
-from ragpipe_tests.conftest import build_all_stages
+from ragpipe_tests.support.builds import build_all_stages
 from ragpipe_tests.support.eval_support import eval_bundle  # noqa: F401  (fixture)
 
 ANN = {"kind": "ivf_hnsw_sq", "num_partitions": 2, "m": 16, "ef_construction": 100}

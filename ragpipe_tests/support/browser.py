@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = (

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 READY_TIMEOUT_S = 120
 

@@ -5,20 +5,15 @@ WooCommerce products."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from ragpipe_tests.support.cli import homes_under, run_cli
 
 
 def ragpipe(*args: str, home: Path) -> subprocess.CompletedProcess:
     """The ``ragpipe`` command as a user runs it, with its homes under ``home``."""
-    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-    )
+    return run_cli(*args, env=homes_under(home))
 
 
 # ------------------------------------------------------------------------------------ HTML site

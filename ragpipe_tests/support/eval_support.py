@@ -10,14 +10,14 @@ bundle lacks and are skipped. Built once per session under pytest's base temp an
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ragpipe_tests.conftest import REPO, SAMPLE, build_all_stages
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.cli import homes_under, run_cli
+from ragpipe_tests.support.paths import SAMPLE
 
 DOCS = 100
 EVALUABLE = 36 + 2  # sample cases whose judged documents are all in the bundle, plus the two added
@@ -80,7 +80,4 @@ def eval_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def cli(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m ragpipe.cli ARGS`` with its own RAGPIPE_HOME."""
-    env = {**os.environ, "RAGPIPE_HOME": str(home / "ragpipe"), "DAGSTER_HOME": str(home / "dagster")}
-    return subprocess.run(
-        [sys.executable, "-m", "ragpipe.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout
-    )
+    return run_cli(*args, env=homes_under(home), timeout=timeout)

@@ -20,7 +20,8 @@ from pathlib import Path
 from ragpipe.evaluation.suite import Case
 from ragpipe.server.config import KeyEntry, ServeConfig
 from ragpipe.server.keys import new_key
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 from ragpipe_tests.support.release_fixtures import new_evaluation_run
 
 XSS_TITLE = "<script>window.__xss_title = 1</script> Hostile title"

@@ -31,7 +31,7 @@ from ragpipe.release.gate_evidence import read_gate_evidence
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore
-from ragpipe_tests.conftest import REPO, SAMPLE
+from ragpipe_tests.support.paths import REPO, SAMPLE
 
 FIRST_NIGHT = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 TARGETS = """schema: ragpipe.targets/v1

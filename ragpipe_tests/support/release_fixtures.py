@@ -29,7 +29,7 @@ from ragpipe.release.history import History, now_iso
 from ragpipe.release.manifest import ReleaseManifest, publish_manifest
 from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.store import ReleaseStore
-from ragpipe_tests.conftest import REPO
+from ragpipe_tests.support.paths import REPO
 
 H = "sha256:" + "1" * 64
 BOOTSTRAP = Change(kind="bootstrap", incumbent_release=None)

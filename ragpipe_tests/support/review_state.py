@@ -23,8 +23,8 @@ from ragpipe.evaluation.datasets import add_cases, create_dataset
 from ragpipe.evaluation.suite import Case
 from ragpipe.kernel.signatures import new_key_file
 from ragpipe.server.tracing import FEEDBACK, TRACE, TraceLog, find_trace, log_path
-from ragpipe_tests.conftest import REPO
 from ragpipe_tests.support.lab_state import LabState
+from ragpipe_tests.support.paths import REPO
 
 TARGET = "production"
 SPLITS = {"dev": 0.5, "holdout": 0.5}

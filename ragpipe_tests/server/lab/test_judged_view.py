@@ -15,8 +15,9 @@ from ragpipe.retrieval.retriever import Retriever
 from ragpipe.server.app import app_from
 from ragpipe.work.policy import ExecutionPolicy
 from ragpipe.work.usage import load_prices
-from ragpipe_tests.conftest import HANDBOOK, build_all_stages, write_tree
 from ragpipe_tests.server.lab.test_views import login
+from ragpipe_tests.support.builds import build_all_stages
+from ragpipe_tests.support.corpora import HANDBOOK, write_tree
 from ragpipe_tests.support.lab_state import CASES, SCOPES, LabState
 from ragpipe_tests.support.llm_server import LLMServer, judge_reply
 from ragpipe_tests.support.served_http import served
