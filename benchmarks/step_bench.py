@@ -26,9 +26,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragpipe.representations.evidence import GENERATIONS_SCHEMA
 from ragpipe.representations.generate import GenerationInput, GenerationStep, chat_request, generation_key
 from ragpipe.representations.generation_run import evidence_record
+from ragpipe.representations.generations import GENERATIONS_SCHEMA
 from ragpipe.spec import GeneratedKindSpec, GenerationExecution, RepresentationSpec
 from ragpipe.work.chat import complete
 from ragpipe.work.entries import JsonEntryStore

@@ -25,7 +25,7 @@ from ragpipe.embedding.compute import embeddings_digest
 from ragpipe.index.vector_file import VECTORS_FILE, write_vectors_file
 from ragpipe.kernel.publish import PUBLISH_STEPS, PublishOutcome, StepHook, publish_directory
 from ragpipe.kernel.seals import SealKey, configured_key
-from ragpipe.representations.evidence import GENERATIONS_FILE
+from ragpipe.representations.generations import GENERATIONS_FILE
 from ragpipe.spec import SEMANTIC, PipelineSpec
 
 # Every point where a crash leaves a distinct state on disk, in order (failure-injection tests).

@@ -49,7 +49,7 @@ from ragpipe.representations.derive import (
     representation_digest_row,
     representations_from_arrow,
 )
-from ragpipe.representations.evidence import GENERATIONS_FILE, GenerationRecord, verify_generations
+from ragpipe.representations.generations import GENERATIONS_FILE, GenerationRecord, verify_generations
 from ragpipe.spec import (
     RECORDED,
     SEMANTIC,
@@ -299,7 +299,7 @@ def _generated_texts(
     generations: list[GenerationRecord] | None,
 ) -> tuple[dict[tuple[str, str], str], list[str]]:
     """The generated representations' texts by (chunk, kind), from their verified evidence
-    (``generations.parquet``; ``ragpipe.representations.evidence``) — never re-generated — or the
+    (``generations.parquet``; ``ragpipe.representations.generations``) — never re-generated — or the
     problems that stop the representation check. Parses the documents and chunks whole (a bundle
     with generated kinds is one whose every chunk went through a model)."""
     if spec.generated_kinds:

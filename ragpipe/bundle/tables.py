@@ -29,7 +29,7 @@ from ragpipe.corpus.snapshot import DOCUMENTS_SCHEMA, documents_from_arrow
 from ragpipe.index.vector_file import VECTORS_FILE, read_vectors
 from ragpipe.kernel.memory import release_free_memory as release_c_heap
 from ragpipe.representations.derive import REPRESENTATIONS_SCHEMA, Representation, representations_from_arrow
-from ragpipe.representations.evidence import GENERATIONS_FILE, GenerationRecord, read_generations
+from ragpipe.representations.generations import GENERATIONS_FILE, GenerationRecord, read_generations
 
 DOCUMENTS, CHUNKS, REPRESENTATIONS = "documents.parquet", "chunks.parquet", "representations.parquet"
 TABLE_FILES = (DOCUMENTS, CHUNKS, REPRESENTATIONS)

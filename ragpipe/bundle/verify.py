@@ -33,7 +33,7 @@ from ragpipe.bundle.tables import CHUNKS, DOCUMENTS, REPRESENTATIONS, TABLE_FILE
 from ragpipe.index.rows import index_columns
 from ragpipe.index.vector_file import VECTORS_FILE
 from ragpipe.kernel.seals import SealKey, SealKeyError, configured_key
-from ragpipe.representations.evidence import GENERATIONS_FILE
+from ragpipe.representations.generations import GENERATIONS_FILE
 from ragpipe.spec import EmbedderSpec
 
 # Files whose verified bytes are kept: the tables, and the vectors the in-memory engine searches.

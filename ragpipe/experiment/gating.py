@@ -6,7 +6,7 @@ the decision records its ``change``), the comparison under ``spec`` and the poli
 it, or the ineligible ``not_pairable`` decision when pairing refuses.
 Everything it reads is content-bound (verified runs, a policy and a comparison spec with content
 IDs) and everything it computes is seeded, so activation can recompute a release's decision from
-the runs it names and compare IDs (``ragpipe.release.gate_evidence``).
+the runs it names and compare IDs (``ragpipe.release.kept_decision``).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def verified_release(
     """The release as verified here — None unless it verifies — and the problems that forbid
     serving ``manifest`` (empty: it verifies). Full bundle verification,
     then the bundle's IDs against the manifest's, then its evaluation evidence
-    (``evidence.evaluation_evidence``) and gate decision (``gate_evidence.gate_problems``: made
+    (``bound_run.evaluation_evidence``) and gate decision (``kept_decision.gate_problems``: made
     again from its runs unless ``remake_decision`` is False), then each of ``child_checks``.
 
     Activation, rollback and every reader of the live release (``ragpipe.release.live``) make the
@@ -145,8 +145,8 @@ def verified_release(
         return (None, problems) if problems else (VerifiedRelease(manifest, bundle, None), problems)
     # Imported here: the evaluation and gate machinery (~0.3 s of imports) is needed to verify a
     # release in full, not to serve one whose verification is remembered (``verified_record``).
-    from ragpipe.release.evidence import evaluation_evidence, load_run
-    from ragpipe.release.gate_evidence import gate_problems
+    from ragpipe.release.bound_run import evaluation_evidence, load_run
+    from ragpipe.release.kept_decision import gate_problems
 
     arm, found = evaluation_evidence(ws, manifest)
     problems += found

@@ -10,7 +10,7 @@ activation (``ragpipe release activate``, a run launched by hand) never needs a 
 
 from __future__ import annotations
 
-from ragpipe.release.gate_evidence import EvidenceError, read_gate_evidence
+from ragpipe.release.kept_decision import EvidenceError, read_gate_evidence
 from ragpipe.release.manifest import ReleaseManifest
 from ragpipe.release.store import ReleaseStore
 from ragpipe.release.targets import TargetSpec

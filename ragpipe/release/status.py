@@ -37,8 +37,8 @@ from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import bundle_path, incumbent_refusal, unaccepted_policy
 from ragpipe.release.approvals import approval_refusal
 from ragpipe.release.automatic import automatic_refusal
-from ragpipe.release.gate_evidence import EvidenceError, read_gate_evidence
 from ragpipe.release.history import TargetHistory, read_history
+from ragpipe.release.kept_decision import EvidenceError, read_gate_evidence
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore

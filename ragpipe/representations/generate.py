@@ -3,7 +3,7 @@
 A generated text is *evidence of a call*, not something a verifier can re-derive: what the bundle
 keeps, per chunk and kind, is the exact request (``ChatRequest``; its digest is the cache key's
 input), the model's reply as litellm returned it, and whether the reply met the kind's output
-contract (``ragpipe.representations.evidence`` records and verifies these).
+contract (``ragpipe.representations.generations`` records and verifies these).
 
 The request is fixed by the spec: a system message — the prompt's text, a blank line, then the
 contract's instruction (the reply's JSON form, the count, the length limit) — and a user message

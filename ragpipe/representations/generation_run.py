@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ragpipe.chunking.models import Chunk
 from ragpipe.corpus.models import Document
-from ragpipe.representations.evidence import GenerationRecord, withheld_record
 from ragpipe.representations.generate import (
     GenerationInput,
     GenerationStep,
@@ -34,6 +33,7 @@ from ragpipe.representations.generate import (
     generation_key,
     parse_reply,
 )
+from ragpipe.representations.generations import GenerationRecord, withheld_record
 from ragpipe.spec import GenerationExecution, RepresentationSpec
 from ragpipe.work.admission import Budget
 from ragpipe.work.chat import ChatRequest

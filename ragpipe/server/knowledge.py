@@ -1,7 +1,7 @@
-"""``knowledge_search``: the evidence tool an LLM application calls, and its per-session evidence ledger.
+"""``knowledge_search``: the evidence tool an LLM application calls, and its per-session label ledger.
 
 A call retrieves ``limit`` chunks for the caller's subject from the release being served and
-returns them as evidence items labelled ``E1…En``. Labels come from an **evidence ledger** scoped
+returns them as evidence items labelled ``E1…En``. Labels come from a **label ledger** scoped
 to the caller's session: the MCP session (``Mcp-Session-Id``), else a run ID the caller passes,
 else the call alone. Within a ledger a chunk keeps the label it got first (items are deduplicated
 by chunk), so a model can cite ``[E3]`` across several calls; ledgers are keyed by the caller's
@@ -77,13 +77,13 @@ class EvidenceLedger:
         if found is None:
             if len(self.labels) >= MAX_LEDGER_ITEMS:
                 raise ToolError(
-                    f"the evidence ledger of {self.scope} is full ({MAX_LEDGER_ITEMS} items): start a new session"
+                    f"the label ledger of {self.scope} is full ({MAX_LEDGER_ITEMS} items): start a new session"
                 )
             found = self.labels[chunk_id] = f"E{len(self.labels) + 1}"
         return found
 
 
-class EvidenceLedgers:
+class LabelLedgers:
     """Ledgers by (caller, scope); least recently used dropped past ``MAX_LEDGERS`` in all and past
     ``MAX_LEDGERS_PER_CALLER`` for one caller, so one key cannot push out everyone else's; thread-safe."""
 

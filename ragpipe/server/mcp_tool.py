@@ -13,7 +13,7 @@ another key presenting a session's ID is refused. Sessions are bounded per key a
 (``ragpipe.server.sessions``; refusals are the server's JSON errors). A tool call runs in a worker
 thread and in one of the server's compute slots, on the release captured once for the call.
 
-The session ID the evidence ledger is scoped to is the ``Mcp-Session-Id`` header. Clients on a
+The session ID the label ledger is scoped to is the ``Mcp-Session-Id`` header. Clients on a
 protocol version without sessions (or in stateless mode) have none: they pass ``run_id`` to keep
 labels across calls, else every call starts at ``E1``.
 """
@@ -33,7 +33,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from ragpipe.server.answers import AnswerRequest, Mode, answer_body
 from ragpipe.server.config import Limits
 from ragpipe.server.errors import ApiError, error_body
-from ragpipe.server.knowledge import TOOL_DESCRIPTION, TOOL_NAME, EvidenceLedgers, ToolError, check_arguments, search
+from ragpipe.server.knowledge import TOOL_DESCRIPTION, TOOL_NAME, LabelLedgers, ToolError, check_arguments, search
 from ragpipe.server.sessions import SessionQuota, may_open_session
 
 ANSWER_TOOL_NAME = "knowledge_answer"
@@ -47,7 +47,7 @@ ANSWER_TOOL_DESCRIPTION = (
 def build_mcp(service) -> MCPServer:
     """The MCP server with its two tools, answering from ``service`` (``ragpipe.server.app.Service``)."""
     mcp = MCPServer("ragpipe", instructions=TOOL_DESCRIPTION, log_level="WARNING")
-    ledgers = EvidenceLedgers()
+    ledgers = LabelLedgers()
 
     @mcp.tool(name=TOOL_NAME, description=TOOL_DESCRIPTION)
     async def knowledge_search(

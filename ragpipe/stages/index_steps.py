@@ -22,7 +22,7 @@ from ragpipe.kernel.ids import content_id
 from ragpipe.kernel.publish import PublishOutcome, StepHook
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import REPRESENTATIONS_SCHEMA
-from ragpipe.representations.evidence import GENERATIONS_FILE
+from ragpipe.representations.generations import GENERATIONS_FILE
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.results import StageResult, finish, table
 from ragpipe.stages.stage_store import (

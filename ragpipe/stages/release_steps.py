@@ -7,7 +7,7 @@ refused when built under other code versions than the current spec's), verifies 
 bundle completely (``open_bundle``, for its material digest), and publishes
 ``ReleaseManifest`` into the release store (``ragpipe.release.manifest.publish_manifest``:
 atomic, a no-op when the same manifest exists), after keeping the gate decision and its comparison
-beside it (``ragpipe.release.gate_evidence``). Ineligible decisions are published too: the
+beside it (``ragpipe.release.kept_decision``). Ineligible decisions are published too: the
 manifest says so, and nothing activates it. Stage and Dagster data version: the release ID.
 """
 
@@ -18,7 +18,7 @@ import time
 from ragpipe.bundle.objects import open_bundle_here
 from ragpipe.experiment.decision import Decision
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.gate_evidence import publish_gate_evidence
+from ragpipe.release.kept_decision import publish_gate_evidence
 from ragpipe.release.manifest import EvaluationRef, GateRef, ReleaseManifest, publish_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore
 from ragpipe.spec import PipelineSpec
@@ -85,7 +85,7 @@ def run_release_manifest(ws: Workspace, revision: str, spec: PipelineSpec) -> Ch
     )
     store = ReleaseStore(ws)
     # The decision, comparison and policy go into the release store first: gc may collect the stage
-    # folder, and activation makes the decision again from them (``gate_evidence.gate_problems``).
+    # folder, and activation makes the decision again from them (``kept_decision.gate_problems``).
     comparison = read_comparison(gate.path) if decision["comparison_id"] is not None else None
     try:
         publish_gate_evidence(store, decision, comparison, chain.policy)

@@ -28,8 +28,8 @@ from ragpipe.representations.derive import (
     representation_set_digest,
     write_representations,
 )
-from ragpipe.representations.evidence import GENERATIONS_FILE, write_generations
 from ragpipe.representations.generation_run import GenerationFailed, GenerationOutcome, generate_representations
+from ragpipe.representations.generations import GENERATIONS_FILE, write_generations
 from ragpipe.spec import PipelineSpec
 from ragpipe.stages.embedding_shards import embed_revision, usage_metadata
 from ragpipe.stages.generation_metadata import generation_metadata

@@ -317,7 +317,7 @@ def test_three_revisions_add_edit_delete_each_go_live_as_a_refresh(three_revisio
 
 def read_decision_file(env: dict[str, str], summary: dict) -> str:
     from ragpipe.kernel.workspace import Workspace
-    from ragpipe.release.gate_evidence import evidence_path
+    from ragpipe.release.kept_decision import evidence_path
     from ragpipe.release.manifest import load_manifest
     from ragpipe.release.store import ReleaseStore
 

@@ -29,10 +29,10 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.publish import FILE_STEPS
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.orchestration.materialize import materialize_revision
-from ragpipe.release import evidence
+from ragpipe.release import bound_run
 from ragpipe.release.activation import activate
-from ragpipe.release.evidence import load_run
-from ragpipe.release.gate_evidence import evidence_path, gate_problems
+from ragpipe.release.bound_run import load_run
+from ragpipe.release.kept_decision import evidence_path, gate_problems
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.status import resolve_active
 from ragpipe.release.store import ReleaseError, ReleaseStore
@@ -303,7 +303,7 @@ KILL_RELEASE = """
 import os, signal, sys
 from pathlib import Path
 from ragpipe.spec import load_pipeline_spec
-from ragpipe.release import gate_evidence, manifest
+from ragpipe.release import kept_decision, manifest
 from ragpipe.stages import release_steps
 from ragpipe.kernel.workspace import Workspace
 
@@ -313,7 +313,7 @@ def kill(step):
         os.kill(os.getpid(), signal.SIGKILL)
 def hooked(real, prefix):
     return lambda path, data, **kw: real(path, data, **kw, on_step=lambda s: kill(prefix + s))
-gate_evidence.write_file_atomic = hooked(gate_evidence.write_file_atomic, "evidence:")
+kept_decision.write_file_atomic = hooked(kept_decision.write_file_atomic, "evidence:")
 manifest.write_file_atomic = hooked(manifest.write_file_atomic, "manifest:")
 release_steps.run_release_manifest(Workspace(Path(home)), "scifact-2", load_pipeline_spec())
 raise SystemExit("never killed at " + at)
@@ -370,14 +370,14 @@ def test_an_incumbent_run_without_build_figures_is_measured_again(
     copy = Workspace(tmp_path / "ragpipe")
     shutil.copytree(ws.home, copy.home)
     old_run = load_manifest(ReleaseStore(copy), summaries["scifact-1"].release_id).evaluation.run_id
-    real = evidence.load_arm
+    real = bound_run.load_arm
 
     def load_arm(path: Path):
         arm = real(path)
         return arm.model_copy(update={"build": None}) if arm.run_id == old_run else arm
 
-    # the incumbent arm is the reading of the release's own verification (release.evidence)
-    monkeypatch.setattr(evidence, "load_arm", load_arm)
+    # the incumbent arm is the reading of the release's own verification (release.bound_run)
+    monkeypatch.setattr(bound_run, "load_arm", load_arm)
     gate = run_gate_decision(copy, "scifact-2", spec)
     facts = gate.record.facts
     assert facts["incumbent_run"] != old_run and facts["incumbent_reevaluated"] == facts["incumbent_run"]

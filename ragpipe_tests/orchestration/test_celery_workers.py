@@ -41,7 +41,7 @@ from ragpipe.defs.embedding_shards import SHARD_POOL
 from ragpipe.defs.release_chain import CHAIN_POOLS
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.orchestration.failures import failure_messages
-from ragpipe.release.gate_evidence import read_gate_evidence
+from ragpipe.release.kept_decision import read_gate_evidence
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.replica import run_dir
 from ragpipe.release.store import ReleaseStore

@@ -18,8 +18,8 @@ from ragpipe.experiment.gating import gate_runs
 from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate, verify_release
-from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import read_history
+from ragpipe.release.kept_decision import publish_gate_evidence
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import load_manifest, publish_manifest
 from ragpipe.release.pointer import read_pointer

@@ -19,7 +19,7 @@ from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.seals import KEY_ENV, SealKey
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import activate
-from ragpipe.release.gate_evidence import evidence_path, publish_gate_evidence
+from ragpipe.release.kept_decision import evidence_path, publish_gate_evidence
 from ragpipe.release.live import live_release
 from ragpipe.release.manifest import publish_manifest
 from ragpipe.release.store import ReleaseError, ReleaseStore

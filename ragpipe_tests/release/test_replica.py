@@ -16,8 +16,8 @@ from ragpipe.bundle.objects import push_bundle
 from ragpipe.bundle.verify import open_bundle
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.release.activation import verify_release
-from ragpipe.release.evidence import evaluation_evidence
-from ragpipe.release.gate_evidence import evidence_path
+from ragpipe.release.bound_run import evaluation_evidence
+from ragpipe.release.kept_decision import evidence_path
 from ragpipe.release.manifest import ReleaseManifest, list_manifests, load_manifest, manifest_file_bytes
 from ragpipe.release.replica import push_run
 from ragpipe.release.store import ReleaseError, ReleaseStore

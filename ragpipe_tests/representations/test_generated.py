@@ -16,8 +16,8 @@ from ragpipe.chunking.models import read_chunks
 from ragpipe.corpus.registry import register_revision
 from ragpipe.kernel.workspace import Workspace
 from ragpipe.representations.derive import read_representations, write_representations
-from ragpipe.representations.evidence import GENERATIONS_FILE, read_generations, write_generations
 from ragpipe.representations.generate import chat_request, generation_key
+from ragpipe.representations.generations import GENERATIONS_FILE, read_generations, write_generations
 from ragpipe.spec import PipelineSpec, load_pipeline_spec
 from ragpipe.stages import steps
 from ragpipe.stages.stage_store import POINTER, StageError, read_output

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from ragpipe.release.activation import activate
-from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import History, now_iso
+from ragpipe.release.kept_decision import publish_gate_evidence
 from ragpipe.release.manifest import ReleaseManifest, publish_manifest
 from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.rollback import rollback

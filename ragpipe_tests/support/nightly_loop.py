@@ -27,7 +27,7 @@ from ragpipe.defs import build_definitions
 from ragpipe.defs.resources import RagpipeHome
 from ragpipe.experiment.gate_policy import load_policy, policy_document
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.gate_evidence import read_gate_evidence
+from ragpipe.release.kept_decision import read_gate_evidence
 from ragpipe.release.manifest import load_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseStore

@@ -24,8 +24,8 @@ from ragpipe.experiment.decision import Decision, decide
 from ragpipe.experiment.gate_policy import GatePolicy, load_policy, parse_policy, policy_document
 from ragpipe.kernel.signatures import load_key_file, new_key_file, public_key_text
 from ragpipe.kernel.workspace import Workspace
-from ragpipe.release.gate_evidence import publish_gate_evidence
 from ragpipe.release.history import History, now_iso
+from ragpipe.release.kept_decision import publish_gate_evidence
 from ragpipe.release.manifest import ReleaseManifest, publish_manifest
 from ragpipe.release.pointer import Pointer, write_pointer
 from ragpipe.release.store import ReleaseStore

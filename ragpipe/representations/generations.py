@@ -1,4 +1,4 @@
-"""The evidence of generated representations: one record per (chunk, generated kind), verified.
+"""The record of every model call behind generated representations: one per (chunk, generated kind), verified.
 
 ``generations.parquet`` (in the representations stage output and in the bundle) holds, for every
 chunk and generated kind, the exact request (JSON and its digest), the step key, the model's reply

@@ -1,4 +1,4 @@
-"""Forgeries of the gate decision a release binds (``ragpipe.release.gate_evidence``): each is
+"""Forgeries of the gate decision a release binds (``ragpipe.release.kept_decision``): each is
 refused with its exact reason, and activation leaves the pointer as it was. The decisions are real
 (``decide`` / ``gate_runs`` on real evaluation runs of the session's bundle); the Dagster chain's
 kept decisions are covered by ``test_chain_dagster.py``."""
@@ -20,8 +20,8 @@ from ragpipe.experiment.statistics import ComparisonSpec
 from ragpipe.kernel.canonical import canonical_bytes
 from ragpipe.kernel.ids import content_id
 from ragpipe.release.activation import activate
-from ragpipe.release.evidence import load_run
-from ragpipe.release.gate_evidence import evidence_path, gate_problems, publish_gate_evidence
+from ragpipe.release.bound_run import load_run
+from ragpipe.release.kept_decision import evidence_path, gate_problems, publish_gate_evidence
 from ragpipe.release.manifest import GateRef, ReleaseManifest, load_manifest, publish_manifest
 from ragpipe.release.pointer import read_pointer
 from ragpipe.release.store import ReleaseError, ReleaseStore

@@ -1,4 +1,4 @@
-"""The evaluation evidence a release names, checked before it is activated, rolled back to or served.
+"""The evaluation run a release binds, checked before it is activated, rolled back to or served.
 
 A manifest binds an evaluation run (spec ID, run ID, ledger head). The run folder
 ``$RAGPIPE_HOME/evaluations/<run id>/`` is the custody record (never garbage-collected): its
@@ -7,7 +7,7 @@ must be the manifest's — the run ID, spec ID and final ledger head, the bundle
 when the run recorded it, the material digest of those bytes) and the query plan it bound. A release whose evidence is missing, damaged or belongs to another release is
 refused like a bundle that does not verify.
 
-The gate decision and comparison the manifest names are checked by ``gate_evidence`` (the release
+The gate decision and comparison the manifest names are checked by ``kept_decision`` (the release
 store keeps copies, because ``ragpipe gc`` may collect the stage folder they were made in).
 """
 
