@@ -52,7 +52,7 @@ from ragpipe_tests.support.services import (
     wait_daemons,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "scifact-sample"
 ASSETS = ["source_snapshot", "chunks", "representations", "embeddings", "lexical_index", "vector_index", "index_bundle"]
 
